@@ -1,0 +1,1 @@
+"""Federated neural architecture search (FedorAS, DecNAS, FDNAS, DP-FNAS) as a Flower app."""

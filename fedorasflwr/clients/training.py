@@ -1,0 +1,110 @@
+"""Local training and evaluation loops shared by every method's client (and the server's
+own validation): seeded loaders, device choice, loss/accuracy over any logits shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+__all__ = [
+    "EvalResult",
+    "evaluate",
+    "flatten_logits",
+    "recalibrate_batchnorm",
+    "seeded_generator",
+    "seeded_loader",
+    "torch_device",
+]
+
+
+def torch_device() -> torch.device:
+    """CUDA when present, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def seeded_generator(words: Sequence[int]) -> torch.Generator:
+    """A ``torch.Generator`` fixed by a few integers (seed, round, partition id, ...)."""
+    seed = 0
+    for word in words:
+        seed = (seed * 1_000_003 + int(word)) % (2**63 - 1)
+    return torch.Generator().manual_seed(seed)
+
+
+def seeded_loader(
+    dataset: Dataset, batch_size: int, words: Sequence[int], shuffle: bool = True
+) -> DataLoader:
+    """A single-process ``DataLoader`` whose order is fixed by ``words``."""
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=shuffle, generator=seeded_generator(words)
+    )
+
+
+def flatten_logits(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, C) / (B, T, V) logits and matching targets -> (N, C) and (N,)."""
+    return logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Summed loss, correct predictions and predictions counted."""
+
+    loss_sum: float
+    correct: int
+    count: int
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.count, 1)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(self.count, 1)
+
+
+@torch.no_grad()
+def evaluate(
+    forward: Callable[[Tensor], Tensor], loader: DataLoader, device: torch.device
+) -> EvalResult:
+    """Cross-entropy and accuracy of ``forward`` over ``loader`` (every position for text)."""
+    loss_sum, correct, count = 0.0, 0, 0
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    for inputs, targets in loader:
+        logits, flat_targets = flatten_logits(forward(inputs.to(device)), targets.to(device))
+        loss_sum += float(criterion(logits, flat_targets))
+        correct += int((logits.argmax(dim=1) == flat_targets).sum())
+        count += int(flat_targets.numel())
+    return EvalResult(loss_sum, correct, count)
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(
+    model: nn.Module,
+    forward: Callable[[Tensor], Tensor],
+    batches: Iterable[Tensor],
+    device: torch.device,
+) -> None:
+    """Re-estimate BatchNorm running statistics of the modules ``forward`` uses.
+
+    A supernet's per-option BN statistics were accumulated under many different
+    upstream paths, so scoring one path with them is misleading (SPOS, FedorAS
+    §3.2).  Running statistics are reset and replaced by the plain average over
+    ``batches`` (``momentum=None``); only the BNs on the path see data, the
+    others keep their reset values (reload the weights before training again).
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [(m, m.momentum) for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    try:
+        for inputs in batches:
+            forward(inputs.to(device))
+    finally:
+        for m, momentum in saved:
+            m.momentum = momentum
+        model.eval()

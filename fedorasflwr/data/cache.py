@@ -1,0 +1,90 @@
+"""Disk cache of prepared client partitions and server slices.
+
+The deployment engine starts a fresh ClientApp process per message, so a client
+must not rebuild its partition every time. A prepared partition is one
+``torch.save`` file named by a hash of everything that determines its content -
+the spec without ``cache_dir``, the partition id, the number of partitions and
+:data:`FORMAT_VERSION` - written atomically (temporary file + ``os.replace``), so
+concurrent processes never read half a file. This module imports neither
+``datasets`` nor ``flwr_datasets``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .spec import DataSpec
+
+__all__ = ["FORMAT_VERSION", "cache_root", "client_path", "server_path", "read", "write"]
+
+FORMAT_VERSION = 1
+_LOG = logging.getLogger(__name__)
+# Only these fields shape the server slice: a new partitioner reuses the same file.
+_SERVER_KEYS = ("dataset", "server-fraction", "seq-len", "seed")
+
+
+def cache_root(spec: DataSpec) -> Path:
+    """``spec.cache_dir``, else ``$FEDORASFLWR_CACHE``, else ``~/.cache/fedorasflwr``."""
+    configured = spec.cache_dir or os.environ.get("FEDORASFLWR_CACHE", "")
+    return Path(configured or "~/.cache/fedorasflwr").expanduser()
+
+
+def _digest(content: dict[str, Any]) -> str:
+    text = json.dumps({**content, "format": FORMAT_VERSION}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _slug(dataset: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", dataset).strip("-")[-40:] or "data"
+
+
+def client_path(spec: DataSpec, partition_id: int, num_partitions: int) -> Path:
+    """Cache file of one client's train / val / test tensors."""
+    config = spec.to_config()
+    config.pop("cache-dir")
+    key = _digest({"spec": config, "partition-id": partition_id, "num-partitions": num_partitions})
+    name = f"client-{_slug(spec.dataset)}-{partition_id}-of-{num_partitions}-{key}.pt"
+    return cache_root(spec) / "data" / name
+
+
+def server_path(spec: DataSpec) -> Path:
+    """Cache file of the server slice."""
+    config = spec.to_config()
+    key = _digest({"server": {name: config[name] for name in _SERVER_KEYS}})
+    return cache_root(spec) / "data" / f"server-{_slug(spec.dataset)}-{key}.pt"
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """The cached payload at ``path``, or ``None`` if absent or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, weights_only=True)
+    except Exception as err:  # a bad file is a miss: rebuilt by the caller
+        _LOG.warning("ignoring unreadable data cache file %s: %s", path, err)
+        return None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        return None
+    return payload
+
+
+def write(path: Path, payload: dict[str, Any]) -> None:
+    """Save ``payload`` to ``path`` atomically (other processes see all of it or nothing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            torch.save({**payload, "format": FORMAT_VERSION}, stream)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

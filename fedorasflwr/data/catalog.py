@@ -1,0 +1,226 @@
+"""What is known about each dataset without loading it: kind, classes, shape, columns.
+
+``dataset_info`` is what the server builds the search space from, so it must stay
+cheap: it reads no samples (a local folder is inspected by listing it and opening
+one image header).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .text import OOV_ID, VOCAB, num_windows
+
+if TYPE_CHECKING:
+    from .spec import DataSpec
+
+__all__ = [
+    "DATASETS",
+    "FOLDER_PREFIX",
+    "PARTITIONERS",
+    "LABELLED_PARTITIONERS",
+    "DatasetInfo",
+    "DatasetEntry",
+    "dataset_entry",
+    "dataset_info",
+    "num_classes_of",
+    "num_client_samples",
+    "text_num_windows",
+    "folder_classes",
+]
+
+FOLDER_PREFIX = "folder:"
+PARTITIONERS = ("iid", "dirichlet", "class-groups", "natural")
+LABELLED_PARTITIONERS = ("dirichlet", "class-groups")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Shape of the learning problem, for building a search space.
+
+    Attributes
+    ----------
+    name : str
+        The ``data.dataset`` value.
+    kind : str
+        ``"image"`` (float tensors ``(C, H, W)``; speech MFCCs count as 1-channel
+        images) or ``"text"`` (int64 character ids ``(seq_len,)``).
+    num_classes : int
+        Output classes; for text the vocabulary size including the OOV id.
+    input_shape : tuple of int
+        Shape of one input sample.
+    vocab : str or None
+        Text only: character ``i`` of ``vocab`` has id ``i``; id ``len(vocab)`` is OOV.
+    """
+
+    name: str
+    kind: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    vocab: str | None = None
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """Static facts about one dataset (internal to the data layer)."""
+
+    kind: str
+    num_classes: int | None
+    input_shape: tuple[int, ...] | None  # None: text (seq_len,) or a folder (read it)
+    label_column: str | None
+    natural_column: str | None
+    hub_id: str | None = None
+    subset: str | None = None
+    num_train: int | None = None  # samples in the split that is partitioned, if fixed
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+
+
+# Normalisation: the usual per-channel statistics of each dataset's training set
+# (MNIST's also match mnist5k: 0.1313 / 0.3086). Folders use 0.5 / 0.5.
+_ENTRIES: dict[str, DatasetEntry] = {
+    "mnist5k": DatasetEntry(
+        "image", 10, (1, 28, 28), "label", None, num_train=5000, mean=(0.1307,), std=(0.3081,)
+    ),
+    "pydoc-topics": DatasetEntry("text", OOV_ID + 1, None, None, "topic"),
+    "cifar10": DatasetEntry(
+        "image",
+        10,
+        (3, 32, 32),
+        "label",
+        None,
+        hub_id="uoft-cs/cifar10",
+        num_train=50000,
+        mean=(0.4914, 0.4822, 0.4465),
+        std=(0.2470, 0.2435, 0.2616),
+    ),
+    "cifar100": DatasetEntry(
+        "image",
+        100,
+        (3, 32, 32),
+        "fine_label",
+        None,
+        hub_id="uoft-cs/cifar100",
+        num_train=50000,
+        mean=(0.5071, 0.4865, 0.4409),
+        std=(0.2673, 0.2564, 0.2762),
+    ),
+    # 35 keywords: the "_silence_" clips (no speaker) are dropped, as in FedorAS.
+    "speech-commands": DatasetEntry(
+        "image", 35, (1, 40, 51), "label", "speaker_id", "speech_commands", "v0.02"
+    ),
+    "shakespeare": DatasetEntry(
+        "text", OOV_ID + 1, None, None, "character_id", "flwrlabs/shakespeare"
+    ),
+}
+DATASETS = tuple(_ENTRIES)
+_FOLDER = DatasetEntry("image", None, None, "label", None, mean=(0.5,), std=(0.5,))
+
+
+def dataset_entry(dataset: str) -> DatasetEntry | None:
+    """The static entry of ``dataset`` (``None`` if unknown)."""
+    if dataset.startswith(FOLDER_PREFIX) and dataset[len(FOLDER_PREFIX) :].strip():
+        return _FOLDER
+    return _ENTRIES.get(dataset)
+
+
+def folder_root(dataset: str) -> Path:
+    """The directory of a ``folder:<path>`` dataset, checked to exist."""
+    root = Path(dataset[len(FOLDER_PREFIX) :]).expanduser()
+    if not root.is_dir():
+        raise ValueError(
+            f"run config 'data.dataset' = {dataset!r} is invalid: {str(root)!r} is not a"
+            " directory (expected <root>/<class name>/<image files>)"
+        )
+    return root
+
+
+def folder_classes(dataset: str) -> list[str]:
+    """Class names of a folder dataset: its sub-directories, sorted (imagefolder's order)."""
+    root = folder_root(dataset)
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not names:
+        raise ValueError(
+            f"run config 'data.dataset' = {dataset!r} is invalid: no class sub-directories"
+            f" in {str(root)!r}"
+        )
+    return names
+
+
+def _first_image(dataset: str) -> Path:
+    root = folder_root(dataset)
+    for name in folder_classes(dataset):
+        for path in sorted((root / name).iterdir()):
+            if path.suffix.lower() in IMAGE_SUFFIXES:
+                return path
+    raise ValueError(f"run config 'data.dataset' = {dataset!r} is invalid: no image files")
+
+
+def folder_image_shape(dataset: str) -> tuple[int, int, int]:
+    """``(C, H, W)`` all folder images are converted to: the first image's (L -> 1, else RGB)."""
+    from PIL import Image
+
+    with Image.open(_first_image(dataset)) as image:
+        channels = 1 if image.mode in ("1", "L", "I", "I;16", "F") else 3
+        return channels, image.height, image.width
+
+
+def num_classes_of(dataset: str) -> int | None:
+    """Class count known without touching the disk (``None`` for a folder)."""
+    entry = dataset_entry(dataset)
+    return None if entry is None else entry.num_classes
+
+
+def dataset_info(spec: DataSpec) -> DatasetInfo:
+    """Kind, classes and input shape of ``spec.dataset``; reads no samples.
+
+    ``mnist5k`` -> image, 10, ``(1, 28, 28)``; ``pydoc-topics`` / ``shakespeare`` ->
+    text, 98 (97 printable characters + OOV), ``(seq_len,)``; ``cifar10`` /
+    ``cifar100`` -> image, 10 / 100, ``(3, 32, 32)``; ``speech-commands`` -> image
+    (MFCC), 35, ``(1, 40, 51)``; ``folder:<path>`` -> image, its sub-directory count,
+    the first image's ``(C, H, W)``.
+    """
+    entry = dataset_entry(spec.dataset)
+    if entry is None:  # unreachable for a validated spec
+        raise ValueError(f"run config 'data.dataset' = {spec.dataset!r} is unknown")
+    if entry.kind == "text":
+        return DatasetInfo(spec.dataset, "text", OOV_ID + 1, (spec.seq_len,), VOCAB)
+    if entry is _FOLDER:
+        num_classes = len(folder_classes(spec.dataset))
+        return DatasetInfo(spec.dataset, "image", num_classes, folder_image_shape(spec.dataset))
+    assert entry.num_classes is not None and entry.input_shape is not None
+    return DatasetInfo(spec.dataset, "image", entry.num_classes, entry.input_shape)
+
+
+@lru_cache(maxsize=4)
+def _pydoc_topic_lengths() -> tuple[tuple[str, int], ...]:
+    from pydoc_data.topics import topics
+
+    return tuple(sorted((name, len(text)) for name, text in topics.items()))
+
+
+def text_num_windows(dataset: str, seq_len: int) -> dict[str, int] | None:
+    """Windows per natural id, when cheap to know (pydoc-topics only)."""
+    if dataset != "pydoc-topics":
+        return None
+    return {name: num_windows(length, seq_len) for name, length in _pydoc_topic_lengths()}
+
+
+def num_client_samples(spec: DataSpec) -> int | None:
+    """Samples left for the clients once the server slice is removed, when known cheaply.
+
+    Exact for pydoc-topics (floor per topic) and for datasets with equal class counts
+    (mnist5k, cifar); ``None`` when only loading the data would tell.
+    """
+    counts = text_num_windows(spec.dataset, spec.seq_len)
+    if counts is not None:
+        return sum(n - math.floor(spec.server_fraction * n) for n in counts.values())
+    entry = dataset_entry(spec.dataset)
+    if entry is None or entry.num_train is None:
+        return None
+    return entry.num_train - math.floor(spec.server_fraction * entry.num_train)

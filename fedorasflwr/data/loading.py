@@ -1,0 +1,105 @@
+"""``load_client_data`` / ``load_server_data``: disk cache first, build on a miss.
+
+A cache hit reads one ``torch.load`` file and imports neither ``datasets``,
+``flwr_datasets`` nor ``mlxtend``: the builders (:mod:`.build`) are imported only
+on a miss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import TensorDataset
+
+from . import cache
+from .spec import DataSpec
+
+__all__ = ["ClientData", "load_client_data", "load_server_data"]
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's data.
+
+    Attributes
+    ----------
+    train, val, test : TensorDataset
+        ``(x, y)`` pairs. Images: ``x`` float32 ``(N, C, H, W)`` (scaled to [0, 1], then
+        normalised per channel), ``y`` int64 ``(N,)``. Text: ``x`` int64 ``(N, seq_len)``
+        character ids, ``y`` int64 ``(N, seq_len)`` the next character at every position.
+        ``val`` / ``test`` are empty only when their fraction is 0.
+    num_classes : int
+        Classes (text: vocabulary size, 98).
+    label_counts : tuple of int
+        Histogram of the training labels (text: of all next-character targets),
+        length ``num_classes`` - what DecNAS clients share for grouping.
+    """
+
+    train: TensorDataset
+    val: TensorDataset
+    test: TensorDataset
+    num_classes: int
+    label_counts: tuple[int, ...]
+
+
+def _check_partition_id(partition_id: int, num_partitions: int) -> None:
+    if isinstance(partition_id, bool) or not isinstance(partition_id, int):
+        raise ValueError(f"partition-id = {partition_id!r} is invalid: an integer")
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id = {partition_id} is out of range: must be in"
+            f" [0, num-partitions = {num_partitions})"
+        )
+
+
+def load_client_data(spec: DataSpec, partition_id: int, num_partitions: int) -> ClientData:
+    """Train / val / test of client ``partition_id`` of ``num_partitions``.
+
+    Same spec and ids, same tensors (seeded throughout). The server slice is never
+    part of any client's data.
+
+    Raises
+    ------
+    ValueError
+        Before loading anything if ``num_partitions`` / ``partition_id`` cannot work
+        for ``spec`` (see :meth:`DataSpec.check_partitionable`); when building, if the
+        partitioner cannot give this client enough samples.
+    """
+    spec.check_partitionable(num_partitions)
+    _check_partition_id(partition_id, num_partitions)
+    path = cache.client_path(spec, partition_id, num_partitions)
+    payload = cache.read(path)
+    if payload is None:
+        from .build import build_client
+
+        payload = build_client(spec, partition_id, num_partitions, cache.cache_root(spec))
+        cache.write(path, payload)
+    return _client_data(payload)
+
+
+def _client_data(payload: dict[str, Any]) -> ClientData:
+    return ClientData(
+        train=TensorDataset(*payload["train"]),
+        val=TensorDataset(*payload["val"]),
+        test=TensorDataset(*payload["test"]),
+        num_classes=int(payload["num-classes"]),
+        label_counts=tuple(int(count) for count in payload["label-counts"]),
+    )
+
+
+def load_server_data(spec: DataSpec) -> TensorDataset:
+    """The held-out server validation slice (``spec.server_fraction`` of the data).
+
+    Identical for every partitioner and number of partitions: it depends only on
+    the dataset, ``server_fraction``, ``seq_len`` and ``seed``. Empty when
+    ``server_fraction`` is 0.
+    """
+    path = cache.server_path(spec)
+    payload = cache.read(path)
+    if payload is None:
+        from .build import build_server
+
+        payload = build_server(spec, cache.cache_root(spec))
+        cache.write(path, payload)
+    return TensorDataset(*payload["server"])

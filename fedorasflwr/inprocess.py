@@ -1,0 +1,124 @@
+"""An in-process ``Grid``: messages go straight to a ClientApp, no engine.
+
+For debugging a strategy and for measuring what the engines add: the same
+strategy and client code run in one process, and faults can be injected (a
+client that raises, a malformed reply, a node that never answers).  Nothing
+here is used by the ServerApp or ClientApp themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+__all__ = ["Fault", "InProcessGrid", "error_reply", "replace_content"]
+
+Fault = Callable[[Message], Message | None]  # reply -> altered reply, or None (timed out)
+
+
+class InProcessGrid(Grid):
+    """``num_nodes`` nodes with partition ids 0..n-1 and engine-like node ids."""
+
+    def __init__(
+        self,
+        app: ClientApp,
+        run_config: Mapping[str, Any],
+        num_nodes: int,
+        *,
+        node_configs: Mapping[int, Mapping[str, Any]] | None = None,
+        faults: Mapping[int, Fault] | None = None,
+    ) -> None:
+        self.app = app
+        # Messages take their run and sender from the process's task identity,
+        # which an engine sets for the ServerApp process; here we are that process.
+        TaskIdentity.run_id = 1
+        TaskIdentity.task_id = 0
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        # node ids deliberately not in partition order (engines hand out random ids)
+        self.node_of_partition = {pid: 10_000 + ((pid * 7919) % 997) for pid in range(num_nodes)}
+        self.contexts = {
+            node: Context(
+                run_id=1,
+                node_id=node,
+                node_config={
+                    "partition-id": pid,
+                    "num-partitions": num_nodes,
+                    **dict((node_configs or {}).get(pid, {})),
+                },
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for pid, node in self.node_of_partition.items()
+        }
+        self.faults = {self.node_of_partition[p]: f for p, f in (faults or {}).items()}
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        replies = []
+        for message in messages:
+            self.sent.append(message)
+            node = message.metadata.dst_node_id
+            try:
+                reply = self.app(message, self.contexts[node])
+            except Exception as exc:  # noqa: BLE001 - a crashing client is what we simulate
+                reply = Message(
+                    Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, repr(exc)), reply_to=message
+                )
+            fault = self.faults.get(node)
+            if fault is not None:
+                reply = fault(reply)
+            if reply is not None:
+                replies.append(reply)
+        return replies
+
+    # Not needed by the strategies: the rest of the Grid interface.
+    def set_run(self, run: Any) -> None:
+        raise NotImplementedError
+
+    @property
+    def run(self) -> Any:
+        raise NotImplementedError
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        raise NotImplementedError
+
+    def get_nodes(self) -> Iterable[Any]:
+        raise NotImplementedError
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError
+
+
+def replace_content(reply: Message, content: RecordDict) -> Message:
+    """A reply to the same instruction carrying ``content`` instead."""
+    return Message(content, reply_to=_instruction_of(reply))
+
+
+def error_reply(reply: Message, reason: str) -> Message:
+    """What Flower delivers when the ClientApp raised: an error reply."""
+    return Message(
+        Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=_instruction_of(reply)
+    )
+
+
+def _instruction_of(reply: Message) -> Message:
+    """Rebuild the instruction a reply answers (enough metadata for ``reply_to``)."""
+    return Message(
+        RecordDict(),
+        dst_node_id=reply.metadata.src_node_id,
+        message_type=reply.metadata.message_type,
+    )

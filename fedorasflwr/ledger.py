@@ -1,0 +1,91 @@
+"""Per-client communication and compute accounting.
+
+Every message a strategy sends or receives is counted here, by stage and by
+node: bytes of arrays down and up, training FLOPs reported by the client,
+messages sent, replies received, failed and rejected.  Wall time is kept per
+stage.  The ledger is part of every result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Ledger", "NodeCosts"]
+
+
+@dataclass
+class NodeCosts:
+    """What one node cost in one stage."""
+
+    bytes_down: int = 0
+    bytes_up: int = 0
+    train_flops: int = 0
+    messages: int = 0
+    replies: int = 0
+    failed: int = 0
+    rejected: int = 0
+
+
+class Ledger:
+    """Accumulates costs per stage and node; ``summary()`` is JSON-ready."""
+
+    def __init__(self) -> None:
+        self._costs: dict[str, dict[int, NodeCosts]] = defaultdict(lambda: defaultdict(NodeCosts))
+        self._seconds: dict[str, float] = defaultdict(float)
+
+    def node(self, stage: str, node_id: int) -> NodeCosts:
+        """The mutable counters of ``node_id`` in ``stage``."""
+        return self._costs[stage][node_id]
+
+    def sent(self, stage: str, node_id: int, nbytes: int) -> None:
+        costs = self.node(stage, node_id)
+        costs.messages += 1
+        costs.bytes_down += nbytes
+
+    def received(self, stage: str, node_id: int, nbytes: int, train_flops: int = 0) -> None:
+        costs = self.node(stage, node_id)
+        costs.replies += 1
+        costs.bytes_up += nbytes
+        costs.train_flops += train_flops
+
+    def failed(self, stage: str, node_id: int) -> None:
+        self.node(stage, node_id).failed += 1
+
+    def rejected(self, stage: str, node_id: int) -> None:
+        self.node(stage, node_id).rejected += 1
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Add the wall time of the ``with`` body to ``stage``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[stage] += time.perf_counter() - start
+
+    def stage_totals(self, stage: str) -> NodeCosts:
+        total = NodeCosts()
+        for costs in self._costs.get(stage, {}).values():
+            for name, value in asdict(costs).items():
+                setattr(total, name, getattr(total, name) + value)
+        return total
+
+    def summary(self) -> dict[str, Any]:
+        """Per stage: totals, wall seconds and per-node counters (node ids as strings)."""
+        stages = sorted(set(self._costs) | set(self._seconds))
+        return {
+            stage: {
+                "seconds": round(self._seconds.get(stage, 0.0), 3),
+                "totals": asdict(self.stage_totals(stage)),
+                "nodes": {
+                    str(node): asdict(costs)
+                    for node, costs in sorted(self._costs.get(stage, {}).items())
+                },
+            }
+            for stage in stages
+        }

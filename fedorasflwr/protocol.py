@@ -1,0 +1,41 @@
+"""What travels between ServerApp and ClientApp: message types and record keys.
+
+Defined once, imported by strategies and clients alike.  Keys are kebab-case;
+message types are ``<category>.<action>`` with a Python-identifier action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "ARRAYS",
+    "CONFIG",
+    "METRICS",
+    "PROFILE",
+    "FEDORAS_SUPERNET",
+    "QUERY_PROFILE",
+    "space_from_config",
+    "space_to_config",
+]
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+PROFILE = "profile"
+
+QUERY_PROFILE = "query.profile"
+FEDORAS_SUPERNET = "train.fedoras_supernet"
+
+SPACE_PREFIX = "space."
+
+
+def space_to_config(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A search space's ``spec`` as flat ``space.<kwarg>`` config entries."""
+    return {SPACE_PREFIX + key: value for key, value in spec.items()}
+
+
+def space_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of ``space_to_config``: the ``build_space`` keyword arguments."""
+    return {k[len(SPACE_PREFIX) :]: v for k, v in config.items() if k.startswith(SPACE_PREFIX)}

@@ -1,0 +1,37 @@
+"""Search spaces: supernets with labelled choices, per-option costs and keys.
+
+``build_space(name, **kwargs)`` builds a registered space (``cnn_l``, ``cnn_s``,
+``rnn``); ``build_space(**space.spec)`` rebuilds the same structure.
+"""
+
+from .base import (
+    SPACES,
+    Cost,
+    LayerChoice,
+    MixedOp,
+    SearchSpace,
+    Subnet,
+    Subspace,
+    build_space,
+    register_space,
+)
+from .cnn import CNNLargeSpace, CNNSmallSpace, cnn_l, cnn_s
+from .rnn import RNNSpace, rnn
+
+__all__ = [
+    "SPACES",
+    "CNNLargeSpace",
+    "CNNSmallSpace",
+    "Cost",
+    "LayerChoice",
+    "MixedOp",
+    "RNNSpace",
+    "SearchSpace",
+    "Subnet",
+    "Subspace",
+    "build_space",
+    "cnn_l",
+    "cnn_s",
+    "register_space",
+    "rnn",
+]

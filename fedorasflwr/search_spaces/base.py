@@ -1,0 +1,655 @@
+"""Supernet machinery shared by every search space: choices, costs, keys, sampling.
+
+A search space is an ``nn.Module`` whose ``forward(x, arch)`` runs one path
+(single-path one-shot, SPOS).  An architecture (a *path*) is a tuple of option
+indices, one per searchable layer; a *subspace* keeps, per layer, a non-empty
+sorted tuple of option indices (the paper's :math:`\\hat{\\mathcal{O}}_l`).
+
+Cost convention (used by every report of this project): ``flops`` is
+**2 x MACs** of one forward pass of **one** sample at ``input_shape``, exactly
+as counted by :class:`torch.utils.flop_counter.FlopCounterMode`, which counts
+matrix multiplications and convolutions (bias additions, normalisation,
+activations, pooling and other element-wise operations are not counted);
+``params`` counts parameters (not buffers).  The per-option table is measured
+once at construction, so ``cost(arch)`` is an exact sum: fixed + options.
+*Sizes* (``option_size``, ``fixed_size``, ``total_size``) count ``state_dict``
+elements, parameters **and** buffers: what a message carrying them costs.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = [
+    "SPACES",
+    "Cost",
+    "LayerChoice",
+    "MixedOp",
+    "SearchSpace",
+    "Subnet",
+    "Subspace",
+    "build_space",
+    "register_space",
+]
+
+Subspace = tuple[tuple[int, ...], ...]
+"""Per searchable layer, the sorted option indices kept (never empty)."""
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """A labelled searchable layer: its name and its option names, in index order."""
+
+    name: str
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """FLOPs (2 x MACs, one sample, ``FlopCounterMode``) and parameter count."""
+
+    flops: int
+    params: int
+
+    def __add__(self, other: Cost) -> Cost:
+        if not isinstance(other, Cost):
+            return NotImplemented
+        return Cost(self.flops + other.flops, self.params + other.params)
+
+
+class MixedOp(nn.Module):
+    """One searchable layer: candidate modules keyed by option name; runs the chosen one.
+
+    Option names may contain dots (``"dsconv3x3_e0.5"``); module keys cannot,
+    so a dot becomes ``_`` in the ``state_dict`` key (``ops.dsconv3x3_e0_5.*``).
+    """
+
+    def __init__(self, options: Mapping[str, nn.Module]) -> None:
+        super().__init__()
+        if not options:
+            raise ValueError("a searchable layer needs at least one option")
+        self.option_names = tuple(options)
+        self.option_keys = tuple(name.replace(".", "_") for name in self.option_names)
+        if len(set(self.option_keys)) != len(self.option_keys):
+            raise ValueError(f"option names collide as module keys: {self.option_names}")
+        clashes = [k for k in self.option_keys if hasattr(nn.ModuleDict, k)]
+        if clashes:
+            raise ValueError(f"option names {clashes} clash with nn.Module attributes; rename them")
+        self.ops = nn.ModuleDict(dict(zip(self.option_keys, options.values(), strict=True)))
+
+    def forward(self, x: Tensor, option: int) -> Tensor:
+        return self.ops[self.option_keys[option]](x)
+
+
+class Subnet(nn.Module):
+    """One path of a search space as a standalone network (the paper's extracted model).
+
+    Its ``state_dict`` keys are the space's ``path_keys(arch)`` (same names), so
+    ``space.load_state_dict(subnet.state_dict(), strict=False)`` writes it back.
+    ``spec`` and ``arch`` rebuild it: ``build_space(**spec).subnet(arch)``.
+    """
+
+    def __init__(self, net: nn.Module, arch: tuple[int, ...], spec: dict[str, Any]) -> None:
+        super().__init__()
+        self.net = net
+        self.arch = arch
+        self.spec = dict(spec)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x, self.arch)
+
+
+# Cost tables are a pure function of a space's structure (its spec), and measuring
+# them costs ~0.1 s per build plus ~1 s for the first FlopCounterMode in a process.
+# Clients rebuild the supernet for every message, so the immutable tables are
+# memoised per spec (like functools.lru_cache, which can't key on the instance).
+_MEASURED_COSTS: dict[tuple[Any, ...], tuple[tuple[tuple[Cost, ...], ...], Cost]] = {}
+_MEASURED_COSTS_LIMIT = 32
+
+
+class SearchSpace(nn.Module):
+    """A supernet: ``forward(x, arch)`` plus the description of its choices and costs.
+
+    Subclasses build a network module whose ``forward(x, arch)`` runs one path
+    and whose searchable layers are :class:`MixedOp` modules registered in
+    forward order, then call ``super().__init__(net, ...)``; the choices, keys
+    and cost tables are derived here.  ``state_dict`` keys start with ``net.``.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        *,
+        input_shape: Sequence[int],
+        input_dtype: torch.dtype,
+        spec: Mapping[str, int | float | str],
+    ) -> None:
+        super().__init__()
+        self.net = net
+        self.input_shape = tuple(int(d) for d in input_shape)
+        self.input_dtype = input_dtype
+        self._spec: dict[str, int | float | str] = {"name": self.name, **spec}
+        mixed = [(path, m) for path, m in net.named_modules() if isinstance(m, MixedOp)]
+        if not mixed:
+            raise ValueError(f"{type(self).__name__} has no searchable layer (MixedOp)")
+        self.choices = tuple(LayerChoice(path, m.option_names) for path, m in mixed)
+
+        owners: dict[str, tuple[int, int]] = {}
+        for layer, (path, m) in enumerate(mixed):
+            for option, key in enumerate(m.option_keys):
+                for k in m.ops[key].state_dict(prefix=f"net.{path}.ops.{key}."):
+                    owners[k] = (layer, option)
+        state = self.state_dict()
+        self._key_owners = tuple((k, owners.get(k)) for k in state)
+        self._op_keys = tuple(
+            tuple(
+                tuple(k for k, owner in self._key_owners if owner == (layer, option))
+                for option in range(len(choice.options))
+            )
+            for layer, choice in enumerate(self.choices)
+        )
+        self._fixed_keys = tuple(k for k, owner in self._key_owners if owner is None)
+        self._sizes = tuple(
+            tuple(sum(state[k].numel() for k in keys) for keys in layer) for layer in self._op_keys
+        )
+        self._total_size = sum(v.numel() for v in state.values())
+        self._fixed_size = sum(state[k].numel() for k in self._fixed_keys)
+        memo_key = (type(self).__qualname__, tuple(sorted(self._spec.items())))
+        measured = _MEASURED_COSTS.get(memo_key)
+        if measured is None:
+            measured = self._measure_costs([m for _, m in mixed])
+            if len(_MEASURED_COSTS) >= _MEASURED_COSTS_LIMIT:
+                _MEASURED_COSTS.pop(next(iter(_MEASURED_COSTS)))
+            _MEASURED_COSTS[memo_key] = measured
+        self._costs, self._fixed_cost = measured
+        self._flops = tuple(tuple(c.flops for c in layer) for layer in self._costs)
+
+    # ----------------------------------------------------------------- costs
+    def _measure_costs(self, mixed: list[MixedOp]) -> tuple[tuple[tuple[Cost, ...], ...], Cost]:
+        """Count each option on the input its layer sees, and the fixed rest by difference."""
+        seen: dict[int, Tensor] = {}
+
+        def record(layer: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+            def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+                seen[layer] = args[0]
+
+            return hook
+
+        was_training = self.training
+        self.eval()  # batch-1 BN in train mode may fail and would move running stats
+        hooks = [m.register_forward_pre_hook(record(layer)) for layer, m in enumerate(mixed)]
+        x = torch.zeros((1, *self.input_shape), dtype=self.input_dtype)
+        try:
+            with torch.no_grad():
+                path_flops = _count_flops(self.net, x, (0,) * len(mixed))
+                costs = tuple(
+                    tuple(
+                        Cost(_count_flops(m.ops[key], seen[layer]), _num_params(m.ops[key]))
+                        for key in m.option_keys
+                    )
+                    for layer, m in enumerate(mixed)
+                )
+        finally:
+            for hook in hooks:
+                hook.remove()
+            self.train(was_training)
+        option_params = sum(c.params for layer in costs for c in layer)
+        fixed = Cost(
+            path_flops - sum(layer[0].flops for layer in costs),
+            _num_params(self) - option_params,
+        )
+        return costs, fixed
+
+    def option_cost(self, layer: int, option: int) -> Cost:
+        """FLOPs and parameters of one option (its share of any path through it)."""
+        self._check_option(layer, option)
+        return self._costs[layer][option]
+
+    @property
+    def fixed_cost(self) -> Cost:
+        """FLOPs and parameters of the non-searchable parts (the lowest reachable cost)."""
+        return self._fixed_cost
+
+    def cost(self, arch: Sequence[int]) -> Cost:
+        """Cost of a path: fixed cost plus its options' costs (equals ``subnet(arch)``'s)."""
+        arch = self.validate_arch(arch)
+        total = self._fixed_cost
+        for layer, option in enumerate(arch):
+            total = total + self._costs[layer][option]
+        return total
+
+    def option_size(self, layer: int, option: int) -> int:
+        """``state_dict`` elements (parameters and buffers) owned by one option."""
+        self._check_option(layer, option)
+        return self._sizes[layer][option]
+
+    @property
+    def fixed_size(self) -> int:
+        """``state_dict`` elements of the non-searchable parts (always sent)."""
+        return self._fixed_size
+
+    @property
+    def total_size(self) -> int:
+        """``state_dict`` elements of the whole supernet."""
+        return self._total_size
+
+    def subspace_size(self, subspace: Subspace) -> int:
+        """``state_dict`` elements of ``subspace_keys(subspace)``."""
+        kept = self.validate_subspace(subspace)
+        return self._fixed_size + sum(
+            self._sizes[i][o] for i, opts in enumerate(kept) for o in opts
+        )
+
+    def min_flops(self, subspace: Subspace | None = None) -> int:
+        """FLOPs of the cheapest path (in ``subspace`` if given)."""
+        kept = self._kept(subspace)
+        return self._fixed_cost.flops + sum(min(self._flops[i][o] for o in k) for i, k in kept)
+
+    def max_flops(self, subspace: Subspace | None = None) -> int:
+        """FLOPs of the most expensive path (in ``subspace`` if given)."""
+        kept = self._kept(subspace)
+        return self._fixed_cost.flops + sum(max(self._flops[i][o] for o in k) for i, k in kept)
+
+    # ------------------------------------------------------------------ keys
+    def op_keys(self, layer: int, option: int) -> tuple[str, ...]:
+        """``state_dict`` keys (parameters and buffers) of one option; ``()`` if none."""
+        self._check_option(layer, option)
+        return self._op_keys[layer][option]
+
+    def fixed_keys(self) -> tuple[str, ...]:
+        """Keys of the non-searchable parts; with all ``op_keys`` they partition the state."""
+        return self._fixed_keys
+
+    def path_keys(self, arch: Sequence[int]) -> tuple[str, ...]:
+        """Fixed keys plus the path's option keys, in ``state_dict`` order."""
+        arch = self.validate_arch(arch)
+        return tuple(k for k, o in self._key_owners if o is None or arch[o[0]] == o[1])
+
+    def subspace_keys(self, subspace: Subspace) -> tuple[str, ...]:
+        """Fixed keys plus the kept options' keys, in ``state_dict`` order."""
+        kept = [set(opts) for opts in self.validate_subspace(subspace)]
+        return tuple(k for k, o in self._key_owners if o is None or o[1] in kept[o[0]])
+
+    # ------------------------------------------------------------- structure
+    @property
+    def spec(self) -> dict[str, int | float | str]:
+        """Flat constructor arguments plus ``"name"``: ``build_space(**spec)`` rebuilds it."""
+        return dict(self._spec)
+
+    def num_options(self) -> tuple[int, ...]:
+        """Number of options per searchable layer."""
+        return tuple(len(c.options) for c in self.choices)
+
+    def option_names(self, arch: Sequence[int]) -> list[str]:
+        """The option names of a path, one per layer."""
+        arch = self.validate_arch(arch)
+        return [c.options[o] for c, o in zip(self.choices, arch, strict=True)]
+
+    def arch_from_names(self, names: Sequence[str]) -> tuple[int, ...]:
+        """Inverse of :meth:`option_names`."""
+        if len(names) != len(self.choices):
+            raise ValueError(f"expected {len(self.choices)} option names, got {len(names)}")
+        arch = []
+        for layer, (choice, name) in enumerate(zip(self.choices, names, strict=True)):
+            if name not in choice.options:
+                raise ValueError(
+                    f"layer {layer} ({choice.name!r}) has no option {name!r}; "
+                    f"valid: {', '.join(choice.options)}"
+                )
+            arch.append(choice.options.index(name))
+        return tuple(arch)
+
+    def validate_arch(self, arch: Sequence[int]) -> tuple[int, ...]:
+        """Return ``arch`` as a tuple of ints, or raise ``ValueError`` saying what is wrong."""
+        values = tuple(arch)
+        if len(values) != len(self.choices):
+            raise ValueError(
+                f"{self.name} architecture needs {len(self.choices)} option indices "
+                f"(one per layer), got {len(values)}: {values}"
+            )
+        out = []
+        for layer, (choice, value) in enumerate(zip(self.choices, values, strict=True)):
+            out.append(self._option_index(layer, choice, value))
+        return tuple(out)
+
+    def validate_subspace(self, subspace: Sequence[Sequence[int]]) -> Subspace:
+        """Return ``subspace`` normalised (sorted, unique) or raise ``ValueError``."""
+        layers = tuple(subspace)
+        if len(layers) != len(self.choices):
+            raise ValueError(
+                f"{self.name} subspace needs {len(self.choices)} layers, got {len(layers)}"
+            )
+        out = []
+        for layer, (choice, options) in enumerate(zip(self.choices, layers, strict=True)):
+            kept = sorted({self._option_index(layer, choice, o) for o in options})
+            if not kept:
+                raise ValueError(f"subspace keeps no option in layer {layer} ({choice.name!r})")
+            out.append(tuple(kept))
+        return tuple(out)
+
+    def full_subspace(self) -> Subspace:
+        """The subspace keeping every option."""
+        return tuple(tuple(range(n)) for n in self.num_options())
+
+    def subspace_mask(self, subspace: Subspace) -> list[int]:
+        """Flat 0/1 list, layer-major, 1 for kept options (travels in a ConfigRecord)."""
+        kept = self.validate_subspace(subspace)
+        return [
+            int(o in opts)
+            for opts, n in zip(kept, self.num_options(), strict=True)
+            for o in range(n)
+        ]
+
+    def subspace_from_mask(self, mask: Sequence[int]) -> Subspace:
+        """Inverse of :meth:`subspace_mask`."""
+        values = list(mask)
+        expected = sum(self.num_options())
+        if len(values) != expected:
+            raise ValueError(f"subspace mask needs {expected} entries, got {len(values)}")
+        if any(v not in (0, 1) for v in values):
+            raise ValueError(f"subspace mask entries must be 0 or 1, got {sorted(set(values))}")
+        offsets = np.cumsum([0, *self.num_options()])
+        return self.validate_subspace(
+            [
+                [o for o in range(end - start) if values[start + o]]
+                for start, end in zip(offsets[:-1], offsets[1:], strict=True)
+            ]
+        )
+
+    # ------------------------------------------------------------- sampling
+    def sample_path(
+        self,
+        rng: np.random.Generator,
+        max_flops: float | None = None,
+        subspace: Subspace | None = None,
+    ) -> tuple[int, ...]:
+        """A path whose FLOPs stay within ``max_flops``: greedy uniform sampling (paper Eq. 3).
+
+        Layers are visited in a random permutation, those whose kept options all
+        cost FLOPs first; each picks uniformly among its kept options that keep
+        ``fixed + chosen so far + option + cheapest of the unvisited layers``
+        within the budget.  O(L), never resamples, always valid.  Without
+        ``max_flops`` every layer is uniform over its kept options.  Raises
+        ``ValueError`` if even the cheapest path exceeds ``max_flops``.
+        """
+        kept = self.full_subspace() if subspace is None else self.validate_subspace(subspace)
+        return _sample_path(rng, self._flops, self._fixed_cost.flops, kept, max_flops)
+
+    def sample_subspace(
+        self, rng: np.random.Generator, max_size: float, max_flops: float | None = None
+    ) -> Subspace:
+        """A subspace of at most ``max_size`` elements by uniform removal (paper Eq. 1).
+
+        Starting from every option, repeatedly remove one option drawn uniformly
+        among the removable ones until ``fixed_size`` plus the kept options'
+        sizes fit ``max_size``.  Removable: parametric (non-parametric options
+        are always kept), not the last of its layer, the subspace still has a
+        path within ``max_flops`` (if given), and ``max_size`` stays reachable
+        (so the removal never dead-ends).  Raises ``ValueError`` with the
+        smallest reachable size when ``max_size`` cannot be met.
+        """
+        return _sample_subspace(
+            rng,
+            self._flops,
+            self._sizes,
+            self._fixed_cost.flops,
+            self._fixed_size,
+            max_size,
+            max_flops,
+        )
+
+    def min_subspace_size(self, max_flops: float | None = None) -> int:
+        """Smallest subspace size that keeps a path within ``max_flops`` (budget check)."""
+        return _min_subspace_size(
+            self._flops, self._sizes, self._fixed_cost.flops, self._fixed_size, max_flops
+        )
+
+    # --------------------------------------------------------------- running
+    def forward(self, x: Tensor, arch: Sequence[int]) -> Tensor:
+        """Run one path: logits ``(B, C)`` for images, ``(B, T, V)`` for sequences."""
+        return self.net(x, self.validate_arch(arch))
+
+    def subnet(self, arch: Sequence[int]) -> Subnet:
+        """A standalone copy (not views) of the path's modules and weights."""
+        arch = self.validate_arch(arch)
+        # Seeding deepcopy's memo with the options off the path skips copying them.
+        memo: dict[int, Any] = {}
+        for layer, choice in enumerate(self.choices):
+            mixed = self.net.get_submodule(choice.name)
+            for option, key in enumerate(mixed.option_keys):
+                if option != arch[layer]:
+                    memo[id(mixed.ops[key])] = None
+        net = copy.deepcopy(self.net, memo)
+        for choice in self.choices:
+            ops = net.get_submodule(choice.name).ops
+            for key in [k for k, m in ops.items() if m is None]:
+                del ops[key]
+        return Subnet(net, arch, self._spec)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, layers={len(self.choices)}, options={self.num_options()}"
+
+    # --------------------------------------------------------------- helpers
+    def _kept(self, subspace: Subspace | None) -> list[tuple[int, tuple[int, ...]]]:
+        kept = self.full_subspace() if subspace is None else self.validate_subspace(subspace)
+        return list(enumerate(kept))
+
+    def _check_option(self, layer: int, option: int) -> None:
+        if not 0 <= operator.index(layer) < len(self.choices):
+            raise ValueError(f"layer {layer} out of range 0..{len(self.choices) - 1}")
+        self._option_index(layer, self.choices[layer], option)
+
+    @staticmethod
+    def _option_index(layer: int, choice: LayerChoice, value: Any) -> int:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            index = operator.index(value)
+        except TypeError:
+            raise ValueError(
+                f"layer {layer} ({choice.name!r}): option must be an int, got {value!r}"
+            ) from None
+        if not 0 <= index < len(choice.options):
+            valid = ", ".join(f"{i}={n}" for i, n in enumerate(choice.options))
+            raise ValueError(
+                f"layer {layer} ({choice.name!r}): option {index} out of range "
+                f"0..{len(choice.options) - 1} ({valid})"
+            )
+        return index
+
+
+CostTable = Sequence[Sequence[int]]
+"""Per layer, per option: FLOPs or sizes."""
+
+
+def _budget(max_flops: float | None) -> float:
+    return math.inf if max_flops is None else float(max_flops)
+
+
+def _check_cheapest(
+    flops: CostTable, fixed_flops: int, kept: Sequence[Sequence[int]], max_flops: float | None
+) -> None:
+    cheapest = fixed_flops + sum(min(flops[i][o] for o in opts) for i, opts in enumerate(kept))
+    if cheapest > _budget(max_flops):
+        raise ValueError(
+            f"max_flops={max_flops:g} is below the cheapest path ({cheapest} FLOPs, "
+            f"of which {fixed_flops} fixed); raise the budget"
+        )
+
+
+def _sample_path(
+    rng: np.random.Generator,
+    flops: CostTable,
+    fixed_flops: int,
+    kept: Subspace,
+    max_flops: float | None,
+) -> tuple[int, ...]:
+    _check_cheapest(flops, fixed_flops, kept, max_flops)
+    budget = _budget(max_flops)
+    mins = [min(flops[i][o] for o in opts) for i, opts in enumerate(kept)]
+    order = rng.permutation(len(kept)).tolist()
+    order = [i for i in order if mins[i] > 0] + [i for i in order if mins[i] == 0]
+    draws = rng.random(len(kept)).tolist()
+    arch = [0] * len(kept)
+    spent, reserve = fixed_flops, sum(mins)
+    for draw, layer in zip(draws, order, strict=True):
+        # `reserve` (cheapest choice of every unvisited layer) keeps the rest feasible.
+        reserve -= mins[layer]
+        allowed = [o for o in kept[layer] if spent + flops[layer][o] + reserve <= budget]
+        option = allowed[int(draw * len(allowed))]
+        arch[layer] = option
+        spent += flops[layer][option]
+    return tuple(arch)
+
+
+def _sample_subspace(
+    rng: np.random.Generator,
+    flops: CostTable,
+    sizes: CostTable,
+    fixed_flops: int,
+    fixed_size: int,
+    max_size: float,
+    max_flops: float | None,
+) -> Subspace:
+    kept = [list(range(len(layer))) for layer in flops]
+    _check_cheapest(flops, fixed_flops, kept, max_flops)
+    budget = _budget(max_flops)
+    # A layer can shrink down to its smallest kept option (0 if it keeps a
+    # non-parametric one): the floor that keeps max_size reachable.
+    floors = [min(layer) for layer in sizes]
+    if fixed_size + sum(floors) > max_size:
+        smallest = _min_subspace_size(flops, sizes, fixed_flops, fixed_size, max_flops)
+        raise ValueError(
+            f"max_size={max_size:g} is below the smallest reachable subspace size {smallest} "
+            f"(fixed parts {fixed_size} + one option per layer without a non-parametric one)"
+        )
+    mins = [min(layer) for layer in flops]
+    size = fixed_size + sum(sum(layer) for layer in sizes)
+    while size > max_size:
+        removable = []
+        for layer, opts in enumerate(kept):
+            if len(opts) < 2:
+                continue
+            other_flops = fixed_flops + sum(mins) - mins[layer]
+            other_floor = fixed_size + sum(floors) - floors[layer]
+            for option in opts:
+                if sizes[layer][option] == 0:
+                    continue
+                rest = [o for o in opts if o != option]
+                if other_flops + min(flops[layer][o] for o in rest) > budget:
+                    continue
+                if other_floor + min(sizes[layer][o] for o in rest) > max_size:
+                    continue
+                removable.append((layer, option))
+        if not removable:
+            smallest = _min_subspace_size(flops, sizes, fixed_flops, fixed_size, max_flops)
+            raise ValueError(
+                f"cannot shrink the subspace to max_size={max_size:g}: stuck at {size} "
+                f"elements; the smallest subspace with a path within max_flops={max_flops} "
+                f"has {smallest} elements"
+            )
+        layer, option = removable[int(rng.random() * len(removable))]
+        kept[layer].remove(option)
+        size -= sizes[layer][option]
+        mins[layer] = min(flops[layer][o] for o in kept[layer])
+        floors[layer] = min(sizes[layer][o] for o in kept[layer])
+    return tuple(tuple(opts) for opts in kept)
+
+
+def _min_subspace_size(
+    flops: CostTable,
+    sizes: CostTable,
+    fixed_flops: int,
+    fixed_size: int,
+    max_flops: float | None,
+) -> int:
+    """Exact minimum over subspaces keeping all non-parametric options and a path in budget.
+
+    Per layer the cheapest such subspace keeps the non-parametric options plus at
+    most one parametric option; a Pareto front of (min FLOPs, size) over layers
+    finds the smallest size whose cheapest path fits ``max_flops``.
+    """
+    budget = _budget(max_flops)
+    front = [(fixed_flops, fixed_size)]
+    for layer_flops, layer_sizes in zip(flops, sizes, strict=True):
+        free = [f for f, s in zip(layer_flops, layer_sizes, strict=True) if s == 0]
+        base = min(free, default=math.inf)
+        keeps = [(base, 0)] if free else []
+        keeps += [(min(base, f), s) for f, s in zip(layer_flops, layer_sizes, strict=True) if s]
+        merged = sorted(
+            (f0 + f1, s0 + s1) for f0, s0 in front for f1, s1 in keeps if f0 + f1 <= budget
+        )
+        front = []
+        for point in merged:
+            if not front or point[1] < front[-1][1]:
+                front.append(point)
+        if not front:
+            raise ValueError(f"no path fits max_flops={max_flops}")
+    return int(front[-1][1])
+
+
+def positive_int(name: str, value: Any) -> int:
+    """``value`` as an int >= 1, or ``ValueError`` naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def positive_float(name: str, value: Any) -> float:
+    """``value`` as a finite float > 0, or ``ValueError`` naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _count_flops(module: nn.Module, *args: Any) -> int:
+    with FlopCounterMode(display=False) as counter:
+        module(*args)
+    return int(counter.get_total_flops())
+
+
+def _num_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+SPACES: dict[str, type[SearchSpace]] = {}
+"""Registered search spaces by name (filled by :func:`register_space`)."""
+
+
+def register_space(cls: type[SearchSpace]) -> type[SearchSpace]:
+    """Class decorator adding a search space to :data:`SPACES` under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a non-empty class attribute 'name'")
+    if SPACES.get(cls.name, cls) is not cls:
+        raise ValueError(f"search space name {cls.name!r} is already taken by {SPACES[cls.name]}")
+    SPACES[cls.name] = cls
+    return cls
+
+
+def build_space(name: str, **kwargs: Any) -> SearchSpace:
+    """Build a registered search space, e.g. ``build_space("cnn_l", num_classes=10)``."""
+    if name not in SPACES:
+        raise ValueError(f"unknown search space {name!r}; valid: {', '.join(sorted(SPACES))}")
+    cls = SPACES[name]
+    valid = list(inspect.signature(cls).parameters)
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"search space {name!r} got unknown argument(s) {unknown}; valid: {', '.join(valid)}"
+        )
+    return cls(**kwargs)

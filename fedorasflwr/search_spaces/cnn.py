@@ -1,0 +1,218 @@
+"""The FedorAS image search spaces ``cnn_l`` (CIFAR) and ``cnn_s`` (Speech Commands).
+
+FedorAS paper, App. E.3 and Fig. 7: a fixed stem, searchable blocks of
+shape-preserving layers, each block followed by a fixed reduction block that
+halves the resolution and multiplies the channels by 1.5, then global average
+pooling and a linear classifier.  Channel counts scale with ``width`` (rounded
+to an even number, at least 4) so tests can run tiny networks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import MixedOp, SearchSpace, positive_float, positive_int, register_space
+from .ops import CONV_OPS, ConvNormAct, make_op
+
+__all__ = ["CNNLargeSpace", "CNNSmallSpace", "cnn_l", "cnn_s"]
+
+LARGE_OPTIONS = (
+    "conv1x1",
+    "dsconv3x3_e0.5",
+    "dsconv3x3_e1",
+    "dsconv3x3_e2",
+    "mbconv_k1_e2",
+    "mbconv_k3_e0.5",
+    "mbconv_k3_e1",
+    "mbconv_k3_e2",
+    "identity",
+)
+"""Options of every ``cnn_l`` layer (paper: CIFAR-10/100 space)."""
+
+SMALL_OPTIONS = ("conv1x1", "conv3x3", "dsconv1x1_e2", *LARGE_OPTIONS[1:])
+"""Options of every ``cnn_s`` layer: the ``cnn_l`` ones plus conv3x3 and DSConv k1 e2."""
+
+CHANNEL_GROWTH = 1.5
+
+
+def _channels(value: float) -> int:
+    """Even (so expansion 0.5 splits channels evenly) and at least 4."""
+    return max(4, 2 * round(value / 2))
+
+
+class SeparableReduction(nn.Module):
+    """``cnn_l`` reduction: DSConv3x3 stride 2 (C -> 1.5C) plus a 2x2-conv stride-2 residual."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.depthwise = ConvNormAct(in_channels, in_channels, 3, stride=2, groups=in_channels)
+        self.pointwise = ConvNormAct(in_channels, out_channels, 1)
+        self.shortcut = ConvNormAct(in_channels, out_channels, 2, stride=2, padding=0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        height, width = x.shape[-2:]
+        # Pad odd sizes so the 2x2 residual matches the 3x3 branch's ceil(size / 2).
+        shortcut = self.shortcut(F.pad(x, (0, width % 2, 0, height % 2)))
+        return self.pointwise(self.depthwise(x)) + shortcut
+
+
+class PoolReduction(nn.Module):
+    """``cnn_s`` reduction: conv1x1 (C -> 1.5C) + BN + ReLU, then avgpool 3x3 stride 2."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.conv = ConvNormAct(in_channels, out_channels, 1)
+        self.pool = nn.AvgPool2d(3, stride=2, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.pool(self.conv(x))
+
+
+class SearchBlock(nn.Module):
+    """A feed-forward stack of searchable, shape-preserving layers."""
+
+    def __init__(self, channels: int, num_layers: int, options: Sequence[str]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            MixedOp({name: make_op(CONV_OPS, name, channels) for name in options})
+            for _ in range(num_layers)
+        )
+
+
+class ConvSupernet(nn.Module):
+    """Stem -> (searchable block -> reduction) x N -> GAP -> linear."""
+
+    def __init__(
+        self,
+        *,
+        in_channels: int,
+        stem_channels: int,
+        stem_stride: int,
+        block_layers: Sequence[int],
+        options: Sequence[str],
+        reduction: Callable[[int, int], nn.Module],
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        self.stem = ConvNormAct(in_channels, stem_channels, 3, stride=stem_stride)
+        blocks, reductions = [], []
+        channels = stem_channels
+        for num_layers in block_layers:
+            blocks.append(SearchBlock(channels, num_layers, options))
+            out_channels = _channels(channels * CHANNEL_GROWTH)
+            reductions.append(reduction(channels, out_channels))
+            channels = out_channels
+        # All blocks are registered before the reductions, so searchable layers
+        # appear in forward order in named_modules().
+        self.blocks = nn.ModuleList(blocks)
+        self.reductions = nn.ModuleList(reductions)
+        self.classifier = nn.Linear(channels, num_classes)
+
+    def forward(self, x: Tensor, arch: Sequence[int]) -> Tensor:
+        x = self.stem(x)
+        options = iter(arch)
+        for block, reduction in zip(self.blocks, self.reductions, strict=True):
+            for layer in block.layers:
+                x = layer(x, next(options))
+            x = reduction(x)
+        return self.classifier(x.mean((2, 3)))
+
+
+@register_space
+class CNNLargeSpace(SearchSpace):
+    """``cnn_l``: the FedorAS CIFAR space (paper App. E.3, Fig. 7 left).
+
+    Stem conv3x3 (64 x width channels, stride 1); 3 searchable blocks of
+    ``layers_per_block`` layers with options :data:`LARGE_OPTIONS`, each
+    followed by a :class:`SeparableReduction`; GAP + linear.
+    """
+
+    name = "cnn_l"
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        input_height: int = 32,
+        input_width: int = 32,
+        width: float = 1.0,
+        layers_per_block: int = 4,
+    ) -> None:
+        spec = {
+            "num_classes": positive_int("num_classes", num_classes),
+            "in_channels": positive_int("in_channels", in_channels),
+            "input_height": positive_int("input_height", input_height),
+            "input_width": positive_int("input_width", input_width),
+            "width": positive_float("width", width),
+            "layers_per_block": positive_int("layers_per_block", layers_per_block),
+        }
+        net = ConvSupernet(
+            in_channels=spec["in_channels"],
+            stem_channels=_channels(64 * spec["width"]),
+            stem_stride=1,
+            block_layers=(spec["layers_per_block"],) * 3,
+            options=LARGE_OPTIONS,
+            reduction=SeparableReduction,
+            num_classes=spec["num_classes"],
+        )
+        super().__init__(
+            net,
+            input_shape=(spec["in_channels"], spec["input_height"], spec["input_width"]),
+            input_dtype=torch.float32,
+            spec=spec,
+        )
+
+
+@register_space
+class CNNSmallSpace(SearchSpace):
+    """``cnn_s``: the FedorAS Speech Commands space (paper App. E.3, Fig. 7 middle).
+
+    Stem conv3x3 (16 x width channels, stride ``stem_stride``); searchable blocks
+    of 1, 1 and 2 layers with options :data:`SMALL_OPTIONS`, each followed by a
+    :class:`PoolReduction`; GAP + linear.  Also fits MNIST-like 1x28x28 inputs.
+    """
+
+    name = "cnn_s"
+
+    def __init__(
+        self,
+        num_classes: int = 12,
+        in_channels: int = 1,
+        input_height: int = 40,
+        input_width: int = 51,
+        width: float = 1.0,
+        stem_stride: int = 1,
+    ) -> None:
+        spec = {
+            "num_classes": positive_int("num_classes", num_classes),
+            "in_channels": positive_int("in_channels", in_channels),
+            "input_height": positive_int("input_height", input_height),
+            "input_width": positive_int("input_width", input_width),
+            "width": positive_float("width", width),
+            "stem_stride": positive_int("stem_stride", stem_stride),
+        }
+        net = ConvSupernet(
+            in_channels=spec["in_channels"],
+            stem_channels=_channels(16 * spec["width"]),
+            stem_stride=spec["stem_stride"],
+            block_layers=(1, 1, 2),
+            options=SMALL_OPTIONS,
+            reduction=PoolReduction,
+            num_classes=spec["num_classes"],
+        )
+        super().__init__(
+            net,
+            input_shape=(spec["in_channels"], spec["input_height"], spec["input_width"]),
+            input_dtype=torch.float32,
+            spec=spec,
+        )
+
+
+cnn_l = CNNLargeSpace
+"""Alias: ``cnn_l(num_classes=10, ...)`` reads like the design table."""
+cnn_s = CNNSmallSpace
+"""Alias: ``cnn_s(num_classes=12, ...)`` reads like the design table."""

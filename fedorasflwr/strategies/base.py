@@ -1,0 +1,236 @@
+"""Plumbing every federated-NAS strategy shares.
+
+- node profiles (``query.profile``): partition id, data sizes, label
+  histogram and declared capabilities of every connected node;
+- seeded node sampling, ordered by partition id so that the same seed picks
+  the same clients whatever node ids the engine hands out;
+- one ``exchange`` that sends messages, counts bytes in the ledger, waits,
+  and sorts replies into accepted / failed / missing / rejected, logging each
+  dropped reply with the node id and the reason;
+- the minimum-replies rule: a step with too few good replies raises
+  ``StageFailedError`` with the numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
+
+from ..costs import array_record_bytes
+from ..ledger import Ledger
+from ..protocol import ARRAYS, CONFIG, PROFILE, QUERY_PROFILE
+from .replies import error_reason
+
+__all__ = [
+    "FederatedNASStrategy",
+    "NodeProfile",
+    "StageFailedError",
+    "sample_nodes",
+]
+
+
+class StageFailedError(RuntimeError):
+    """A step of a strategy ended with fewer good replies than required."""
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """What a node tells about itself (never its data)."""
+
+    node_id: int
+    partition_id: int
+    num_partitions: int
+    num_train: int
+    num_val: int
+    num_test: int
+    label_counts: tuple[int, ...]
+    tier: int = -1
+    cluster: int = -1
+
+    @classmethod
+    def from_reply(cls, message: Message) -> NodeProfile:
+        record = message.content.config_records[PROFILE]
+        return cls(
+            node_id=message.metadata.src_node_id,
+            partition_id=int(record["partition-id"]),
+            num_partitions=int(record["num-partitions"]),
+            num_train=int(record["num-train"]),
+            num_val=int(record["num-val"]),
+            num_test=int(record["num-test"]),
+            label_counts=tuple(int(v) for v in record["label-counts"]),
+            tier=int(record.get("tier", -1)),
+            cluster=int(record.get("cluster", -1)),
+        )
+
+
+def sample_nodes(
+    rng: np.random.Generator, profiles: Sequence[NodeProfile], count: int
+) -> list[NodeProfile]:
+    """Sample ``count`` distinct nodes (all if fewer), reproducibly by partition id."""
+    ordered = sorted(profiles, key=lambda p: (p.partition_id, p.node_id))
+    if count >= len(ordered):
+        return ordered
+    picked = rng.choice(len(ordered), size=count, replace=False)
+    return [ordered[i] for i in sorted(picked)]
+
+
+class FederatedNASStrategy(Strategy):
+    """Base class: reproducible randomness, profiles, exchanges, ledger.
+
+    Parameters
+    ----------
+    seed : int
+        The run's seed; every random choice of the strategy derives from it.
+    min_replies : int
+        Fewest accepted replies a step may end with before it fails.
+    reply_timeout : float
+        Seconds to wait for the replies of one step.
+    min_nodes : int
+        Nodes to wait for before profiling.
+    """
+
+    def __init__(
+        self, *, seed: int, min_replies: int = 2, reply_timeout: float = 600.0, min_nodes: int = 2
+    ) -> None:
+        self.seed = seed
+        self.min_replies = min_replies
+        self.reply_timeout = reply_timeout
+        self.min_nodes = min_nodes
+        self.ledger = Ledger()
+        self.profiles: dict[int, NodeProfile] = {}
+
+    def rng(self, *keys: int | str) -> np.random.Generator:
+        """A generator fixed by the seed and ``keys`` (e.g. purpose, round, partition id)."""
+        words = [self.seed] + [k if isinstance(k, int) else _stable_hash(k) for k in keys]
+        return np.random.default_rng(words)
+
+    # --- nodes -----------------------------------------------------------------
+
+    def wait_for_nodes(self, grid: Grid) -> list[int]:
+        """Block until ``min_nodes`` nodes are connected (at most ``reply_timeout`` s)."""
+        deadline = time.monotonic() + self.reply_timeout
+        while len(node_ids := list(grid.get_node_ids())) < self.min_nodes:
+            if time.monotonic() > deadline:
+                raise StageFailedError(
+                    f"only {len(node_ids)} node(s) connected after {self.reply_timeout:.0f} s; "
+                    f"at least {self.min_nodes} needed (run config 'min-nodes')"
+                )
+            time.sleep(0.5)
+        return node_ids
+
+    def profile_nodes(self, grid: Grid, config: ConfigRecord) -> dict[int, NodeProfile]:
+        """Ask every connected node for its profile; keep the well-formed answers."""
+        node_ids = self.wait_for_nodes(grid)
+        messages = [
+            Message(
+                content=RecordDict({CONFIG: config}),
+                message_type=QUERY_PROFILE,
+                dst_node_id=node_id,
+            )
+            for node_id in node_ids
+        ]
+        replies = self.exchange(grid, "profile", messages)
+        profiles: dict[int, NodeProfile] = {}
+        for reply in replies:
+            node_id = reply.metadata.src_node_id
+            try:
+                profiles[node_id] = NodeProfile.from_reply(reply)
+            except (KeyError, TypeError, ValueError) as exc:
+                self._drop("profile", node_id, f"malformed profile: {exc!r}")
+        self.require("profile", len(profiles), len(messages))
+        self.profiles = profiles
+        log(INFO, "Profiled %d node(s)", len(profiles))
+        return profiles
+
+    # --- messages ----------------------------------------------------------------
+
+    def exchange(self, grid: Grid, stage: str, messages: Sequence[Message]) -> list[Message]:
+        """Send ``messages``, count them, and return the replies without error.
+
+        Failed replies (client exception, node gone) and missing ones (timed out)
+        are logged with the node id and counted; they never reach the caller.
+        """
+        expected = {m.metadata.dst_node_id for m in messages}
+        for message in messages:
+            arrays = message.content.array_records.get(ARRAYS)
+            nbytes = array_record_bytes(arrays) if arrays is not None else 0
+            self.ledger.sent(stage, message.metadata.dst_node_id, nbytes)
+        if not messages:
+            return []
+        with self.ledger.timed(stage):
+            replies = list(grid.send_and_receive(messages, timeout=self.reply_timeout))
+        good: list[Message] = []
+        for reply in replies:
+            node_id = reply.metadata.src_node_id
+            expected.discard(node_id)
+            if reply.has_error():
+                self.ledger.failed(stage, node_id)
+                log(WARNING, "[%s] node %d failed: %s", stage, node_id, error_reason(reply))
+                continue
+            arrays = reply.content.array_records.get(ARRAYS)
+            self.ledger.received(stage, node_id, array_record_bytes(arrays) if arrays else 0)
+            good.append(reply)
+        for node_id in sorted(expected):
+            self.ledger.failed(stage, node_id)
+            log(
+                WARNING,
+                "[%s] node %d did not reply within %.0f s",
+                stage,
+                node_id,
+                self.reply_timeout,
+            )
+        return good
+
+    def accept(
+        self, stage: str, replies: Iterable[Message], check: Callable[[Message], str | None]
+    ) -> list[Message]:
+        """Replies for which ``check`` finds nothing wrong; the others are dropped and logged."""
+        accepted = []
+        for reply in replies:
+            reason = check(reply)
+            if reason is None:
+                accepted.append(reply)
+            else:
+                self._drop(stage, reply.metadata.src_node_id, reason)
+        return accepted
+
+    def _drop(self, stage: str, node_id: int, reason: str) -> None:
+        self.ledger.rejected(stage, node_id)
+        log(WARNING, "[%s] dropped reply of node %d: %s", stage, node_id, reason)
+
+    def require(self, stage: str, accepted: int, sent: int) -> None:
+        """Fail loudly when a step ends with fewer than ``min_replies`` good replies."""
+        if accepted < self.min_replies:
+            raise StageFailedError(
+                f"[{stage}] {accepted} usable repl{'y' if accepted == 1 else 'ies'} "
+                f"out of {sent} message(s) sent; at least {self.min_replies} required "
+                f"(run config 'min-replies'). See the log for each node's reason."
+            )
+
+    # --- Strategy defaults: no client-side evaluation rounds -------------------------
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return []
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return None
+
+
+def _stable_hash(text: str) -> int:
+    """A process-independent 32-bit hash of ``text`` (``hash()`` is salted)."""
+    value = 2166136261
+    for byte in text.encode():
+        value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
+    return value

@@ -1,0 +1,77 @@
+"""The app, unchanged, on both real Flower engines: simulation (`flwr run`, Ray) and
+deployment (a `flower-superlink` and `flower-supernode` processes on loopback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedorasflwr.launch import FlowerRunError, find_pids
+
+pytestmark = pytest.mark.slow
+
+
+def tiny(output_dir: Path, data_cache: Path, **overrides) -> dict:
+    config = {
+        "output-dir": str(output_dir),
+        "data.cache-dir": str(data_cache),
+        "space.width": 0.25,
+        "fedoras.tier-samples": 500,
+        "fedoras.eval-paths": 2,
+    }
+    config.update(overrides)
+    return config
+
+
+def only_result(output_dir: Path) -> dict:
+    results = list(output_dir.glob("fedoras-*/result.json"))
+    assert len(results) == 1, results
+    return json.loads(results[0].read_text())
+
+
+def test_simulation_engine_runs_stage1_and_stops_everything(
+    simulation_runner, flwr_home, tmp_path, data_cache
+):
+    out = tmp_path / "out"
+    simulation_runner(
+        num_supernodes=10,
+        client_num_cpus=1,
+        run_config=tiny(out, data_cache, **{"fedoras.rounds": 2, "fedoras.clients-per-round": 5}),
+    )
+    result = only_result(out)
+    assert [h["round"] for h in result["history"]] == [0, 1, 2]
+    assert all(h["clients"] == 5 for h in result["history"][1:])
+    ledger = result["ledger"]["supernet"]
+    assert ledger["totals"]["messages"] == 10 and ledger["totals"]["replies"] == 10
+    assert ledger["totals"]["bytes_down"] > 0 and ledger["totals"]["bytes_up"] > 0
+    assert len(result["tier-of-partition"]) == 10
+    assert (out / next(out.iterdir()).name / "supernet.pt").exists()
+    assert find_pids(flwr_home=flwr_home) == []
+
+
+def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, data_cache):
+    out = tmp_path / "out"
+    with pytest.raises(FlowerRunError, match=r"fedoras\.lr.*-1"):
+        simulation_runner(
+            num_supernodes=2, run_config=tiny(out, data_cache, **{"fedoras.lr": -1.0})
+        )
+    assert not list(out.glob("*/supernet.pt"))
+
+
+def test_deployment_engine_runs_the_same_app(deployment, project_root, tmp_path, data_cache):
+    out = tmp_path / "out"
+    engine = deployment(num_supernodes=2)
+    engine.run(
+        project_root,
+        tiny(out, data_cache, **{"fedoras.rounds": 1, "fedoras.clients-per-round": 2}),
+        timeout=600,
+    )
+    result = only_result(out)
+    assert [h["round"] for h in result["history"]] == [0, 1]
+    assert result["history"][1]["clients"] == 2
+    assert result["ledger"]["supernet"]["totals"]["replies"] == 2
+    home = engine.flwr_home
+    engine.stop()
+    assert find_pids(flwr_home=home) == []

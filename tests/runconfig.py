@@ -1,0 +1,39 @@
+"""The app's run config as Flower hands it to the apps, plus tiny overrides for tests."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pyproject_run_config() -> dict[str, Any]:
+    """``[tool.flwr.app.config]`` flattened as Flower does: sub-tables become dotted keys."""
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def tiny_fedoras(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
+    """Stage 1 on MNIST-5k, a quarter-width cnn_s, 2 rounds of 6 clients."""
+    config = pyproject_run_config()
+    config.update(
+        {
+            "data.cache-dir": str(cache_dir),
+            "data.partitioner": "iid",
+            "space.width": 0.25,
+            "fedoras.rounds": 2,
+            "fedoras.clients-per-round": 6,
+            "fedoras.tier-samples": 500,
+            "fedoras.eval-paths": 2,
+        }
+    )
+    config.update(overrides)
+    return config

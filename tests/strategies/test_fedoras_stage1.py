@@ -1,0 +1,190 @@
+"""FedorAS Stage 1 end to end on the in-process grid: real client code, real data,
+tiny space; plus faults a real federation produces."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.costs import array_record_bytes, array_record_elements
+from fedorasflwr.inprocess import InProcessGrid, error_reply, replace_content
+from fedorasflwr.protocol import ARRAYS, FEDORAS_SUPERNET, METRICS
+from fedorasflwr.server_app import build_supernet
+from fedorasflwr.strategies.base import StageFailedError
+from fedorasflwr.strategies.fedoras import FedorAS
+from tests.runconfig import tiny_fedoras
+
+NUM_NODES = 12
+
+
+@pytest.fixture(scope="module")
+def run_config(data_cache):
+    return tiny_fedoras(data_cache)
+
+
+def make_strategy(config, **overrides):
+    settings = parse_run_config(config)
+    space = build_supernet(settings)
+    return FedorAS(space=space, settings=settings.fedoras, seed=settings.seed, **overrides)
+
+
+def run(config, faults=None, **overrides):
+    grid = InProcessGrid(client_app, config, NUM_NODES, faults=faults)
+    strategy = make_strategy(config, **overrides)
+    return strategy, grid, strategy.start(grid)
+
+
+def supernet_messages(grid):
+    return [m for m in grid.sent if m.metadata.message_type == FEDORAS_SUPERNET]
+
+
+def test_rounds_run_and_every_message_fits_the_comm_budget(run_config):
+    strategy, grid, result = run(run_config)
+    assert [h["round"] for h in result.history] == [0, 1, 2]
+    messages = supernet_messages(grid)
+    assert len(messages) == 2 * 6
+    full = ArrayRecord(strategy.space.state_dict())
+    budget = strategy.comm_size
+    largest_option = max(
+        strategy.space.option_size(layer, o)
+        for layer, n in enumerate(strategy.space.num_options())
+        for o in range(n)
+    )
+    for message in messages:
+        elements = array_record_elements(message.content.array_records[ARRAYS])
+        assert elements <= budget
+        assert elements > budget - largest_option  # options are removed only until it fits
+    # the ledger counts the bytes actually sent: about B_comm / supernet of the full model
+    nodes = result.ledger["supernet"]["nodes"].values()
+    per_message = [n["bytes_down"] / n["messages"] for n in nodes if n["messages"]]
+    ratio = np.mean(per_message) / array_record_bytes(full)
+    assert 0.5 - largest_option / strategy.space.total_size - 0.05 < ratio <= 0.5 + 0.02
+
+
+def test_only_sampled_tier_paths_are_trained(run_config):
+    strategy, grid, result = run(run_config)
+    for message in supernet_messages(grid):
+        config = message.content.config_records["config"]
+        tier = strategy.tiers[int(config["tier"])]
+        assert config["max-flops"] == tier.high
+        node = message.metadata.dst_node_id
+        assert strategy.tier_of_node(node) == tier.index
+    assert result.ledger["supernet"]["totals"]["train_flops"] > 0
+
+
+def test_same_seed_same_supernet(run_config):
+    _, _, first = run(run_config)
+    _, _, second = run(run_config)
+    for key in first.arrays:
+        np.testing.assert_array_equal(first.arrays[key].numpy(), second.arrays[key].numpy())
+    other = dict(run_config, seed=1)
+    _, _, third = run(other)
+    assert any(
+        not np.array_equal(first.arrays[k].numpy(), third.arrays[k].numpy()) for k in first.arrays
+    )
+
+
+def _poison(reply):
+    if reply.metadata.message_type != FEDORAS_SUPERNET or reply.has_error():
+        return reply
+    arrays = reply.content.array_records[ARRAYS]
+    bad = ArrayRecord(
+        {
+            k: Array(
+                np.full(a.shape, np.nan, dtype=a.numpy().dtype)
+                if a.numpy().dtype.kind == "f"
+                else a.numpy()
+            )
+            for k, a in arrays.items()
+        }
+    )
+    return replace_content(
+        reply, RecordDict({ARRAYS: bad, METRICS: reply.content.metric_records[METRICS]})
+    )
+
+
+def _extra_key(reply):
+    if reply.metadata.message_type != FEDORAS_SUPERNET or reply.has_error():
+        return reply
+    arrays = ArrayRecord(dict(reply.content.array_records[ARRAYS].items()))
+    arrays["not-a-layer"] = Array(np.zeros(3, np.float32))
+    return replace_content(
+        reply, RecordDict({ARRAYS: arrays, METRICS: reply.content.metric_records[METRICS]})
+    )
+
+
+def _inflated_counts(reply):
+    if reply.metadata.message_type != FEDORAS_SUPERNET or reply.has_error():
+        return reply
+    metrics = reply.content.metric_records[METRICS]
+    counts = [c * 2 for c in metrics["option-counts"]]
+    return replace_content(
+        reply,
+        RecordDict(
+            {
+                ARRAYS: reply.content.array_records[ARRAYS],
+                METRICS: MetricRecord({**dict(metrics), "option-counts": counts}),
+            }
+        ),
+    )
+
+
+def _crash(reply):
+    if reply.metadata.message_type != FEDORAS_SUPERNET:
+        return reply
+    return error_reply(reply, "ClientApp raised RuntimeError('boom')")
+
+
+def _silent(reply):
+    return None if reply.metadata.message_type == FEDORAS_SUPERNET else reply
+
+
+@pytest.mark.parametrize("fault", [_poison, _extra_key, _inflated_counts, _crash, _silent])
+def test_bad_replies_are_dropped_logged_and_never_corrupt_the_supernet(run_config, fault, caplog):
+    faults = {pid: fault for pid in range(0, NUM_NODES, 3)}  # a third of the clients misbehave
+    config = dict(run_config, **{"fedoras.clients-per-round": NUM_NODES})  # all sampled
+    strategy, _, result = run(config, faults=faults)
+    bad_nodes = {
+        InProcessGrid(client_app, run_config, NUM_NODES).node_of_partition[p] for p in faults
+    }
+    for array in result.arrays.values():
+        values = array.numpy()
+        assert values.dtype.kind != "f" or np.isfinite(values).all()
+    ledger = result.ledger["supernet"]["nodes"]
+    for node in bad_nodes:
+        dropped = ledger[str(node)]["rejected"] + ledger[str(node)]["failed"]
+        assert dropped == ledger[str(node)]["messages"]
+        assert any(f"node {node}" in r.getMessage() for r in caplog.records)
+
+
+def test_too_few_replies_stop_the_stage_with_the_numbers(run_config):
+    faults = {pid: _crash for pid in range(NUM_NODES)}
+    with pytest.raises(
+        StageFailedError, match=r"0 usable replies out of 6 message\(s\) sent; at least 2"
+    ):
+        run(run_config, faults=faults)
+
+
+def test_comm_budget_below_the_smallest_path_is_rejected(run_config):
+    config = dict(run_config, **{"fedoras.comm-budget": 0.01})
+    with pytest.raises(ValueError, match="fedoras.comm-budget"):
+        make_strategy(config)
+
+
+def test_supernet_validation_is_recorded_each_round(run_config):
+    from fedorasflwr.data import load_server_data
+    from fedorasflwr.evaluation import SupernetEvaluator
+
+    settings = parse_run_config(run_config)
+    evaluator = SupernetEvaluator(
+        build_supernet(settings), load_server_data(settings.data), num_paths=2, seed=0
+    )
+    _, _, result = run(run_config, evaluate_fn=evaluator)
+    accuracies = [h["val-accuracy"] for h in result.history]
+    assert len(accuracies) == 3
+    assert all(0.0 <= a <= 1.0 and not math.isnan(a) for a in accuracies)

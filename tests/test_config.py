@@ -1,0 +1,56 @@
+"""Run config parsing: defaults from pyproject, clear errors before any training."""
+
+import pytest
+
+from fedorasflwr.config import parse_run_config
+from tests.runconfig import pyproject_run_config
+
+
+def test_pyproject_defaults_parse():
+    settings = parse_run_config(pyproject_run_config())
+    assert settings.method == "fedoras"
+    assert settings.data.dataset == "mnist5k"
+    assert settings.data.seed == settings.seed
+    assert settings.fedoras.num_tiers == 4
+    assert settings.output_path.is_absolute()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("method", "fednope", "method"),
+        ("seed", -1, "seed"),
+        ("space.name", "resnet", "space.name"),
+        ("space.width", 0.0, "space.width"),
+        ("fedoras.rounds", -3, "fedoras.rounds"),
+        ("fedoras.lr", 0.0, "fedoras.lr"),
+        ("fedoras.lr", "fast", "fedoras.lr"),
+        ("fedoras.comm-budget", 1.5, "fedoras.comm-budget"),
+        ("fedoras.tier-proportions", "0.5,0.5", "fedoras.tier-proportions"),
+        ("fedoras.tier-proportions", "0.5,0.5,0.5,x", "fedoras.tier-proportions"),
+        ("fedoras.rho-low", 0.99, "fedoras.rho-low"),
+        ("fedoras.min-replies", 50, "fedoras.min-replies"),
+        ("data.dataset", "imagenet", "data.dataset"),
+        ("data.alpha", -1.0, "data.alpha"),
+    ],
+)
+def test_bad_values_name_the_key_and_value(key, value, fragment):
+    config = pyproject_run_config()
+    config[key] = value
+    with pytest.raises(ValueError) as info:
+        parse_run_config(config)
+    message = str(info.value)
+    assert fragment in message
+    assert str(value) in message
+
+
+def test_ints_are_accepted_for_floats():
+    config = pyproject_run_config()
+    config["fedoras.lr"] = 1
+    assert parse_run_config(config).fedoras.lr == 1.0
+
+
+def test_proportions_parse():
+    config = pyproject_run_config()
+    config["fedoras.tier-proportions"] = "0.8,0.0125,0.0125,0.175"
+    assert parse_run_config(config).fedoras.tier_proportions == (0.8, 0.0125, 0.0125, 0.175)
