@@ -12,7 +12,7 @@ One run, side by side, same seed:
 Both sides time each round from configure to aggregate (``history[i]["seconds"]``);
 round 1 pays one-off start-up (actors importing torch, caches), so the ratio uses
 the later rounds.  Prints a Markdown table and ``headline: ...``; writes
-``benchmarks/results/stage1_overhead.json``.
+``benchmarks/results/stage1_overhead.json`` (``.quick.json`` for ``--quick``).
 
     python benchmarks/stage1_overhead.py            # 20 clients, 10 per round, 4 rounds
     python benchmarks/stage1_overhead.py --quick    # CI smoke run (< 2 minutes)
@@ -52,6 +52,15 @@ def full_run_config(overrides: dict) -> dict:
     return {**pyproject_run_config(), **overrides}
 
 
+def warm_data_cache(overrides: dict, num_clients: int) -> None:
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.data import load_client_data
+
+    spec = parse_run_config(full_run_config(overrides)).data
+    for partition in range(num_clients):
+        load_client_data(spec, partition, num_clients)
+
+
 def engine_rounds(overrides: dict, num_clients: int) -> tuple[list[float], float]:
     from fedorasflwr.launch import run_simulation
 
@@ -86,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp_path = Path(tmp)
         cache = tmp_path / "cache"
         direct_config = settings(args.quick, tmp_path / "direct", cache)
-        # Warm the data cache once so neither side pays for building partitions.
-        direct, direct_wall = direct_rounds(direct_config, num_clients)
+        warm_data_cache(direct_config, num_clients)  # neither side pays for partitioning
         direct, direct_wall = direct_rounds(direct_config, num_clients)
         engine, engine_wall = engine_rounds(
             settings(args.quick, tmp_path / "engine", cache), num_clients

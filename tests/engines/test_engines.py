@@ -7,8 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from fedorasflwr.artifacts import load_checkpoint
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import FlowerRunError, find_pids
+from fedorasflwr.server_app import build_supernet
+from fedorasflwr.strategies.fedoras import FedorAS
+from tests.runconfig import pyproject_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +39,26 @@ def only_result(output_dir: Path) -> dict:
     return json.loads(results[0].read_text())
 
 
+def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
+    """The same run on the in-process grid: the engine must not change a single bit."""
+    config = {**pyproject_run_config(), **overrides}
+    settings = parse_run_config(config)
+    strategy = FedorAS(
+        space=build_supernet(settings), settings=settings.fedoras, seed=settings.seed
+    )
+    return strategy.start(InProcessGrid(client_app, config, num_nodes)).arrays.to_torch_state_dict()
+
+
 def test_simulation_engine_runs_stage1_and_stops_everything(
     simulation_runner, flwr_home, tmp_path, data_cache
 ):
     out = tmp_path / "out"
-    simulation_runner(
-        num_supernodes=10,
-        client_num_cpus=1,
-        run_config=tiny(out, data_cache, **{"fedoras.rounds": 2, "fedoras.clients-per-round": 5}),
+    overrides = tiny(
+        out,
+        data_cache,
+        **{"fedoras.rounds": 2, "fedoras.clients-per-round": 5, "fedoras.local-epochs": 1},
     )
+    simulation_runner(num_supernodes=10, client_num_cpus=1, run_config=overrides)
     result = only_result(out)
     assert [h["round"] for h in result["history"]] == [0, 1, 2]
     assert all(h["clients"] == 5 for h in result["history"][1:])
@@ -47,8 +66,12 @@ def test_simulation_engine_runs_stage1_and_stops_everything(
     assert ledger["totals"]["messages"] == 10 and ledger["totals"]["replies"] == 10
     assert ledger["totals"]["bytes_down"] > 0 and ledger["totals"]["bytes_up"] > 0
     assert len(result["tier-of-partition"]) == 10
-    assert (out / next(out.iterdir()).name / "supernet.pt").exists()
     assert find_pids(flwr_home=flwr_home) == []
+    engine = load_checkpoint(next(out.glob("fedoras-*/supernet.pt")))["state_dict"]
+    expected = in_process_supernet(overrides, num_nodes=10)
+    assert engine.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(engine[key], value), key
 
 
 def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, data_cache):

@@ -78,3 +78,18 @@ def test_rho_low_widens_the_lowest_tier(space):
     )
     assert wide[0].high > plain[0].high
     assert wide[-1].low == plain[-1].low
+
+
+@pytest.mark.parametrize("tier_index", range(4))
+def test_10k_paths_per_tier_stay_within_its_budget_in_a_comm_budget_subspace(space, tier_index):
+    """What a client of each tier does in Stage 1: a subspace within B_comm = half the
+    supernet and the tier's budget, then 10,000 greedy paths; every kept option that fits
+    the budget in some path shows up (``_check_paths`` asserts both)."""
+    from tests.search_spaces.test_sampling import _check_paths
+
+    tiers = compute_tiers(space, np.random.default_rng(0), num_tiers=4, num_samples=2000)
+    tier = tiers[tier_index]
+    rng = np.random.default_rng(tier_index)
+    subspace = space.sample_subspace(rng, space.total_size // 2, max_flops=tier.high)
+    assert space.subspace_size(subspace) <= space.total_size // 2
+    _check_paths(space, rng, tier.high, subspace, samples=10_000)
