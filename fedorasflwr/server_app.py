@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from logging import INFO
 from pathlib import Path
@@ -94,6 +94,12 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
     }
 
 
+#: method name (run config ``method``) -> runner returning the result document.
+RUNNERS: dict[str, Callable[[Grid, RunSettings, Path], dict[str, Any]]] = {
+    "fedoras": run_fedoras,
+}
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Parse the run config (fail before any training), run the method, write artifacts."""
@@ -101,7 +107,7 @@ def main(grid: Grid, context: Context) -> None:
     settings = parse_run_config(context.run_config)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, "fedorasflwr: method %s, results in %s", settings.method, out_dir)
-    document = run_fedoras(grid, settings, out_dir)
+    document = RUNNERS[settings.method](grid, settings, out_dir)
     write_json(
         out_dir / "result.json",
         {
