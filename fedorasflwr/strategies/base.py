@@ -34,6 +34,7 @@ __all__ = [
     "NodeProfile",
     "StageFailedError",
     "sample_nodes",
+    "stable_hash",
 ]
 
 
@@ -109,7 +110,7 @@ class FederatedNASStrategy(Strategy):
 
     def rng(self, *keys: int | str) -> np.random.Generator:
         """A generator fixed by the seed and ``keys`` (e.g. purpose, round, partition id)."""
-        words = [self.seed] + [k if isinstance(k, int) else _stable_hash(k) for k in keys]
+        words = [self.seed] + [k if isinstance(k, int) else stable_hash(k) for k in keys]
         return np.random.default_rng(words)
 
     # --- nodes -----------------------------------------------------------------
@@ -228,7 +229,7 @@ class FederatedNASStrategy(Strategy):
         return None
 
 
-def _stable_hash(text: str) -> int:
+def stable_hash(text: str) -> int:
     """A process-independent 32-bit hash of ``text`` (``hash()`` is salted)."""
     value = 2166136261
     for byte in text.encode():

@@ -1,0 +1,190 @@
+"""Flower's FedAvg for this project's training stages (fine-tuning, final training).
+
+Three things differ from ``flwr.serverapp.strategy.FedAvg``, and only these:
+
+- **sampling** is seeded and restricted to eligible nodes (e.g. a tier and the tiers
+  above it, or one cluster), ordered by partition id, so the same seed picks the
+  same clients whatever node ids the engine hands out;
+- **message types** are configurable (``"train.<action>"``), so one ClientApp can
+  serve several methods' training stages;
+- **bad replies are dropped, not fatal**: Flower's FedAvg raises on a reply whose
+  keys differ from the others; here an error, a timeout, a malformed or
+  non-finite reply is logged with the node id and the reason, counted in the
+  ledger, and left out.  Fewer than ``min_replies`` usable replies stop the stage.
+
+Everything else (weighting by ``num-examples``, metric averaging, ``start()``) is
+Flower's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from logging import WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore import log
+
+from ..costs import array_record_bytes
+from ..ledger import Ledger
+from .base import NodeProfile, StageFailedError, sample_nodes, stable_hash
+from .replies import ArraySpec, array_specs, check_reply, error_reason
+
+__all__ = ["SeededFedAvg"]
+
+
+class SeededFedAvg(FedAvg):
+    """FedAvg over ``nodes`` with seeded sampling, custom message types and reply checks.
+
+    Parameters
+    ----------
+    nodes : sequence of NodeProfile
+        The eligible nodes (those not connected at sampling time are skipped).
+    seed : int
+        Fixes which nodes each round samples.
+    stage : str
+        Name under which the ledger counts this stage's messages.
+    ledger : Ledger
+        Where bytes, failures and rejections are counted.
+    clients_per_round : int
+        Nodes sampled per round (all eligible ones if fewer).
+    min_replies : int (default: 1)
+        Fewest usable replies a round may end with.
+    train_message_type, evaluate_message_type : str
+        Message types of the training and evaluation messages.
+    **kwargs
+        Passed to ``FedAvg`` (``weighted_by_key``, ``arrayrecord_key``, metric
+        aggregation functions ...).  ``fraction_evaluate=0`` skips client evaluation.
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: Sequence[NodeProfile],
+        seed: int,
+        stage: str,
+        ledger: Ledger,
+        clients_per_round: int,
+        min_replies: int = 1,
+        train_message_type: str = MessageType.TRAIN,
+        evaluate_message_type: str = MessageType.EVALUATE,
+        **kwargs: object,
+    ) -> None:
+        kwargs.setdefault("min_available_nodes", 1)
+        super().__init__(min_train_nodes=min_replies, **kwargs)  # type: ignore[arg-type]
+        if not nodes:
+            raise ValueError(f"[{stage}] no eligible node to train on")
+        self.nodes = list(nodes)
+        self.seed = seed
+        self.stage = stage
+        self.ledger = ledger
+        self.clients_per_round = clients_per_round
+        self.min_replies = min_replies
+        self.train_message_type = train_message_type
+        self.evaluate_message_type = evaluate_message_type
+        self._sent_specs: dict[str, ArraySpec] = {}
+        self._expected: set[int] = set()
+
+    def _sample(self, grid: Grid, server_round: int, purpose: str) -> list[int]:
+        connected = set(grid.get_node_ids())
+        candidates = [p for p in self.nodes if p.node_id in connected]
+        rng = np.random.default_rng(
+            [self.seed, stable_hash(self.stage), stable_hash(purpose), server_round]
+        )
+        return [p.node_id for p in sample_nodes(rng, candidates, self.clients_per_round)]
+
+    def _messages(
+        self, grid: Grid, server_round: int, record: RecordDict, message_type: str, purpose: str
+    ) -> list[Message]:
+        node_ids = self._sample(grid, server_round, purpose)
+        self._expected = set(node_ids)
+        arrays = record.array_records.get(self.arrayrecord_key)
+        nbytes = array_record_bytes(arrays) if arrays is not None else 0
+        for node_id in node_ids:
+            self.ledger.sent(self.stage, node_id, nbytes)
+        return list(self._construct_messages(record, node_ids, message_type))
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Seeded sample of eligible nodes; the model and config go to each."""
+        config["server-round"] = server_round
+        self._sent_specs = array_specs(arrays)
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._messages(grid, server_round, record, self.train_message_type, "train")
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.fraction_evaluate == 0.0:
+            return []
+        config["server-round"] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._messages(grid, server_round, record, self.evaluate_message_type, "evaluate")
+
+    def _usable(self, replies: Iterable[Message], with_arrays: bool) -> list[Message]:
+        """Replies fit for Flower's aggregation; the rest are logged, counted and dropped."""
+        usable: list[Message] = []
+        metric_keys: set[str] | None = None
+        for reply in replies:
+            node_id = reply.metadata.src_node_id
+            self._expected.discard(node_id)
+            if reply.has_error():
+                self.ledger.failed(self.stage, node_id)
+                log(WARNING, "[%s] node %d failed: %s", self.stage, node_id, error_reason(reply))
+                continue
+            arrays = reply.content.array_records.get(self.arrayrecord_key)
+            self.ledger.received(self.stage, node_id, array_record_bytes(arrays) if arrays else 0)
+            reason = self._reason(reply, with_arrays, metric_keys)
+            if reason is not None:
+                self.ledger.rejected(self.stage, node_id)
+                log(WARNING, "[%s] dropped reply of node %d: %s", self.stage, node_id, reason)
+                continue
+            metrics = reply.content.metric_records["metrics"]
+            self.ledger.node(self.stage, node_id).train_flops += int(metrics.get("train-flops", 0))
+            metric_keys = set(metrics.keys())
+            usable.append(reply)
+        for node_id in sorted(self._expected):
+            self.ledger.failed(self.stage, node_id)
+            log(WARNING, "[%s] node %d did not reply in time", self.stage, node_id)
+        self._expected = set()
+        return usable
+
+    def _reason(
+        self, reply: Message, with_arrays: bool, metric_keys: set[str] | None
+    ) -> str | None:
+        reason = check_reply(
+            reply, sent=self._sent_specs if with_arrays else None, counts=(self.weighted_by_key,)
+        )
+        if reason is not None:
+            return reason
+        metrics = reply.content.metric_records["metrics"]
+        if metrics[self.weighted_by_key] <= 0:
+            return f"metric {self.weighted_by_key!r} is not positive"
+        if metric_keys is not None and set(metrics.keys()) != metric_keys:
+            return "metric keys differ from the other replies'"
+        if with_arrays:
+            keys = set(reply.content.array_records[self.arrayrecord_key].keys())
+            if keys != set(self._sent_specs):
+                return f"returned {len(keys)} arrays for the {len(self._sent_specs)} sent"
+        return None
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's FedAvg over the usable replies only."""
+        usable = self._usable(replies, with_arrays=True)
+        if len(usable) < self.min_replies:
+            raise StageFailedError(
+                f"[{self.stage}] round {server_round}: {len(usable)} usable repl"
+                f"{'y' if len(usable) == 1 else 'ies'}, at least {self.min_replies} required"
+            )
+        return super().aggregate_train(server_round, usable)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        usable = self._usable(replies, with_arrays=False)
+        return super().aggregate_evaluate(server_round, usable) if usable else None
