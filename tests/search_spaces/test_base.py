@@ -18,16 +18,6 @@ from fedorasflwr.search_spaces import (
 from fedorasflwr.search_spaces.base import _min_subspace_size, _sample_subspace
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny nets gain nothing from intra-op threads, and on a busy machine
-    # OpenMP barriers across descheduled threads cost seconds per forward.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class ToyNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 
 from fedorasflwr.search_spaces import SearchSpace, build_space
 
@@ -12,16 +11,6 @@ TINY = {
     "rnn": {"vocab_size": 20, "seq_len": 7, "width": 0.125},
 }
 BUDGET_FRACTIONS = (0.02, 0.1, 0.35, 0.7)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny nets gain nothing from intra-op threads, and on a busy machine
-    # OpenMP barriers across descheduled threads cost seconds per forward.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=sorted(TINY))

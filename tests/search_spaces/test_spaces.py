@@ -28,16 +28,6 @@ TINY = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny nets gain nothing from intra-op threads, and on a busy machine
-    # OpenMP barriers across descheduled threads cost seconds per forward.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module", params=sorted(TINY))
 def space(request) -> SearchSpace:
     torch.manual_seed(0)
