@@ -107,6 +107,7 @@ class FederatedNASStrategy(Strategy):
         self.min_nodes = min_nodes
         self.ledger = Ledger()
         self.profiles: dict[int, NodeProfile] = {}
+        self._reasons: dict[str, list[str]] = {}
 
     def rng(self, *keys: int | str) -> np.random.Generator:
         """A generator fixed by the seed and ``keys`` (e.g. purpose, round, partition id)."""
@@ -173,22 +174,19 @@ class FederatedNASStrategy(Strategy):
             node_id = reply.metadata.src_node_id
             expected.discard(node_id)
             if reply.has_error():
-                self.ledger.failed(stage, node_id)
-                log(WARNING, "[%s] node %d failed: %s", stage, node_id, error_reason(reply))
+                self._fail(stage, node_id, f"failed: {error_reason(reply)}")
                 continue
             arrays = reply.content.array_records.get(ARRAYS)
             self.ledger.received(stage, node_id, array_record_bytes(arrays) if arrays else 0)
             good.append(reply)
         for node_id in sorted(expected):
-            self.ledger.failed(stage, node_id)
-            log(
-                WARNING,
-                "[%s] node %d did not reply within %.0f s",
-                stage,
-                node_id,
-                self.reply_timeout,
-            )
+            self._fail(stage, node_id, f"did not reply within {self.reply_timeout:.0f} s")
         return good
+
+    def _fail(self, stage: str, node_id: int, reason: str) -> None:
+        self.ledger.failed(stage, node_id)
+        self._reasons.setdefault(stage, []).append(reason)
+        log(WARNING, "[%s] node %d %s", stage, node_id, reason)
 
     def accept(
         self, stage: str, replies: Iterable[Message], check: Callable[[Message], str | None]
@@ -205,15 +203,18 @@ class FederatedNASStrategy(Strategy):
 
     def _drop(self, stage: str, node_id: int, reason: str) -> None:
         self.ledger.rejected(stage, node_id)
+        self._reasons.setdefault(stage, []).append(f"dropped: {reason}")
         log(WARNING, "[%s] dropped reply of node %d: %s", stage, node_id, reason)
 
     def require(self, stage: str, accepted: int, sent: int) -> None:
         """Fail loudly when a step ends with fewer than ``min_replies`` good replies."""
+        reasons = self._reasons.pop(stage, [])
         if accepted < self.min_replies:
+            distinct = list(dict.fromkeys(reasons))[:3]
             raise StageFailedError(
                 f"[{stage}] {accepted} usable repl{'y' if accepted == 1 else 'ies'} "
                 f"out of {sent} message(s) sent; at least {self.min_replies} required "
-                f"(run config 'min-replies'). See the log for each node's reason."
+                f"(run config 'min-replies'). Reasons: {'; '.join(distinct) or 'none given'}"
             )
 
     # --- Strategy defaults: no client-side evaluation rounds -------------------------

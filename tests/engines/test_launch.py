@@ -14,7 +14,15 @@ import pytest
 from flwr.common.config import parse_config_args
 
 from fedorasflwr import launch
-from fedorasflwr.launch import Deployment, find_pids, format_run_config, free_port, stop_pids
+from fedorasflwr.launch import (
+    Deployment,
+    find_pids,
+    flwr_cli,
+    format_run_config,
+    free_port,
+    processes,
+    stop_pids,
+)
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -150,9 +158,9 @@ def test_stop_pids_stops_the_whole_process_group(
     stop_pids([leader.pid], grace=5.0)
     assert _wait_dead(leader) is not None
     deadline = time.monotonic() + 5.0
-    while launch._is_alive(grandchild) and time.monotonic() < deadline:
+    while processes._is_alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not launch._is_alive(grandchild)
+    assert not processes._is_alive(grandchild)
 
 
 def test_find_pids_never_returns_this_process() -> None:
@@ -171,7 +179,7 @@ def test_stop_pids_ignores_vanished_processes(spawned: list[subprocess.Popen[byt
 
 
 def test_simulation_command_carries_federation_and_run_config(tmp_path: Path) -> None:
-    command = launch._run_command(
+    command = flwr_cli._run_command(
         tmp_path, "local", {"rounds": 2}, {"num-supernodes": 10, "client-resources-num-cpus": 1}
     )
     assert command[1:5] == ["run", str(tmp_path.resolve()), "local", "--stream"]
@@ -184,12 +192,12 @@ def test_simulation_command_carries_federation_and_run_config(tmp_path: Path) ->
 
 
 def test_raw_run_config_string_is_passed_through(tmp_path: Path) -> None:
-    command = launch._run_command(tmp_path, "local-deployment", 'a=1 b="x y"')
+    command = flwr_cli._run_command(tmp_path, "local-deployment", 'a=1 b="x y"')
     assert command[-2:] == ["--run-config", 'a=1 b="x y"']
 
 
 def test_flower_env_is_offline_and_isolated(tmp_path: Path) -> None:
-    env = launch._flower_env(tmp_path, {"OMP_NUM_THREADS": "1"})
+    env = flwr_cli._flower_env(tmp_path, {"OMP_NUM_THREADS": "1"})
     assert env["FLWR_HOME"] == str(tmp_path)
     assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
     assert env["OMP_NUM_THREADS"] == "1"
@@ -199,8 +207,8 @@ def test_flower_env_is_offline_and_isolated(tmp_path: Path) -> None:
 def test_connection_is_readable_by_flower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flwr.cli.flower_config import read_superlink_connection
 
-    launch._add_connection(tmp_path, "local", {"address": ":local:"})
-    launch._add_connection(
+    flwr_cli._add_connection(tmp_path, "local", {"address": ":local:"})
+    flwr_cli._add_connection(
         tmp_path, "local-deployment", {"address": "127.0.0.1:9", "insecure": True}
     )
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
@@ -213,11 +221,12 @@ def test_connection_is_readable_by_flower(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_run_id_and_status_parsing() -> None:
-    match = launch._RUN_ID_PATTERN.search("Using SuperLink\nSuccessfully started run 1754394292\n")
+    log = "Using SuperLink\nSuccessfully started run 1754394292\n"
+    match = flwr_cli._RUN_ID_PATTERN.search(log)
     assert match is not None and match.group(1) == "1754394292"
     stdout = '🔍 Displaying...\n{"success": true, "runs": [{"status": "finished:failed"}]}'
-    assert launch._parse_ls_json(stdout) == {"status": "finished:failed"}
-    assert launch._parse_ls_json("not json") == {}
+    assert flwr_cli._parse_ls_json(stdout) == {"status": "finished:failed"}
+    assert flwr_cli._parse_ls_json("not json") == {}
 
 
 def test_simulation_rejects_bad_sizes_before_starting_anything(tmp_path: Path) -> None:

@@ -188,3 +188,12 @@ def test_supernet_validation_is_recorded_each_round(run_config):
     accuracies = [h["val-accuracy"] for h in result.history]
     assert len(accuracies) == 3
     assert all(0.0 <= a <= 1.0 and not math.isnan(a) for a in accuracies)
+
+
+def test_an_impossible_partition_stops_before_training_with_the_clients_reason(data_cache):
+    # 0.5% of MNIST-5k left for clients: 25 samples cannot make 12 partitions of 3
+    config = tiny_fedoras(data_cache, **{"data.server-fraction": 0.995})
+    grid = InProcessGrid(client_app, config, NUM_NODES)
+    with pytest.raises(StageFailedError, match=r"\[profile\] 0 usable replies.*Reasons: .*data\."):
+        make_strategy(config).start(grid)
+    assert not supernet_messages(grid)

@@ -1,0 +1,52 @@
+"""Run this Flower app on a real engine (simulation or local deployment) and clean up.
+
+The one implementation of "start Flower, run the app, stop everything", used by the
+README's run command (``python -m fedorasflwr.launch``), the engine tests and the
+benchmarks.
+
+Facts about Flower 1.41 this package relies on:
+
+- ``flwr run <app> --stream`` with the ``:local:`` connection starts a *detached*
+  ``flower-superlink --simulation`` on ``$FLWR_LOCAL_SUPERLINK_HTTP_API_PORT`` (one HTTP
+  port for the Control, Fleet and Runtime APIs) and leaves it running. It logs to
+  ``$FLWR_HOME/local-superlink/superlink.log``; its ``flower-superexec`` child runs in a
+  session of its own and starts ``flwr-simulation`` (Ray) or ``flwr-serverapp``. All of
+  them inherit the environment of ``flwr run``, so they are found by their ``FLWR_HOME``.
+- ``flwr run --stream`` exits with 0 even when the ServerApp raised; the run's status
+  (``finished:completed`` / ``finished:failed`` and details) comes from
+  ``flwr ls --run-id <id> --format json``.
+- Unless ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` (or
+  ``--disable-runtime-dependency-installation``) reaches the SuperLink, every run
+  builds a fresh environment with ``uv sync`` and downloads all dependencies.
+  SuperNodes install nothing unless given ``--allow-runtime-dependency-installation``.
+  Both engines unpack the FAB under ``$FLWR_HOME/apps`` and import the app from there.
+
+The package's parts: `processes` (free ports, finding and stopping processes),
+`flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``),
+`simulation` (`run_simulation`), `deployment` (`Deployment`) and `cli`
+(``python -m fedorasflwr.launch``).
+"""
+
+from .cli import main
+from .deployment import Deployment
+from .flwr_cli import DEPLOYMENT_CONNECTION as DEPLOYMENT_CONNECTION
+from .flwr_cli import QUIET_FLOWER_ENV as QUIET_FLOWER_ENV
+from .flwr_cli import SIMULATION_CONNECTION as SIMULATION_CONNECTION
+from .flwr_cli import ConfigValue, FlowerRunError, RunResult, format_run_config
+from .processes import LOOPBACK as LOOPBACK
+from .processes import find_pids, free_port, stop_pids
+from .simulation import run_simulation
+
+__all__ = [
+    "DEPLOYMENT_CONNECTION",
+    "ConfigValue",
+    "Deployment",
+    "FlowerRunError",
+    "RunResult",
+    "find_pids",
+    "format_run_config",
+    "free_port",
+    "main",
+    "run_simulation",
+    "stop_pids",
+]

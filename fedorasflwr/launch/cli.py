@@ -1,0 +1,73 @@
+"""Command line of ``python -m fedorasflwr.launch``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .deployment import Deployment
+from .flwr_cli import FlowerRunError, format_run_config
+from .simulation import run_simulation
+
+__all__ = ["main"]
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedorasflwr.launch",
+        description="Run the Flower app on the simulation engine (default) or on a "
+        "local deployment (SuperLink + SuperNodes), then stop every Flower process.",
+    )
+    parser.add_argument("--app-dir", type=Path, default=Path("."), help="default: .")
+    parser.add_argument("--num-supernodes", type=int, default=20, help="default: 20")
+    parser.add_argument("--run-config", default=None, help='overrides, e.g. "k=1 s=\\"x\\""')
+    parser.add_argument("--deployment", action="store_true", help="use the deployment engine")
+    parser.add_argument(
+        "--client-num-cpus",
+        type=int,
+        default=1,
+        help="CPUs per simulated ClientApp (default: 1, so small models train in parallel)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("outputs"),
+        help="where results go (default: ./outputs; made absolute, since the ServerApp "
+        "runs in the SuperLink's working directory) unless --run-config sets output-dir",
+    )
+    parser.add_argument("--flwr-home", type=Path, default=None, help="default: a temp dir")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the process exit code."""
+    args = _parse_args(argv)
+    run_config = args.run_config or ""
+    if "output-dir=" not in run_config:  # one key may not appear twice in a run config
+        output = format_run_config({"output-dir": str(args.output_dir.resolve())})
+        run_config = f"{output} {run_config}".strip()
+    try:
+        if args.deployment:
+            with Deployment(num_supernodes=args.num_supernodes, flwr_home=args.flwr_home) as dep:
+                result = dep.run(args.app_dir, run_config, args.timeout, echo=True)
+        else:
+            result = run_simulation(
+                args.app_dir,
+                num_supernodes=args.num_supernodes,
+                run_config=run_config,
+                flwr_home=args.flwr_home,
+                client_num_cpus=args.client_num_cpus,
+                timeout=args.timeout,
+                echo=True,
+            )
+    except FlowerRunError as error:
+        print(f"\nFAILED: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted; Flower processes stopped", file=sys.stderr)
+        return 130
+    print(f"\nrun {result.run_id} {result.status} in {result.wall_time:.1f}s")
+    return 0

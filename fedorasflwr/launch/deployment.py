@@ -1,0 +1,219 @@
+"""Run the app on a local deployment engine: one SuperLink and N SuperNodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from .flwr_cli import (
+    DEPLOYMENT_CONNECTION,
+    ConfigValue,
+    FlowerRunError,
+    RunResult,
+    _add_connection,
+    _check_positive_int,
+    _file_tail,
+    _flower_env,
+    _flower_tool,
+    _flwr_run,
+    _run_command,
+    format_run_config,
+)
+from .processes import LOOPBACK, _stop_flower_processes, find_pids, free_port, stop_pids
+
+__all__ = ["Deployment"]
+
+
+class Deployment:
+    """A real deployment engine on localhost: one SuperLink and N SuperNodes.
+
+    Use as a context manager; ``run`` submits the app through the connection
+    ``local-deployment`` written into ``$FLWR_HOME/config.toml``.
+
+    Parameters
+    ----------
+    num_supernodes : int
+        Number of ``flower-supernode`` processes.
+    node_configs : Sequence[Mapping], optional
+        Per node, extra ``--node-config`` entries added to ``partition-id=i
+        num-partitions=N``.
+    flwr_home : Path, optional
+        ``FLWR_HOME`` of the SuperLink (each node gets ``<flwr_home>/supernode-<i>``);
+        default: a temporary directory, removed on exit.
+    env : Mapping, optional
+        Extra environment variables for every process (ClientApps inherit them).
+        Unless it or the caller's environment sets ``OMP_NUM_THREADS``, each process
+        gets ``cpu_count // num_supernodes`` threads (at least 1): the nodes share
+        this host's cores.
+    startup_timeout : float, default 60.0
+        Seconds to wait for the SuperLink to be healthy and every node online.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_supernodes: int,
+        node_configs: Sequence[Mapping[str, ConfigValue]] | None = None,
+        flwr_home: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        _check_positive_int("num_supernodes", num_supernodes)
+        if node_configs is not None and len(node_configs) != num_supernodes:
+            raise ValueError(
+                f"node_configs has {len(node_configs)} entries for {num_supernodes} supernodes"
+            )
+        self.num_supernodes = num_supernodes
+        self.node_configs = list(node_configs or [{}] * num_supernodes)
+        self._given_home = Path(flwr_home) if flwr_home else None
+        self._extra_env = dict(env or {})
+        self.startup_timeout = startup_timeout
+        self.flwr_home = Path()
+        self.port = 0
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.log_files: list[Path] = []
+
+    def __enter__(self) -> Deployment:
+        """Start the SuperLink and the SuperNodes and wait until all nodes are online."""
+        self.port = free_port()
+        self.flwr_home = self._given_home or Path(tempfile.mkdtemp(prefix="flwr-deploy-"))
+        (self.flwr_home / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_superlink()
+            self._wait(self._superlink_healthy, "the SuperLink to answer /health")
+            _add_connection(
+                self.flwr_home,
+                DEPLOYMENT_CONNECTION,
+                {"address": f"{LOOPBACK}:{self.port}", "insecure": True},
+            )
+            for index in range(self.num_supernodes):
+                self._start_supernode(index)
+            self._wait(self._nodes_online, f"{self.num_supernodes} SuperNodes to be online")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Stop every process and remove the temporary ``FLWR_HOME``."""
+        self.stop()
+
+    def run(
+        self,
+        app_dir: Path,
+        run_config: Mapping[str, ConfigValue] | str | None = None,
+        timeout: float | None = None,
+        echo: bool = False,
+    ) -> RunResult:
+        """Run the app on this deployment: ``flwr run <app_dir> local-deployment --stream``.
+
+        Raises
+        ------
+        FlowerRunError
+            If the run did not start, timed out or did not finish as completed; the
+            message carries the tails of the run, SuperLink and SuperNode logs.
+        """
+        command = _run_command(app_dir, DEPLOYMENT_CONNECTION, run_config)
+        env = self._env(self.flwr_home)
+        return _flwr_run(command, DEPLOYMENT_CONNECTION, env, timeout, echo, self.log_files)
+
+    def stop(self) -> None:
+        """Stop all processes started here (then any stragglers) and remove a temp home."""
+        if not self.port:  # not started, or already stopped
+            return
+        started = [process.pid for process in self.processes]
+        stop_pids(started + find_pids(flwr_home=self.flwr_home))
+        for process in self.processes:
+            process.wait()
+        _stop_flower_processes(self.flwr_home)
+        self.processes.clear()
+        if self._given_home is None:
+            shutil.rmtree(self.flwr_home, ignore_errors=True)
+        self.port = 0
+
+    def _env(self, flwr_home: Path) -> dict[str, str]:
+        env = _flower_env(flwr_home, self._extra_env)
+        # N SuperNodes on one host share its cores.  Each ClientApp is a fresh process
+        # whose torch would otherwise start one thread per core: oversubscribed OpenMP
+        # threads spin against each other and a training step gets ~25x slower here.
+        if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self._extra_env:
+            share = max(1, (os.cpu_count() or 1) // self.num_supernodes)
+            env["OMP_NUM_THREADS"] = str(share)
+        return env
+
+    def _spawn(self, command: list[str], name: str, flwr_home: Path) -> None:
+        log_file = self.flwr_home / "logs" / f"{name}.log"
+        with log_file.open("wb") as sink:
+            process = subprocess.Popen(
+                command,
+                env=self._env(flwr_home),
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes.append(process)
+        self.log_files.append(log_file)
+
+    def _start_superlink(self) -> None:
+        command = [_flower_tool("flower-superlink"), "--insecure"]
+        command += ["--disable-runtime-dependency-installation"]
+        command += ["--host", LOOPBACK, "--port", str(self.port)]
+        self._spawn(command, "superlink", self.flwr_home)
+
+    def _start_supernode(self, index: int) -> None:
+        node_config: dict[str, ConfigValue] = {
+            "partition-id": index,
+            "num-partitions": self.num_supernodes,
+        }
+        node_config |= dict(self.node_configs[index])
+        node_home = self.flwr_home / f"supernode-{index}"
+        node_home.mkdir(exist_ok=True)
+        command = [_flower_tool("flower-supernode"), "--insecure"]
+        command += ["--superlink", f"{LOOPBACK}:{self.port}"]
+        command += ["--host", LOOPBACK, "--port", str(free_port())]
+        command += ["--node-config", format_run_config(node_config)]
+        self._spawn(command, f"supernode-{index}", node_home)
+
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while not ready():
+            dead = [p.args for p in self.processes if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                reason = f"exited: {dead[0]}" if dead else f"{self.startup_timeout}s passed"
+                logs = "\n".join(_file_tail(path, 20) for path in self.log_files)
+                raise FlowerRunError(f"gave up waiting for {what} ({reason})\n{logs}")
+            time.sleep(0.5)
+
+    def _superlink_healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.port}/health", timeout=1):
+                return True
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _nodes_online(self) -> bool:
+        command = [_flower_tool("flwr"), "supernode", "ls", DEPLOYMENT_CONNECTION]
+        command += ["--format", "json"]
+        result = subprocess.run(
+            command, env=self._env(self.flwr_home), capture_output=True, text=True, timeout=60
+        )
+        try:
+            nodes = json.loads(result.stdout[result.stdout.find("{") :]).get("nodes", [])
+        except json.JSONDecodeError:
+            return False
+        return sum(node.get("status") == "online" for node in nodes) >= self.num_supernodes

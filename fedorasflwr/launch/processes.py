@@ -1,0 +1,154 @@
+"""Processes: free loopback ports, finding PIDs through /proc, stopping process groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["LOOPBACK", "find_pids", "free_port", "stop_pids"]
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def _free_ports(count: int) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
+
+
+# ------------------------------------------------------------------ process control
+
+
+def find_pids(*, cmdline_contains: str | None = None, flwr_home: Path | None = None) -> list[int]:
+    """Find processes by a command-line substring or by their ``FLWR_HOME``.
+
+    Parameters
+    ----------
+    cmdline_contains : str, optional
+        Match processes whose command line contains this text (e.g. a log-file path).
+    flwr_home : Path, optional
+        Match processes started with ``FLWR_HOME`` equal to this directory or one
+        below it; Flower's children inherit it, detached or not.
+
+    Returns
+    -------
+    list[int]
+        Sorted PIDs, never this process nor one of its ancestors.
+    """
+    spared = _ancestors(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in spared:
+            continue
+        if _matches(entry, cmdline_contains, flwr_home):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _matches(proc_dir: Path, cmdline_contains: str | None, flwr_home: Path | None) -> bool:
+    try:
+        if cmdline_contains and cmdline_contains in _cmdline(proc_dir):
+            return True
+        if flwr_home is not None:
+            home = f"FLWR_HOME={flwr_home}"
+            return any(item == home or item.startswith(home + "/") for item in _environ(proc_dir))
+    except OSError:  # process gone, or not ours to read
+        return False
+    return False
+
+
+def _cmdline(proc_dir: Path) -> str:
+    return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def _environ(proc_dir: Path) -> list[str]:
+    return (proc_dir / "environ").read_bytes().decode(errors="replace").split("\0")
+
+
+def _ancestors(pid: int) -> set[int]:
+    chain = {pid}
+    while pid > 1:
+        pid = _parent_pid(pid)
+        chain.add(pid)
+    return chain
+
+
+def _parent_pid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _signal(pid: int, signum: signal.Signals) -> None:
+    """Signal the process group `pid` leads (else `pid` alone), never our own group."""
+    try:
+        if os.getpgid(pid) == pid and pid != os.getpgrp():
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_pids(pids: Iterable[int], *, grace: float = 10.0) -> None:
+    """SIGTERM the processes (their groups when they lead one), wait, SIGKILL leftovers.
+
+    Parameters
+    ----------
+    pids : Iterable[int]
+        Processes to stop.
+    grace : float, default 10.0
+        Seconds to wait after SIGTERM before SIGKILL.
+    """
+    targets = [pid for pid in pids if _is_alive(pid)]
+    for pid in targets:
+        _signal(pid, signal.SIGTERM)
+    pending = targets
+    deadline = time.monotonic() + grace
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.1)
+        pending = [pid for pid in pending if _is_alive(pid)]
+    for pid in pending:
+        _signal(pid, signal.SIGKILL)
+    _wait_reaped(targets, timeout=2.0)
+
+
+def _wait_reaped(pids: Iterable[int], timeout: float) -> None:
+    """Wait until the processes are gone from /proc (zombies reaped), except our children."""
+    ours = os.getpid()
+    pids = [pid for pid in pids if _parent_pid(pid) != ours]
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _stop_flower_processes(flwr_home: Path, *, grace: float = 10.0) -> None:
+    """Stop everything Flower started under `flwr_home`, children spawned late included."""
+    log_dir = str(flwr_home / "local-superlink") + os.sep
+    for _ in range(5):
+        pids = find_pids(cmdline_contains=log_dir, flwr_home=flwr_home)
+        if not pids:
+            return
+        stop_pids(pids, grace=grace)
