@@ -14,7 +14,7 @@ round 1 pays one-off start-up (actors importing torch, caches), so the ratio use
 the later rounds.  Prints a Markdown table and ``headline: ...``; writes
 ``benchmarks/results/stage1_overhead.json`` (``.quick.json`` for ``--quick``).
 
-    python benchmarks/stage1_overhead.py            # 20 clients, 10 per round, 4 rounds
+    python benchmarks/stage1_overhead.py            # 20 clients, 10 per round, 8 rounds
     python benchmarks/stage1_overhead.py --quick    # CI smoke run (< 2 minutes)
 """
 
@@ -37,7 +37,7 @@ def settings(quick: bool, output_dir: Path, cache_dir: Path) -> dict:
         "output-dir": str(output_dir),
         "data.cache-dir": str(cache_dir),
         "space.width": 0.25 if quick else 0.5,
-        "fedoras.rounds": 3 if quick else 4,
+        "fedoras.rounds": 3 if quick else 8,
         "fedoras.clients-per-round": 10,
         "fedoras.local-epochs": 1 if quick else 2,
         "fedoras.tier-samples": 2000,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -168,7 +168,19 @@ class FedorAS(FederatedNASStrategy):
             rho_low=s.rho_low,
             rho_high=s.rho_high,
         )
-        declared = {p.partition_id: p.tier for p in profiles.values() if 0 <= p.tier < s.num_tiers}
+        # A node may declare its tier (node config ``tier``, 1 = lowest, as in the paper's T1..).
+        declared = {
+            p.partition_id: p.tier - 1 for p in profiles.values() if 1 <= p.tier <= s.num_tiers
+        }
+        for p in profiles.values():
+            if p.tier != -1 and p.partition_id not in declared:
+                log(
+                    WARNING,
+                    "node %d declares tier %d, outside 1..%d: assigned one instead",
+                    p.node_id,
+                    p.tier,
+                    s.num_tiers,
+                )
         assigned = assign_tiers(
             [p.partition_id for p in profiles.values()],
             s.num_tiers,

@@ -197,3 +197,17 @@ def test_an_impossible_partition_stops_before_training_with_the_clients_reason(d
     with pytest.raises(StageFailedError, match=r"\[profile\] 0 usable replies.*Reasons: .*data\."):
         make_strategy(config).start(grid)
     assert not supernet_messages(grid)
+
+
+def test_a_tier_declared_in_the_node_config_wins(run_config):
+    grid = InProcessGrid(
+        client_app,
+        run_config,
+        NUM_NODES,
+        node_configs={0: {"tier": 4}, 1: {"tier": 1}, 2: {"tier": 9}},
+    )
+    strategy = make_strategy(run_config)
+    strategy.setup(grid)
+    assert strategy.tier_of_partition[0] == 3  # the paper's T4
+    assert strategy.tier_of_partition[1] == 0  # T1
+    assert 0 <= strategy.tier_of_partition[2] < 4  # out of range: assigned like the rest
