@@ -15,7 +15,7 @@ from fedorasflwr.search_spaces import (
     SearchSpace,
     build_space,
 )
-from fedorasflwr.search_spaces.base import _min_subspace_size, _sample_subspace
+from fedorasflwr.search_spaces.sampling import min_subspace_size, sample_subspace
 
 
 class ToyNet(nn.Module):
@@ -131,7 +131,7 @@ def test_sample_subspace_never_dead_ends():
     # would leave the big one and no way to reach the budget.
     flops, sizes = [[1, 1]], [[10, 100]]
     for seed in range(50):
-        sub = _sample_subspace(np.random.default_rng(seed), flops, sizes, 0, 5, 20, None)
+        sub = sample_subspace(np.random.default_rng(seed), flops, sizes, 0, 5, 20, None)
         assert sub == ((0,),)
 
 
@@ -167,9 +167,9 @@ def test_min_subspace_size_matches_brute_force():
         expected = _brute_force_min_size(flops, sizes, 3, 7, budget)
         if expected is None:
             with pytest.raises(ValueError):
-                _min_subspace_size(flops, sizes, 3, 7, budget)
+                min_subspace_size(flops, sizes, 3, 7, budget)
         else:
-            assert _min_subspace_size(flops, sizes, 3, 7, budget) == expected
+            assert min_subspace_size(flops, sizes, 3, 7, budget) == expected
 
 
 def test_validation_errors_name_the_layer_and_valid_range(toy):
