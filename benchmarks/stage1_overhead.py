@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         f"direct_round_s={direct_round:.2f} clients={num_clients} quick={args.quick}"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "stage1_overhead.json").write_text(
+    name = "stage1_overhead.quick.json" if args.quick else "stage1_overhead.json"
+    (RESULTS / name).write_text(
         json.dumps(
             {
                 "quick": args.quick,

@@ -33,6 +33,27 @@ def tiny_fedoras(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
             "fedoras.clients-per-round": 6,
             "fedoras.tier-samples": 500,
             "fedoras.eval-paths": 2,
+            "fedoras.local-epochs": 1,
+        }
+    )
+    config.update(overrides)
+    return config
+
+
+def tiny_fdnas(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
+    """FDNAS on MNIST-5k with the paper's class-group split, a tiny mbconv space, 1 round each."""
+    config = pyproject_run_config()
+    config.update(
+        {
+            "method": "fdnas",
+            "data.cache-dir": str(cache_dir),
+            "data.partitioner": "class-groups",
+            "space.width": 0.25,
+            "space.layers-per-block": 1,
+            "fdnas.rounds": 1,
+            "fdnas.cluster-rounds": 1,
+            "fdnas.final-rounds": 1,
+            "fdnas.batch-size": 64,
         }
     )
     config.update(overrides)
