@@ -22,7 +22,15 @@ from collections.abc import Iterable, Sequence
 from logging import WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
@@ -181,7 +189,21 @@ class SeededFedAvg(FedAvg):
                 f"[{self.stage}] round {server_round}: {len(usable)} usable repl"
                 f"{'y' if len(usable) == 1 else 'ies'}, at least {self.min_replies} required"
             )
-        return super().aggregate_train(server_round, usable)
+        arrays, metrics = super().aggregate_train(server_round, usable)
+        return (self._restore_dtypes(arrays) if arrays is not None else None), metrics
+
+    def _restore_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
+        """Flower's FedAvg returns integer buffers (e.g. BN's ``num_batches_tracked``) as
+        floats; give every array back the dtype it was sent with (integers rounded)."""
+        restored = ArrayRecord()
+        for key, array in arrays.items():
+            values = array.numpy()
+            dtype = np.dtype(self._sent_specs[key].dtype)
+            if values.dtype != dtype:
+                values = np.rint(values) if np.issubdtype(dtype, np.integer) else values
+                array = Array(np.asarray(values, dtype=dtype))
+            restored[key] = array
+        return restored
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -26,7 +26,7 @@ def _train(msg: Message, context: Context) -> Message:
             {k: Array(np.full(a.shape, np.nan, np.float32)) for k, a in arrays.items()}
         )
     else:
-        out = ArrayRecord({k: Array(a.numpy() + pid + 1) for k, a in arrays.items()})
+        out = ArrayRecord({k: Array(np.asarray(a.numpy() + pid + 1)) for k, a in arrays.items()})
     metrics = MetricRecord({"num-examples": pid + 1, "train-loss": float(pid)})
     return Message(RecordDict({"arrays": out, "metrics": metrics}), reply_to=msg)
 
@@ -110,3 +110,11 @@ def test_start_runs_rounds_with_flowers_loop():
     result = make(grid, [0, 1, 2, 3]).start(grid, ZERO, num_rounds=2)
     assert set(result.train_metrics_clientapp) == {1, 2}
     assert np.isfinite(result.arrays["w"].numpy()).all()
+
+
+def test_integer_buffers_keep_their_dtype_round_after_round():
+    grid = InProcessGrid(demo, {}, 6)
+    start = ArrayRecord({"w": Array(np.zeros(3, np.float32)), "n": Array(np.array(0, np.int64))})
+    result = make(grid, [0, 1, 2, 3]).start(grid, start, num_rounds=3)
+    assert result.arrays["n"].numpy().dtype == np.int64  # round 2 and 3 would reject otherwise
+    assert set(result.train_metrics_clientapp) == {1, 2, 3}
