@@ -78,3 +78,14 @@ def test_unknown_key_shape_mismatch_and_negative_counts_raise():
         opa(current, [(record(x=np.zeros(3)), 1)])
     with pytest.raises(ValueError, match="negative"):
         opa(current, [(record(x=np.zeros(2)), {"x": -1})])
+
+
+def test_public_api_imports_as_design_says():
+    from flwr.serverapp.strategy import Strategy
+
+    from fedorasflwr.search_spaces import SearchSpace, build_space  # noqa: F401
+    from fedorasflwr.strategies import FedorAS
+    from fedorasflwr.strategies.aggregation import opa as public_opa
+
+    assert issubclass(FedorAS, Strategy)
+    assert public_opa is opa
