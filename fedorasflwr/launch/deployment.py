@@ -149,7 +149,7 @@ class Deployment:
         env = _flower_env(flwr_home, self._extra_env)
         # N SuperNodes on one host share its cores.  Each ClientApp is a fresh process
         # whose torch would otherwise start one thread per core: oversubscribed OpenMP
-        # threads spin against each other and a training step gets ~25x slower here.
+        # threads spin against each other and every training step gets many times slower.
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self._extra_env:
             share = max(1, (os.cpu_count() or 1) // self.num_supernodes)
             env["OMP_NUM_THREADS"] = str(share)
