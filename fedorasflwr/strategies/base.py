@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -216,6 +217,31 @@ class FederatedNASStrategy(Strategy):
                 f"out of {sent} message(s) sent; at least {self.min_replies} required "
                 f"(run config 'min-replies'). Reasons: {'; '.join(distinct) or 'none given'}"
             )
+
+    # --- server-side validation -------------------------------------------------------
+
+    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+
+    def record_step(
+        self,
+        step: int,
+        arrays: ArrayRecord,
+        history: list[dict[str, Any]],
+        entry: dict[str, Any],
+        *,
+        every: int,
+        last: bool,
+        label: str = "round",
+    ) -> None:
+        """Append ``entry`` to ``history``, with ``val-*`` metrics from ``evaluate_fn``
+        every ``every`` steps and at the last one (``every=0``: never)."""
+        if self.evaluate_fn is not None and every and (step % every == 0 or last):
+            with self.ledger.timed("evaluate"):
+                metrics = self.evaluate_fn(step, arrays)
+            if metrics is not None:
+                entry.update({f"val-{k}": v for k, v in metrics.items()})
+                log(INFO, "%s %d validation: %s", label.capitalize(), step, dict(metrics))
+        history.append({label: step, **entry})
 
     # --- Strategy defaults: no client-side evaluation rounds -------------------------
 

@@ -378,12 +378,7 @@ class FedorAS(FederatedNASStrategy):
         history: list[dict[str, Any]],
         entry: dict[str, Any],
     ) -> None:
-        every = self.settings.eval_every
         last = server_round == self.settings.rounds
-        if self.evaluate_fn is not None and every and (server_round % every == 0 or last):
-            with self.ledger.timed("evaluate"):
-                metrics = self.evaluate_fn(server_round, arrays)
-            if metrics is not None:
-                entry.update({f"val-{k}": v for k, v in metrics.items()})
-                log(INFO, "Round %d supernet validation: %s", server_round, dict(metrics))
-        history.append({"round": server_round, **entry})
+        self.record_step(
+            server_round, arrays, history, entry, every=self.settings.eval_every, last=last
+        )
