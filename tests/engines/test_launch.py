@@ -103,6 +103,15 @@ def _wait_dead(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int |
         return None
 
 
+def _found_once_started(expected: list[int], **query: object) -> list[int]:
+    """``find_pids(**query)`` once it sees ``expected``: between fork and exec a child's
+    /proc cmdline and environ are still its parent's, so a fresh Popen may not match yet."""
+    deadline = time.monotonic() + 10.0
+    while (found := find_pids(**query)) != expected and time.monotonic() < deadline:  # type: ignore[arg-type]
+        time.sleep(0.05)
+    return found
+
+
 def test_find_pids_by_cmdline_marker_then_stop(
     tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -112,7 +121,7 @@ def test_find_pids_by_cmdline_marker_then_stop(
     other = subprocess.Popen(SLEEPER)
     spawned.append(other)
 
-    found = find_pids(cmdline_contains=str(tmp_path / "local-superlink"))
+    found = _found_once_started([process.pid], cmdline_contains=str(tmp_path / "local-superlink"))
     assert found == [process.pid]
 
     stop_pids(found, grace=5.0)
@@ -129,8 +138,9 @@ def test_find_pids_by_flwr_home_environment(
     for flwr_home in (home, home / "supernode-0", Path(f"{home}-other")):
         spawned.append(subprocess.Popen(SLEEPER, env=env | {"FLWR_HOME": str(flwr_home)}))
 
-    found = find_pids(flwr_home=home)
-    assert found == sorted(process.pid for process in spawned[:2])
+    expected = sorted(process.pid for process in spawned[:2])
+    found = _found_once_started(expected, flwr_home=home)
+    assert found == expected
     stop_pids(found, grace=5.0)
     assert all(_wait_dead(process) is not None for process in spawned[:2])
     assert spawned[2].poll() is None
