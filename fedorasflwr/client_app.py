@@ -10,6 +10,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from .clients import dpfnas, fdnas
 from .clients.fedoras import train_supernet
 from .config import parse_run_config
 from .data import ClientData, load_client_data
@@ -60,4 +61,58 @@ def fedoras_supernet(msg: Message, context: Context) -> Message:
     """FedorAS Stage 1: local supernet training under the tier budget."""
     partition_id, _ = _identity(context)
     content = train_supernet(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.train("fdnas_search")
+def fdnas_search(msg: Message, context: Context) -> Message:
+    """FDNAS / CFDNAS: local ProxylessNAS epochs on w (train split) and alpha (val split)."""
+    partition_id, _ = _identity(context)
+    content = fdnas.search_supernet(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.train("fdnas_final")
+def fdnas_final(msg: Message, context: Context) -> Message:
+    """FDNAS / CFDNAS: local epochs of the derived net (FedAvg stage)."""
+    partition_id, _ = _identity(context)
+    content = fdnas.train_net(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate("fdnas_final")
+def fdnas_evaluate(msg: Message, context: Context) -> Message:
+    """FDNAS / CFDNAS: test accuracy of a derived net on the local test split."""
+    content = fdnas.evaluate_net(msg.content, _client_data(context))
+    return Message(content, reply_to=msg)
+
+
+@app.train("dpfnas_weights")
+def dpfnas_weights(msg: Message, context: Context) -> Message:
+    """DP-FNAS exchange (a): clipped, noised training gradient of the weights W."""
+    partition_id, _ = _identity(context)
+    content = dpfnas.weight_gradient(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.train("dpfnas_arch")
+def dpfnas_arch(msg: Message, context: Context) -> Message:
+    """DP-FNAS exchange (b): clipped, noised validation gradient of the alphas A."""
+    partition_id, _ = _identity(context)
+    content = dpfnas.architecture_gradient(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.train("dpfnas_final")
+def dpfnas_final(msg: Message, context: Context) -> Message:
+    """DP-FNAS: local epochs of the derived network (FedAvg stage)."""
+    partition_id, _ = _identity(context)
+    content = dpfnas.train_final(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate("dpfnas_final")
+def dpfnas_evaluate(msg: Message, context: Context) -> Message:
+    """DP-FNAS: test accuracy of the derived network on the local test split."""
+    content = dpfnas.evaluate_final(msg.content, _client_data(context))
     return Message(content, reply_to=msg)

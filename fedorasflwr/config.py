@@ -19,6 +19,8 @@ from .data import DatasetInfo, DataSpec
 
 __all__ = [
     "METHODS",
+    "DPFNASSettings",
+    "FDNASSettings",
     "FedorASSettings",
     "RunSettings",
     "SpaceSettings",
@@ -26,8 +28,8 @@ __all__ = [
     "space_kwargs",
 ]
 
-METHODS = ("fedoras",)
-SPACE_NAMES = ("cnn_l", "cnn_s", "rnn")
+METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas")
+SPACE_NAMES = ("cnn_l", "cnn_s", "rnn", "mbconv", "darts")
 
 
 def _get(
@@ -92,7 +94,7 @@ class SpaceSettings:
                 cls.layers_per_block,
                 int,
                 lambda v: 1 <= v <= 8,
-                "1..8 (cnn_l only)",
+                "1..8 (cnn_l blocks, mbconv stages, darts cells)",
             ),
         )
 
@@ -127,6 +129,16 @@ def space_kwargs(space: SpaceSettings, info: DatasetInfo) -> dict[str, Any]:
     }
     if space.name == "cnn_l":
         kwargs["layers_per_block"] = space.layers_per_block
+    if space.name == "mbconv":
+        kwargs["layers_per_stage"] = space.layers_per_block
+    if space.name == "darts":
+        # C = 8 x width (DARTS: 16); inputs above 16 px are halved by the stem (CPU-sized).
+        del kwargs["width"]
+        kwargs.update(
+            channels=max(2, round(8 * space.width)),
+            cells=space.layers_per_block,
+            stem_stride=2 if height > 16 else 1,
+        )
     return kwargs
 
 
@@ -217,6 +229,116 @@ class FedorASSettings:
         )
 
 
+@dataclass(frozen=True)
+class FDNASSettings:
+    """FDNAS / CFDNAS hyper-parameters (``fdnas.*`` keys).
+
+    Paper values (CIFAR-10, Zhang et al. 2020): 125 search rounds of 10
+    clients, 5 local epochs, batch 256, SGD lr 0.05 cosine, momentum 0.9,
+    weight decay 3e-4 for w; Adam without weight decay for alpha (ProxylessNAS:
+    lr 6e-3, betas (0, 0.999)); 90/10 train/validation split; CFDNAS 25 rounds
+    per cluster; the derived net trained with FedAvg for 250 rounds.  The
+    hardware term is ``CE x max(1, log E[FLOPs] / log target)^beta``; targets are
+    fractions of the supernet's largest path.  Defaults are sized for a 2-core CPU.
+    """
+
+    rounds: int = 10
+    clients_per_round: int = 10
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 3e-4
+    alpha_lr: float = 6e-3
+    alpha_every: int = 1
+    target_flops: float = 0.5
+    hardware_beta: float = 1.0
+    num_clusters: int = 3
+    cluster_rounds: int = 3
+    cluster_target_flops: tuple[float, ...] = (0.35,)
+    final_rounds: int = 5
+    final_local_epochs: int = 1
+    final_lr: float = 0.05
+    final_init: str = "scratch"
+    min_replies: int = 2
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> FDNASSettings:
+        p = "fdnas."
+        fraction = (lambda v: 0 < v <= 1, "fraction of the largest path's FLOPs, 0 < f <= 1")
+        clients = _get(cfg, p + "clients-per-round", cls.clients_per_round, int, _positive, ">= 1")
+        min_replies = _get(cfg, p + "min-replies", cls.min_replies, int, _positive, ">= 1")
+        if min_replies > clients:
+            raise ValueError(
+                f"run config '{p}min-replies' = {min_replies} exceeds "
+                f"'{p}clients-per-round' = {clients}"
+            )
+        text = _get(cfg, p + "cluster-target-flops", "0.35", str)
+        try:
+            targets = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            targets = ()
+        if not targets or not all(0 < v <= 1 for v in targets):
+            raise ValueError(
+                f"run config '{p}cluster-target-flops' = {text!r}: comma-separated fractions "
+                "in (0, 1], one for every cluster or one per cluster (in cluster order)"
+            )
+        return cls(
+            rounds=_get(cfg, p + "rounds", cls.rounds, int, lambda v: v >= 0, ">= 0"),
+            clients_per_round=clients,
+            local_epochs=_get(cfg, p + "local-epochs", cls.local_epochs, int, _positive, ">= 1"),
+            batch_size=_get(cfg, p + "batch-size", cls.batch_size, int, _positive, ">= 1"),
+            lr=_get(cfg, p + "lr", cls.lr, float, _positive, "> 0"),
+            momentum=_get(
+                cfg, p + "momentum", cls.momentum, float, lambda v: 0 <= v < 1, "0 <= m < 1"
+            ),
+            weight_decay=_get(
+                cfg, p + "weight-decay", cls.weight_decay, float, lambda v: v >= 0, ">= 0"
+            ),
+            alpha_lr=_get(cfg, p + "alpha-lr", cls.alpha_lr, float, _positive, "> 0"),
+            alpha_every=_get(
+                cfg, p + "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
+            ),
+            target_flops=_get(cfg, p + "target-flops", cls.target_flops, float, *fraction),
+            hardware_beta=_get(
+                cfg, p + "hardware-beta", cls.hardware_beta, float, lambda v: v >= 0, ">= 0"
+            ),
+            num_clusters=_get(
+                cfg,
+                p + "num-clusters",
+                cls.num_clusters,
+                int,
+                _positive,
+                ">= 1 (used unless the partitioner is class-groups or nodes declare 'cluster')",
+            ),
+            cluster_rounds=_get(
+                cfg, p + "cluster-rounds", cls.cluster_rounds, int, lambda v: v >= 0, ">= 0"
+            ),
+            cluster_target_flops=targets,
+            final_rounds=_get(
+                cfg, p + "final-rounds", cls.final_rounds, int, lambda v: v >= 0, ">= 0"
+            ),
+            final_local_epochs=_get(
+                cfg, p + "final-local-epochs", cls.final_local_epochs, int, _positive, ">= 1"
+            ),
+            final_lr=_get(cfg, p + "final-lr", cls.final_lr, float, _positive, "> 0"),
+            final_init=_get(
+                cfg,
+                p + "final-init",
+                cls.final_init,
+                str,
+                lambda v: v in ("scratch", "supernet"),
+                "scratch or supernet",
+            ),
+            min_replies=min_replies,
+        )
+
+    def cluster_target(self, index: int) -> float:
+        """The FLOPs target (fraction) of the ``index``-th cluster in sorted tag order."""
+        targets = self.cluster_target_flops
+        return targets[index] if len(targets) > 1 else targets[0]
+
+
 def _parse_proportions(text: str, num_tiers: int, key: str) -> tuple[float, ...]:
     """``"0.8,0.0125,0.0125,0.175"`` -> a tuple summing to 1; ``""`` -> uniform (``()``)."""
     if not text.strip():
@@ -239,6 +361,125 @@ def _parse_proportions(text: str, num_tiers: int, key: str) -> tuple[float, ...]
 
 
 @dataclass(frozen=True)
+class DPFNASSettings:
+    """DP-FNAS hyper-parameters (``dpfnas.*`` keys; Singh et al., 2020, Algorithm 1).
+
+    Paper values (CIFAR-10, §4.1): sigma^2 = tau^2 = 1 (``noise-weights`` =
+    ``noise-arch`` = 1), R_G = 0.01, R_H = 0.1, second-order architecture
+    gradients, server steps ``W <- W - xi * sum_k G_k`` (``aggregation`` =
+    "sum"), DARTS schedule (50 epochs, batch 64, w: lr 0.025 momentum 0.9;
+    alpha: Adam 3e-4), final training 600 epochs.  The defaults here are sized
+    for a 2-core CPU and MNIST-5k.  ``mode``: "dpfnas" (noise), "fnas" (no
+    noise), "single" (one party, no noise: vanilla DARTS).  ``final-noise`` > 0
+    makes the final FedAvg training DP-SGD (accounted with the search's W steps).
+    """
+
+    mode: str = "dpfnas"
+    iterations: int = 20
+    batch_size: int = 32
+    weight_lr: float = 0.05
+    weight_momentum: float = 0.9
+    arch_lr: float = 0.01
+    arch_momentum: float = 0.9
+    clip_weights: float = 1.0
+    clip_arch: float = 0.1
+    noise_weights: float = 1.0
+    noise_arch: float = 1.0
+    order: int = 1
+    aggregation: str = "mean"
+    target_epsilon: float = 0.0
+    delta: float = 1e-5
+    accountant: str = "rdp"
+    eval_every: int = 5
+    min_replies: int = 1
+    final_rounds: int = 5
+    final_local_epochs: int = 1
+    final_batch_size: int = 32
+    final_lr: float = 0.05
+    final_momentum: float = 0.9
+    final_clients_per_round: int = 0
+    final_noise: float = 0.0
+    final_clip: float = 1.0
+
+    @property
+    def noisy(self) -> bool:
+        """Whether gradients are noised (mode "dpfnas")."""
+        return self.mode == "dpfnas"
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> DPFNASSettings:
+        p = "dpfnas."
+
+        def number(key: str, default: float, check=_positive, allowed: str = "> 0") -> float:
+            return _get(cfg, p + key, default, float, check, allowed)
+
+        def count(key: str, default: int, low: int = 1) -> int:
+            return _get(cfg, p + key, default, int, lambda v: v >= low, f">= {low}")
+
+        def non_negative(v: float) -> bool:
+            return v >= 0
+
+        def momentum(v: float) -> bool:
+            return 0 <= v < 1
+
+        return cls(
+            mode=_get(
+                cfg,
+                p + "mode",
+                cls.mode,
+                str,
+                lambda v: v in ("dpfnas", "fnas", "single"),
+                "dpfnas, fnas or single",
+            ),
+            iterations=count("iterations", cls.iterations, 0),
+            batch_size=count("batch-size", cls.batch_size),
+            weight_lr=number("weight-lr", cls.weight_lr),
+            weight_momentum=number("weight-momentum", cls.weight_momentum, momentum, "0 <= m < 1"),
+            arch_lr=number("arch-lr", cls.arch_lr),
+            arch_momentum=number("arch-momentum", cls.arch_momentum, momentum, "0 <= m < 1"),
+            clip_weights=number("clip-weights", cls.clip_weights),
+            clip_arch=number("clip-arch", cls.clip_arch),
+            noise_weights=number("noise-weights", cls.noise_weights, non_negative, ">= 0"),
+            noise_arch=number("noise-arch", cls.noise_arch, non_negative, ">= 0"),
+            order=_get(cfg, p + "order", cls.order, int, lambda v: v in (1, 2), "1 or 2"),
+            aggregation=_get(
+                cfg,
+                p + "aggregation",
+                cls.aggregation,
+                str,
+                lambda v: v in ("mean", "sum"),
+                "mean or sum",
+            ),
+            target_epsilon=number(
+                "target-epsilon", cls.target_epsilon, non_negative, ">= 0 (0: no target)"
+            ),
+            delta=number("delta", cls.delta, lambda v: 0 < v < 1, "0 < delta < 1"),
+            accountant=_get(
+                cfg,
+                p + "accountant",
+                cls.accountant,
+                str,
+                lambda v: v in ("rdp", "prv", "gdp"),
+                "rdp, prv or gdp",
+            ),
+            eval_every=count("eval-every", cls.eval_every, 0),
+            min_replies=count("min-replies", cls.min_replies),
+            final_rounds=count("final-rounds", cls.final_rounds, 0),
+            final_local_epochs=count("final-local-epochs", cls.final_local_epochs),
+            final_batch_size=count("final-batch-size", cls.final_batch_size),
+            final_lr=number("final-lr", cls.final_lr),
+            final_momentum=number("final-momentum", cls.final_momentum, momentum, "0 <= m < 1"),
+            final_clients_per_round=count(
+                "final-clients-per-round", cls.final_clients_per_round, 0
+            ),
+            final_noise=number(
+                "final-noise", cls.final_noise, non_negative, ">= 0 (0: not private)"
+            ),
+            final_clip=number("final-clip", cls.final_clip),
+        )
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """Everything one run needs, parsed from the run config."""
 
@@ -250,6 +491,8 @@ class RunSettings:
     data: DataSpec = field(default_factory=DataSpec)
     space: SpaceSettings = field(default_factory=SpaceSettings)
     fedoras: FedorASSettings = field(default_factory=FedorASSettings)
+    fdnas: FDNASSettings = field(default_factory=FDNASSettings)
+    dpfnas: DPFNASSettings = field(default_factory=DPFNASSettings)
 
     @property
     def output_path(self) -> Path:
@@ -280,4 +523,6 @@ def parse_run_config(cfg: Mapping[str, Any]) -> RunSettings:
         data=DataSpec.from_config(data_cfg),
         space=SpaceSettings.from_config(cfg),
         fedoras=FedorASSettings.from_config(cfg),
+        fdnas=FDNASSettings.from_config(cfg),
+        dpfnas=DPFNASSettings.from_config(cfg),
     )

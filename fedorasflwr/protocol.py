@@ -14,7 +14,14 @@ __all__ = [
     "CONFIG",
     "METRICS",
     "PROFILE",
+    "DPFNAS_ARCH",
+    "DPFNAS_EVALUATE",
+    "DPFNAS_TRAIN",
+    "DPFNAS_WEIGHTS",
     "FEDORAS_SUPERNET",
+    "FDNAS_EVALUATE",
+    "FDNAS_SEARCH",
+    "FDNAS_TRAIN",
     "QUERY_PROFILE",
     "space_from_config",
     "space_to_config",
@@ -27,6 +34,13 @@ PROFILE = "profile"
 
 QUERY_PROFILE = "query.profile"
 FEDORAS_SUPERNET = "train.fedoras_supernet"
+FDNAS_SEARCH = "train.fdnas_search"
+FDNAS_TRAIN = "train.fdnas_final"
+FDNAS_EVALUATE = "evaluate.fdnas_final"
+DPFNAS_WEIGHTS = "train.dpfnas_weights"
+DPFNAS_ARCH = "train.dpfnas_arch"
+DPFNAS_TRAIN = "train.dpfnas_final"
+DPFNAS_EVALUATE = "evaluate.dpfnas_final"
 
 SPACE_PREFIX = "space."
 

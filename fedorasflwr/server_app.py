@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from logging import INFO
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from flwr.app import Context
+from flwr.app import Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
+from torch.utils.data import DataLoader
 
 from .artifacts import plot_history, run_directory, save_checkpoint, write_json
+from .clients.training import evaluate
 from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
+from .data.groups import even_sizes
 from .evaluation import SupernetEvaluator
 from .search_spaces import SearchSpace, build_space
 from .strategies.base import NodeProfile
+from .strategies.dpfnas import DPFNAS, json_safe, privacy_report
+from .strategies.fdnas import CFDNAS, FDNAS
 from .strategies.fedoras import FedorAS
 
 app = ServerApp()
@@ -94,9 +100,151 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
     }
 
 
+def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:
+    """The CFDNAS tag of a node that declares no ``cluster``, from its partition id.
+
+    With the class-groups partitioner: the node's class group (the paper's data tag);
+    otherwise ``fdnas.num-clusters`` contiguous ranges of partition ids.
+    """
+    spec = settings.data
+
+    def tag(profile: NodeProfile) -> int:
+        pid, total = profile.partition_id, profile.num_partitions
+        if spec.partitioner == "class-groups":
+            groups = len(spec.class_group_layout())
+            ends = np.cumsum(even_sizes(total, min(groups, total)))
+            return int(np.searchsorted(ends, pid, side="right"))
+        return pid * min(settings.fdnas.num_clusters, total) // total
+
+    return tag
+
+
+def _run_fdnas(
+    strategy_class: type[FDNAS], grid: Grid, settings: RunSettings, out_dir: Path
+) -> dict[str, Any]:
+    space_settings = replace(settings.space, name="mbconv")
+    torch.manual_seed(settings.seed)
+    space = build_space(**space_kwargs(space_settings, dataset_info(settings.data)))
+    strategy = strategy_class(
+        space=space,
+        settings=settings.fdnas,
+        seed=settings.seed,
+        cluster_of=cluster_tagger(settings),
+        validate_profiles=lambda profiles: _check_partitions(settings, profiles),
+        reply_timeout=settings.reply_timeout,
+        min_nodes=settings.min_nodes,
+    )
+    result = strategy.start(grid)
+    files = [
+        save_checkpoint(
+            out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
+        )
+    ]
+    for net in result.nets:
+        files.append(
+            save_checkpoint(
+                out_dir / f"{net.name}.pt",
+                space_spec=space.spec,
+                arrays=net.arrays,
+                arch=list(net.arch),
+                stage="final",
+            )
+        )
+    return {
+        "space": describe_space(space),
+        "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
+        "cluster-of-partition": result.cluster_of_partition,
+        "nets": [net.summary() for net in result.nets],
+        "search-history": result.search_history,
+        "cluster-history": result.cluster_history,
+        "ledger": result.ledger,
+        "files": [p.name for p in files],
+    }
+
+
+def run_fdnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+    """FDNAS: federated search on the mbconv space, derive, FedAvg-train the net."""
+    return _run_fdnas(FDNAS, grid, settings, out_dir)
+
+
+def run_cfdnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+    """CFDNAS: FDNAS, then per-cluster search and one trained net per cluster."""
+    return _run_fdnas(CFDNAS, grid, settings, out_dir)
+
+
+def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+    """DP-FNAS: private federated DARTS search, derivation, FedAvg training, privacy report."""
+    if settings.space.name != "darts":
+        log(INFO, "DP-FNAS searches the darts space (run config 'space.name' ignored)")
+        settings = replace(settings, space=replace(settings.space, name="darts"))
+    space = build_supernet(settings)
+    server_data = load_server_data(settings.data)
+    probe = build_supernet(settings)
+
+    def evaluate_supernet(_iteration: int, arrays: Any) -> MetricRecord:
+        probe.load_state_dict(arrays.to_torch_state_dict())
+        probe.eval()
+        result = evaluate(probe, DataLoader(server_data, batch_size=256), torch.device("cpu"))
+        return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
+
+    strategy = DPFNAS(
+        space=space,  # type: ignore[arg-type]
+        settings=settings.dpfnas,
+        seed=settings.seed,
+        evaluate_fn=evaluate_supernet if len(server_data) else None,
+        validate_profiles=lambda profiles: _check_partitions(settings, profiles),
+        reply_timeout=settings.reply_timeout,
+        min_nodes=settings.min_nodes,
+    )
+    result = strategy.start(grid)
+    files = [
+        save_checkpoint(
+            out_dir / "supernet.pt",
+            space_spec=space.spec,
+            arrays=result.arrays,
+            stage="search",
+            genotype=result.genotype.to_text(),
+        )
+    ]
+    if result.final_arrays is not None:
+        files.append(
+            save_checkpoint(
+                out_dir / "derived.pt",
+                space_spec=space.spec,
+                arrays=result.final_arrays,
+                stage="final",
+                genotype=result.genotype.to_text(),
+            )
+        )
+    plot = plot_history(
+        out_dir / "supernet_accuracy.png",
+        [{"round": h["iteration"], **h} for h in result.history],
+        "val-accuracy",
+        title="DP-FNAS: mixed supernet accuracy (server slice)",
+        ylabel="accuracy",
+    )
+    return {
+        "space": describe_space(space),
+        "mode": settings.dpfnas.mode,
+        "genotype": result.genotype.to_text(),
+        "iterations": result.iterations,
+        "stopped": result.stopped,
+        "privacy": privacy_report(result.privacy),
+        "test-accuracy": result.test_accuracy,
+        "final-privacy": json_safe(result.final_privacy),
+        "history": json_safe(result.history),
+        "final-history": result.final_history,
+        "ledger": result.ledger,
+        "files": [p.name for p in (*files, plot) if p is not None],
+    }
+
+
 #: method name (run config ``method``) -> runner returning the result document.
 RUNNERS: dict[str, Callable[[Grid, RunSettings, Path], dict[str, Any]]] = {
     "fedoras": run_fedoras,
+    "fdnas": run_fdnas,
+    "cfdnas": run_cfdnas,
+    "dpfnas": run_dpfnas,
 }
 
 

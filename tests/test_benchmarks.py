@@ -28,3 +28,48 @@ def test_stage1_overhead_quick_reports_a_ratio():
     saved = json.loads((ROOT / "benchmarks/results/stage1_overhead.quick.json").read_text())
     assert saved["engine_over_direct"] == pytest.approx(float(headline.group(1)), abs=0.01)
     assert len(saved["engine_round_seconds"]) == len(saved["direct_round_seconds"]) == 3
+
+
+@pytest.mark.slow
+def test_fdnas_clusters_quick_reports_every_comparison():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fdnas_clusters.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    headline = re.search(r"^headline: fdnas_acc=([0-9.]+) .* clusters=3 ", done.stdout, re.M)
+    assert headline, done.stdout[-2000:]
+    saved = json.loads((ROOT / "benchmarks/results/fdnas_clusters.quick.json").read_text())
+    assert saved["headline"]["fdnas_acc"] == pytest.approx(float(headline.group(1)), abs=1e-3)
+    names = [row["net"] for row in saved["rows"]]
+    assert names[:2] == ["FDNAS", "fixed MobileNetV2-like"]
+    assert sum(name.startswith("naive-CFDNAS") for name in names) == 3
+    assert names[-1].startswith("centralised DNAS")
+
+
+@pytest.mark.slow
+def test_dpfnas_privacy_quick_reports_every_row():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "dpfnas_privacy.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    headline = re.search(
+        r"^headline: single_acc=([0-9.]+) .*worst_gap_pp=(-?[0-9.]+)", done.stdout, re.M
+    )
+    assert headline, done.stdout[-2000:]
+    saved = json.loads((ROOT / "benchmarks/results/dpfnas_privacy.quick.json").read_text())
+    assert saved["headline"]["single_acc"] == pytest.approx(float(headline.group(1)), abs=1e-3)
+    modes = [(row["mode"], row["parties"]) for row in saved["rows"]]
+    assert modes[:3] == [("single", 1), ("fnas", 2), ("dpfnas", 2)]
+    noisy = [row for row in saved["rows"] if row["mode"] == "dpfnas"]
+    assert all(float(row["epsilon"]) > 0 for row in noisy)
+    # more noise, less privacy loss
+    by_variance = sorted(noisy, key=lambda row: row["noise_variance"])
+    assert float(by_variance[0]["epsilon"]) > float(by_variance[-1]["epsilon"])

@@ -1,7 +1,7 @@
 """Search spaces: supernets with labelled choices, per-option costs and keys.
 
 ``build_space(name, **kwargs)`` builds a registered space (``cnn_l``, ``cnn_s``,
-``rnn``); ``build_space(**space.spec)`` rebuilds the same structure.
+``rnn``, ``mbconv``); ``build_space(**space.spec)`` rebuilds the same structure.
 """
 
 from .base import (
@@ -16,14 +16,20 @@ from .base import (
     register_space,
 )
 from .cnn import CNNLargeSpace, CNNSmallSpace, cnn_l, cnn_s
+from .darts import DartsSpace, DerivedNetwork, Genotype
+from .mbconv import MBConvSpace, mbconv
 from .rnn import RNNSpace, rnn
 
 __all__ = [
     "SPACES",
     "CNNLargeSpace",
     "CNNSmallSpace",
+    "DartsSpace",
+    "DerivedNetwork",
+    "Genotype",
     "Cost",
     "LayerChoice",
+    "MBConvSpace",
     "MixedOp",
     "RNNSpace",
     "SearchSpace",
@@ -32,6 +38,7 @@ __all__ = [
     "build_space",
     "cnn_l",
     "cnn_s",
+    "mbconv",
     "register_space",
     "rnn",
 ]

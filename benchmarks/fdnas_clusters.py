@@ -1,0 +1,240 @@
+"""FDNAS vs a fixed net, CFDNAS vs FDNAS and naive-CFDNAS, on the paper's class-group split.
+
+MNIST-5k, 10 clients: classes 0-2 on clients 0-2, 3-5 on 3-5, 6-9 on 6-9 (the
+FDNAS paper's layout; each client's own data split 90/10 train/validation plus
+a test slice).  One run, same seed, side by side (in-process grid: the real
+ClientApp, no engine):
+
+- **FDNAS** (search on all clients, derive by argmax, FedAvg from scratch) vs
+  a **fixed MobileNetV2-like net** (every layer MBConv k3 e6) under the same FedAvg;
+- **CFDNAS**: each cluster (class group) inherits w and alpha and searches on
+  with a lower FLOPs target; its net is FedAvg-trained on the cluster's clients
+  and compared with the FDNAS net on the same clients, and with
+  **naive-CFDNAS** (fresh supernet, same cluster rounds);
+- **centralised DNAS**: one party holding all the data runs the same search
+  (IID, one client), its net trained centrally and tested on its own test slice;
+- the **compute** (training FLOPs, forward x3) of each cluster's search relative
+  to the FDNAS search (paper: 3.5 / 59 GPU hours, about 6% per cluster).
+
+Accuracy: "averaged" = the global model on the pooled test data of the clients
+concerned (paper's double dagger); "local" = mean over those clients of the test
+accuracy after their local epochs in the last FedAvg round (paper's dagger).
+FLOPs = 2 x MACs per sample (``torch.utils.flop_counter``).
+
+    python benchmarks/fdnas_clusters.py            # full run (see README for the numbers)
+    python benchmarks/fdnas_clusters.py --quick    # CI smoke run (< 2 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+NUM_CLIENTS = 10
+
+
+def settings(
+    quick: bool, cache_dir: Path, target: float = 0.45, cluster_target: float = 0.3
+) -> dict[str, Any]:
+    return {
+        "method": "cfdnas",
+        "data.cache-dir": str(cache_dir),
+        "data.partitioner": "class-groups",
+        "data.val-fraction": 0.09,  # train : val = 0.81 : 0.09 = 90 : 10 (paper)
+        "data.test-fraction": 0.1,
+        "space.width": 0.25 if quick else 0.5,
+        "space.layers-per-block": 1 if quick else 2,
+        "fdnas.rounds": 2 if quick else 10,
+        "fdnas.cluster-rounds": 1 if quick else 2,
+        "fdnas.local-epochs": 1,
+        "fdnas.batch-size": 64 if quick else 32,
+        "fdnas.target-flops": target,
+        "fdnas.cluster-target-flops": str(cluster_target),
+        "fdnas.final-rounds": 2 if quick else 10,
+        "fdnas.final-local-epochs": 1,
+    }
+
+
+def run_config(overrides: dict[str, Any]) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from tests.runconfig import pyproject_run_config
+
+    return {**pyproject_run_config(), **overrides}
+
+
+def make(cls: type, config: dict[str, Any], **kwargs: Any) -> Any:
+    import torch
+
+    from fedorasflwr.config import parse_run_config, space_kwargs
+    from fedorasflwr.data import dataset_info
+    from fedorasflwr.search_spaces import build_space
+    from fedorasflwr.server_app import cluster_tagger
+
+    run = parse_run_config(config)
+    torch.manual_seed(run.seed)
+    space = build_space(**space_kwargs(replace(run.space, name="mbconv"), dataset_info(run.data)))
+    fdnas = kwargs.pop("fdnas", run.fdnas)
+    return cls(space=space, settings=fdnas, seed=run.seed, cluster_of=cluster_tagger(run), **kwargs)
+
+
+def search_flops(ledger: dict[str, Any], stage: str) -> int:
+    return int(ledger.get(stage, {}).get("totals", {}).get("train_flops", 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI smoke run")
+    parser.add_argument("--target-flops", type=float, default=0.45, help="FDNAS search target")
+    parser.add_argument("--cluster-target-flops", type=float, default=0.3, help="CFDNAS target")
+    args = parser.parse_args(argv)
+    targets = (args.target_flops, args.cluster_target_flops)
+    import torch
+
+    torch.set_num_threads(1)
+    from fedorasflwr.client_app import app
+    from fedorasflwr.inprocess import InProcessGrid
+    from fedorasflwr.strategies.fdnas import CFDNAS, FDNAS
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = run_config(settings(args.quick, Path(tmp) / "cache", *targets))
+
+        def grid(num: int = NUM_CLIENTS, cfg: dict[str, Any] = config) -> InProcessGrid:
+            return InProcessGrid(app, cfg, num)
+
+        cfdnas = make(CFDNAS, config)
+        result = cfdnas.start(grid())
+        fdnas_net, cluster_nets = result.nets[0], result.nets[1:]
+        naive = make(CFDNAS, config, inherit=False, train_global=False)
+        naive_nets = naive.start(grid()).nets
+
+        fixed = make(FDNAS, config)
+        fixed.setup(g := grid())
+        mobilenet = tuple(choice.options.index("mbconv_k3_e6") for choice in fixed.space.choices)
+        fixed_net = fixed.train_net(
+            g,
+            name="mobilenetv2-like",
+            arch=mobilenet,
+            supernet=result.supernet,
+            partitions=list(range(NUM_CLIENTS)),
+        )
+
+        central_config = {**config, "data.partitioner": "iid"}
+        central = make(
+            FDNAS,
+            central_config,
+            fdnas=replace(cfdnas.settings, clients_per_round=1, min_replies=1),
+            min_nodes=1,
+        )
+        central_result = central.start(grid(1, central_config))
+        central_net = central_result.nets[0]
+
+    search = search_flops(result.ledger, "search")
+    rows: list[dict[str, Any]] = []
+
+    def row(name: str, net: Any, partitions: list[int], ledger: dict | None = None) -> None:
+        rows.append(
+            {
+                "net": name,
+                "clients": f"{partitions[0]}-{partitions[-1]}",
+                "options": net.option_names,
+                "flops": net.flops,
+                "params": net.params,
+                "averaged-accuracy": net.averaged_accuracy(partitions),
+                "local-accuracy": net.mean_local_accuracy(partitions),
+                "search-flops": search_flops(ledger, stage_of[net.name]) if ledger else 0,
+            }
+        )
+
+    stage_of = {"fdnas": "search", **{n.name: n.name for n in cluster_nets}}
+    naive_ledger = naive.ledger.summary()
+    everyone = list(range(NUM_CLIENTS))
+    row("FDNAS", fdnas_net, everyone, result.ledger)
+    row("fixed MobileNetV2-like", fixed_net, everyone)
+    for net, naive_net in zip(cluster_nets, naive_nets, strict=True):
+        tag = net.name.split("-")[-1]
+        row(f"FDNAS on cluster {tag}", fdnas_net, net.partitions)
+        row(f"CFDNAS cluster {tag}", net, net.partitions, result.ledger)
+        row(f"naive-CFDNAS cluster {tag}", naive_net, naive_net.partitions, naive_ledger)
+    rows.append(
+        {
+            "net": "centralised DNAS (one party, all data)",
+            "clients": "all data",
+            "options": central_net.option_names,
+            "flops": central_net.flops,
+            "params": central_net.params,
+            "averaged-accuracy": central_net.averaged_accuracy(),
+            "local-accuracy": central_net.mean_local_accuracy(),
+            "search-flops": search_flops(central_result.ledger, "search"),
+        }
+    )
+
+    print("| net | clients | MFLOPs | params | averaged acc | mean local acc | search TFLOPs |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['net']} | {r['clients']} | {r['flops'] / 1e6:.2f} | {r['params']} | "
+            f"{r['averaged-accuracy']:.3f} | {r['local-accuracy']:.3f} | "
+            f"{r['search-flops'] / 1e12:.3f} |"
+        )
+    print()
+    cluster_rows = [r for r in rows if r["net"].startswith("CFDNAS")]
+    fdnas_rows = [r for r in rows if r["net"].startswith("FDNAS on")]
+    naive_rows = [r for r in rows if r["net"].startswith("naive")]
+    per_cluster = [r["search-flops"] / search for r in cluster_rows]
+    summary = {
+        "fdnas_acc": rows[0]["averaged-accuracy"],
+        "fixed_acc": rows[1]["averaged-accuracy"],
+        "fdnas_mflops": rows[0]["flops"] / 1e6,
+        "fixed_mflops": rows[1]["flops"] / 1e6,
+        "clusters_acc_ge_fdnas": sum(
+            c["averaged-accuracy"] >= f["averaged-accuracy"]
+            for c, f in zip(cluster_rows, fdnas_rows, strict=True)
+        ),
+        "clusters_flops_lt_fdnas": sum(c["flops"] < rows[0]["flops"] for c in cluster_rows),
+        "clusters_acc_ge_naive": sum(
+            c["averaged-accuracy"] >= n["averaged-accuracy"]
+            for c, n in zip(cluster_rows, naive_rows, strict=True)
+        ),
+        "cluster_compute_pct": 100 * sum(per_cluster) / len(per_cluster),
+        "all_clusters_compute_pct": 100 * sum(per_cluster),
+        "clusters": len(cluster_rows),
+    }
+    print(
+        "headline: "
+        + " ".join(
+            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
+        )
+        + f" quick={args.quick}"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "fdnas_clusters" + (".quick" if args.quick else "")
+    if targets != (0.45, 0.3):
+        name += f".target{targets[0]:g}-{targets[1]:g}"
+    name += ".json"
+    (RESULTS / name).write_text(
+        json.dumps(
+            {
+                "quick": args.quick,
+                "settings": settings(args.quick, Path("-"), *targets),
+                "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
+                "rows": rows,
+                "headline": summary,
+                "seconds": round(time.perf_counter() - started, 1),
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

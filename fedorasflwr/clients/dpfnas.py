@@ -1,0 +1,330 @@
+"""DP-FNAS client (Singh et al., 2020, Algorithm 1): one party's private gradients.
+
+``weight_gradient`` (exchange a): Poisson-sample the training split at rate p,
+compute per-sample gradients of the loss w.r.t. the weights W
+(``torch.func.vmap(grad(...))``), clip each to L2 norm R_G, sum, add
+R_G * N(0, sigma^2 I), divide by the expected batch size p * N -> G_k.
+
+``architecture_gradient`` (exchange b): the same on the validation split for
+the architecture variables A (first order: grad_A L_val(W'); second order adds
+the paper's finite-difference term, Eq. 5), clip R_H, noise R_H * N(0, tau^2 I).
+
+The divisor is the *expected* batch size (opacus' convention): the sensitivity
+of the noised sum is then exactly R, and |I_t| is never revealed.  (The paper
+divides by |I_t|.)  Replies carry only the noised gradient and public numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+from torch.utils.data import DataLoader, Dataset
+
+from ..data import ClientData
+from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
+from ..search_spaces import build_space
+from ..search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
+from .training import evaluate, seeded_generator, seeded_loader, torch_device
+
+__all__ = [
+    "PREVIOUS_PREFIX",
+    "architecture_gradient",
+    "clip_and_noise",
+    "evaluate_final",
+    "final_steps",
+    "per_sample_gradients",
+    "poisson_sample",
+    "train_final",
+    "weight_gradient",
+]
+
+PREVIOUS_PREFIX = "previous."
+"""Second order only: the weights W before the last W step travel under this prefix."""
+
+CHUNK = 16  # samples per vmap chunk: bounds memory of per-sample activations
+
+
+def poisson_sample(rng: np.random.Generator, size: int, rate: float) -> np.ndarray:
+    """Indices of a Poisson subsample: each of ``size`` items kept with probability ``rate``."""
+    return np.flatnonzero(rng.random(size) < rate)
+
+
+def _gather(dataset: Dataset, indices: np.ndarray) -> tuple[Tensor, Tensor]:
+    if len(indices) == 0:
+        return torch.empty(0), torch.empty(0, dtype=torch.long)
+    items = [dataset[int(i)] for i in indices]
+    return torch.stack([x for x, _ in items]), torch.stack([torch.as_tensor(y) for _, y in items])
+
+
+def per_sample_gradients(
+    model: nn.Module,
+    wrt: Mapping[str, Tensor],
+    inputs: Tensor,
+    targets: Tensor,
+) -> dict[str, Tensor]:
+    """Per-sample gradients of the cross-entropy w.r.t. the tensors ``wrt`` (by name).
+
+    Every other parameter of ``model`` is held at its current value.  Returns
+    one ``(B, *shape)`` tensor per name.
+    """
+    fixed = {k: v.detach() for k, v in model.named_parameters() if k not in wrt}
+
+    def loss(params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(model, {**fixed, **params}, (x.unsqueeze(0),))
+        return nn.functional.cross_entropy(logits, y.unsqueeze(0))
+
+    params = {k: v.detach() for k, v in wrt.items()}
+    return vmap(grad(loss), in_dims=(None, 0, 0), chunk_size=CHUNK)(params, inputs, targets)
+
+
+def clip_and_noise(
+    per_sample: Mapping[str, Tensor],
+    *,
+    clip: float,
+    noise_multiplier: float,
+    expected_batch: float,
+    generator: torch.Generator,
+) -> tuple[dict[str, Tensor], float]:
+    """Algorithm 1's Gaussian mechanism: clip each sample's joint L2 norm to ``clip``,
+    sum, add ``clip * N(0, noise_multiplier^2)`` per coordinate, divide by
+    ``expected_batch``.  Also returns the fraction of samples that were clipped."""
+    names = list(per_sample)
+    first = per_sample[names[0]]
+    count = first.shape[0]
+    if count:
+        norms = torch.sqrt(sum(per_sample[k].reshape(count, -1).pow(2).sum(1) for k in names))
+        factors = (clip / (norms + 1e-12)).clamp(max=1.0)
+        clipped_fraction = float((norms > clip).float().mean())
+    out = {}
+    for name in names:
+        grads = per_sample[name]
+        total = (
+            torch.einsum("b,b...->...", factors, grads)
+            if count
+            else torch.zeros(grads.shape[1:], dtype=grads.dtype)
+        )
+        if noise_multiplier > 0:
+            noise = torch.normal(0.0, noise_multiplier * clip, total.shape, generator=generator)
+            total = total + noise
+        out[name] = total / expected_batch
+    return out, clipped_fraction if count else 0.0
+
+
+def _load(content: RecordDict) -> tuple[DartsSpace, ConfigRecord]:
+    config: ConfigRecord = content.config_records[CONFIG]
+    space = build_space(**space_from_config(config))
+    if not isinstance(space, DartsSpace):
+        raise ValueError(f"DP-FNAS needs the darts space, got {space.name!r}")
+    state = content.array_records[ARRAYS].to_torch_state_dict()
+    space.load_state_dict({k: v for k, v in state.items() if not k.startswith(PREVIOUS_PREFIX)})
+    return space, config
+
+
+def _words(config: Mapping[str, Any], partition_id: int, phase: str) -> list[int]:
+    return [int(config["seed"]), int(config["server-round"]), partition_id, len(phase)]
+
+
+def _batch(
+    dataset: Dataset, config: Mapping[str, Any], words: list[int]
+) -> tuple[Tensor, Tensor, float]:
+    rate = float(config["sample-rate"])
+    indices = poisson_sample(np.random.default_rng(words), len(dataset), rate)
+    inputs, targets = _gather(dataset, indices)
+    return inputs, targets, max(rate * len(dataset), 1e-12)
+
+
+def _reply(
+    gradient: Mapping[str, Tensor], expected_batch: float, clipped: float, noise: float
+) -> RecordDict:
+    arrays = ArrayRecord({k: v.detach().cpu().contiguous() for k, v in gradient.items()})
+    metrics = MetricRecord({"expected-batch": expected_batch})
+    if noise == 0:  # the clipped fraction depends on the data: never sent from a private party
+        metrics["clipped-fraction"] = clipped
+    return RecordDict({ARRAYS: arrays, METRICS: metrics})
+
+
+def weight_gradient(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Exchange (a): the noised, clipped training gradient G_k of the weights W."""
+    space, config = _load(content)
+    words = _words(config, partition_id, "weights")
+    inputs, targets, expected = _batch(data.train, config, words)
+    named = dict(space.named_parameters())
+    wrt = {k: named[k] for k in space.weight_keys()}
+    per_sample = (
+        per_sample_gradients(space, wrt, inputs, targets)
+        if len(inputs)
+        else {k: torch.zeros((0, *v.shape)) for k, v in wrt.items()}
+    )
+    gradient, clipped = clip_and_noise(
+        per_sample,
+        clip=float(config["clip"]),
+        noise_multiplier=float(config["noise-multiplier"]),
+        expected_batch=expected,
+        generator=seeded_generator(words),
+    )
+    return _reply(gradient, expected, clipped, float(config["noise-multiplier"]))
+
+
+def architecture_gradient(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Exchange (b): the noised, clipped validation gradient H_k of the alphas A."""
+    space, config = _load(content)
+    words = _words(config, partition_id, "architecture")
+    inputs, targets, expected = _batch(data.val, config, words)
+    named = dict(space.named_parameters())
+    wrt = {k: named[k] for k in DartsSpace.ARCH_KEYS}
+    if not len(inputs):
+        per_sample = {k: torch.zeros((0, *v.shape)) for k, v in wrt.items()}
+    elif int(config["order"]) == 2:
+        per_sample = _second_order(space, content, config, inputs, targets, data, words)
+    else:
+        per_sample = per_sample_gradients(space, wrt, inputs, targets)
+    gradient, clipped = clip_and_noise(
+        per_sample,
+        clip=float(config["clip"]),
+        noise_multiplier=float(config["noise-multiplier"]),
+        expected_batch=expected,
+        generator=seeded_generator(words),
+    )
+    return _reply(gradient, expected, clipped, float(config["noise-multiplier"]))
+
+
+def _second_order(
+    space: DartsSpace,
+    content: RecordDict,
+    config: Mapping[str, Any],
+    inputs: Tensor,
+    targets: Tensor,
+    data: ClientData,
+    words: list[int],
+) -> dict[str, Tensor]:
+    """Per validation sample i, Eq. 5: grad_A L_val^i(W') - xi / (2 eps) *
+    (grad_A L_tr(W+) - grad_A L_tr(W-)), W+- = W +- eps grad_W' L_val^i(W'),
+    with eps = 0.01 / ||grad_W' L_val^i|| (DARTS) and a Poisson training batch.
+
+    The training batch enters H_k here; the paper's accounting (and this
+    project's) charges H_k to the validation split only."""
+    state = content.array_records[ARRAYS].to_torch_state_dict()
+    weight_keys = space.weight_keys()
+    previous = {k: state[PREVIOUS_PREFIX + k] for k in weight_keys}
+    named = {k: v.detach() for k, v in space.named_parameters()}
+    arch = {k: named[k] for k in DartsSpace.ARCH_KEYS}
+    current = {k: named[k] for k in weight_keys}
+    xi = float(config["weight-lr"])
+    train_x, train_y, _ = _batch(data.train, config, [*words, 2])
+    if not len(train_x):
+        train_x, train_y = inputs[:0], targets[:0]
+
+    def val_loss(a: dict[str, Tensor], w: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(space, {**a, **w}, (x.unsqueeze(0),))
+        return nn.functional.cross_entropy(logits, y.unsqueeze(0))
+
+    def train_loss(a: dict[str, Tensor], w: dict[str, Tensor]) -> Tensor:
+        if not len(train_x):
+            return sum(v.sum() * 0.0 for v in a.values())
+        logits = functional_call(space, {**a, **w}, (train_x,))
+        return nn.functional.cross_entropy(logits, train_y)
+
+    def one(x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        grad_a, grad_w = grad(val_loss, argnums=(0, 1))(arch, current, x, y)
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grad_w.values()))
+        eps = 0.01 / (norm + 1e-12)
+        plus = {k: previous[k] + eps * grad_w[k] for k in weight_keys}
+        minus = {k: previous[k] - eps * grad_w[k] for k in weight_keys}
+        g_plus = grad(train_loss)(arch, plus)
+        g_minus = grad(train_loss)(arch, minus)
+        return {k: grad_a[k] - xi / (2 * eps) * (g_plus[k] - g_minus[k]) for k in arch}
+
+    return vmap(one, chunk_size=CHUNK)(inputs, targets)
+
+
+def _derived(content: RecordDict) -> tuple[nn.Module, ConfigRecord]:
+    config: ConfigRecord = content.config_records[CONFIG]
+    spec = {k: v for k, v in space_from_config(config).items() if k != "name"}
+    net = DerivedNetwork(Genotype.from_text(str(config["genotype"])), **spec)
+    net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict())
+    return net, config
+
+
+def train_final(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Local SGD epochs of the derived network (FedAvg's client side)."""
+    net, config = _derived(content)
+    device = torch_device()
+    net.to(device).train()
+    optimizer = torch.optim.SGD(
+        net.parameters(), lr=float(config["lr"]), momentum=float(config["momentum"])
+    )
+    words = (int(config["seed"]), int(config["server-round"]), partition_id)
+    if float(config.get("noise-multiplier", 0.0)) > 0:
+        return _train_final_private(net, optimizer, config, data, list(words))
+    loader = seeded_loader(data.train, int(config["batch-size"]), words)
+    loss_sum, examples = 0.0, 0
+    for _ in range(int(config["local-epochs"])):
+        for inputs, targets in loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(net(inputs.to(device)), targets.to(device))
+            loss.backward()
+            optimizer.step()
+            loss_sum += float(loss.detach()) * len(targets)
+            examples += len(targets)
+    state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
+    metrics = MetricRecord({"num-examples": examples, "train-loss": loss_sum / max(examples, 1)})
+    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+
+
+def final_steps(num_train: int, batch_size: int, local_epochs: int) -> int:
+    """DP-SGD steps of one round of private final training (ceil(N / B) per epoch)."""
+    return local_epochs * -(-num_train // batch_size)
+
+
+def _train_final_private(
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Mapping[str, Any],
+    data: ClientData,
+    words: list[int],
+) -> RecordDict:
+    """DP-SGD local training: Poisson batches (rate B / N), per-sample clipping, noise."""
+    n = len(data.train)
+    batch = int(config["batch-size"])
+    rate = min(1.0, batch / n)
+    generator = seeded_generator([*words, 7])
+    rng = np.random.default_rng([*words, 7])
+    named = dict(net.named_parameters())
+    for _ in range(final_steps(n, batch, int(config["local-epochs"]))):
+        inputs, targets = _gather(data.train, poisson_sample(rng, n, rate))
+        if len(inputs):
+            per_sample = per_sample_gradients(net, named, inputs, targets)
+        else:
+            per_sample = {k: torch.zeros((0, *v.shape)) for k, v in named.items()}
+        gradient, _ = clip_and_noise(
+            per_sample,
+            clip=float(config["clip"]),
+            noise_multiplier=float(config["noise-multiplier"]),
+            expected_batch=rate * n,
+            generator=generator,
+        )
+        for key, parameter in named.items():
+            parameter.grad = gradient[key]
+        optimizer.step()
+    state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
+    # num-examples is the public N (FedAvg weights); no data-dependent loss is sent
+    metrics = MetricRecord({"num-examples": n, "train-loss": 0.0})
+    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+
+
+def evaluate_final(content: RecordDict, data: ClientData) -> RecordDict:
+    """Loss and accuracy of the derived network on this party's test split."""
+    net, _ = _derived(content)
+    device = torch_device()
+    net.to(device).eval()
+    result = evaluate(net, DataLoader(data.test, batch_size=256), device)
+    metrics = MetricRecord(
+        {"num-examples": result.count, "loss": result.loss, "accuracy": result.accuracy}
+    )
+    return RecordDict({METRICS: metrics})

@@ -1,0 +1,228 @@
+"""FDNAS / CFDNAS client: local ProxylessNAS epochs, and training of the derived net.
+
+``search_supernet`` is the paper's ClientUpdate (Algorithms 1-2): for E local
+epochs, alternate a weight step on a training batch (one path sampled from
+``softmax(alpha)``, binary gates) and an architecture step on a validation
+batch with the ProxylessNAS two-path gradient estimator and a hardware-aware
+loss ``CE x max(1, log E[FLOPs] / log target)^beta``; return w and alpha.
+``train_net`` trains the derived net for the final FedAvg stage and reports
+its test accuracy after the local epochs (the paper's "local accuracy");
+``evaluate_net`` scores a received net on the local test split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from ..costs import training_flops
+from ..data import ClientData
+from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
+from ..search_spaces import Subnet, build_space
+from ..search_spaces.mbconv import MBConvSpace
+from .training import evaluate, seeded_loader, torch_device
+
+__all__ = ["evaluate_net", "hardware_factor", "search_supernet", "train_net"]
+
+
+def hardware_factor(space: MBConvSpace, target_flops: float, beta: float) -> Tensor:
+    """``max(1, log E[FLOPs] / log target)^beta``: the hardware term (ProxylessNAS's
+    ``(log LAT / log T)^beta`` with FLOPs for latency), used as a soft constraint: no
+    pressure once the expected FLOPs are within the target, growing with ``beta`` above it."""
+    ratio = torch.log(space.expected_flops()) / math.log(target_flops)
+    return torch.clamp(ratio, min=1.0) ** beta
+
+
+def _load_space(config: Mapping[str, Any], arrays: ArrayRecord) -> MBConvSpace:
+    space = build_space(**space_from_config(config))
+    if not isinstance(space, MBConvSpace):
+        raise ValueError(f"FDNAS needs the 'mbconv' space, got {space.name!r}")
+    space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    return space
+
+
+def _cycle(loader: DataLoader) -> Iterator[tuple[Tensor, Tensor]]:
+    while True:
+        yield from loader
+
+
+def _sample_candidates(
+    rng: np.random.Generator, probs: np.ndarray
+) -> tuple[tuple[int, ...], np.ndarray, int]:
+    """Two distinct options drawn by ``probs`` (ProxylessNAS two-path mode), their
+    renormalised probabilities, and the index (0/1) of the active one."""
+    pair = rng.choice(len(probs), size=2, replace=False, p=probs)
+    local = probs[pair] / probs[pair].sum()
+    active = int(rng.choice(2, p=local))
+    return tuple(int(o) for o in pair), local, active
+
+
+def _alpha_step(
+    space: MBConvSpace,
+    inputs: Tensor,
+    targets: Tensor,
+    rng: np.random.Generator,
+    target_flops: float,
+    beta: float,
+) -> tuple[float, int]:
+    """Accumulate alpha gradients of one validation batch; return its CE and forward FLOPs."""
+    alphas = space.arch_parameters()
+    probs = [torch.softmax(a.detach(), 0).double().numpy() for a in alphas]
+    picks = [_sample_candidates(rng, p / p.sum()) for p in probs]
+    candidates = [pick[0] for pick in picks]
+    gates = [
+        torch.tensor([1.0 if j == active else 0.0 for j in range(2)], requires_grad=True)
+        for _, _, active in picks
+    ]
+    cross_entropy = nn.functional.cross_entropy(
+        space.forward_gated(inputs, candidates, gates), targets
+    )
+    factor = hardware_factor(space, target_flops, beta) if beta else torch.tensor(1.0)
+    (cross_entropy * factor).backward()
+    with torch.no_grad():
+        for alpha, (pair, local, _), gate in zip(alphas, picks, gates, strict=True):
+            # dL/dalpha_i = sum_j dL/dg_j p_j (delta_ij - p_i), over the two candidates
+            grad_gate = gate.grad.double().numpy()
+            for i in range(2):
+                value = sum(grad_gate[j] * local[j] * ((i == j) - local[i]) for j in range(2))
+                alpha.grad[pair[i]] += float(value)
+    flops = space.fixed_cost.flops + sum(
+        space.option_cost(layer, o).flops for layer, pair in enumerate(candidates) for o in pair
+    )
+    return float(cross_entropy.detach()), flops
+
+
+def search_supernet(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """E local epochs of ProxylessNAS updates of w and alpha; reply with both."""
+    config: ConfigRecord = content.config_records[CONFIG]
+    space = _load_space(config, content.array_records[ARRAYS])
+    words = (int(config["seed"]), int(config["server-round"]), partition_id)
+    rng = np.random.default_rng(words)
+    space.train()
+    weight_optimizer = torch.optim.SGD(
+        space.weight_parameters(),
+        lr=float(config["lr"]),
+        momentum=float(config["momentum"]),
+        weight_decay=float(config["weight-decay"]),
+    )
+    alpha_optimizer = torch.optim.Adam(
+        space.arch_parameters(), lr=float(config["alpha-lr"]), betas=(0.0, 0.999)
+    )
+    target, beta = float(config["target-flops"]), float(config["hardware-beta"])
+    alpha_every = int(config["alpha-every"])
+    batch_size = int(config["batch-size"])
+    train_loader = seeded_loader(data.train, batch_size, words)
+    val_batches = _cycle(seeded_loader(data.val, batch_size, (*words, 1)))
+    loss_sum, seen, val_sum, val_steps, flops, step = 0.0, 0, 0.0, 0, 0, 0
+    for _ in range(int(config["local-epochs"])):
+        for inputs, targets in train_loader:
+            probs = [torch.softmax(a.detach(), 0).double().numpy() for a in space.arch_parameters()]
+            path = tuple(int(rng.choice(len(p), p=p / p.sum())) for p in probs)
+            weight_optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(space(inputs, path), targets)
+            loss.backward()
+            weight_optimizer.step()
+            loss_sum += float(loss.detach()) * len(targets)
+            seen += len(targets)
+            flops += training_flops(space.cost(path).flops, len(targets))
+            step += 1
+            if alpha_every and step % alpha_every == 0 and len(data.val):
+                val_inputs, val_targets = next(val_batches)
+                alpha_optimizer.zero_grad(set_to_none=False)
+                for alpha in space.arch_parameters():
+                    alpha.grad = torch.zeros_like(alpha)
+                val_loss, forward = _alpha_step(space, val_inputs, val_targets, rng, target, beta)
+                alpha_optimizer.step()
+                val_sum += val_loss
+                val_steps += 1
+                flops += training_flops(forward, len(val_targets))
+    state = {k: v.detach().cpu() for k, v in space.state_dict().items()}
+    metrics = MetricRecord(
+        {
+            "num-examples": len(data.train) + len(data.val),
+            "train-loss": loss_sum / max(seen, 1),
+            "val-loss": val_sum / max(val_steps, 1),
+            "train-flops": flops,
+            "expected-flops": float(space.expected_flops().detach()),
+        }
+    )
+    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+
+
+def _load_net(config: Mapping[str, Any], arrays: ArrayRecord) -> Subnet:
+    space = build_space(**space_from_config(config))
+    net = space.subnet([int(v) for v in config["arch"]])
+    net.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    return net
+
+
+def train_net(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Local epochs of the derived net (FedAvg stage); report test accuracy afterwards."""
+    config: ConfigRecord = content.config_records[CONFIG]
+    net = _load_net(config, content.array_records[ARRAYS])
+    words = (int(config["seed"]), int(config["server-round"]), partition_id, 2)
+    device = torch_device()
+    net.to(device).train()
+    optimizer = torch.optim.SGD(
+        net.parameters(),
+        lr=float(config["lr"]),
+        momentum=float(config["momentum"]),
+        weight_decay=float(config["weight-decay"]),
+    )
+    forward_flops = int(config["net-flops"])
+    loss_sum, seen = 0.0, 0
+    loader = seeded_loader(data.train, int(config["batch-size"]), words)
+    for _ in range(int(config["local-epochs"])):
+        for inputs, targets in loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(net(inputs.to(device)), targets.to(device))
+            loss.backward()
+            optimizer.step()
+            loss_sum += float(loss.detach()) * len(targets)
+            seen += len(targets)
+    net.eval()
+    local = evaluate(net, seeded_loader(data.test, 256, words, shuffle=False), device)
+    # Reply with the dtypes received: Flower's FedAvg turns integer buffers
+    # (BatchNorm's num_batches_tracked) into float64 after the first round.
+    received = content.array_records[ARRAYS]
+    state = {
+        k: v.detach().cpu().to(_torch_dtype(received[k].dtype)) for k, v in net.state_dict().items()
+    }
+    metrics = MetricRecord(
+        {
+            "num-examples": len(data.train),
+            "train-loss": loss_sum / max(seen, 1),
+            "train-flops": training_flops(forward_flops, seen),
+            "local-accuracy": local.accuracy,
+        }
+    )
+    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+
+
+def _torch_dtype(numpy_dtype: str) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=numpy_dtype)).dtype
+
+
+def evaluate_net(content: RecordDict, data: ClientData) -> RecordDict:
+    """Test loss and accuracy of the received net on the local test split."""
+    config: ConfigRecord = content.config_records[CONFIG]
+    net = _load_net(config, content.array_records[ARRAYS])
+    device = torch_device()
+    net.to(device).eval()
+    result = evaluate(net, seeded_loader(data.test, 256, (0,), shuffle=False), device)
+    metrics = MetricRecord(
+        {
+            "num-examples": result.count,
+            "correct": result.correct,
+            "loss": result.loss,
+            "accuracy": result.accuracy,
+        }
+    )
+    return RecordDict({METRICS: metrics})

@@ -1,0 +1,531 @@
+"""DP-FNAS (Singh et al., "Differentially-private Federated Neural Architecture
+Search", FL-ICML 2020): federated DARTS with private gradient exchanges.
+
+The server holds the weights W and architecture variables A of the ``darts``
+space; every node is a party.  One iteration is two exchanges (Algorithm 1):
+
+(a) each party sends G_k, its Poisson-subsampled, per-sample-clipped (R_G),
+    Gaussian-noised (R_G sigma) training gradient of W; the server steps
+    ``W <- W - xi * agg_k G_k`` (``agg``: the paper's sum, or the mean);
+(b) each party sends H_k, the same on its validation split for A (clip R_H,
+    noise R_H tau; first order or the paper's second-order estimate, Eq. 5);
+    the server steps ``A <- A - eta * agg_k H_k``.
+
+Privacy is accounted per party after every iteration (``privacy.py``); a
+target epsilon stops the search before it would be exceeded.  After the
+search the genotype is derived (top-2 inputs per node), the derived network
+is trained with FedAvg (``SeededFedAvg``) and tested on the parties' test splits.
+
+Client contract
+---------------
+``query.profile``
+    See ``NodeProfile``.
+``train.dpfnas_weights`` / ``train.dpfnas_arch``
+    arrays: the full ``state_dict`` (W and A; for ``order`` 2 the arch message
+    also carries the previous W under ``previous.<key>``).  config: ``method``,
+    ``phase``, ``server-round``, ``seed``, ``sample-rate``, ``clip``,
+    ``noise-multiplier``, ``order``, ``weight-lr`` and ``space.<kwarg>``.
+    Reply: ArrayRecord ``arrays`` with exactly the W keys (weights) or the A
+    keys (arch), the noised gradient; MetricRecord ``metrics`` with
+    ``expected-batch`` (p N_k, public) and, without noise only, ``clipped-fraction``.
+``train.dpfnas_final`` / ``evaluate.dpfnas_final``
+    arrays: the derived network's ``state_dict``. config: ``genotype``
+    (``Genotype.to_text``), ``space.<kwarg>``, ``local-epochs``,
+    ``batch-size``, ``lr``, ``momentum``, ``seed``, ``server-round``,
+    ``noise-multiplier`` and ``clip`` (> 0: local DP-SGD, Poisson batches).
+    Reply: the trained arrays and ``num-examples``, ``train-loss``; or
+    ``num-examples``, ``loss``, ``accuracy`` on the test split.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from ..clients.dpfnas import PREVIOUS_PREFIX, final_steps
+from ..config import DPFNASSettings
+from ..protocol import (
+    ARRAYS,
+    CONFIG,
+    DPFNAS_ARCH,
+    DPFNAS_EVALUATE,
+    DPFNAS_TRAIN,
+    DPFNAS_WEIGHTS,
+    METRICS,
+    space_to_config,
+)
+from ..search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
+from .base import FederatedNASStrategy, NodeProfile
+from .fedavg import SeededFedAvg
+from .privacy import PartyPrivacy, composed_epsilon
+from .replies import array_specs, check_reply
+
+__all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report"]
+
+WEIGHTS, ARCH, FINAL = "weights", "arch", "final"
+
+
+@dataclass
+class DPFNASResult:
+    """What ``DPFNAS.start`` returns."""
+
+    arrays: ArrayRecord
+    genotype: Genotype
+    iterations: int
+    stopped: str
+    privacy: list[PartyPrivacy]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    final_arrays: ArrayRecord | None = None
+    final_history: list[dict[str, Any]] = field(default_factory=list)
+    test_accuracy: float | None = None
+    final_privacy: list[dict[str, Any]] = field(default_factory=list)
+    ledger: dict[str, Any] = field(default_factory=dict)
+
+
+class DPFNAS(FederatedNASStrategy):
+    """DP-FNAS search (two private exchanges per iteration), derivation and final training.
+
+    Parameters
+    ----------
+    space : DartsSpace
+        The supernet; its weights and alphas are the initial W and A.
+    settings : DPFNASSettings
+        Hyper-parameters (paper values in its docstring).
+    seed : int
+        Fixes every client-side sample and noise draw and the final sampling.
+    evaluate_fn : callable, optional
+        ``(iteration, arrays) -> MetricRecord``: server-side validation of the
+        mixed supernet every ``eval_every`` iterations.
+    validate_profiles : callable, optional
+        Called with the profiles before any work; raise to stop.
+    reply_timeout, min_nodes
+        See ``FederatedNASStrategy``.
+    """
+
+    def __init__(
+        self,
+        *,
+        space: DartsSpace,
+        settings: DPFNASSettings,
+        seed: int,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
+        reply_timeout: float = 600.0,
+        min_nodes: int = 1,
+    ) -> None:
+        super().__init__(
+            seed=seed,
+            min_replies=settings.min_replies,
+            reply_timeout=reply_timeout,
+            min_nodes=min_nodes,
+        )
+        if not isinstance(space, DartsSpace):
+            raise ValueError(
+                f"DP-FNAS needs the darts space (run config 'space.name'), got {space.name!r}"
+            )
+        self.space = space
+        self.settings = settings
+        self.evaluate_fn = evaluate_fn
+        self.validate_profiles = validate_profiles
+        self.weight_keys = space.weight_keys()
+        self.arch_keys = DartsSpace.ARCH_KEYS
+        self.parties: list[NodeProfile] = []
+        self.steps: dict[int, dict[str, int]] = {}
+        self._momentum: dict[str, np.ndarray] = {}
+        self._previous: ArrayRecord | None = None
+        self._sent: dict[int, dict[str, Any]] = {}
+        self._phase = WEIGHTS
+
+    @property
+    def sigma(self) -> float:
+        return self.settings.noise_weights if self.settings.noisy else 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.settings.noise_arch if self.settings.noisy else 0.0
+
+    def summary(self) -> None:
+        s = self.settings
+        log(INFO, "\t├── DP-FNAS (%s): %d iterations, batch %d", s.mode, s.iterations, s.batch_size)
+        log(INFO, "\t├── W: xi %g, R_G %g, sigma %g", s.weight_lr, s.clip_weights, self.sigma)
+        log(
+            INFO,
+            "\t└── A: eta %g, R_H %g, tau %g, order %d",
+            s.arch_lr,
+            s.clip_arch,
+            self.tau,
+            s.order,
+        )
+
+    # --- setup -----------------------------------------------------------------------
+
+    def setup(self, grid: Grid) -> None:
+        """Profile the nodes; every node is a party (only the first in mode "single")."""
+        profiles = self.profile_nodes(grid, ConfigRecord({"method": "dpfnas"}))
+        if self.validate_profiles is not None:
+            self.validate_profiles(list(profiles.values()))
+        parties = sorted(profiles.values(), key=lambda p: (p.partition_id, p.node_id))
+        if self.settings.mode == "single":
+            if len(parties) > 1:
+                log(
+                    WARNING,
+                    "mode 'single': using only partition %d of %d nodes",
+                    parties[0].partition_id,
+                    len(parties),
+                )
+            parties = parties[:1]
+        for party in parties:
+            if party.num_train < 1 or party.num_val < 1:
+                raise ValueError(
+                    f"partition {party.partition_id} has {party.num_train} training and "
+                    f"{party.num_val} validation samples; DP-FNAS needs both "
+                    "(data.val-fraction > 0)"
+                )
+        self.parties = parties
+        self.steps = {p.partition_id: {WEIGHTS: 0, ARCH: 0} for p in parties}
+
+    def sample_rates(self, party: NodeProfile) -> tuple[float, float]:
+        """Poisson rates p = B / N on the training and validation split (capped at 1)."""
+        b = self.settings.batch_size
+        return min(1.0, b / party.num_train), min(1.0, b / party.num_val)
+
+    def privacy(self, extra_steps: int = 0) -> list[PartyPrivacy]:
+        """Each party's guarantees after its steps so far (plus ``extra_steps`` each)."""
+        report = []
+        for party in self.parties:
+            rate_train, rate_val = self.sample_rates(party)
+            steps = self.steps[party.partition_id]
+            report.append(
+                PartyPrivacy.compute(
+                    party.partition_id,
+                    sigma=self.sigma,
+                    tau=self.tau,
+                    rate_train=rate_train,
+                    rate_val=rate_val,
+                    steps_weights=steps[WEIGHTS] + extra_steps,
+                    steps_arch=steps[ARCH] + extra_steps,
+                    delta=self.settings.delta,
+                    accountant=self.settings.accountant,
+                )
+            )
+        return report
+
+    # --- one exchange ----------------------------------------------------------------
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One message per connected party; ``config["phase"]`` is "weights" or "arch"."""
+        phase = str(config["phase"])
+        if phase not in (WEIGHTS, ARCH):
+            raise ValueError(f"phase {phase!r}: expected {WEIGHTS!r} or {ARCH!r}")
+        self._phase = phase
+        s = self.settings
+        connected = set(grid.get_node_ids())
+        payload = ArrayRecord(dict(arrays.items()))
+        if phase == ARCH and s.order == 2 and self._previous is not None:
+            for key in self.weight_keys:
+                payload[PREVIOUS_PREFIX + key] = self._previous[key]
+        keys = self.weight_keys if phase == WEIGHTS else self.arch_keys
+        specs = array_specs(ArrayRecord({k: arrays[k] for k in keys}))
+        self._sent = {}
+        messages = []
+        for party in self.parties:
+            if party.node_id not in connected:
+                log(WARNING, "[%s] party %d is not connected", phase, party.partition_id)
+                continue
+            rate_train, rate_val = self.sample_rates(party)
+            self._sent[party.node_id] = specs
+            self.steps[party.partition_id][phase] += 1
+            message_config = ConfigRecord(
+                {
+                    **dict(config),
+                    "method": "dpfnas",
+                    "server-round": server_round,
+                    "seed": self.seed,
+                    "sample-rate": rate_train if phase == WEIGHTS else rate_val,
+                    "clip": s.clip_weights if phase == WEIGHTS else s.clip_arch,
+                    "noise-multiplier": self.sigma if phase == WEIGHTS else self.tau,
+                    "order": s.order,
+                    "weight-lr": s.weight_lr,
+                    **space_to_config(self.space.spec),
+                }
+            )
+            messages.append(
+                Message(
+                    content=RecordDict({ARRAYS: payload, CONFIG: message_config}),
+                    message_type=DPFNAS_WEIGHTS if phase == WEIGHTS else DPFNAS_ARCH,
+                    dst_node_id=party.node_id,
+                )
+            )
+        return messages
+
+    def check_gradient_reply(self, reply: Message) -> str | None:
+        """Why a gradient reply is unusable (wrong keys, shapes, non-finite), or ``None``."""
+        specs = self._sent.get(reply.metadata.src_node_id)
+        if specs is None:
+            return "reply from a node that was not asked"
+        reason = check_reply(reply, sent=specs, counts=("expected-batch",))
+        if reason is not None:
+            return reason
+        returned = set(reply.content.array_records[ARRAYS].keys())
+        if returned != set(specs):
+            return f"returned {len(returned)} gradient arrays, expected {len(specs)}"
+        return None
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate the accepted gradients (sum or mean over parties); no step here."""
+        phase = self._phase
+        accepted = self.accept(phase, replies, self.check_gradient_reply)
+        self.require(phase, len(accepted), len(self._sent))
+        keys = list(next(iter(self._sent.values())))
+        total = {k: np.zeros(self._sent_shape(k), dtype=np.float64) for k in keys}
+        clipped = []
+        for reply in accepted:
+            arrays = reply.content.array_records[ARRAYS]
+            for key in keys:
+                total[key] += arrays[key].numpy().astype(np.float64)
+            metrics = reply.content.metric_records[METRICS]
+            if "clipped-fraction" in metrics:  # sent by non-private parties only
+                clipped.append(float(metrics["clipped-fraction"]))
+        if self.settings.aggregation == "mean":
+            total = {k: v / len(accepted) for k, v in total.items()}
+        gradient = ArrayRecord({k: Array(v.astype(np.float32)) for k, v in total.items()})
+        record = MetricRecord({"parties": len(accepted)})
+        if clipped:
+            record["clipped-fraction"] = sum(clipped) / len(clipped)
+        return gradient, record
+
+    def _sent_shape(self, key: str) -> tuple[int, ...]:
+        return next(iter(self._sent.values()))[key].shape
+
+    def step(
+        self, arrays: ArrayRecord, gradient: ArrayRecord, lr: float, momentum: float
+    ) -> ArrayRecord:
+        """SGD with heavy-ball momentum (0: the paper's plain step) on ``gradient``'s keys."""
+        updated = ArrayRecord(dict(arrays.items()))
+        for key, grad in gradient.items():
+            value = grad.numpy().astype(np.float64)
+            if momentum > 0:
+                value = self._momentum.get(key, 0.0) * momentum + value
+                self._momentum[key] = value
+            weights = arrays[key].numpy().astype(np.float64) - lr * value
+            updated[key] = Array(weights.astype(arrays[key].numpy().dtype))
+        return updated
+
+    def iterate(
+        self, grid: Grid, iteration: int, arrays: ArrayRecord
+    ) -> tuple[ArrayRecord, dict[str, Any]]:
+        """One DP-FNAS iteration: exchange (a), step W; exchange (b), step A."""
+        s = self.settings
+        entry: dict[str, Any] = {}
+        previous = arrays
+        for phase, lr, momentum in (
+            (WEIGHTS, s.weight_lr, s.weight_momentum),
+            (ARCH, s.arch_lr, s.arch_momentum),
+        ):
+            messages = list(
+                self.configure_train(iteration, arrays, ConfigRecord({"phase": phase}), grid)
+            )
+            replies = self.exchange(grid, phase, messages)
+            gradient, metrics = self.aggregate_train(iteration, replies)
+            arrays = self.step(arrays, gradient, lr, momentum)
+            entry.update({f"{phase}-{k}": v for k, v in (metrics or {}).items()})
+            if phase == WEIGHTS:
+                self._previous = previous
+        return arrays, entry
+
+    # --- the whole method ----------------------------------------------------------------
+
+    def start(  # type: ignore[override]
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+    ) -> DPFNASResult:
+        """Search, derive the genotype, train the derived network, test it."""
+        log(INFO, "Starting DP-FNAS")
+        self.summary()
+        with self.ledger.timed("setup"):
+            self.setup(grid)
+        arrays = (
+            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
+        )
+        history: list[dict[str, Any]] = []
+        self._evaluate(0, arrays, history, {})
+        stopped = "completed"
+        done = 0
+        target = self.settings.target_epsilon
+        for iteration in range(1, self.settings.iterations + 1):
+            if target > 0:
+                upcoming = max(p.epsilon for p in self.privacy(extra_steps=1))
+                if upcoming > target:
+                    stopped = (
+                        f"privacy target reached: iteration {iteration} would bring a party to "
+                        f"epsilon = {upcoming:.3f} > target {target:g} at delta = "
+                        f"{self.settings.delta:g}; search stopped after {done} iteration(s)"
+                    )
+                    log(WARNING, "DP-FNAS: %s", stopped)
+                    break
+            started = time.perf_counter()
+            arrays, entry = self.iterate(grid, iteration, arrays)
+            done = iteration
+            report = self.privacy()
+            entry.update(
+                {
+                    "epsilon": max(p.epsilon for p in report),
+                    "mu-weights": max(p.weights.mu for p in report),
+                    "mu-arch": max(p.architecture.mu for p in report),
+                    "seconds": round(time.perf_counter() - started, 4),
+                }
+            )
+            log(
+                INFO,
+                "[DP-FNAS %d/%d] worst party: epsilon %.4g (delta %g, %s), mu_W %.4g, mu_A %.4g",
+                iteration,
+                self.settings.iterations,
+                entry["epsilon"],
+                self.settings.delta,
+                self.settings.accountant,
+                entry["mu-weights"],
+                entry["mu-arch"],
+            )
+            self._evaluate(iteration, arrays, history, entry)
+        self.space.load_state_dict(arrays.to_torch_state_dict())
+        genotype = self.space.genotype()
+        log(INFO, "DP-FNAS genotype: %s", genotype.to_text())
+        result = DPFNASResult(
+            arrays=arrays,
+            genotype=genotype,
+            iterations=done,
+            stopped=stopped,
+            privacy=self.privacy(),
+            history=history,
+        )
+        if self.settings.final_rounds > 0:
+            self.train_final(grid, result)
+        result.ledger = self.ledger.summary()
+        return result
+
+    def _evaluate(
+        self,
+        iteration: int,
+        arrays: ArrayRecord,
+        history: list[dict[str, Any]],
+        entry: dict[str, Any],
+    ) -> None:
+        every = self.settings.eval_every
+        last = iteration == self.settings.iterations
+        if self.evaluate_fn is not None and every and (iteration % every == 0 or last):
+            with self.ledger.timed("evaluate"):
+                metrics = self.evaluate_fn(iteration, arrays)
+            if metrics is not None:
+                entry.update({f"val-{k}": v for k, v in metrics.items()})
+                log(INFO, "Iteration %d supernet validation: %s", iteration, dict(metrics))
+        history.append({"iteration": iteration, **entry})
+
+    def train_final(self, grid: Grid, result: DPFNASResult) -> None:
+        """FedAvg of the derived network over the parties; test accuracy from their test splits."""
+        s = self.settings
+        spec = {k: v for k, v in self.space.spec.items() if k != "name"}
+        net = DerivedNetwork(result.genotype, **spec)
+        fedavg = SeededFedAvg(
+            nodes=self.parties,
+            seed=self.seed,
+            stage=FINAL,
+            ledger=self.ledger,
+            clients_per_round=s.final_clients_per_round or len(self.parties),
+            min_replies=s.min_replies,
+            train_message_type=DPFNAS_TRAIN,
+            evaluate_message_type=DPFNAS_EVALUATE,
+            min_evaluate_nodes=1,
+        )
+        config = ConfigRecord(
+            {
+                "method": "dpfnas",
+                "phase": FINAL,
+                "seed": self.seed,
+                "genotype": result.genotype.to_text(),
+                "local-epochs": s.final_local_epochs,
+                "batch-size": s.final_batch_size,
+                "lr": s.final_lr,
+                "momentum": s.final_momentum,
+                "noise-multiplier": s.final_noise,
+                "clip": s.final_clip,
+                **space_to_config(self.space.spec),
+            }
+        )
+        with self.ledger.timed(FINAL):
+            outcome = fedavg.start(
+                grid,
+                ArrayRecord(net.state_dict()),
+                num_rounds=s.final_rounds,
+                timeout=self.reply_timeout,
+                train_config=config,
+                evaluate_config=ConfigRecord(dict(config)),
+            )
+        result.final_arrays = outcome.arrays
+        evaluated = outcome.evaluate_metrics_clientapp
+        result.final_history = [
+            {
+                "round": r,
+                **dict(outcome.train_metrics_clientapp.get(r, {})),
+                **{f"test-{k}": v for k, v in dict(evaluated.get(r, {})).items()},
+            }
+            for r in range(1, s.final_rounds + 1)
+        ]
+        if evaluated:
+            accuracy = dict(evaluated[max(evaluated)]).get("accuracy")
+            result.test_accuracy = (
+                None if accuracy is None or not math.isfinite(accuracy) else float(accuracy)
+            )
+        log(INFO, "DP-FNAS derived network: test accuracy %s", result.test_accuracy)
+        result.final_privacy = self.final_privacy()
+
+    def final_privacy(self) -> list[dict[str, Any]]:
+        """Per party: epsilon of its training split over the search's W steps *and* the
+        final training (every round counted, a conservative bound); inf if not private."""
+        s = self.settings
+        report = []
+        for party in self.parties:
+            rate_search, _ = self.sample_rates(party)
+            rate_final = min(1.0, s.final_batch_size / party.num_train)
+            steps = s.final_rounds * final_steps(
+                party.num_train, s.final_batch_size, s.final_local_epochs
+            )
+            mechanisms = [(s.final_noise, rate_final, steps)]
+            mechanisms.append((self.sigma, rate_search, self.steps[party.partition_id][WEIGHTS]))
+            report.append(
+                {
+                    "partition_id": party.partition_id,
+                    "final-noise-multiplier": s.final_noise,
+                    "final-sample-rate": rate_final,
+                    "final-steps": steps,
+                    "training-split-epsilon": composed_epsilon(mechanisms, s.delta, s.accountant),
+                }
+            )
+        return report
+
+
+def privacy_report(report: Sequence[PartyPrivacy]) -> list[dict[str, Any]]:
+    """The per-party privacy report as JSON-ready dicts (``null``: no guarantee, no noise)."""
+    return json_safe([{**asdict(p), "epsilon": p.epsilon} for p in report])
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (an infinite epsilon or mu) replaced by ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

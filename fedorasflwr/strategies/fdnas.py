@@ -1,0 +1,614 @@
+"""FDNAS and CFDNAS (Zhang et al., "FDNAS: Improving Data Privacy and Model Diversity
+in AutoML", arXiv:2011.03372): federated ProxylessNAS and its per-cluster refinement.
+
+FDNAS (Algorithm 1): every round the sampled clients download the supernet
+weights w and architecture parameters alpha, run E local epochs of
+ProxylessNAS updates (w on the training split, alpha on the validation split
+with a hardware-aware loss) and return both; the server averages both weighted
+by local data size (FedAvg, Eq. 5).  The derived net (argmax alpha per layer)
+is then trained with FedAvg (``SeededFedAvg``), from scratch or from the
+supernet's weights.
+
+CFDNAS (Algorithm 2): clients are grouped by a tag (``node_config`` ``cluster``,
+or derived reproducibly from the partition); each cluster inherits w and alpha
+from FDNAS ("meta-test") and repeats the search inside the cluster with its own
+FLOPs target; one net per cluster, trained on its cluster's clients.
+*naive-CFDNAS* (``inherit=False``) starts each cluster from a fresh supernet.
+
+Client contract
+---------------
+``query.profile``
+    config: ``method``.  Reply: ConfigRecord ``profile`` (see ``NodeProfile``).
+``train.fdnas_search``
+    arrays: the whole supernet ``state_dict`` (alphas included, keys ``*.alpha``).
+    config: ``method``, ``phase`` (``"search"``), ``stage``, ``server-round``,
+    ``seed``, ``local-epochs``, ``batch-size``, ``lr``, ``momentum``,
+    ``weight-decay``, ``alpha-lr``, ``alpha-every``, ``target-flops`` (absolute
+    FLOPs), ``hardware-beta`` and ``space.<kwarg>``.  Reply: ArrayRecord
+    ``arrays`` with every key sent; MetricRecord ``metrics`` with
+    ``num-examples`` (local data size N_k), ``train-loss``, ``val-loss``,
+    ``train-flops``, ``expected-flops``.
+``train.fdnas_final``
+    arrays: the derived net's ``state_dict``.  config: ``method``, ``phase``
+    (``"final"``), ``arch``, ``net-flops``, ``server-round``, ``seed``,
+    ``local-epochs``, ``batch-size``, ``lr``, ``momentum``, ``weight-decay``,
+    ``space.<kwarg>``.  Reply: the trained arrays; metrics ``num-examples``,
+    ``train-loss``, ``train-flops``, ``local-accuracy`` (test accuracy after
+    the local epochs).
+``evaluate.fdnas_final``
+    arrays and config as above.  Reply: metrics ``num-examples`` (test
+    samples), ``correct``, ``loss``, ``accuracy``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from logging import INFO
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from ..config import FDNASSettings
+from ..protocol import (
+    ARRAYS,
+    CONFIG,
+    FDNAS_EVALUATE,
+    FDNAS_SEARCH,
+    FDNAS_TRAIN,
+    METRICS,
+    space_to_config,
+)
+from ..search_spaces import build_space
+from ..search_spaces.mbconv import MBConvSpace
+from .aggregation import opa
+from .base import FederatedNASStrategy, NodeProfile, sample_nodes
+from .fedavg import SeededFedAvg
+from .replies import ArraySpec, array_specs, check_reply
+
+__all__ = ["CFDNAS", "FDNAS", "DerivedNet", "FDNASResult"]
+
+SEARCH_COUNTS = ("num-examples", "train-flops")
+
+
+@dataclass
+class DerivedNet:
+    """One derived net: its architecture, cost, trained weights and accuracies."""
+
+    name: str
+    arch: tuple[int, ...]
+    option_names: list[str]
+    flops: int
+    params: int
+    arrays: ArrayRecord
+    partitions: list[int]
+    test_accuracy: dict[int, float]
+    test_count: dict[int, int]
+    local_accuracy: dict[int, float]
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def averaged_accuracy(self, partitions: Iterable[int] | None = None) -> float:
+        """Federated-averaged accuracy: the global model on the pooled test data."""
+        ids = [p for p in (self.partitions if partitions is None else partitions)]
+        ids = [p for p in ids if p in self.test_count]  # evaluations that were dropped
+        count = sum(self.test_count[p] for p in ids)
+        return sum(self.test_accuracy[p] * self.test_count[p] for p in ids) / max(count, 1)
+
+    def mean_local_accuracy(self, partitions: Iterable[int] | None = None) -> float:
+        """Mean over clients of the test accuracy after their local epochs (paper's dagger)."""
+        ids = [p for p in (self.partitions if partitions is None else partitions)]
+        values = [self.local_accuracy[p] for p in ids if p in self.local_accuracy]
+        return float(np.mean(values)) if values else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "arch": list(self.arch),
+            "options": self.option_names,
+            "flops": self.flops,
+            "params": self.params,
+            "partitions": self.partitions,
+            "averaged-accuracy": self.averaged_accuracy(),
+            "mean-local-accuracy": (
+                None if math.isnan(local := self.mean_local_accuracy()) else local
+            ),
+            "test-accuracy": self.test_accuracy,
+            "local-accuracy": self.local_accuracy,
+            "history": self.history,
+        }
+
+
+@dataclass
+class FDNASResult:
+    """What ``FDNAS.start`` / ``CFDNAS.start`` return."""
+
+    supernet: ArrayRecord
+    nets: list[DerivedNet]
+    cluster_of_partition: dict[int, int]
+    search_history: list[dict[str, Any]]
+    cluster_history: dict[int, list[dict[str, Any]]]
+    ledger: dict[str, Any]
+
+
+class _LocalAccuracyFedAvg(SeededFedAvg):
+    """``SeededFedAvg`` that also keeps each client's last ``local-accuracy``."""
+
+    def __init__(self, *, partition_of: dict[int, int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.partition_of = partition_of
+        self.local_accuracy: dict[int, float] = {}
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        for reply in replies:
+            if reply.has_error() or check_reply(reply, counts=("local-accuracy",)) is not None:
+                continue
+            node = reply.metadata.src_node_id
+            value = float(reply.content.metric_records[METRICS]["local-accuracy"])
+            self.local_accuracy[self.partition_of[node]] = value
+        return super().aggregate_train(server_round, replies)
+
+
+class FDNAS(FederatedNASStrategy):
+    """FDNAS: federated ProxylessNAS search, derivation by argmax, FedAvg training.
+
+    Parameters
+    ----------
+    space : MBConvSpace
+        The supernet; its current weights and alphas are the initial global model.
+    settings : FDNASSettings
+        Hyper-parameters (paper values in its docstring).
+    seed : int
+        Fixes client sampling, client-side sampling and fresh supernets.
+    cluster_of : callable, optional
+        ``NodeProfile -> int``: the tag of a node that declares none (CFDNAS).
+    validate_profiles : callable, optional
+        Called with the node profiles before any training; raise to stop.
+    reply_timeout, min_nodes
+        See ``FederatedNASStrategy``.
+    """
+
+    method = "fdnas"
+
+    def __init__(
+        self,
+        *,
+        space: MBConvSpace,
+        settings: FDNASSettings,
+        seed: int,
+        cluster_of: Callable[[NodeProfile], int] | None = None,
+        validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
+        reply_timeout: float = 600.0,
+        min_nodes: int = 2,
+    ) -> None:
+        super().__init__(
+            seed=seed,
+            min_replies=settings.min_replies,
+            reply_timeout=reply_timeout,
+            min_nodes=min_nodes,
+        )
+        self.space = space
+        self.settings = settings
+        self.cluster_of = cluster_of
+        self.validate_profiles = validate_profiles
+        self.cluster_of_partition: dict[int, int] = {}
+        self._current = ArrayRecord()
+        self._specs: dict[str, ArraySpec] = {}
+        self._sent: set[int] = set()
+        self._stage = "search"
+        self._eligible: list[NodeProfile] = []
+        self._rounds = 1
+        self._target = 1.0
+
+    def summary(self) -> None:
+        s = self.settings
+        log(
+            INFO,
+            "\t├── %s: %d search rounds, %d clients/round, %d local epoch(s), target %.2f",
+            type(self).__name__,
+            s.rounds,
+            s.clients_per_round,
+            s.local_epochs,
+            s.target_flops,
+        )
+        log(
+            INFO,
+            "\t└── supernet %d elements, %d searchable layers, FLOPs %d..%d",
+            self.space.total_size,
+            len(self.space.choices),
+            self.space.min_flops(),
+            self.space.max_flops(),
+        )
+
+    # --- setup -------------------------------------------------------------------
+
+    def setup(self, grid: Grid) -> None:
+        """Profile the nodes and tag each with its cluster."""
+        profiles = self.profile_nodes(grid, ConfigRecord({"method": self.method}))
+        if self.validate_profiles is not None:
+            self.validate_profiles(list(profiles.values()))
+        for profile in profiles.values():
+            tag = profile.cluster
+            if tag < 0:
+                tag = self.cluster_of(profile) if self.cluster_of is not None else 0
+            self.cluster_of_partition[profile.partition_id] = tag
+
+    def nodes_of(self, partitions: Iterable[int]) -> list[NodeProfile]:
+        wanted = set(partitions)
+        return [p for p in self.profiles.values() if p.partition_id in wanted]
+
+    # --- one search round ---------------------------------------------------------
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample eligible clients; send each the whole supernet (w and alpha)."""
+        s = self.settings
+        connected = set(grid.get_node_ids())
+        candidates = [p for p in self._eligible if p.node_id in connected]
+        chosen = sample_nodes(
+            self.rng(self._stage, "sample", server_round), candidates, s.clients_per_round
+        )
+        self._current = arrays
+        self._specs = array_specs(arrays)
+        self._sent = {p.node_id for p in chosen}
+        lr = 0.5 * s.lr * (1 + math.cos(math.pi * (server_round - 1) / max(self._rounds, 1)))
+        message_config = {
+            **dict(config),
+            "method": self.method,
+            "phase": "search",
+            "stage": self._stage,
+            "server-round": server_round,
+            "seed": self.seed,
+            "local-epochs": s.local_epochs,
+            "batch-size": s.batch_size,
+            "lr": lr,
+            "momentum": s.momentum,
+            "weight-decay": s.weight_decay,
+            "alpha-lr": s.alpha_lr,
+            "alpha-every": s.alpha_every,
+            "target-flops": self._target * self.space.max_flops(),
+            "hardware-beta": s.hardware_beta,
+            **space_to_config(self.space.spec),
+        }
+        return [
+            Message(
+                content=RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(message_config)}),
+                message_type=FDNAS_SEARCH,
+                dst_node_id=p.node_id,
+            )
+            for p in chosen
+        ]
+
+    def check_train_reply(self, reply: Message) -> str | None:
+        """Why a search reply is unusable, or ``None``."""
+        if reply.metadata.src_node_id not in self._sent:
+            return "reply from a node that was not asked"
+        reason = check_reply(reply, sent=self._specs, counts=SEARCH_COUNTS)
+        if reason is not None:
+            return reason
+        if int(reply.content.metric_records[METRICS]["num-examples"]) < 1:
+            return "num-examples is 0"
+        if set(reply.content.array_records[ARRAYS].keys()) != set(self._specs):
+            return "the reply does not carry every supernet key (w and alpha)"
+        return None
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """w and alpha <- sum_k N_k / N (w_k, alpha_k) over the accepted replies (Eq. 5)."""
+        accepted = self.accept(self._stage, replies, self.check_train_reply)
+        # a cluster smaller than min-replies needs all of its clients, not more
+        if len(accepted) < min(self.min_replies, len(self._eligible)):
+            self.require(self._stage, len(accepted), len(self._sent))
+        updates, totals, examples = [], {"train-loss": 0.0, "val-loss": 0.0}, 0
+        for reply in accepted:
+            metrics = reply.content.metric_records[METRICS]
+            n = int(metrics["num-examples"])
+            updates.append((reply.content.array_records[ARRAYS], n))
+            node = self.ledger.node(self._stage, reply.metadata.src_node_id)
+            node.train_flops += int(metrics["train-flops"])
+            for key in totals:
+                totals[key] += float(metrics[key]) * n
+            examples += n
+        arrays = opa(self._current, updates, min_contributors=1)
+        return arrays, MetricRecord(
+            {
+                **{key: value / examples for key, value in totals.items()},
+                "num-examples": examples,
+                "clients": len(accepted),
+            }
+        )
+
+    # --- stages ---------------------------------------------------------------------
+
+    def search(
+        self,
+        grid: Grid,
+        arrays: ArrayRecord,
+        *,
+        stage: str,
+        partitions: Iterable[int],
+        rounds: int,
+        target: float,
+    ) -> tuple[ArrayRecord, list[dict[str, Any]]]:
+        """``rounds`` FDNAS rounds over ``partitions``; returns the supernet and history."""
+        self._stage, self._rounds, self._target = stage, rounds, target
+        self._eligible = self.nodes_of(partitions)
+        history: list[dict[str, Any]] = []
+        for server_round in range(1, rounds + 1):
+            started = time.perf_counter()
+            messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
+            replies = self.exchange(grid, stage, messages)
+            new_arrays, metrics = self.aggregate_train(server_round, replies)
+            arrays = new_arrays if new_arrays is not None else arrays
+            arch = self.derive(arrays)
+            entry = {
+                "round": server_round,
+                "sent": len(messages),
+                **dict(metrics or {}),
+                "derived": list(arch),
+                "derived-flops": self.space.cost(arch).flops,
+                "expected-flops": float(self.space.expected_flops().detach()),
+                "seconds": round(time.perf_counter() - started, 4),
+            }
+            log(INFO, "[%s] round %d/%d: %s", stage, server_round, rounds, entry)
+            history.append(entry)
+        return arrays, history
+
+    def derive(self, arrays: ArrayRecord) -> tuple[int, ...]:
+        """Argmax alpha per layer of the supernet ``arrays``."""
+        self.space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        return self.space.derive()
+
+    def fresh_supernet(self, *keys: int | str) -> ArrayRecord:
+        """A newly initialised supernet (naive-CFDNAS), seeded from the run seed and ``keys``."""
+        torch.manual_seed(int(self.rng("fresh", *keys).integers(2**31)))
+        return ArrayRecord(build_space(**self.space.spec).state_dict())
+
+    def train_net(
+        self,
+        grid: Grid,
+        *,
+        name: str,
+        arch: tuple[int, ...],
+        supernet: ArrayRecord,
+        partitions: Sequence[int],
+    ) -> DerivedNet:
+        """FedAvg of the derived net over ``partitions``, then its test accuracy on each."""
+        s = self.settings
+        subnet = self._subnet(arch, supernet)
+        nodes = self.nodes_of(partitions)
+        stage = f"final-{name}"
+        fedavg = _LocalAccuracyFedAvg(
+            partition_of={p.node_id: p.partition_id for p in nodes},
+            nodes=nodes,
+            seed=self.seed,
+            stage=stage,
+            ledger=self.ledger,
+            clients_per_round=len(nodes),
+            min_replies=min(self.min_replies, len(nodes)),
+            train_message_type=FDNAS_TRAIN,
+            fraction_evaluate=0.0,
+        )
+        config = self._net_config(arch)
+        config.update(
+            {
+                "phase": "final",
+                "local-epochs": s.final_local_epochs,
+                "batch-size": s.batch_size,
+                "lr": s.final_lr,
+                "momentum": s.momentum,
+                "weight-decay": s.weight_decay,
+            }
+        )
+        arrays = ArrayRecord(subnet.state_dict())
+        history: list[dict[str, Any]] = []
+        if s.final_rounds:
+            with self.ledger.timed(stage):
+                result = fedavg.start(
+                    grid,
+                    arrays,
+                    num_rounds=s.final_rounds,
+                    timeout=self.reply_timeout,
+                    train_config=ConfigRecord(config),
+                )
+            arrays = result.arrays
+            history = [
+                {"round": r, **dict(m)} for r, m in sorted(result.train_metrics_clientapp.items())
+            ]
+        accuracy, count = self.evaluate_net(grid, arch, arrays, nodes, stage)
+        cost = self.space.cost(arch)
+        return DerivedNet(
+            name=name,
+            arch=arch,
+            option_names=self.space.option_names(arch),
+            flops=cost.flops,
+            params=cost.params,
+            arrays=arrays,
+            partitions=sorted(accuracy),
+            test_accuracy=accuracy,
+            test_count=count,
+            local_accuracy=dict(fedavg.local_accuracy),
+            history=history,
+        )
+
+    def _subnet(self, arch: tuple[int, ...], supernet: ArrayRecord) -> torch.nn.Module:
+        if self.settings.final_init == "supernet":
+            self.space.load_state_dict(supernet.to_torch_state_dict(), strict=True)
+            return self.space.subnet(arch)
+        torch.manual_seed(int(self.rng("scratch", *arch).integers(2**31)))
+        return build_space(**self.space.spec).subnet(arch)
+
+    def _net_config(self, arch: Sequence[int]) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "arch": [int(v) for v in arch],
+            "net-flops": int(self.space.cost(arch).flops),
+            "seed": self.seed,
+            "server-round": 0,
+            **space_to_config(self.space.spec),
+        }
+
+    def evaluate_net(
+        self,
+        grid: Grid,
+        arch: tuple[int, ...],
+        arrays: ArrayRecord,
+        nodes: Sequence[NodeProfile],
+        stage: str,
+    ) -> tuple[dict[int, float], dict[int, int]]:
+        """Test accuracy and test count of the net on each node's test split."""
+        config = ConfigRecord({**self._net_config(arch), "phase": "evaluate"})
+        messages = [
+            Message(
+                content=RecordDict({ARRAYS: arrays, CONFIG: config}),
+                message_type=FDNAS_EVALUATE,
+                dst_node_id=p.node_id,
+            )
+            for p in nodes
+        ]
+        replies = self.exchange(grid, stage + "-evaluate", messages)
+        replies = self.accept(
+            stage + "-evaluate",
+            replies,
+            lambda r: check_reply(r, counts=("num-examples", "correct", "accuracy")),
+        )
+        partition = {p.node_id: p.partition_id for p in nodes}
+        accuracy, count = {}, {}
+        for reply in replies:
+            metrics = reply.content.metric_records[METRICS]
+            pid = partition[reply.metadata.src_node_id]
+            accuracy[pid] = float(metrics["accuracy"])
+            count[pid] = int(metrics["num-examples"])
+        return accuracy, count
+
+    # --- the whole method ---------------------------------------------------------------
+
+    def start(  # type: ignore[override]
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+    ) -> FDNASResult:
+        """Search on every client, derive, train the derived net with FedAvg, evaluate."""
+        log(INFO, "Starting %s", type(self).__name__)
+        self.summary()
+        with self.ledger.timed("setup"):
+            self.setup(grid)
+        arrays = (
+            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
+        )
+        everyone = sorted(self.cluster_of_partition)
+        supernet, history = self.search(
+            grid,
+            arrays,
+            stage="search",
+            partitions=everyone,
+            rounds=self.settings.rounds,
+            target=self.settings.target_flops,
+        )
+        arch = self.derive(supernet)
+        net = self.train_net(grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone)
+        return FDNASResult(
+            supernet=supernet,
+            nets=[net],
+            cluster_of_partition=dict(self.cluster_of_partition),
+            search_history=history,
+            cluster_history={},
+            ledger=self.ledger.summary(),
+        )
+
+
+class CFDNAS(FDNAS):
+    """CFDNAS: FDNAS, then per-cluster search inheriting w and alpha, one net per cluster.
+
+    Parameters
+    ----------
+    inherit : bool (default: True)
+        ``False`` gives naive-CFDNAS: every cluster searches from a fresh supernet.
+    train_global : bool (default: True)
+        Also train and report the FDNAS (global) net.
+    **kwargs
+        See ``FDNAS``.
+    """
+
+    method = "cfdnas"
+
+    def __init__(self, *, inherit: bool = True, train_global: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.inherit = inherit
+        self.train_global = train_global
+
+    def start(  # type: ignore[override]
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+    ) -> FDNASResult:
+        """FDNAS search (and net), then search, derive and train per cluster."""
+        log(INFO, "Starting CFDNAS (%s)", "inherited" if self.inherit else "naive")
+        self.summary()
+        with self.ledger.timed("setup"):
+            self.setup(grid)
+        s = self.settings
+        clusters = sorted(set(self.cluster_of_partition.values()))
+        if len(s.cluster_target_flops) > 1 and len(s.cluster_target_flops) != len(clusters):
+            raise ValueError(
+                f"run config 'fdnas.cluster-target-flops' has {len(s.cluster_target_flops)} "
+                f"values for {len(clusters)} clusters {clusters}: give one, or one per cluster"
+            )
+        everyone = sorted(self.cluster_of_partition)
+        arrays = (
+            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
+        )
+        nets: list[DerivedNet] = []
+        history: list[dict[str, Any]] = []
+        supernet = arrays
+        if self.inherit or self.train_global:
+            supernet, history = self.search(
+                grid,
+                arrays,
+                stage="search",
+                partitions=everyone,
+                rounds=s.rounds,
+                target=s.target_flops,
+            )
+        if self.train_global:
+            arch = self.derive(supernet)
+            net = self.train_net(
+                grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone
+            )
+            nets.append(net)
+        cluster_history: dict[int, list[dict[str, Any]]] = {}
+        for index, tag in enumerate(clusters):
+            members = [p for p, t in self.cluster_of_partition.items() if t == tag]
+            start_arrays = supernet if self.inherit else self.fresh_supernet("cluster", tag)
+            cluster_arrays, cluster_history[tag] = self.search(
+                grid,
+                start_arrays,
+                stage=f"cluster-{tag}",
+                partitions=members,
+                rounds=s.cluster_rounds,  # naive-CFDNAS: equal rounds, fresh start
+                target=s.cluster_target(index),
+            )
+            arch = self.derive(cluster_arrays)
+            nets.append(
+                self.train_net(
+                    grid,
+                    name=f"cluster-{tag}",
+                    arch=arch,
+                    supernet=cluster_arrays,
+                    partitions=sorted(members),
+                )
+            )
+        return FDNASResult(
+            supernet=supernet,
+            nets=nets,
+            cluster_of_partition=dict(self.cluster_of_partition),
+            search_history=history,
+            cluster_history=cluster_history,
+            ledger=self.ledger.summary(),
+        )

@@ -1,0 +1,142 @@
+"""DP-FNAS end to end on the in-process grid: real client code, real MNIST-5k, tiny darts."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, RecordDict
+from opacus.accountants import RDPAccountant
+
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.inprocess import InProcessGrid, replace_content
+from fedorasflwr.protocol import ARRAYS, DPFNAS_WEIGHTS, METRICS
+from fedorasflwr.search_spaces.darts import DartsSpace, Genotype
+from fedorasflwr.server_app import build_supernet
+from fedorasflwr.strategies.dpfnas import DPFNAS
+from fedorasflwr.strategies.privacy import epsilon
+from tests.runconfig import pyproject_run_config
+
+
+def tiny_dpfnas(cache_dir, **overrides):
+    config = pyproject_run_config()
+    config.update(
+        {
+            "method": "dpfnas",
+            "data.cache-dir": str(cache_dir),
+            "data.partitioner": "iid",
+            "space.name": "darts",
+            "space.width": 0.25,
+            "space.layers-per-block": 2,
+            "dpfnas.iterations": 2,
+            "dpfnas.batch-size": 8,
+            "dpfnas.eval-every": 0,
+            "dpfnas.final-rounds": 1,
+            "min-nodes": 1,
+        }
+    )
+    config.update(overrides)
+    return config
+
+
+def run(config, num_nodes=2, faults=None):
+    settings = parse_run_config(config)
+    grid = InProcessGrid(client_app, config, num_nodes, faults=faults)
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=settings.seed)
+    return strategy, grid, strategy.start(grid)
+
+
+@pytest.fixture(scope="module")
+def finished(data_cache):
+    return run(tiny_dpfnas(data_cache))
+
+
+def test_search_derive_train_and_report(finished):
+    strategy, grid, result = finished
+    assert result.iterations == 2 and result.stopped == "completed"
+    assert [h["iteration"] for h in result.history] == [0, 1, 2]
+    assert Genotype.from_text(result.genotype.to_text()) == result.genotype
+    assert 0.0 <= result.test_accuracy <= 1.0
+    assert {"weights", "arch", "final"} <= set(result.ledger)
+    weights = [m for m in grid.sent if m.metadata.message_type == DPFNAS_WEIGHTS]
+    assert len(weights) == 2 * 2
+    # the architecture variables moved, the weights moved
+    initial = ArrayRecord(build_supernet(parse_run_config(tiny_dpfnas("-"))).state_dict())
+    for key in DartsSpace.ARCH_KEYS + ("net.classifier.weight",):
+        assert not np.allclose(result.arrays[key].numpy(), initial[key].numpy())
+
+
+def test_reported_epsilon_is_opacus_for_the_same_mechanism(finished):
+    strategy, _, result = finished
+    assert len(result.privacy) == 2
+    for party, profile in zip(result.privacy, strategy.parties, strict=True):
+        rate_val = 8 / profile.num_val
+        assert party.architecture.sample_rate == pytest.approx(rate_val)
+        assert party.architecture.steps == 2
+        assert party.architecture.epsilon == pytest.approx(epsilon(1.0, rate_val, 2, 1e-5))
+        assert party.weights.sample_rate == pytest.approx(8 / profile.num_train)
+        assert party.epsilon == max(party.weights.epsilon, party.architecture.epsilon)
+    assert result.history[-1]["epsilon"] == max(p.epsilon for p in result.privacy)
+
+
+def test_same_seed_same_search(finished, data_cache):
+    _, _, again = run(tiny_dpfnas(data_cache, **{"dpfnas.final-rounds": 0}))
+    for key in DartsSpace.ARCH_KEYS:
+        np.testing.assert_array_equal(again.arrays[key].numpy(), finished[2].arrays[key].numpy())
+
+
+def test_privacy_target_stops_the_search(data_cache, caplog):
+    config = tiny_dpfnas(
+        data_cache,
+        **{"dpfnas.target-epsilon": 1.46, "dpfnas.iterations": 5, "dpfnas.final-rounds": 0},
+    )
+    with caplog.at_level(logging.WARNING):
+        _, _, result = run(config)
+    assert 0 < result.iterations < 5
+    assert result.stopped.startswith("privacy target reached")
+    assert result.iterations == 1
+    assert max(p.epsilon for p in result.privacy) <= 1.46
+    assert "privacy target reached" in caplog.text
+
+
+def test_malformed_gradient_is_dropped_and_logged(data_cache, caplog):
+    def poison(reply):
+        if reply.has_error() or reply.metadata.message_type != DPFNAS_WEIGHTS:
+            return reply
+        arrays = reply.content.array_records[ARRAYS]
+        bad = ArrayRecord({k: Array(np.full_like(v.numpy(), np.nan)) for k, v in arrays.items()})
+        metrics = reply.content.metric_records[METRICS]
+        return replace_content(reply, RecordDict({ARRAYS: bad, METRICS: metrics}))
+
+    config = tiny_dpfnas(data_cache, **{"dpfnas.iterations": 1, "dpfnas.final-rounds": 0})
+    with caplog.at_level(logging.WARNING):
+        strategy, grid, result = run(config, faults={1: poison})
+    node = grid.node_of_partition[1]
+    assert f"dropped reply of node {node}: key" in caplog.text
+    assert "non-finite" in caplog.text
+    assert result.history[-1]["weights-parties"] == 1
+    assert result.ledger["weights"]["totals"]["rejected"] == 1
+    assert all(np.isfinite(v.numpy()).all() for v in result.arrays.values())
+
+
+def test_final_training_privacy(finished, data_cache):
+    # non-private final training: the training split's epsilon is honestly infinite
+    assert all(math.isinf(p["training-split-epsilon"]) for p in finished[2].final_privacy)
+    config = tiny_dpfnas(
+        data_cache,
+        **{"dpfnas.iterations": 1, "dpfnas.final-noise": 1.0, "dpfnas.final-batch-size": 256},
+    )
+    strategy, _, result = run(config)
+    assert 0.0 <= result.test_accuracy <= 1.0
+    for report, party in zip(result.final_privacy, strategy.parties, strict=True):
+        rate_final = 256 / party.num_train
+        steps = -(-party.num_train // 256)
+        accountant = RDPAccountant()
+        for _ in range(steps):
+            accountant.step(noise_multiplier=1.0, sample_rate=rate_final)
+        accountant.step(noise_multiplier=1.0, sample_rate=8 / party.num_train)
+        assert report["final-steps"] == steps
+        assert report["training-split-epsilon"] == pytest.approx(accountant.get_epsilon(1e-5))

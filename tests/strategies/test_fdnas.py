@@ -1,0 +1,211 @@
+"""FDNAS / CFDNAS: aggregation of w and alpha, derivation, the hardware term, bad replies,
+and both methods end to end on the in-process grid (real client code, real data)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from torch.utils.data import TensorDataset
+
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.clients.fdnas import hardware_factor, search_supernet
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.data import ClientData
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.protocol import ARRAYS, CONFIG, FDNAS_SEARCH, METRICS, space_to_config
+from fedorasflwr.search_spaces import build_space
+from fedorasflwr.server_app import cluster_tagger, run_cfdnas
+from fedorasflwr.strategies.fdnas import CFDNAS, FDNAS
+from tests.runconfig import tiny_fdnas
+
+NUM_NODES = 10
+
+
+@pytest.fixture(scope="module")
+def run_config(data_cache):
+    return tiny_fdnas(data_cache)
+
+
+def make_strategy(config, cls=FDNAS, **overrides):
+    settings = parse_run_config(config)
+    torch.manual_seed(settings.seed)
+    space = build_space("mbconv", width=0.25, layers_per_stage=1)
+    return cls(
+        space=space,
+        settings=settings.fdnas,
+        seed=settings.seed,
+        cluster_of=cluster_tagger(settings),
+        **overrides,
+    )
+
+
+def fake_replies(strategy, messages, alphas_of, sizes):
+    """One reply per message: the sent arrays with alphas replaced, and a data size."""
+    replies = []
+    for index, message in enumerate(messages):
+        arrays = ArrayRecord(dict(message.content.array_records[ARRAYS].items()))
+        for key in strategy.space.alpha_keys():
+            arrays[key] = Array(alphas_of(index, key))
+        metrics = MetricRecord(
+            {
+                "num-examples": sizes[index],
+                "train-loss": 1.0,
+                "val-loss": 1.0,
+                "train-flops": 10,
+                "expected-flops": 1.0,
+            }
+        )
+        replies.append(Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=message))
+    return replies
+
+
+def test_averaged_alpha_is_the_data_size_weighted_mean(run_config):
+    strategy = make_strategy(run_config)
+    grid = InProcessGrid(client_app, run_config, NUM_NODES)
+    strategy.setup(grid)
+    strategy._eligible = list(strategy.profiles.values())
+    arrays = ArrayRecord(strategy.space.state_dict())
+    messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    assert {m.metadata.message_type for m in messages} == {FDNAS_SEARCH}
+    rng = np.random.default_rng(7)
+    alphas = {
+        (i, key): rng.normal(size=arrays[key].shape).astype(np.float32)
+        for i in range(len(messages))
+        for key in strategy.space.alpha_keys()
+    }
+    sizes = [int(v) for v in rng.integers(10, 500, size=len(messages))]
+    replies = fake_replies(strategy, messages, lambda i, key: alphas[i, key], sizes)
+    aggregated, metrics = strategy.aggregate_train(1, replies)
+    for key in strategy.space.alpha_keys():
+        expected = np.average([alphas[i, key] for i in range(len(messages))], axis=0, weights=sizes)
+        np.testing.assert_allclose(aggregated[key].numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert metrics["num-examples"] == sum(sizes)
+
+
+def test_non_finite_alpha_is_dropped_and_the_rest_averaged(run_config, caplog):
+    strategy = make_strategy(run_config)
+    grid = InProcessGrid(client_app, run_config, NUM_NODES)
+    strategy.setup(grid)
+    strategy._eligible = list(strategy.profiles.values())
+    arrays = ArrayRecord(strategy.space.state_dict())
+    messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    key0 = strategy.space.alpha_keys()[0]
+
+    def alphas_of(index, key):
+        value = np.full(arrays[key].shape, float(index), dtype=np.float32)
+        if index == 0 and key == key0:
+            value[0] = np.nan
+        return value
+
+    replies = fake_replies(strategy, messages, alphas_of, [1] * len(messages))
+    aggregated, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["clients"] == len(messages) - 1
+    assert np.isfinite(aggregated[key0].numpy()).all()
+    np.testing.assert_allclose(aggregated[key0].numpy(), np.mean(range(1, len(messages))))
+    node = messages[0].metadata.dst_node_id
+    assert f"dropped reply of node {node}" in caplog.text and "non-finite" in caplog.text
+
+
+def test_strategy_derivation_is_the_argmax_of_the_aggregated_alpha(run_config):
+    strategy = make_strategy(run_config)
+    state = strategy.space.state_dict()
+    expected = []
+    for layer, key in enumerate(strategy.space.alpha_keys()):
+        values = torch.zeros_like(state[key])
+        values[(layer + 2) % len(values)] = 1.0
+        state[key] = values
+        expected.append((layer + 2) % len(values))
+    assert strategy.derive(ArrayRecord(state)) == tuple(expected)
+
+
+def _synthetic_client(seed: int = 0) -> ClientData:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(96, 1, 28, 28, generator=generator)
+    y = torch.randint(0, 10, (96,), generator=generator)
+    data = TensorDataset(x, y)
+    return ClientData(train=data, val=data, test=data, num_classes=10, label_counts=(0,) * 10)
+
+
+def _expected_flops_after_search(beta: float) -> tuple[float, int]:
+    torch.manual_seed(0)
+    space = build_space("mbconv", width=0.25, layers_per_stage=1)
+    config = {
+        "seed": 0,
+        "server-round": 1,
+        "local-epochs": 2,
+        "batch-size": 16,
+        "lr": 0.01,
+        "momentum": 0.9,
+        "weight-decay": 0.0,
+        "alpha-lr": 0.05,
+        "alpha-every": 1,
+        "target-flops": float(space.min_flops()),
+        "hardware-beta": beta,
+        **space_to_config(space.spec),
+    }
+    content = RecordDict({ARRAYS: ArrayRecord(space.state_dict()), CONFIG: ConfigRecord(config)})
+    reply = search_supernet(content, _synthetic_client(), partition_id=0)
+    space.load_state_dict(reply.array_records[ARRAYS].to_torch_state_dict())
+    return float(reply.metric_records[METRICS]["expected-flops"]), space.cost(space.derive()).flops
+
+
+def test_the_hardware_term_lowers_the_flops_of_the_derived_net_as_its_weight_rises():
+    # Same data, seed and initialisation; only beta differs (Adam on alpha, so the
+    # effect saturates once the hardware term dominates the gradient).
+    results = [_expected_flops_after_search(beta) for beta in (0.0, 1.0, 4.0)]
+    expected = [e for e, _ in results]
+    derived = [d for _, d in results]
+    assert expected[0] > expected[1] > expected[2]
+    assert derived[0] > derived[1] >= derived[2]
+
+
+def test_the_hardware_gradient_pushes_alpha_towards_cheaper_options():
+    space = build_space("mbconv", width=0.25, layers_per_stage=1)
+    hardware_factor(space, float(space.min_flops()), 1.0).backward()
+    for layer, alpha in enumerate(space.arch_parameters()):
+        flops = torch.tensor([float(space.option_cost(layer, o).flops) for o in range(len(alpha))])
+        mean = float(flops.mean())
+        # gradient descent lowers the logits of options costlier than the expectation
+        assert torch.all((alpha.grad > 0) == (flops > mean))
+
+
+def test_clusters_follow_the_class_groups(run_config):
+    strategy = make_strategy(run_config)
+    strategy.setup(InProcessGrid(client_app, run_config, NUM_NODES))
+    assert strategy.cluster_of_partition == {
+        p: 0 if p < 3 else 1 if p < 6 else 2 for p in range(10)
+    }
+
+
+def test_a_declared_cluster_tag_wins(run_config):
+    strategy = make_strategy(run_config)
+    grid = InProcessGrid(
+        client_app, run_config, NUM_NODES, node_configs={p: {"cluster": p % 2} for p in range(10)}
+    )
+    strategy.setup(grid)
+    assert strategy.cluster_of_partition == {p: p % 2 for p in range(10)}
+
+
+def test_cfdnas_end_to_end_gives_one_net_per_cluster(run_config, tmp_path):
+    settings = parse_run_config({**run_config, "method": "cfdnas"})
+    grid = InProcessGrid(client_app, run_config, NUM_NODES)
+    document = run_cfdnas(grid, settings, tmp_path)
+    names = [net["name"] for net in document["nets"]]
+    assert names == ["fdnas", "cluster-0", "cluster-1", "cluster-2"]
+    assert document["nets"][0]["partitions"] == list(range(10))
+    assert document["nets"][1]["partitions"] == [0, 1, 2]
+    for net in document["nets"]:
+        assert 0.0 <= net["averaged-accuracy"] <= 1.0
+        assert 0.0 <= net["mean-local-accuracy"] <= 1.0
+    assert set(document["cluster-history"]) == {0, 1, 2}
+    assert "cluster-0" in document["ledger"] and "search" in document["ledger"]
+    assert (tmp_path / "cluster-2.pt").exists()
+
+
+def test_naive_cfdnas_searches_each_cluster_from_a_fresh_supernet(run_config):
+    strategy = make_strategy(run_config, cls=CFDNAS, inherit=False, train_global=False)
+    result = strategy.start(InProcessGrid(client_app, run_config, NUM_NODES))
+    assert result.search_history == []
+    assert [net.name for net in result.nets] == ["cluster-0", "cluster-1", "cluster-2"]
