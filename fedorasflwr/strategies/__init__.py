@@ -1,15 +1,20 @@
 """Server-side strategies: each a ``flwr.serverapp.strategy.Strategy`` needing only a ``Grid``.
 
->>> from fedorasflwr.strategies import FedorAS, SeededFedAvg
+>>> from fedorasflwr.strategies import FedorAS, FDNAS, CFDNAS, DPFNAS, SeededFedAvg
 >>> from fedorasflwr.strategies.aggregation import opa
 """
 
 from .aggregation import opa
 from .base import FederatedNASStrategy, NodeProfile, StageFailedError
+from .dpfnas import DPFNAS
+from .fdnas import CFDNAS, FDNAS
 from .fedavg import SeededFedAvg
 from .fedoras import FedorAS, FedorASResult
 
 __all__ = [
+    "CFDNAS",
+    "DPFNAS",
+    "FDNAS",
     "FedorAS",
     "FedorASResult",
     "FederatedNASStrategy",
