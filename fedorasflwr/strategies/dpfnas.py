@@ -422,15 +422,16 @@ class DPFNAS(FederatedNASStrategy):
         history: list[dict[str, Any]],
         entry: dict[str, Any],
     ) -> None:
-        every = self.settings.eval_every
         last = iteration == self.settings.iterations
-        if self.evaluate_fn is not None and every and (iteration % every == 0 or last):
-            with self.ledger.timed("evaluate"):
-                metrics = self.evaluate_fn(iteration, arrays)
-            if metrics is not None:
-                entry.update({f"val-{k}": v for k, v in metrics.items()})
-                log(INFO, "Iteration %d supernet validation: %s", iteration, dict(metrics))
-        history.append({"iteration": iteration, **entry})
+        self.record_step(
+            iteration,
+            arrays,
+            history,
+            entry,
+            every=self.settings.eval_every,
+            last=last,
+            label="iteration",
+        )
 
     def train_final(self, grid: Grid, result: DPFNASResult) -> None:
         """FedAvg of the derived network over the parties; test accuracy from their test splits."""
