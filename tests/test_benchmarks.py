@@ -13,16 +13,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_stage1_overhead_quick_reports_a_ratio():
+def run_quick(name: str) -> subprocess.CompletedProcess[str]:
+    """Run ``benchmarks/<name>.py --quick``; it must exit 0."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "stage1_overhead.py"), "--quick"],
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--quick"],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_stage1_overhead_quick_reports_a_ratio():
+    done = run_quick("stage1_overhead")
     headline = re.search(r"^headline: engine_over_direct=([0-9.]+) ", done.stdout, re.M)
     assert headline, done.stdout[-2000:]
     saved = json.loads((ROOT / "benchmarks/results/stage1_overhead.quick.json").read_text())
@@ -32,14 +38,7 @@ def test_stage1_overhead_quick_reports_a_ratio():
 
 @pytest.mark.slow
 def test_fdnas_clusters_quick_reports_every_comparison():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "fdnas_clusters.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_quick("fdnas_clusters")
     headline = re.search(r"^headline: fdnas_acc=([0-9.]+) .* clusters=3 ", done.stdout, re.M)
     assert headline, done.stdout[-2000:]
     saved = json.loads((ROOT / "benchmarks/results/fdnas_clusters.quick.json").read_text())
@@ -52,14 +51,7 @@ def test_fdnas_clusters_quick_reports_every_comparison():
 
 @pytest.mark.slow
 def test_dpfnas_privacy_quick_reports_every_row():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "dpfnas_privacy.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_quick("dpfnas_privacy")
     headline = re.search(
         r"^headline: single_acc=([0-9.]+) .*worst_gap_pp=(-?[0-9.]+)", done.stdout, re.M
     )

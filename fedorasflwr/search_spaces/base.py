@@ -478,6 +478,18 @@ def positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def image_spec(
+    num_classes: Any, in_channels: Any, input_height: Any, input_width: Any
+) -> dict[str, int]:
+    """The validated input description every image space's ``spec`` starts with."""
+    return {
+        "num_classes": positive_int("num_classes", num_classes),
+        "in_channels": positive_int("in_channels", in_channels),
+        "input_height": positive_int("input_height", input_height),
+        "input_width": positive_int("input_width", input_width),
+    }
+
+
 def positive_float(name: str, value: Any) -> float:
     """``value`` as a finite float > 0, or ``ValueError`` naming the argument."""
     if isinstance(value, bool) or not isinstance(value, int | float | np.number):

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import MixedOp, SearchSpace, positive_float, positive_int, register_space
+from .base import MixedOp, SearchSpace, image_spec, positive_float, positive_int, register_space
 from .ops import CONV_OPS, ConvNormAct, make_op
 
 __all__ = ["CNNLargeSpace", "CNNSmallSpace", "cnn_l", "cnn_s"]
@@ -143,10 +143,7 @@ class CNNLargeSpace(SearchSpace):
         layers_per_block: int = 4,
     ) -> None:
         spec = {
-            "num_classes": positive_int("num_classes", num_classes),
-            "in_channels": positive_int("in_channels", in_channels),
-            "input_height": positive_int("input_height", input_height),
-            "input_width": positive_int("input_width", input_width),
+            **image_spec(num_classes, in_channels, input_height, input_width),
             "width": positive_float("width", width),
             "layers_per_block": positive_int("layers_per_block", layers_per_block),
         }
@@ -188,10 +185,7 @@ class CNNSmallSpace(SearchSpace):
         stem_stride: int = 1,
     ) -> None:
         spec = {
-            "num_classes": positive_int("num_classes", num_classes),
-            "in_channels": positive_int("in_channels", in_channels),
-            "input_height": positive_int("input_height", input_height),
-            "input_width": positive_int("input_width", input_width),
+            **image_spec(num_classes, in_channels, input_height, input_width),
             "width": positive_float("width", width),
             "stem_stride": positive_int("stem_stride", stem_stride),
         }

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import MixedOp, SearchSpace, positive_int, register_space
+from .base import MixedOp, SearchSpace, image_spec, positive_int, register_space
 
 __all__ = [
     "PRIMITIVES",
@@ -280,10 +280,7 @@ class DartsSpace(SearchSpace):
         stem_stride: int = 1,
     ) -> None:
         spec = {
-            "num_classes": positive_int("num_classes", num_classes),
-            "in_channels": positive_int("in_channels", in_channels),
-            "input_height": positive_int("input_height", input_height),
-            "input_width": positive_int("input_width", input_width),
+            **image_spec(num_classes, in_channels, input_height, input_width),
             "channels": positive_int("channels", channels),
             "cells": positive_int("cells", cells),
             "stem_multiplier": positive_int("stem_multiplier", stem_multiplier),

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from .base import MixedOp, SearchSpace, positive_float, positive_int, register_space
+from .base import MixedOp, SearchSpace, image_spec, positive_float, positive_int, register_space
 
 __all__ = ["MBCONV_OPTIONS", "GatedMixedOp", "MBConv", "MBConvSpace", "mbconv"]
 
@@ -162,10 +162,7 @@ class MBConvSpace(SearchSpace):
         layers_per_stage: int = 2,
     ) -> None:
         spec = {
-            "num_classes": positive_int("num_classes", num_classes),
-            "in_channels": positive_int("in_channels", in_channels),
-            "input_height": positive_int("input_height", input_height),
-            "input_width": positive_int("input_width", input_width),
+            **image_spec(num_classes, in_channels, input_height, input_width),
             "width": positive_float("width", width),
             "layers_per_stage": positive_int("layers_per_stage", layers_per_stage),
         }
