@@ -14,7 +14,14 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-__all__ = ["load_checkpoint", "plot_history", "run_directory", "save_checkpoint", "write_json"]
+__all__ = [
+    "load_checkpoint",
+    "plot_history",
+    "plot_points",
+    "run_directory",
+    "save_checkpoint",
+    "write_json",
+]
 
 
 def run_directory(base: Path, method: str, run_id: int) -> Path:
@@ -79,6 +86,38 @@ def plot_history(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_points(
+    path: Path,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+) -> Path | None:
+    """One marked line per named series of ``(x, y)`` points (e.g. accuracy against MACs);
+    ``None`` if no series has a point."""
+    series = {name: sorted(points) for name, points in series.items() if points}
+    if not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, points in series.items():
+        ax.plot(*zip(*points, strict=True), marker="o", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

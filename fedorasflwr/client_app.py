@@ -10,8 +10,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from .clients import dpfnas, fdnas
-from .clients.fedoras import train_supernet
+from .clients import decnas, dpfnas, fdnas, fedoras
 from .config import parse_run_config
 from .data import ClientData, load_client_data
 from .protocol import PROFILE
@@ -60,7 +59,30 @@ def profile(msg: Message, context: Context) -> Message:
 def fedoras_supernet(msg: Message, context: Context) -> Message:
     """FedorAS Stage 1: local supernet training under the tier budget."""
     partition_id, _ = _identity(context)
-    content = train_supernet(msg.content, _client_data(context), partition_id)
+    content = fedoras.train_supernet(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate("fedoras_paths")
+def fedoras_paths(msg: Message, context: Context) -> Message:
+    """FedorAS Stage 2 (federated scoring): a generation's paths on the local val split."""
+    partition_id, _ = _identity(context)
+    content = fedoras.score_paths_locally(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.train("fedoras_finetune")
+def fedoras_finetune(msg: Message, context: Context) -> Message:
+    """FedorAS Stage 3: local epochs of a tier's subnet (FedAvg fine-tuning)."""
+    partition_id, _ = _identity(context)
+    content = fedoras.train_subnet(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate("fedoras_finetune")
+def fedoras_evaluate(msg: Message, context: Context) -> Message:
+    """FedorAS Stage 3: test loss and accuracy of a tier's subnet on the local test split."""
+    content = fedoras.evaluate_subnet(msg.content, _client_data(context))
     return Message(content, reply_to=msg)
 
 
@@ -115,4 +137,34 @@ def dpfnas_final(msg: Message, context: Context) -> Message:
 def dpfnas_evaluate(msg: Message, context: Context) -> Message:
     """DP-FNAS: test accuracy of the derived network on the local test split."""
     content = dpfnas.evaluate_final(msg.content, _client_data(context))
+    return Message(content, reply_to=msg)
+
+
+@app.train("decnas_tune")
+def decnas_tune(msg: Message, context: Context) -> Message:
+    """DecNAS: tune a candidate, report its validation accuracy; keep the weights."""
+    partition_id, _ = _identity(context)
+    content = decnas.tune_candidate(msg.content, _client_data(context), partition_id, context.state)
+    return Message(content, reply_to=msg)
+
+
+@app.train("decnas_upload")
+def decnas_upload(msg: Message, context: Context) -> Message:
+    """DecNAS: upload the weights kept for a candidate that survived the round."""
+    content = decnas.upload_candidate(msg.content, _client_data(context), context.state)
+    return Message(content, reply_to=msg)
+
+
+@app.train("decnas_fedavg")
+def decnas_fedavg(msg: Message, context: Context) -> Message:
+    """DecNAS: local epochs of GM_0, a chosen GM or a baseline (FedAvg stages)."""
+    partition_id, _ = _identity(context)
+    content = decnas.train_model(msg.content, _client_data(context), partition_id)
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate("decnas")
+def decnas_evaluate(msg: Message, context: Context) -> Message:
+    """DecNAS: accuracy of a model on the local validation or test split."""
+    content = decnas.evaluate_model(msg.content, _client_data(context))
     return Message(content, reply_to=msg)

@@ -19,6 +19,8 @@ from .data import DatasetInfo, DataSpec
 
 __all__ = [
     "METHODS",
+    "DECNAS_VARIANTS",
+    "DecNASSettings",
     "DPFNASSettings",
     "FDNASSettings",
     "FedorASSettings",
@@ -28,7 +30,7 @@ __all__ = [
     "space_kwargs",
 ]
 
-METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas")
+METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas")
 SPACE_NAMES = ("cnn_l", "cnn_s", "rnn", "mbconv", "darts")
 
 
@@ -168,6 +170,27 @@ class FedorASSettings:
     eval_every: int = 1
     eval_paths: int = 8
     min_replies: int = 2
+    aggregation: str = "opa"
+    resume_from: str = ""
+    # Stage 2: NSGA-II per tier (paper: population 128, 64 offspring, ~1000 evaluations).
+    search_scoring: str = "server"
+    search_objective: str = "flops"
+    search_population: int = 16
+    search_offspring: int = 8
+    search_evaluations: int = 48
+    search_recalibrate_bn: bool = True
+    search_calibration_batches: int = 4
+    search_clients: int = 4
+    # Stage 3: per-tier FedAvg fine-tuning (paper: 100 rounds, 6 clients, 1 epoch,
+    # batch 32, lr 0.01 cosine down by 10x, momentum 0.9).
+    finetune_rounds: int = 10
+    finetune_clients_per_round: int = 6
+    finetune_local_epochs: int = 1
+    finetune_batch_size: int = 32
+    finetune_lr: float = 0.05
+    finetune_lr_decay: float = 0.1
+    finetune_momentum: float = 0.9
+    compare_rand_init: bool = True
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FedorASSettings:
@@ -226,7 +249,73 @@ class FedorASSettings:
             eval_every=_get(cfg, p + "eval-every", cls.eval_every, int, lambda v: v >= 0, ">= 0"),
             eval_paths=_get(cfg, p + "eval-paths", cls.eval_paths, int, _positive, ">= 1"),
             min_replies=min_replies,
+            **_fedoras_stages_2_3(cfg, cls, p),
         )
+
+
+def _one_of(cfg: Mapping[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
+    return _get(cfg, key, default, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
+
+
+def _fedoras_stages_2_3(
+    cfg: Mapping[str, Any], cls: type[FedorASSettings], p: str
+) -> dict[str, Any]:
+    """The ``fedoras.*`` keys of aggregation, resuming, search and fine-tuning."""
+
+    def count(name: str, default: int, low: int = 1) -> int:
+        return _get(cfg, p + name, default, int, lambda v: v >= low, f">= {low}")
+
+    population = count("search-population", cls.search_population, 2)
+    evaluations = count("search-evaluations", cls.search_evaluations)
+    if evaluations < population:
+        raise ValueError(
+            f"run config '{p}search-evaluations' = {evaluations} is below "
+            f"'{p}search-population' = {population}: the first generation alone needs that many"
+        )
+    return {
+        "aggregation": _one_of(cfg, p + "aggregation", cls.aggregation, ("opa", "fedavg")),
+        "resume_from": _get(cfg, p + "resume-from", cls.resume_from, str),
+        "search_scoring": _one_of(
+            cfg, p + "search-scoring", cls.search_scoring, ("server", "federated", "both")
+        ),
+        "search_objective": _one_of(
+            cfg, p + "search-objective", cls.search_objective, ("flops", "params")
+        ),
+        "search_population": population,
+        "search_offspring": count("search-offspring", cls.search_offspring),
+        "search_evaluations": evaluations,
+        "search_recalibrate_bn": _get(
+            cfg, p + "search-recalibrate-bn", cls.search_recalibrate_bn, bool
+        ),
+        "search_calibration_batches": count(
+            "search-calibration-batches", cls.search_calibration_batches
+        ),
+        "search_clients": count("search-clients", cls.search_clients),
+        "finetune_rounds": count("finetune-rounds", cls.finetune_rounds, 0),
+        "finetune_clients_per_round": count(
+            "finetune-clients-per-round", cls.finetune_clients_per_round
+        ),
+        "finetune_local_epochs": count("finetune-local-epochs", cls.finetune_local_epochs),
+        "finetune_batch_size": count("finetune-batch-size", cls.finetune_batch_size),
+        "finetune_lr": _get(cfg, p + "finetune-lr", cls.finetune_lr, float, _positive, "> 0"),
+        "finetune_lr_decay": _get(
+            cfg,
+            p + "finetune-lr-decay",
+            cls.finetune_lr_decay,
+            float,
+            lambda v: 0 < v <= 1,
+            "final lr as a fraction of finetune-lr, 0 < d <= 1",
+        ),
+        "finetune_momentum": _get(
+            cfg,
+            p + "finetune-momentum",
+            cls.finetune_momentum,
+            float,
+            lambda v: 0 <= v < 1,
+            "0 <= m < 1",
+        ),
+        "compare_rand_init": _get(cfg, p + "compare-rand-init", cls.compare_rand_init, bool),
+    }
 
 
 @dataclass(frozen=True)
@@ -238,7 +327,7 @@ class FDNASSettings:
     weight decay 3e-4 for w; Adam without weight decay for alpha (ProxylessNAS:
     lr 6e-3, betas (0, 0.999)); 90/10 train/validation split; CFDNAS 25 rounds
     per cluster; the derived net trained with FedAvg for 250 rounds.  The
-    hardware term is ``CE x max(1, log E[FLOPs] / log target)^beta``; targets are
+    hardware term is ``CE + beta log(E[FLOPs] / target)^2`` (two-sided); targets are
     fractions of the supernet's largest path.  Defaults are sized for a 2-core CPU.
     """
 
@@ -479,6 +568,114 @@ class DPFNASSettings:
         )
 
 
+DECNAS_VARIANTS = ("decnas", "naive", "no-groups", "no-drop", "no-dynamic-rounds", "centralised")
+
+
+@dataclass(frozen=True)
+class DecNASSettings:
+    """DecNAS (federated NetAdapt) hyper-parameters (``decnas.*`` keys; Algorithm 4.1).
+
+    Paper values (§5.1, §5.3): resource = MACs; budget reduced by 5% of
+    Res(GM_0) per iteration, decaying by 0.93 (ConvNet) or 0.98 (MobileNet);
+    targets 50%/25%/15%; 20 (CelebA) or 15 (ImageNet) groups, r = 1.1; 33% of
+    the candidates dropped per round; rounds 2, 5, 8, 10 every 5 iterations
+    (CelebA); train/val/test 6:2:2.  Defaults are sized for a 2-core CPU.
+    ``variant`` switches the optimisations off for the comparisons: "naive"
+    (every client trains every candidate, no dropping, the largest round number
+    every iteration), "no-groups", "no-drop", "no-dynamic-rounds" (one off
+    each), "centralised" (NetAdapt: run it with one node holding all the data).
+    """
+
+    model: str = "convnet"
+    variant: str = "decnas"
+    resource: str = "macs"
+    target: float = 0.5
+    initial_reduction: float = 0.1
+    decay: float = 0.93
+    max_iterations: int = 20
+    num_groups: int = 5
+    balance_ratio: float = 1.1
+    drop_ratio: float = 0.33
+    rounds: tuple[int, ...] = (1, 2, 3)
+    rounds_every: int = 2
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    min_filters: int = 1
+    gm0_rounds: int = 10
+    final_rounds: int = 5
+    final_models: str = "last"
+    clients_per_round: int = 0
+    width_baseline: bool = False
+    min_replies: int = 1
+
+    @property
+    def grouping(self) -> bool:
+        """Whether candidates are trained by groups (else every client trains each)."""
+        return self.variant not in ("naive", "no-groups", "centralised")
+
+    @property
+    def dropping(self) -> bool:
+        """Whether weak candidates are dropped early."""
+        return self.variant not in ("naive", "no-drop", "centralised")
+
+    @property
+    def dynamic_rounds(self) -> bool:
+        """Whether the round number grows with the iterations (else always the largest)."""
+        return self.variant not in ("naive", "no-dynamic-rounds", "centralised")
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> DecNASSettings:
+        p = "decnas."
+
+        def number(key: str, default: float, check=_positive, allowed: str = "> 0") -> float:
+            return _get(cfg, p + key, default, float, check, allowed)
+
+        def count(key: str, default: int, low: int = 1) -> int:
+            return _get(cfg, p + key, default, int, lambda v: v >= low, f">= {low}")
+
+        text = _get(cfg, p + "rounds", ",".join(map(str, cls.rounds)), str)
+        try:
+            rounds = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            rounds = ()
+        if not rounds or min(rounds) < 1:
+            raise ValueError(
+                f"run config '{p}rounds' = {text!r}: comma-separated round numbers >= 1, "
+                "one per block of 'rounds-every' iterations, e.g. \"2,5,8,10\""
+            )
+        return cls(
+            model=_one_of(cfg, p + "model", cls.model, ("convnet", "mobilenet")),
+            variant=_one_of(cfg, p + "variant", cls.variant, DECNAS_VARIANTS),
+            resource=_one_of(cfg, p + "resource", cls.resource, ("macs", "params")),
+            target=number("target", cls.target, lambda v: 0 < v < 1, "fraction of GM_0, 0 < t < 1"),
+            initial_reduction=number(
+                "initial-reduction", cls.initial_reduction, lambda v: 0 < v < 1, "0 < r < 1"
+            ),
+            decay=number("decay", cls.decay, lambda v: 0 < v <= 1, "0 < decay <= 1"),
+            max_iterations=count("max-iterations", cls.max_iterations),
+            num_groups=count("num-groups", cls.num_groups),
+            balance_ratio=number("balance-ratio", cls.balance_ratio, lambda v: v >= 1, ">= 1"),
+            drop_ratio=number("drop-ratio", cls.drop_ratio, _unit_interval, "0 <= alpha <= 1"),
+            rounds=rounds,
+            rounds_every=count("rounds-every", cls.rounds_every),
+            local_epochs=count("local-epochs", cls.local_epochs),
+            batch_size=count("batch-size", cls.batch_size),
+            lr=number("lr", cls.lr),
+            momentum=number("momentum", cls.momentum, lambda v: 0 <= v < 1, "0 <= m < 1"),
+            weight_decay=number("weight-decay", cls.weight_decay, lambda v: v >= 0, ">= 0"),
+            min_filters=count("min-filters", cls.min_filters),
+            gm0_rounds=count("gm0-rounds", cls.gm0_rounds, 0),
+            final_rounds=count("final-rounds", cls.final_rounds, 0),
+            final_models=_one_of(cfg, p + "final-models", cls.final_models, ("last", "all")),
+            clients_per_round=count("clients-per-round", cls.clients_per_round, 0),
+            width_baseline=_get(cfg, p + "width-baseline", cls.width_baseline, bool),
+            min_replies=count("min-replies", cls.min_replies),
+        )
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """Everything one run needs, parsed from the run config."""
@@ -493,6 +690,7 @@ class RunSettings:
     fedoras: FedorASSettings = field(default_factory=FedorASSettings)
     fdnas: FDNASSettings = field(default_factory=FDNASSettings)
     dpfnas: DPFNASSettings = field(default_factory=DPFNASSettings)
+    decnas: DecNASSettings = field(default_factory=DecNASSettings)
 
     @property
     def output_path(self) -> Path:
@@ -525,4 +723,5 @@ def parse_run_config(cfg: Mapping[str, Any]) -> RunSettings:
         fedoras=FedorASSettings.from_config(cfg),
         fdnas=FDNASSettings.from_config(cfg),
         dpfnas=DPFNASSettings.from_config(cfg),
+        decnas=DecNASSettings.from_config(cfg),
     )

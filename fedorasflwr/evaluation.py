@@ -1,27 +1,102 @@
-"""Server-side validation of a supernet on the held-out slice no client trains on."""
+"""Scoring paths of a supernet: BN recalibration, then accuracy on held-out data.
+
+``score_paths`` is the one routine: the server uses it on its held-out slice
+(``SupernetEvaluator`` during Stage 1, ``ServerPathScorer`` in the Stage-2
+search) and clients use it on their validation split (federated scoring).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord
-from torch.utils.data import Subset, TensorDataset
+from torch import Tensor
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from .clients.training import evaluate, recalibrate_batchnorm, seeded_loader, torch_device
+from .clients.training import (
+    EvalResult,
+    evaluate,
+    recalibrate_batchnorm,
+    seeded_loader,
+    torch_device,
+)
 from .search_spaces import SearchSpace
 
-__all__ = ["SupernetEvaluator"]
+__all__ = ["ServerPathScorer", "SupernetEvaluator", "score_paths"]
+
+
+def score_paths(
+    space: SearchSpace,
+    paths: Sequence[Sequence[int]],
+    loader: DataLoader,
+    calibration: Sequence[Tensor] | None,
+    device: torch.device,
+) -> list[EvalResult]:
+    """Loss and accuracy of each path with the supernet's current weights.
+
+    With ``calibration`` batches, every path's BatchNorm statistics are first
+    re-estimated on them (the weights are untouched; the statistics of the
+    last path scored stay in ``space``: reload its state before training).
+    """
+    space.to(device)
+    results = []
+    for path in paths:
+
+        def forward(x: Tensor, p: tuple[int, ...] = tuple(path)) -> Tensor:
+            return space(x, p)
+
+        if calibration is not None:
+            recalibrate_batchnorm(space, forward, calibration, device)
+        space.eval()
+        results.append(evaluate(forward, loader, device))
+    return results
+
+
+class ServerPathScorer:
+    """Scores paths on the server's held-out slice, split once into a calibration
+    part (``calibration_fraction``, seeded) and a disjoint scored part."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        dataset: TensorDataset,
+        *,
+        seed: int,
+        recalibrate: bool = True,
+        calibration_fraction: float = 0.2,
+        batch_size: int = 256,
+    ) -> None:
+        if len(dataset) < 2:
+            raise ValueError(
+                "the server's held-out slice is empty: set run config "
+                "'data.server-fraction' > 0 or score the search federated "
+                "('fedoras.search-scoring' = \"federated\")"
+            )
+        self.space = space
+        order = np.random.default_rng([seed, 11]).permutation(len(dataset))
+        cut = max(1, int(round(calibration_fraction * len(dataset))))
+        inputs = dataset.tensors[0][torch.as_tensor(order[:cut])]
+        self.calibration = list(inputs.split(batch_size)) if recalibrate else None
+        scored = Subset(dataset, order[cut:].tolist())
+        self.loader = seeded_loader(scored, batch_size, (seed,), shuffle=False)
+        self.device = torch_device()
+
+    def load(self, arrays: ArrayRecord) -> None:
+        self.space.load_state_dict(arrays.to_torch_state_dict())
+
+    def __call__(self, paths: Sequence[Sequence[int]]) -> list[EvalResult]:
+        return score_paths(self.space, paths, self.loader, self.calibration, self.device)
 
 
 class SupernetEvaluator:
-    """Accuracy of the supernet over a fixed set of random paths.
+    """Accuracy of the supernet over a fixed set of random paths (Stage-1 curve).
 
     The same ``num_paths`` uniformly sampled paths (fixed by ``seed``) are scored
-    every time, so the curve over rounds compares like with like.  Before a path
-    is scored its BatchNorm statistics are re-estimated on a calibration part
-    of the server slice (``calibration_fraction``, seeded), and it is scored on
-    the rest: the two parts are disjoint.  Returns the mean, min and max
-    accuracy and the mean loss as a ``MetricRecord``.
+    every time, so the curve over rounds compares like with like; each is
+    BN-recalibrated and scored by a ``ServerPathScorer``.  Returns the mean, min
+    and max accuracy and the mean loss as a ``MetricRecord``.
     """
 
     def __init__(
@@ -34,27 +109,19 @@ class SupernetEvaluator:
         calibration_fraction: float = 0.2,
         batch_size: int = 256,
     ) -> None:
-        self.space = space
-        order = np.random.default_rng([seed, 11]).permutation(len(dataset))
-        cut = max(1, int(round(calibration_fraction * len(dataset))))
-        self.calibration = dataset.tensors[0][torch.as_tensor(order[:cut])].split(batch_size)
-        scored = Subset(dataset, order[cut:].tolist())
-        self.loader = seeded_loader(scored, batch_size, (seed,), shuffle=False)
+        self.scorer = ServerPathScorer(
+            space,
+            dataset,
+            seed=seed,
+            calibration_fraction=calibration_fraction,
+            batch_size=batch_size,
+        )
         rng = np.random.default_rng([seed, 7])
         self.paths = [space.sample_path(rng) for _ in range(num_paths)]
-        self.device = torch_device()
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        self.space.load_state_dict(arrays.to_torch_state_dict())
-        self.space.to(self.device)
-        results = []
-        for path in self.paths:
-
-            def forward(x, p=path):
-                return self.space(x, p)
-
-            recalibrate_batchnorm(self.space, forward, self.calibration, self.device)
-            results.append(evaluate(forward, self.loader, self.device))
+        self.scorer.load(arrays)
+        results = self.scorer(self.paths)
         accuracies = [r.accuracy for r in results]
         return MetricRecord(
             {

@@ -15,10 +15,17 @@ __all__ = [
     "METRICS",
     "PROFILE",
     "DPFNAS_ARCH",
+    "DECNAS_EVALUATE",
+    "DECNAS_TRAIN",
+    "DECNAS_TUNE",
+    "DECNAS_UPLOAD",
     "DPFNAS_EVALUATE",
     "DPFNAS_TRAIN",
     "DPFNAS_WEIGHTS",
+    "FEDORAS_EVALUATE",
+    "FEDORAS_PATHS",
     "FEDORAS_SUPERNET",
+    "FEDORAS_TRAIN",
     "FDNAS_EVALUATE",
     "FDNAS_SEARCH",
     "FDNAS_TRAIN",
@@ -34,9 +41,16 @@ PROFILE = "profile"
 
 QUERY_PROFILE = "query.profile"
 FEDORAS_SUPERNET = "train.fedoras_supernet"
+FEDORAS_PATHS = "evaluate.fedoras_paths"
+FEDORAS_TRAIN = "train.fedoras_finetune"
+FEDORAS_EVALUATE = "evaluate.fedoras_finetune"
 FDNAS_SEARCH = "train.fdnas_search"
 FDNAS_TRAIN = "train.fdnas_final"
 FDNAS_EVALUATE = "evaluate.fdnas_final"
+DECNAS_TUNE = "train.decnas_tune"  # train and validate a candidate; keep the weights
+DECNAS_UPLOAD = "train.decnas_upload"  # send the kept weights (survivors only)
+DECNAS_TRAIN = "train.decnas_fedavg"  # FedAvg of GM_0, the tuned GMs, baselines
+DECNAS_EVALUATE = "evaluate.decnas"
 DPFNAS_WEIGHTS = "train.dpfnas_weights"
 DPFNAS_ARCH = "train.dpfnas_arch"
 DPFNAS_TRAIN = "train.dpfnas_final"

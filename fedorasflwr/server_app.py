@@ -16,16 +16,19 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from torch.utils.data import DataLoader
 
-from .artifacts import plot_history, run_directory, save_checkpoint, write_json
+from .artifacts import plot_history, plot_points, run_directory, save_checkpoint, write_json
 from .clients.training import evaluate
 from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
 from .evaluation import SupernetEvaluator
 from .search_spaces import SearchSpace, build_space
+from .search_spaces.prunable import build_prunable
 from .strategies.base import NodeProfile
+from .strategies.cfdnas import CFDNAS
+from .strategies.decnas import DecNAS
 from .strategies.dpfnas import DPFNAS, json_safe, privacy_report
-from .strategies.fdnas import CFDNAS, FDNAS
+from .strategies.fdnas import FDNAS
 from .strategies.fedoras import FedorAS
 
 app = ServerApp()
@@ -239,12 +242,64 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
     }
 
 
+def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+    """DecNAS: GM_0, NetAdapt iterations with client groups, tuning; frontier and models."""
+    info = dataset_info(settings.data)
+    if info.kind != "image":
+        raise ValueError(f"DecNAS prunes image nets; 'data.dataset' = {info.name!r} is {info.kind}")
+    torch.manual_seed(settings.seed)
+    channels, height, width = info.input_shape
+    net = build_prunable(
+        settings.decnas.model,
+        num_classes=info.num_classes,
+        in_channels=channels,
+        input_height=height,
+        input_width=width,
+        width=settings.space.width,
+    )
+    strategy = DecNAS(
+        net=net,
+        settings=settings.decnas,
+        seed=settings.seed,
+        validate_profiles=lambda profiles: _check_partitions(settings, profiles),
+        reply_timeout=settings.reply_timeout,
+        min_nodes=settings.min_nodes,
+    )
+    result = strategy.start(grid)
+    files = []
+    for model in result.frontier:
+        name, extra = f"gm{model.iteration}", {"iteration": model.iteration, "macs": model.macs}
+        files.append(
+            save_checkpoint(
+                out_dir / f"{name}.pt", space_spec=model.spec, arrays=model.arrays, **extra
+            )
+        )
+        if model.tuned_arrays is not None:
+            files.append(
+                save_checkpoint(
+                    out_dir / f"{name}-tuned.pt",
+                    space_spec=model.spec,
+                    arrays=model.tuned_arrays,
+                    **extra,
+                )
+            )
+    plot = plot_points(
+        out_dir / "frontier.png",
+        result.accuracy_points(),
+        title=f"DecNAS ({settings.decnas.variant}): test accuracy against MACs",
+        xlabel="MACs per sample",
+        ylabel="test accuracy",
+    )
+    return {**result.summary(), "files": [p.name for p in (*files, plot) if p is not None]}
+
+
 #: method name (run config ``method``) -> runner returning the result document.
 RUNNERS: dict[str, Callable[[Grid, RunSettings, Path], dict[str, Any]]] = {
     "fedoras": run_fedoras,
     "fdnas": run_fdnas,
     "cfdnas": run_cfdnas,
     "dpfnas": run_dpfnas,
+    "decnas": run_decnas,
 }
 
 

@@ -58,3 +58,24 @@ def tiny_fdnas(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
     )
     config.update(overrides)
     return config
+
+
+def tiny_decnas(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
+    """DecNAS on MNIST-5k: an eighth-width ConvNet, 1 iteration of 1 round, 1 FedAvg round each."""
+    config = pyproject_run_config()
+    config.update(
+        {
+            "method": "decnas",
+            "data.cache-dir": str(cache_dir),
+            "space.width": 0.125,
+            "decnas.initial-reduction": 0.1,
+            "decnas.max-iterations": 1,
+            "decnas.rounds": "1",
+            "decnas.num-groups": 3,
+            "decnas.gm0-rounds": 1,
+            "decnas.final-rounds": 1,
+            "decnas.batch-size": 64,
+        }
+    )
+    config.update(overrides)
+    return config

@@ -65,3 +65,39 @@ def test_dpfnas_privacy_quick_reports_every_row():
     # more noise, less privacy loss
     by_variance = sorted(noisy, key=lambda row: row["noise_variance"])
     assert float(by_variance[0]["epsilon"]) > float(by_variance[-1]["epsilon"])
+
+
+@pytest.mark.slow
+def test_fedoras_memory_quick_reports_single_below_mixed():
+    done = run_quick("fedoras_memory")
+    headline = re.search(r"^headline: single_over_mixed_activation=([0-9.]+) ", done.stdout, re.M)
+    assert headline, done.stdout[-2000:]
+    saved = json.loads((ROOT / "benchmarks/results/fedoras_memory.quick.json").read_text())
+    ratio = saved["headline"]["single_over_mixed_activation"]
+    assert ratio == pytest.approx(float(headline.group(1)), abs=1e-3)
+    assert {row["space"] for row in saved["rows"]} == {"cnn_s", "cnn_l"}
+    for row in saved["rows"]:
+        # every option of every layer runs in the mixed step: well below half for one path
+        assert 0 < row["sampled_over_mixed_activation"] < 0.5
+        assert 0 < row["sampled_over_mixed_rss_peak_delta"] < 0.5
+
+
+@pytest.mark.slow
+def test_decnas_cost_quick_reports_every_variant():
+    done = run_quick("decnas_cost")
+    headline = re.search(r"^headline: uplink_vs_naive=([0-9.]+) ", done.stdout, re.M)
+    assert headline, done.stdout[-2000:]
+    saved = json.loads((ROOT / "benchmarks/results/decnas_cost.quick.json").read_text())
+    assert saved["headline"]["uplink_vs_naive"] == pytest.approx(float(headline.group(1)), abs=1e-3)
+    variants = [row["variant"] for row in saved["rows"]]
+    assert variants == [
+        "DecNAS",
+        "naive",
+        "no-groups",
+        "no-drop",
+        "no-dynamic-rounds",
+        "centralised NetAdapt",
+    ]
+    # the naive design uploads every candidate from every client: never cheaper
+    assert all(row["uplink-bytes"] <= saved["rows"][1]["uplink-bytes"] for row in saved["rows"])
+    assert saved["width-multiplier"]

@@ -54,3 +54,39 @@ def test_proportions_parse():
     config = pyproject_run_config()
     config["fedoras.tier-proportions"] = "0.8,0.0125,0.0125,0.175"
     assert parse_run_config(config).fedoras.tier_proportions == (0.8, 0.0125, 0.0125, 0.175)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("decnas.model", "vgg", "convnet, mobilenet"),
+        ("decnas.variant", "lazy", "no-dynamic-rounds"),
+        ("decnas.target", 1.0, "0 < t < 1"),
+        ("decnas.balance-ratio", 0.9, ">= 1"),
+        ("decnas.drop-ratio", 1.5, "0 <= alpha <= 1"),
+        ("decnas.rounds", "2,x", "comma-separated"),
+        ("decnas.rounds", "2,0", "comma-separated"),
+    ],
+)
+def test_bad_decnas_values_name_the_key_and_what_is_allowed(key, value, fragment):
+    config = pyproject_run_config()
+    config[key] = value
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")) as info:
+        parse_run_config(config)
+    assert fragment in str(info.value) and str(value) in str(info.value)
+
+
+def test_decnas_variants_switch_one_optimisation_off_each():
+    config = pyproject_run_config()
+    flags = {}
+    for variant in ("decnas", "naive", "no-groups", "no-drop", "no-dynamic-rounds"):
+        settings = parse_run_config({**config, "decnas.variant": variant}).decnas
+        flags[variant] = (settings.grouping, settings.dropping, settings.dynamic_rounds)
+    assert flags == {
+        "decnas": (True, True, True),
+        "naive": (False, False, False),
+        "no-groups": (False, True, True),
+        "no-drop": (True, False, True),
+        "no-dynamic-rounds": (True, True, False),
+    }
+    assert parse_run_config({**config, "decnas.rounds": "1,3"}).decnas.rounds == (1, 3)

@@ -4,7 +4,7 @@
 epochs, alternate a weight step on a training batch (one path sampled from
 ``softmax(alpha)``, binary gates) and an architecture step on a validation
 batch with the ProxylessNAS two-path gradient estimator and a hardware-aware
-loss ``CE x max(1, log E[FLOPs] / log target)^beta``; return w and alpha.
+loss ``CE + beta log(E[FLOPs] / target)^2``; return w and alpha.
 ``train_net`` trains the derived net for the final FedAvg stage and reports
 its test accuracy after the local epochs (the paper's "local accuracy");
 ``evaluate_net`` scores a received net on the local test split.
@@ -12,7 +12,6 @@ its test accuracy after the local epochs (the paper's "local accuracy");
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,15 +28,23 @@ from ..search_spaces import Subnet, build_space
 from ..search_spaces.mbconv import MBConvSpace
 from .training import evaluate, seeded_loader, torch_device
 
-__all__ = ["evaluate_net", "hardware_factor", "search_supernet", "train_net"]
+__all__ = ["evaluate_net", "hardware_loss", "search_supernet", "train_net"]
 
 
-def hardware_factor(space: MBConvSpace, target_flops: float, beta: float) -> Tensor:
-    """``max(1, log E[FLOPs] / log target)^beta``: the hardware term (ProxylessNAS's
-    ``(log LAT / log T)^beta`` with FLOPs for latency), used as a soft constraint: no
-    pressure once the expected FLOPs are within the target, growing with ``beta`` above it."""
-    ratio = torch.log(space.expected_flops()) / math.log(target_flops)
-    return torch.clamp(ratio, min=1.0) ** beta
+def hardware_loss(space: MBConvSpace, target_flops: float, beta: float) -> Tensor:
+    """``beta log(E[FLOPs] / target)^2``: the hardware term added to CE, 0 at the target.
+
+    ProxylessNAS multiplies CE by ``(log E[LAT] / log T)^beta``; in a product
+    with a power law the target only rescales the alpha gradient, and Adam undoes
+    the scale, so the target cannot steer the search (a one-sided ``max(1, .)``
+    only switches the pressure off under it).  The squared log-gap pulls the
+    expected FLOPs with a force growing with their distance from the target,
+    downwards above it and upwards below it, so a lower target settles the search
+    on a cheaper supernet (a target-seeking term as in TuNAS, Bender et al. 2020,
+    added like ProxylessNAS's ``add#linear`` form).
+    """
+    gap = torch.log(space.expected_flops() / target_flops)
+    return beta * gap**2
 
 
 def _load_space(config: Mapping[str, Any], arrays: ArrayRecord) -> MBConvSpace:
@@ -84,8 +91,8 @@ def _alpha_step(
     cross_entropy = nn.functional.cross_entropy(
         space.forward_gated(inputs, candidates, gates), targets
     )
-    factor = hardware_factor(space, target_flops, beta) if beta else torch.tensor(1.0)
-    (cross_entropy * factor).backward()
+    loss = cross_entropy + hardware_loss(space, target_flops, beta) if beta else cross_entropy
+    loss.backward()
     with torch.no_grad():
         for alpha, (pair, local, _), gate in zip(alphas, picks, gates, strict=True):
             # dL/dalpha_i = sum_j dL/dg_j p_j (delta_ij - p_i), over the two candidates

@@ -1,9 +1,14 @@
-"""FedorAS client: Stage-1 local supernet training (paper §3.1, Eq. 3-4).
+"""FedorAS client: the three stages' local work (paper §3.1-3.3).
 
-Per batch the client samples one path of the subspace it received within its
-tier's FLOPs budget and takes one SGD step on it, counting the samples that
-went through each option.  It returns the fixed parts and the options it
-touched, with those counts, for OPA.
+- Stage 1, ``train_supernet``: per batch the client samples one path of the
+  subspace it received within its tier's FLOPs budget and takes one SGD step
+  on it, counting the samples that went through each option.  It returns the
+  fixed parts and the options it touched, with those counts, for OPA (or
+  every key it received, for the plain-FedAvg comparison).
+- Stage 2, ``score_paths_locally``: federated scoring of a generation's paths
+  on the local validation split, BN recalibrated on local training batches.
+- Stage 3, ``train_subnet`` / ``evaluate_subnet``: local epochs of an
+  extracted subnet (FedAvg fine-tuning) and its test loss and accuracy.
 """
 
 from __future__ import annotations
@@ -18,11 +23,18 @@ from torch import nn
 
 from ..costs import training_flops
 from ..data import ClientData
+from ..evaluation import score_paths
 from ..protocol import ARRAYS, METRICS, space_from_config
 from ..search_spaces import SearchSpace, build_space
-from .training import flatten_logits, seeded_loader, torch_device
+from .training import evaluate, flatten_logits, reply_state, seeded_loader, torch_device
 
-__all__ = ["load_supernet", "train_supernet"]
+__all__ = [
+    "evaluate_subnet",
+    "load_supernet",
+    "score_paths_locally",
+    "train_subnet",
+    "train_supernet",
+]
 
 
 def load_supernet(config: Mapping[str, Any], arrays: ArrayRecord) -> SearchSpace:
@@ -77,6 +89,8 @@ def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> 
         for option in range(size):
             if counts[offsets[layer] + option] > 0:
                 keys.update(space.op_keys(layer, option))
+    if bool(config.get("return-all", False)):  # plain FedAvg of supernets: send back all
+        keys = set(content.array_records[ARRAYS].keys())
     state = {k: v.detach().cpu() for k, v in space.state_dict().items() if k in keys}
     metrics = MetricRecord(
         {
@@ -87,3 +101,97 @@ def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> 
         }
     )
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+
+
+def score_paths_locally(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Stage 2, federated scoring: each path's correct predictions and loss on the
+    local validation split, its BN statistics first re-estimated on a few local
+    training batches (``calibration-batches``; 0 turns recalibration off)."""
+    config: ConfigRecord = content.config_records["config"]
+    space = load_supernet(config, content.array_records[ARRAYS])
+    subspace = space.subspace_from_mask([int(v) for v in config["subspace-mask"]])
+    layers = len(space.num_options())
+    flat = [int(v) for v in config["paths"]]
+    if not flat or len(flat) % layers:
+        raise ValueError(f"'paths' has {len(flat)} entries, not a multiple of {layers} layers")
+    paths = [tuple(flat[i : i + layers]) for i in range(0, len(flat), layers)]
+    for path in paths:
+        if any(o not in kept for o, kept in zip(path, subspace, strict=True)):
+            raise ValueError(f"path {path} uses an option outside the supernet sent")
+    words = (int(config["seed"]), int(config["server-round"]), partition_id, 3)
+    batch_size = int(config["batch-size"])
+    calibration = None
+    if int(config["calibration-batches"]) > 0:
+        loader = seeded_loader(data.train, batch_size, words)
+        calibration = [x for x, _ in loader][: int(config["calibration-batches"])]
+    scored = seeded_loader(data.val, 256, words, shuffle=False)
+    results = score_paths(space, paths, scored, calibration, torch_device())
+    count = results[0].count if results else 0
+    metrics = MetricRecord(
+        {
+            "num-examples": count,
+            "correct": [r.correct for r in results],
+            "loss-sum": [r.loss_sum for r in results],
+        }
+    )
+    return RecordDict({METRICS: metrics})
+
+
+def _load_subnet(config: Mapping[str, Any], arrays: ArrayRecord) -> nn.Module:
+    net = build_space(**space_from_config(config)).subnet([int(v) for v in config["arch"]])
+    net.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    return net
+
+
+def train_subnet(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Stage 3: local epochs of the extracted subnet at the round's learning rate."""
+    config: ConfigRecord = content.config_records["config"]
+    received = content.array_records[ARRAYS]
+    net = _load_subnet(config, received)
+    words = (int(config["seed"]), int(config["server-round"]), partition_id, 4)
+    device = torch_device()
+    net.to(device).train()
+    optimizer = torch.optim.SGD(
+        net.parameters(),
+        lr=float(config["lr"]),
+        momentum=float(config["momentum"]),
+        weight_decay=float(config["weight-decay"]),
+    )
+    criterion = nn.CrossEntropyLoss()
+    loss_sum, seen = 0.0, 0
+    loader = seeded_loader(data.train, int(config["batch-size"]), words)
+    for _ in range(int(config["local-epochs"])):
+        for inputs, targets in loader:
+            optimizer.zero_grad(set_to_none=True)
+            logits, flat = flatten_logits(net(inputs.to(device)), targets.to(device))
+            loss = criterion(logits, flat)
+            loss.backward()
+            optimizer.step()
+            loss_sum += float(loss.detach()) * len(targets)
+            seen += len(targets)
+    metrics = MetricRecord(
+        {
+            "num-examples": len(data.train),
+            "train-loss": loss_sum / max(seen, 1),
+            "train-flops": training_flops(int(config["net-flops"]), seen),
+        }
+    )
+    return RecordDict({ARRAYS: ArrayRecord(reply_state(net, received)), METRICS: metrics})
+
+
+def evaluate_subnet(content: RecordDict, data: ClientData) -> RecordDict:
+    """Stage 3: test loss and accuracy of the received subnet on the local test split."""
+    config: ConfigRecord = content.config_records["config"]
+    net = _load_subnet(config, content.array_records[ARRAYS])
+    device = torch_device()
+    net.to(device).eval()
+    result = evaluate(net, seeded_loader(data.test, 256, (0,), shuffle=False), device)
+    metrics = MetricRecord(
+        {
+            "num-examples": result.count,
+            "correct": result.correct,
+            "loss-sum": result.loss_sum,
+            "accuracy": result.accuracy,
+        }
+    )
+    return RecordDict({METRICS: metrics})

@@ -3,9 +3,11 @@ own validation): seeded loaders, device choice, loss/accuracy over any logits sh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
@@ -15,6 +17,7 @@ __all__ = [
     "evaluate",
     "flatten_logits",
     "recalibrate_batchnorm",
+    "reply_state",
     "seeded_generator",
     "seeded_loader",
     "torch_device",
@@ -108,3 +111,17 @@ def recalibrate_batchnorm(
         for m, momentum in saved:
             m.momentum = momentum
         model.eval()
+
+
+def reply_state(net: nn.Module, received: Mapping[str, Any]) -> dict[str, Tensor]:
+    """``net``'s ``state_dict`` on the CPU, each tensor in the dtype it was received in.
+
+    Flower's FedAvg returns integer buffers (BatchNorm's ``num_batches_tracked``)
+    as floats after a round; replying in the received dtypes keeps replies
+    consistent with what the server sent.
+    """
+    state = {}
+    for key, value in net.state_dict().items():
+        dtype = torch.from_numpy(np.zeros(0, dtype=received[key].dtype)).dtype
+        state[key] = value.detach().cpu().to(dtype)
+    return state

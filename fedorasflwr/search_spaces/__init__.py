@@ -2,6 +2,7 @@
 
 ``build_space(name, **kwargs)`` builds a registered space (``cnn_l``, ``cnn_s``,
 ``rnn``, ``mbconv``); ``build_space(**space.spec)`` rebuilds the same structure.
+``build_prunable("convnet" | "mobilenet", ...)`` builds a DecNAS prunable net.
 """
 
 from .base import (
@@ -18,6 +19,7 @@ from .base import (
 from .cnn import CNNLargeSpace, CNNSmallSpace, cnn_l, cnn_s
 from .darts import DartsSpace, DerivedNetwork, Genotype
 from .mbconv import MBConvSpace, mbconv
+from .prunable import PrunableNet, build_prunable
 from .rnn import RNNSpace, rnn
 
 __all__ = [
@@ -31,10 +33,12 @@ __all__ = [
     "LayerChoice",
     "MBConvSpace",
     "MixedOp",
+    "PrunableNet",
     "RNNSpace",
     "SearchSpace",
     "Subnet",
     "Subspace",
+    "build_prunable",
     "build_space",
     "cnn_l",
     "cnn_s",

@@ -192,6 +192,20 @@ class DPFNAS(FederatedNASStrategy):
                 )
         self.parties = parties
         self.steps = {p.partition_id: {WEIGHTS: 0, ARCH: 0} for p in parties}
+        b = self.settings.batch_size
+        small = [p for p in parties if b >= min(p.num_train, p.num_val)]
+        if small:
+            log(
+                WARNING,
+                "DP-FNAS: dpfnas.batch-size = %d >= the training or validation split of %d "
+                "of %d parties (smallest: %d samples): their sample rate is capped at 1, so "
+                "there is no subsampling amplification and epsilon is large; use fewer "
+                "parties, a larger data.val-fraction or a smaller dpfnas.batch-size",
+                b,
+                len(small),
+                len(parties),
+                min(min(p.num_train, p.num_val) for p in small),
+            )
 
     def sample_rates(self, party: NodeProfile) -> tuple[float, float]:
         """Poisson rates p = B / N on the training and validation split (capped at 1)."""

@@ -1,5 +1,5 @@
-"""FDNAS and CFDNAS (Zhang et al., "FDNAS: Improving Data Privacy and Model Diversity
-in AutoML", arXiv:2011.03372): federated ProxylessNAS and its per-cluster refinement.
+"""FDNAS (Zhang et al., "FDNAS: Improving Data Privacy and Model Diversity in AutoML",
+arXiv:2011.03372): federated ProxylessNAS, shared by CFDNAS.
 
 FDNAS (Algorithm 1): every round the sampled clients download the supernet
 weights w and architecture parameters alpha, run E local epochs of
@@ -9,11 +9,9 @@ by local data size (FedAvg, Eq. 5).  The derived net (argmax alpha per layer)
 is then trained with FedAvg (``SeededFedAvg``), from scratch or from the
 supernet's weights.
 
-CFDNAS (Algorithm 2): clients are grouped by a tag (``node_config`` ``cluster``,
-or derived reproducibly from the partition); each cluster inherits w and alpha
-from FDNAS ("meta-test") and repeats the search inside the cluster with its own
-FLOPs target; one net per cluster, trained on its cluster's clients.
-*naive-CFDNAS* (``inherit=False``) starts each cluster from a fresh supernet.
+CFDNAS (Algorithm 2), the per-cluster refinement, is in
+``fedorasflwr.strategies.cfdnas``; the derived nets and their FedAvg stage in
+``fedorasflwr.strategies.fdnas_nets``.
 
 Client contract
 ---------------
@@ -45,11 +43,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -69,92 +65,12 @@ from ..search_spaces import build_space
 from ..search_spaces.mbconv import MBConvSpace
 from .aggregation import opa
 from .base import FederatedNASStrategy, NodeProfile, sample_nodes
-from .fedavg import SeededFedAvg
+from .fdnas_nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
 from .replies import ArraySpec, array_specs, check_reply
 
-__all__ = ["CFDNAS", "FDNAS", "DerivedNet", "FDNASResult"]
+__all__ = ["FDNAS", "DerivedNet", "FDNASResult"]
 
 SEARCH_COUNTS = ("num-examples", "train-flops")
-
-
-@dataclass
-class DerivedNet:
-    """One derived net: its architecture, cost, trained weights and accuracies."""
-
-    name: str
-    arch: tuple[int, ...]
-    option_names: list[str]
-    flops: int
-    params: int
-    arrays: ArrayRecord
-    partitions: list[int]
-    test_accuracy: dict[int, float]
-    test_count: dict[int, int]
-    local_accuracy: dict[int, float]
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-    def averaged_accuracy(self, partitions: Iterable[int] | None = None) -> float:
-        """Federated-averaged accuracy: the global model on the pooled test data."""
-        ids = [p for p in (self.partitions if partitions is None else partitions)]
-        ids = [p for p in ids if p in self.test_count]  # evaluations that were dropped
-        count = sum(self.test_count[p] for p in ids)
-        return sum(self.test_accuracy[p] * self.test_count[p] for p in ids) / max(count, 1)
-
-    def mean_local_accuracy(self, partitions: Iterable[int] | None = None) -> float:
-        """Mean over clients of the test accuracy after their local epochs (paper's dagger)."""
-        ids = [p for p in (self.partitions if partitions is None else partitions)]
-        values = [self.local_accuracy[p] for p in ids if p in self.local_accuracy]
-        return float(np.mean(values)) if values else float("nan")
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "arch": list(self.arch),
-            "options": self.option_names,
-            "flops": self.flops,
-            "params": self.params,
-            "partitions": self.partitions,
-            "averaged-accuracy": self.averaged_accuracy(),
-            "mean-local-accuracy": (
-                None if math.isnan(local := self.mean_local_accuracy()) else local
-            ),
-            "test-accuracy": self.test_accuracy,
-            "local-accuracy": self.local_accuracy,
-            "history": self.history,
-        }
-
-
-@dataclass
-class FDNASResult:
-    """What ``FDNAS.start`` / ``CFDNAS.start`` return."""
-
-    supernet: ArrayRecord
-    nets: list[DerivedNet]
-    cluster_of_partition: dict[int, int]
-    search_history: list[dict[str, Any]]
-    cluster_history: dict[int, list[dict[str, Any]]]
-    ledger: dict[str, Any]
-
-
-class _LocalAccuracyFedAvg(SeededFedAvg):
-    """``SeededFedAvg`` that also keeps each client's last ``local-accuracy``."""
-
-    def __init__(self, *, partition_of: dict[int, int], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.partition_of = partition_of
-        self.local_accuracy: dict[int, float] = {}
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
-        for reply in replies:
-            if reply.has_error() or check_reply(reply, counts=("local-accuracy",)) is not None:
-                continue
-            node = reply.metadata.src_node_id
-            value = float(reply.content.metric_records[METRICS]["local-accuracy"])
-            self.local_accuracy[self.partition_of[node]] = value
-        return super().aggregate_train(server_round, replies)
 
 
 class FDNAS(FederatedNASStrategy):
@@ -388,7 +304,7 @@ class FDNAS(FederatedNASStrategy):
         subnet = self._subnet(arch, supernet)
         nodes = self.nodes_of(partitions)
         stage = f"final-{name}"
-        fedavg = _LocalAccuracyFedAvg(
+        fedavg = LocalAccuracyFedAvg(
             partition_of={p.node_id: p.partition_id for p in nodes},
             nodes=nodes,
             seed=self.seed,
@@ -521,94 +437,5 @@ class FDNAS(FederatedNASStrategy):
             cluster_of_partition=dict(self.cluster_of_partition),
             search_history=history,
             cluster_history={},
-            ledger=self.ledger.summary(),
-        )
-
-
-class CFDNAS(FDNAS):
-    """CFDNAS: FDNAS, then per-cluster search inheriting w and alpha, one net per cluster.
-
-    Parameters
-    ----------
-    inherit : bool (default: True)
-        ``False`` gives naive-CFDNAS: every cluster searches from a fresh supernet.
-    train_global : bool (default: True)
-        Also train and report the FDNAS (global) net.
-    **kwargs
-        See ``FDNAS``.
-    """
-
-    method = "cfdnas"
-
-    def __init__(self, *, inherit: bool = True, train_global: bool = True, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.inherit = inherit
-        self.train_global = train_global
-
-    def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None
-    ) -> FDNASResult:
-        """FDNAS search (and net), then search, derive and train per cluster."""
-        log(INFO, "Starting CFDNAS (%s)", "inherited" if self.inherit else "naive")
-        self.summary()
-        with self.ledger.timed("setup"):
-            self.setup(grid)
-        s = self.settings
-        clusters = sorted(set(self.cluster_of_partition.values()))
-        if len(s.cluster_target_flops) > 1 and len(s.cluster_target_flops) != len(clusters):
-            raise ValueError(
-                f"run config 'fdnas.cluster-target-flops' has {len(s.cluster_target_flops)} "
-                f"values for {len(clusters)} clusters {clusters}: give one, or one per cluster"
-            )
-        everyone = sorted(self.cluster_of_partition)
-        arrays = (
-            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
-        )
-        nets: list[DerivedNet] = []
-        history: list[dict[str, Any]] = []
-        supernet = arrays
-        if self.inherit or self.train_global:
-            supernet, history = self.search(
-                grid,
-                arrays,
-                stage="search",
-                partitions=everyone,
-                rounds=s.rounds,
-                target=s.target_flops,
-            )
-        if self.train_global:
-            arch = self.derive(supernet)
-            net = self.train_net(
-                grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone
-            )
-            nets.append(net)
-        cluster_history: dict[int, list[dict[str, Any]]] = {}
-        for index, tag in enumerate(clusters):
-            members = [p for p, t in self.cluster_of_partition.items() if t == tag]
-            start_arrays = supernet if self.inherit else self.fresh_supernet("cluster", tag)
-            cluster_arrays, cluster_history[tag] = self.search(
-                grid,
-                start_arrays,
-                stage=f"cluster-{tag}",
-                partitions=members,
-                rounds=s.cluster_rounds,  # naive-CFDNAS: equal rounds, fresh start
-                target=s.cluster_target(index),
-            )
-            arch = self.derive(cluster_arrays)
-            nets.append(
-                self.train_net(
-                    grid,
-                    name=f"cluster-{tag}",
-                    arch=arch,
-                    supernet=cluster_arrays,
-                    partitions=sorted(members),
-                )
-            )
-        return FDNASResult(
-            supernet=supernet,
-            nets=nets,
-            cluster_of_partition=dict(self.cluster_of_partition),
-            search_history=history,
-            cluster_history=cluster_history,
             ledger=self.ledger.summary(),
         )

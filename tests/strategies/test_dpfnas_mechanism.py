@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -21,6 +22,7 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_client_data
 from fedorasflwr.protocol import ARRAYS, CONFIG, space_to_config
 from fedorasflwr.search_spaces import build_space
+from fedorasflwr.search_spaces.darts import DartsSpace
 from fedorasflwr.strategies.privacy import epsilon, gdp_mu
 from tests.runconfig import pyproject_run_config
 
@@ -157,3 +159,133 @@ def test_settings_name_the_bad_key():
         DPFNASSettings.from_config({"dpfnas.noise-weights": -1.0})
     settings = DPFNASSettings.from_config({"dpfnas.mode": "fnas"})
     assert not settings.noisy and settings.noise_weights == 1.0
+
+
+def _second_order_setup(seed=0):
+    """A tiny supernet, its W before (``previous``) and after (``current``) one SGD
+    step, and a party with 6 training and 3 validation samples (16 x 16 digits)."""
+    from fedorasflwr.clients.dpfnas import PREVIOUS_PREFIX
+    from fedorasflwr.data import ClientData
+
+    torch.manual_seed(seed)
+    tiny = build_space("darts", channels=2, cells=3, input_height=16, input_width=16)
+    with torch.no_grad():  # alphas away from uniform: the mixed-op Hessian is not degenerate
+        for key in ("net.alpha_normal", "net.alpha_reduce"):
+            dict(tiny.named_parameters())[key].normal_(0.0, 0.5)
+    g = torch.Generator().manual_seed(seed)
+    train = torch.utils.data.TensorDataset(
+        torch.randn(6, 1, 16, 16, generator=g), torch.randint(0, 10, (6,), generator=g)
+    )
+    val = torch.utils.data.TensorDataset(
+        torch.randn(3, 1, 16, 16, generator=g), torch.randint(0, 10, (3,), generator=g)
+    )
+    data = ClientData(train=train, val=val, test=val, num_classes=10, label_counts=(1,) * 10)
+    previous = {k: v.detach().clone() for k, v in tiny.state_dict().items()}
+    xi = 0.5
+    x, y = train.tensors
+    tiny.zero_grad()
+    nn.functional.cross_entropy(tiny(x), y).backward()
+    with torch.no_grad():  # W' = W - xi grad_W L_tr(W): the server's W step
+        for key, parameter in tiny.named_parameters():
+            if key in tiny.weight_keys():
+                parameter -= xi * parameter.grad
+    tiny.zero_grad()
+    arrays = ArrayRecord(tiny.state_dict())
+    for key in tiny.weight_keys():
+        arrays[PREVIOUS_PREFIX + key] = ArrayRecord({key: previous[key]})[key]
+    return tiny, previous, data, arrays, xi
+
+
+def _arch_reply(tiny, arrays, data, xi, order):
+    from fedorasflwr.clients.dpfnas import architecture_gradient
+
+    config = ConfigRecord(
+        {
+            "seed": 0,
+            "server-round": 1,
+            "sample-rate": 1.0,  # every sample: deterministic, divisor = batch size
+            "clip": 1e9,
+            "noise-multiplier": 0.0,
+            "order": order,
+            "weight-lr": xi,
+            **space_to_config(tiny.spec),
+        }
+    )
+    content = RecordDict({ARRAYS: arrays, CONFIG: config})
+    reply = architecture_gradient(content, data, partition_id=0)
+    return {k: torch.from_numpy(v.numpy()) for k, v in reply.array_records[ARRAYS].items()}
+
+
+def _hand_second_order(tiny, previous, data, xi, scale=0.01):
+    """Eq. 5 by plain autograd, one validation sample at a time, in float64: returns the
+    mean over samples of grad_A L_val^i(W') and of the finite-difference term
+    -xi (grad_A L_tr(W+) - grad_A L_tr(W-)) / (2 eps), W+- = W +- eps v_i,
+    v_i = grad_W' L_val^i(W'), eps = scale / ||v_i||; and of the exact term
+    -xi (d^2 L_tr / dA dW)(W) v_i (double backward)."""
+    net = copy.deepcopy(tiny).double()
+    named = dict(net.named_parameters())
+    arch_keys, weight_keys = DartsSpace.ARCH_KEYS, list(tiny.weight_keys())
+    vx, vy = (t.double() if t.is_floating_point() else t for t in data.val.tensors)
+    tx, ty = (t.double() if t.is_floating_point() else t for t in data.train.tensors)
+    current = {k: named[k].detach().clone() for k in weight_keys}
+
+    def set_weights(values):
+        with torch.no_grad():
+            for key in weight_keys:
+                named[key].copy_(values[key])
+
+    def train_loss():
+        return nn.functional.cross_entropy(net(tx), ty)
+
+    first = {k: torch.zeros_like(named[k]) for k in arch_keys}
+    finite = {k: torch.zeros_like(named[k]) for k in arch_keys}
+    exact = {k: torch.zeros_like(named[k]) for k in arch_keys}
+    count = len(vy)
+    for i in range(count):
+        set_weights(current)
+        loss = nn.functional.cross_entropy(net(vx[i : i + 1]), vy[i : i + 1])
+        grads = torch.autograd.grad(loss, [named[k] for k in (*arch_keys, *weight_keys)])
+        grad_a, v = (
+            grads[: len(arch_keys)],
+            dict(zip(weight_keys, grads[len(arch_keys) :], strict=True)),
+        )
+        eps = scale / torch.sqrt(sum(g.pow(2).sum() for g in v.values()))
+        sides = []
+        for sign in (1.0, -1.0):
+            set_weights({k: previous[k].double() + sign * eps * v[k] for k in weight_keys})
+            sides.append(torch.autograd.grad(train_loss(), [named[k] for k in arch_keys]))
+        set_weights({k: previous[k].double() for k in weight_keys})
+        grad_w = torch.autograd.grad(
+            train_loss(), [named[k] for k in weight_keys], create_graph=True
+        )
+        inner = sum((g * v[k]).sum() for g, k in zip(grad_w, weight_keys, strict=True))
+        mixed = torch.autograd.grad(inner, [named[k] for k in arch_keys])
+        for j, key in enumerate(arch_keys):
+            first[key] += grad_a[j] / count
+            finite[key] += -xi * (sides[0][j] - sides[1][j]) / (2 * eps) / count
+            exact[key] += -xi * mixed[j] / count
+    return first, finite, exact
+
+
+def _flat(arrays):
+    return torch.cat([arrays[k].flatten().double() for k in DartsSpace.ARCH_KEYS])
+
+
+def test_second_order_architecture_gradient_is_eq5():
+    """order 2 (the paper's Eq. 5 with DARTS' eps = 0.01 / ||v||): the client's vmapped
+    per-sample estimate equals a hand-computed one (plain autograd, float64), it
+    really differs from order 1, and Eq. 5's finite difference is, for a small eps,
+    the exact mixed second derivative -xi (d^2 L_tr / dA dW) v (sign and scale)."""
+    tiny, previous, data, arrays, xi = _second_order_setup()
+    client_first = _flat(_arch_reply(tiny, arrays, data, xi, order=1))
+    client_second = _flat(_arch_reply(tiny, arrays, data, xi, order=2))
+    first, finite, exact = (_flat(d) for d in _hand_second_order(tiny, previous, data, xi))
+
+    torch.testing.assert_close(client_first, first, atol=1e-6, rtol=1e-4)
+    correction = client_second - client_first
+    assert correction.norm() > 0.1 * client_first.norm()  # not negligible: order 2 differs
+    assert (correction - finite).norm() <= 1e-3 * finite.norm()
+    # the finite difference converges to the exact term: eps -> 0 (float64)
+    _, finite_small, _ = (_flat(d) for d in _hand_second_order(tiny, previous, data, xi, 1e-6))
+    assert (finite_small - exact).norm() <= 1e-4 * exact.norm()
+    assert (finite - exact).norm() > 10 * (finite_small - exact).norm()  # a real limit

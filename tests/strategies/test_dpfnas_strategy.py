@@ -140,3 +140,47 @@ def test_final_training_privacy(finished, data_cache):
         accountant.step(noise_multiplier=1.0, sample_rate=8 / party.num_train)
         assert report["final-steps"] == steps
         assert report["training-split-epsilon"] == pytest.approx(accountant.get_epsilon(1e-5))
+
+
+def test_second_order_search_sends_the_previous_weights(data_cache):
+    """order 2: every arch exchange carries W before that iteration's W step
+    (``previous.<key>``), which is what Eq. 5's W+- are built around."""
+    from fedorasflwr.clients.dpfnas import PREVIOUS_PREFIX
+    from fedorasflwr.protocol import DPFNAS_ARCH
+
+    config = tiny_dpfnas(data_cache, **{"dpfnas.order": 2, "dpfnas.final-rounds": 0})
+    strategy, grid, result = run(config)
+    assert result.iterations == 2 and result.stopped == "completed"
+    weights = [m for m in grid.sent if m.metadata.message_type == DPFNAS_WEIGHTS]
+    arch = [m for m in grid.sent if m.metadata.message_type == DPFNAS_ARCH]
+    assert len(weights) == len(arch) == 4  # 2 iterations x 2 parties
+    for w_message, a_message in zip(weights, arch, strict=True):
+        sent_w = w_message.content.array_records[ARRAYS]
+        sent_a = a_message.content.array_records[ARRAYS]
+        assert a_message.content.config_records["config"]["order"] == 2
+        for key in strategy.weight_keys:
+            np.testing.assert_array_equal(
+                sent_a[PREVIOUS_PREFIX + key].numpy(), sent_w[key].numpy()
+            )
+        # the arch message's own W is the stepped one: the W step happened in between
+        assert any(
+            not np.array_equal(sent_a[k].numpy(), sent_w[k].numpy()) for k in strategy.weight_keys
+        )
+
+
+def test_batch_larger_than_a_split_is_warned(data_cache, caplog):
+    """Many parties -> tiny validation splits: a rate capped at 1 is logged (huge epsilon)."""
+    config = tiny_dpfnas(
+        data_cache, **{"dpfnas.iterations": 0, "dpfnas.final-rounds": 0, "dpfnas.batch-size": 8}
+    )
+    with caplog.at_level(logging.WARNING):
+        strategy, _, _ = run(config, num_nodes=20)
+    smallest = min(p.num_val for p in strategy.parties)
+    assert smallest <= 25  # MNIST-5k over 20 parties: ~22 validation digits each
+    assert "sample rate is capped at 1" not in caplog.text  # 8 < 22: still subsampled
+    caplog.clear()
+    config["dpfnas.batch-size"] = smallest
+    with caplog.at_level(logging.WARNING):
+        strategy, _, _ = run(config, num_nodes=20)
+    assert "sample rate is capped at 1" in caplog.text
+    assert max(strategy.sample_rates(p)[1] for p in strategy.parties) == 1.0

@@ -10,14 +10,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from torch.utils.data import TensorDataset
 
 from fedorasflwr.client_app import app as client_app
-from fedorasflwr.clients.fdnas import hardware_factor, search_supernet
+from fedorasflwr.clients.fdnas import hardware_loss, search_supernet
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import ClientData
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.protocol import ARRAYS, CONFIG, FDNAS_SEARCH, METRICS, space_to_config
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.server_app import cluster_tagger, run_cfdnas
-from fedorasflwr.strategies.fdnas import CFDNAS, FDNAS
+from fedorasflwr.strategies import CFDNAS, FDNAS
 from tests.runconfig import tiny_fdnas
 
 NUM_NODES = 10
@@ -128,20 +128,25 @@ def _synthetic_client(seed: int = 0) -> ClientData:
     return ClientData(train=data, val=data, test=data, num_classes=10, label_counts=(0,) * 10)
 
 
-def _expected_flops_after_search(beta: float) -> tuple[float, int]:
+def _expected_flops_after_search(
+    beta: float, target: float | None = None, epochs: int = 2
+) -> tuple[float, int]:
+    """Expected FLOPs and derived-net FLOPs after one client's search from a fresh
+    supernet; ``target`` is a fraction of the largest path (default: the smallest path)."""
     torch.manual_seed(0)
     space = build_space("mbconv", width=0.25, layers_per_stage=1)
+    absolute = space.min_flops() if target is None else target * space.max_flops()
     config = {
         "seed": 0,
         "server-round": 1,
-        "local-epochs": 2,
+        "local-epochs": epochs,
         "batch-size": 16,
         "lr": 0.01,
         "momentum": 0.9,
         "weight-decay": 0.0,
         "alpha-lr": 0.05,
         "alpha-every": 1,
-        "target-flops": float(space.min_flops()),
+        "target-flops": float(absolute),
         "hardware-beta": beta,
         **space_to_config(space.spec),
     }
@@ -161,9 +166,39 @@ def test_the_hardware_term_lowers_the_flops_of_the_derived_net_as_its_weight_ris
     assert derived[0] > derived[1] >= derived[2]
 
 
+def test_a_lower_target_gives_a_cheaper_net_and_the_search_settles_near_its_target():
+    # Same data, seed, supernet and beta; only the target differs.  The uniform
+    # supernet expects ~0.59 of the largest path: 0.75 lies above, 0.35 and 0.2 below.
+    space = build_space("mbconv", width=0.25, layers_per_stage=1)
+    start = float(space.expected_flops().detach()) / space.max_flops()
+    targets = (0.2, 0.35, 0.75)
+    results = [_expected_flops_after_search(2.0, target, epochs=4) for target in targets]
+    expected = [e / space.max_flops() for e, _ in results]
+    derived = [d for _, d in results]
+    assert expected[0] < expected[1] < expected[2]
+    assert derived[0] <= derived[1] < derived[2]
+    for target, value in zip(targets, expected, strict=True):
+        # each search moved its expected FLOPs towards its own target, from either side
+        assert abs(np.log(value / target)) < abs(np.log(start / target))
+    # a target above the supernet pulls it up (a one-sided term would leave CE alone)
+    unconstrained, _ = _expected_flops_after_search(0.0, 0.75, epochs=4)
+    assert expected[2] > unconstrained / space.max_flops()
+
+
+def test_the_hardware_loss_is_zero_at_the_target_and_grows_on_both_sides():
+    space = build_space("mbconv", width=0.25, layers_per_stage=1)
+    expected = float(space.expected_flops().detach())
+    assert float(hardware_loss(space, expected, 2.0).detach()) == pytest.approx(0.0, abs=1e-9)
+    for scale in (0.5, 2.0):  # log(2)^2 either way
+        value = float(hardware_loss(space, expected * scale, 2.0).detach())
+        assert value == pytest.approx(2.0 * np.log(2.0) ** 2, rel=1e-4)
+    near, far = (float(hardware_loss(space, expected / s, 2.0).detach()) for s in (1.2, 1.5))
+    assert 0.0 < near < far
+
+
 def test_the_hardware_gradient_pushes_alpha_towards_cheaper_options():
     space = build_space("mbconv", width=0.25, layers_per_stage=1)
-    hardware_factor(space, float(space.min_flops()), 1.0).backward()
+    hardware_loss(space, float(space.min_flops()), 1.0).backward()
     for layer, alpha in enumerate(space.arch_parameters()):
         flops = torch.tensor([float(space.option_cost(layer, o).flops) for o in range(len(alpha))])
         mean = float(flops.mean())

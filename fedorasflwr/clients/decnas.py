@@ -1,0 +1,165 @@
+"""DecNAS client (Algorithm 4.1, ``Client_Operation``): tune a candidate, report, upload later.
+
+``tune_candidate`` trains the received pruned model for E local epochs on the
+training split, tests it on the validation split and replies with the
+accuracy and counts only; the trained weights stay on the client
+(``context.state``).  ``upload_candidate`` sends them when the server asks,
+which it does only for candidates that survived the round's dropping.
+``train_model`` / ``evaluate_model`` serve the FedAvg stages (GM_0 training,
+long-term tuning, baselines) and the test-split evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from torch import nn
+
+from ..costs import training_flops
+from ..data import ClientData
+from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
+from ..search_spaces.prunable import PrunableNet, build_prunable
+from .training import evaluate, reply_state, seeded_loader, torch_device
+
+__all__ = [
+    "STATE_PREFIX",
+    "evaluate_model",
+    "state_key",
+    "train_model",
+    "tune_candidate",
+    "upload_candidate",
+]
+
+STATE_PREFIX = "decnas."
+
+
+def state_key(config: Mapping[str, Any]) -> str:
+    """Where a tuned candidate waits in ``context.state``: iteration, round, candidate."""
+    iteration, round_ = int(config["iteration"]), int(config["round"])
+    return f"{STATE_PREFIX}{iteration}.{round_}.{int(config['candidate'])}"
+
+
+def _load(content: RecordDict) -> tuple[ConfigRecord, PrunableNet]:
+    config: ConfigRecord = content.config_records[CONFIG]
+    net = build_prunable(**space_from_config(config))
+    net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict(), strict=True)
+    return config, net
+
+
+def _train(net: nn.Module, config: ConfigRecord, data: ClientData, words: tuple[int, ...]) -> dict:
+    """E epochs of SGD on the training split; loss, samples seen, training FLOPs."""
+    device = torch_device()
+    net.to(device).train()
+    optimizer = torch.optim.SGD(
+        net.parameters(),
+        lr=float(config["lr"]),
+        momentum=float(config["momentum"]),
+        weight_decay=float(config["weight-decay"]),
+    )
+    loader = seeded_loader(data.train, int(config["batch-size"]), words)
+    loss_sum, seen = 0.0, 0
+    for _ in range(int(config["local-epochs"])):
+        for inputs, targets in loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(net(inputs.to(device)), targets.to(device))
+            loss.backward()
+            optimizer.step()
+            loss_sum += float(loss.detach()) * len(targets)
+            seen += len(targets)
+    net.eval()
+    return {
+        "train-loss": loss_sum / max(seen, 1),
+        "train-flops": training_flops(2 * int(config["net-macs"]), seen),
+    }
+
+
+def _words(config: ConfigRecord, partition_id: int, *extra: int) -> tuple[int, ...]:
+    return (int(config["seed"]), int(config["server-round"]), partition_id, *extra)
+
+
+def tune_candidate(
+    content: RecordDict, data: ClientData, partition_id: int, state: RecordDict
+) -> RecordDict:
+    """Short-term fine-tuning of one candidate: train, validate, keep the weights, report.
+
+    Weights kept from earlier rounds are discarded: the server only asks for
+    the current round's survivors.
+    """
+    config, net = _load(content)
+    key = state_key(config)
+    current = key.rsplit(".", 1)[0] + "."
+    for old in [k for k in state.keys() if k.startswith(STATE_PREFIX)]:
+        if not old.startswith(current):
+            del state[old]
+    words = _words(config, partition_id, int(config["iteration"]), int(config["candidate"]))
+    metrics = _train(net, config, data, words)
+    result = evaluate(net, seeded_loader(data.val, 256, words, shuffle=False), torch_device())
+    state[key] = ArrayRecord(reply_state(net, content.array_records[ARRAYS]))
+    return RecordDict(
+        {
+            METRICS: MetricRecord(
+                {
+                    "num-examples": len(data.train),
+                    "num-val": result.count,
+                    "correct": result.correct,
+                    "accuracy": result.accuracy,
+                    **metrics,
+                }
+            )
+        }
+    )
+
+
+def upload_candidate(content: RecordDict, data: ClientData, state: RecordDict) -> RecordDict:
+    """The weights kept by ``tune_candidate`` for this iteration, round and candidate.
+
+    Raises
+    ------
+    KeyError
+        If this client did not tune that candidate in that round (the server
+        then drops the reply, naming the node).
+    """
+    key = state_key(content.config_records[CONFIG])
+    if key not in state.array_records:
+        raise KeyError(f"no tuned weights for {key!r}: this client did not tune that candidate")
+    arrays = state.array_records[key]
+    del state[key]
+    return RecordDict({ARRAYS: arrays, METRICS: MetricRecord({"num-examples": len(data.train)})})
+
+
+def train_model(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Local epochs of a whole model for the FedAvg stages; reply with its weights."""
+    config, net = _load(content)
+    metrics = _train(net, config, data, _words(config, partition_id, 7))
+    return RecordDict(
+        {
+            ARRAYS: ArrayRecord(reply_state(net, content.array_records[ARRAYS])),
+            METRICS: MetricRecord({"num-examples": len(data.train), **metrics}),
+        }
+    )
+
+
+def evaluate_model(content: RecordDict, data: ClientData) -> RecordDict:
+    """Loss and accuracy of the received model on the ``split`` ("val" or "test") split."""
+    config, net = _load(content)
+    split = str(config.get("split", "test"))
+    if split not in ("val", "test"):
+        raise ValueError(f"config 'split' = {split!r}: val or test")
+    dataset = data.val if split == "val" else data.test
+    net.to(torch_device()).eval()
+    result = evaluate(net, seeded_loader(dataset, 256, (0,), shuffle=False), torch_device())
+    return RecordDict(
+        {
+            METRICS: MetricRecord(
+                {
+                    "num-examples": result.count,
+                    "correct": result.correct,
+                    "loss": result.loss,
+                    "accuracy": result.accuracy,
+                }
+            )
+        }
+    )

@@ -1,0 +1,111 @@
+"""CFDNAS (Zhang et al., arXiv:2011.03372, Algorithm 2): FDNAS, then one search per cluster.
+
+Clients are grouped by a tag (``node_config`` ``cluster``, or derived
+reproducibly from the partition); each cluster inherits w and alpha from the
+FDNAS supernet ("meta-test") and repeats the search inside the cluster with its
+own FLOPs target, giving one net per cluster trained on its cluster's clients.
+*naive-CFDNAS* (``inherit=False``) starts each cluster from a fresh supernet.
+The client contract is FDNAS's (see ``fedorasflwr.strategies.fdnas``).
+"""
+
+from __future__ import annotations
+
+from logging import INFO
+from typing import Any
+
+from flwr.app import ArrayRecord
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from .fdnas import FDNAS, DerivedNet, FDNASResult
+
+__all__ = ["CFDNAS"]
+
+
+class CFDNAS(FDNAS):
+    """CFDNAS: FDNAS, then per-cluster search inheriting w and alpha, one net per cluster.
+
+    Parameters
+    ----------
+    inherit : bool (default: True)
+        ``False`` gives naive-CFDNAS: every cluster searches from a fresh supernet.
+    train_global : bool (default: True)
+        Also train and report the FDNAS (global) net.
+    **kwargs
+        See ``FDNAS``.
+    """
+
+    method = "cfdnas"
+
+    def __init__(self, *, inherit: bool = True, train_global: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.inherit = inherit
+        self.train_global = train_global
+
+    def start(  # type: ignore[override]
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+    ) -> FDNASResult:
+        """FDNAS search (and net), then search, derive and train per cluster."""
+        log(INFO, "Starting CFDNAS (%s)", "inherited" if self.inherit else "naive")
+        self.summary()
+        with self.ledger.timed("setup"):
+            self.setup(grid)
+        s = self.settings
+        clusters = sorted(set(self.cluster_of_partition.values()))
+        if len(s.cluster_target_flops) > 1 and len(s.cluster_target_flops) != len(clusters):
+            raise ValueError(
+                f"run config 'fdnas.cluster-target-flops' has {len(s.cluster_target_flops)} "
+                f"values for {len(clusters)} clusters {clusters}: give one, or one per cluster"
+            )
+        everyone = sorted(self.cluster_of_partition)
+        arrays = (
+            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
+        )
+        nets: list[DerivedNet] = []
+        history: list[dict[str, Any]] = []
+        supernet = arrays
+        if self.inherit or self.train_global:
+            supernet, history = self.search(
+                grid,
+                arrays,
+                stage="search",
+                partitions=everyone,
+                rounds=s.rounds,
+                target=s.target_flops,
+            )
+        if self.train_global:
+            arch = self.derive(supernet)
+            net = self.train_net(
+                grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone
+            )
+            nets.append(net)
+        cluster_history: dict[int, list[dict[str, Any]]] = {}
+        for index, tag in enumerate(clusters):
+            members = [p for p, t in self.cluster_of_partition.items() if t == tag]
+            start_arrays = supernet if self.inherit else self.fresh_supernet("cluster", tag)
+            cluster_arrays, cluster_history[tag] = self.search(
+                grid,
+                start_arrays,
+                stage=f"cluster-{tag}",
+                partitions=members,
+                rounds=s.cluster_rounds,  # naive-CFDNAS: equal rounds, fresh start
+                target=s.cluster_target(index),
+            )
+            arch = self.derive(cluster_arrays)
+            nets.append(
+                self.train_net(
+                    grid,
+                    name=f"cluster-{tag}",
+                    arch=arch,
+                    supernet=cluster_arrays,
+                    partitions=sorted(members),
+                )
+            )
+        return FDNASResult(
+            supernet=supernet,
+            nets=nets,
+            cluster_of_partition=dict(self.cluster_of_partition),
+            search_history=history,
+            cluster_history=cluster_history,
+            ledger=self.ledger.summary(),
+        )

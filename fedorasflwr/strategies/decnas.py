@@ -1,0 +1,417 @@
+"""DecNAS (Xu et al., "Federated Neural Architecture Search", Algorithm 4.1).
+
+Start from GM_0 (trained here with FedAvg, or given).  Each iteration t:
+
+1. budget ``R_t = Res(GM_{t-1}) - dR_t`` (:mod:`.netadapt`);
+2. K candidates, one per prunable layer, each pruned just enough (largest-norm
+   filters kept) to meet R_t (:mod:`..search_spaces.prunable`);
+3. the connected clients are regrouped: balanced data sizes, label histograms
+   close to the global one (:mod:`.grouping`);
+4. rounds (dynamic number): candidates go to free groups, queued in waves when
+   there are more candidates than groups; every client of a group trains E
+   epochs and reports its validation accuracy only; the server fuses the
+   accuracies by validation count and drops the alpha share of the iteration's
+   K candidates with the largest ``(Acc(GM_{t-1}) - acc) / (Res(GM_{t-1}) - Res(PM))``
+   (never the last); only the survivors' groups then upload their weights,
+   fused by training count;
+5. GM_t = the best survivor.
+
+Then the chosen GMs get long-term FedAvg tuning (``SeededFedAvg``) and a test.
+``settings.variant`` switches optimisations off for the comparisons (see
+``DecNASSettings``).
+
+Client contract
+---------------
+``query.profile``
+    As ``NodeProfile``: ``num-train`` and ``label-counts`` feed the grouping.
+``train.decnas_tune``
+    arrays: the candidate's ``state_dict``.  config: ``method``, ``seed``,
+    ``server-round``, ``iteration``, ``round``, ``candidate``, ``local-epochs``,
+    ``batch-size``, ``lr``, ``momentum``, ``weight-decay``, ``net-macs``,
+    ``space.<kwarg>`` (``build_prunable`` arguments with ``widths``).  Reply:
+    **no arrays**; metrics ``num-examples`` (training samples), ``num-val``,
+    ``correct``, ``accuracy`` (validation, after training), ``train-loss``,
+    ``train-flops``.  The client keeps the trained weights.
+``train.decnas_upload``
+    config: ``iteration``, ``round``, ``candidate``.  Reply: the kept weights
+    (ArrayRecord ``arrays``, every key) and ``num-examples``.
+``train.decnas_fedavg``
+    As ``train.decnas_tune`` without iteration/round/candidate; reply: the
+    trained weights, ``num-examples``, ``train-loss``, ``train-flops``.
+``evaluate.decnas``
+    arrays and ``space.<kwarg>``; config ``split`` (``val`` or ``test``).
+    Reply: metrics ``num-examples``, ``correct``, ``loss``, ``accuracy``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from logging import INFO, WARNING
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from ..config import DecNASSettings
+from ..protocol import ARRAYS, CONFIG, DECNAS_TUNE, DECNAS_UPLOAD, METRICS
+from ..search_spaces.prunable import PrunableNet, prune_to_budget, resource
+from .aggregation import opa
+from .base import NodeProfile
+from .decnas_stages import DecNASResult, GlobalModel, PrunedModelStages
+from .grouping import (
+    balance_ratio,
+    group_clients,
+    mean_label_distance,
+    random_groups,
+    schedule_waves,
+)
+from .netadapt import budget, degradation, rank_candidates, rounds_for, survivors_after_drop
+from .replies import array_specs, check_reply
+
+__all__ = ["DecNAS", "DecNASResult", "GlobalModel"]
+
+TUNE_COUNTS = ("num-examples", "num-val", "correct", "train-flops")
+Pool = dict[int, tuple[dict[str, Any], ArrayRecord]]  # candidate -> (spec, weights)
+
+
+class DecNAS(PrunedModelStages):
+    """Federated NetAdapt with client groups, early dropping and dynamic rounds.
+
+    Parameters
+    ----------
+    net : PrunableNet
+        GM_0's structure and initial weights.
+    settings : DecNASSettings
+        Hyper-parameters and the variant (paper values in its docstring).
+    seed : int
+        Fixes client sampling, scheduling and fresh initialisations.
+    validate_profiles : callable, optional
+        Called with the node profiles before any training; raise to stop.
+    reply_timeout, min_nodes
+        See ``FederatedNASStrategy``.
+    """
+
+    def __init__(
+        self,
+        *,
+        net: PrunableNet,
+        settings: DecNASSettings,
+        seed: int,
+        validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
+        reply_timeout: float = 600.0,
+        min_nodes: int = 2,
+    ) -> None:
+        super().__init__(
+            net=net, settings=settings, seed=seed, reply_timeout=reply_timeout, min_nodes=min_nodes
+        )
+        self.validate_profiles = validate_profiles
+        self.groups: list[list[NodeProfile]] = []
+        self._current = ArrayRecord()
+
+    def summary(self) -> None:
+        s = self.settings
+        log(
+            INFO, "\t├── DecNAS (%s): %s widths %s", s.variant, self.net.name, list(self.net.widths)
+        )
+        log(
+            INFO,
+            "\t└── target %.2f of GM_0's %s, %s groups, alpha %.2f, rounds %s",
+            s.target,
+            s.resource,
+            s.num_groups if s.grouping else 1,
+            s.drop_ratio if s.dropping else 0.0,
+            list(s.rounds) if s.dynamic_rounds else [max(s.rounds)],
+        )
+
+    # --- the Strategy hooks: one candidate on one group --------------------------------
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Tuning messages: the candidate ``arrays`` to every connected client of the
+        group ``config["group"]`` (of ``self.groups``); the rest of ``config`` travels."""
+        group = int(config["group"])
+        record = ConfigRecord({k: v for k, v in config.items() if k != "group"})
+        connected = set(grid.get_node_ids())
+        return [
+            Message(
+                RecordDict({ARRAYS: arrays, CONFIG: record}),
+                message_type=DECNAS_TUNE,
+                dst_node_id=node.node_id,
+            )
+            for node in self.groups[group]
+            if node.node_id in connected
+        ]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Model fusion of one survivor's uploads (accepted replies): the mean weighted by
+        training count, ``PM + sum(n_s grad_s) / sum(n_s)`` (§4.3)."""
+        updates = [
+            (
+                r.content.array_records[ARRAYS],
+                int(r.content.metric_records[METRICS]["num-examples"]),
+            )
+            for r in replies
+        ]
+        if not updates:
+            return None, None
+        total = sum(n for _, n in updates)
+        fused = opa(self._current, updates, min_contributors=1)
+        return fused, MetricRecord({"num-examples": total, "clients": len(updates)})
+
+    # --- one iteration ---------------------------------------------------------------------
+
+    def regroup(self, grid: Grid, iteration: int) -> dict[str, Any]:
+        """Partition the connected clients into ``self.groups`` (one group: grouping off)."""
+        nodes = self.connected(grid)
+        sizes = [p.num_train for p in nodes]
+        labels = [p.label_counts for p in nodes]
+        groups_n = self.settings.num_groups if self.settings.grouping else 1
+        indices = group_clients(sizes, labels, groups_n, self.settings.balance_ratio)
+        self.groups = [[nodes[i] for i in g] for g in indices]
+        rng = self.rng("random-groups", iteration)
+        summary = {
+            "iteration": iteration,
+            "groups": [[nodes[i].partition_id for i in g] for g in indices],
+            "data-sizes": [sum(sizes[i] for i in g) for g in indices],
+            "balance-ratio": balance_ratio(indices, sizes),
+            "label-distance": mean_label_distance(indices, labels),
+            "random-label-distance": mean_label_distance(
+                random_groups(rng, len(nodes), len(indices)), labels
+            ),
+        }
+        if summary["balance-ratio"] > self.settings.balance_ratio:
+            log(
+                WARNING,
+                "Groups of iteration %d: data-size ratio %.3f exceeds r = %.3f",
+                iteration,
+                summary["balance-ratio"],
+                self.settings.balance_ratio,
+            )
+        return summary
+
+    def candidates(self, model: GlobalModel, target: float) -> dict[int, PrunableNet]:
+        """One pruned candidate per prunable layer that can meet ``target``."""
+        net = self.load_net(model.spec, model.arrays)
+        found = {}
+        for layer in range(net.num_layers):
+            pruned = prune_to_budget(
+                net, layer, target, self.settings.resource, self.settings.min_filters
+            )
+            if pruned is not None and pruned.widths != net.widths:
+                found[layer] = pruned
+        return found
+
+    def tune(
+        self, grid: Grid, iteration: int, round_: int, pool: Pool
+    ) -> tuple[dict[int, float], dict[int, list[int]], dict[int, int]]:
+        """Every candidate in ``pool`` trained and validated by a group, in waves; returns
+        the accuracy fused by validation count, the nodes that reported, and the groups."""
+        order = self.rng("schedule", iteration, round_).permutation(len(self.groups))
+        accuracy, reported, group_of = {}, {}, {}
+        for wave in schedule_waves(sorted(pool), [int(g) for g in order]):
+            messages, candidate_of = [], {}
+            for candidate, group in wave:
+                spec, arrays = pool[candidate]
+                group_of[candidate] = group
+                config = self.train_config(
+                    spec,
+                    group=group,
+                    iteration=iteration,
+                    round=round_,
+                    candidate=candidate,
+                    **{"server-round": iteration * 1000 + round_},
+                )
+                sent = list(self.configure_train(round_, arrays, ConfigRecord(config), grid))
+                candidate_of.update({m.metadata.dst_node_id: candidate for m in sent})
+                messages.extend(sent)
+            replies = self.accept(
+                "tune",
+                self.exchange(grid, "tune", messages),
+                lambda r: check_reply(r, counts=TUNE_COUNTS),
+            )
+            self.require("tune", len(replies), len(messages))
+            totals: dict[int, list[int]] = {}
+            for reply in replies:
+                node = reply.metadata.src_node_id
+                metrics = reply.content.metric_records[METRICS]
+                self.ledger.node("tune", node).train_flops += int(metrics["train-flops"])
+                total = totals.setdefault(candidate_of[node], [0, 0])
+                total[0] += int(metrics["correct"])
+                total[1] += int(metrics["num-val"])
+                reported.setdefault(candidate_of[node], []).append(node)
+            for candidate, (correct, count) in totals.items():
+                accuracy[candidate] = correct / count if count else math.nan
+        return accuracy, reported, group_of
+
+    def upload(
+        self, grid: Grid, iteration: int, round_: int, pool: Pool, reported: dict[int, list[int]]
+    ) -> dict[int, int]:
+        """Only the survivors' groups upload their kept weights; each survivor in ``pool``
+        becomes their fusion.  Returns the number of uploads per candidate.
+
+        A client that tuned several survivors (queued waves) uploads them in separate
+        exchanges, so that every reply is matched to its candidate by its sender.
+        """
+        batches: list[dict[int, int]] = []  # node -> candidate, each node once per batch
+        for candidate in sorted(pool):
+            nodes = reported.get(candidate, [])
+            if not nodes:  # no usable tuning reply: the candidate keeps its weights
+                continue
+            batch = next((b for b in batches if not set(nodes) & set(b)), None)
+            if batch is None:
+                batch = {}
+                batches.append(batch)
+            batch.update({node: candidate for node in nodes})
+        replies: dict[int, list[Message]] = {c: [] for c in pool}
+        for batch in batches:
+            for candidate, reply in self._upload_batch(grid, iteration, round_, pool, batch):
+                replies[candidate].append(reply)
+        for candidate, mine in replies.items():
+            spec, self._current = pool[candidate]
+            fused, _ = self.aggregate_train(round_, mine)
+            if fused is not None:
+                pool[candidate] = (spec, fused)
+        return {c: len(mine) for c, mine in replies.items()}
+
+    def _upload_batch(
+        self, grid: Grid, iteration: int, round_: int, pool: Pool, candidate_of: dict[int, int]
+    ) -> list[tuple[int, Message]]:
+        messages = []
+        for node, candidate in candidate_of.items():
+            config = {"method": self.method, "iteration": iteration, "round": round_}
+            config["candidate"] = candidate
+            messages.append(
+                Message(
+                    RecordDict({CONFIG: ConfigRecord(config)}),
+                    message_type=DECNAS_UPLOAD,
+                    dst_node_id=node,
+                )
+            )
+        specs = {c: array_specs(arrays) for c, (_, arrays) in pool.items()}
+
+        def check(reply: Message) -> str | None:
+            sent = specs[candidate_of[reply.metadata.src_node_id]]
+            reason = check_reply(reply, sent=sent)
+            if reason is None and len(reply.content.array_records[ARRAYS]) != len(sent):
+                return "the upload does not carry every key of the candidate"
+            return reason
+
+        replies = self.accept("upload", self.exchange(grid, "upload", messages), check)
+        self.require("upload", len(replies), len(messages))
+        return [(candidate_of[r.metadata.src_node_id], r) for r in replies]
+
+    def iteration(
+        self, grid: Grid, t: int, previous: GlobalModel, initial: GlobalModel
+    ) -> tuple[GlobalModel | None, list[dict[str, Any]], dict[str, Any]]:
+        """One NetAdapt iteration; ``None`` when no layer can meet the budget."""
+        s = self.settings
+        res_previous, res_initial = self.resource_of(previous), self.resource_of(initial)
+        target = budget(
+            res_previous, res_initial, t, s.initial_reduction, s.decay, s.target * res_initial
+        )
+        group_summary = self.regroup(grid, t)
+        nets = self.candidates(previous, target)
+        if not nets:
+            log(WARNING, "Iteration %d: no layer can be pruned to %.0f", t, target)
+            return None, [], group_summary
+        pool: Pool = {c: (n.spec, ArrayRecord(n.state_dict())) for c, n in nets.items()}
+        costs = {c: resource(n, s.resource) for c, n in nets.items()}
+        rounds = rounds_for(t, s.rounds, s.rounds_every) if s.dynamic_rounds else max(s.rounds)
+        alpha = s.drop_ratio if s.dropping else 0.0
+        log(
+            INFO,
+            "Iteration %d: budget %.0f, %d candidates, %d group(s), %d round(s)",
+            t,
+            target,
+            len(pool),
+            len(self.groups),
+            rounds,
+        )
+        history, accuracy, ratios = [], {}, {}
+        for round_ in range(1, rounds + 1):
+            accuracy, reported, group_of = self.tune(grid, t, round_, pool)
+            ratios = {
+                c: math.inf
+                if math.isnan(accuracy.get(c, math.nan))
+                else degradation(previous.val_accuracy, accuracy[c], res_previous, costs[c])
+                for c in pool
+            }
+            kept = survivors_after_drop(ratios, len(nets), alpha)
+            dropped = sorted(set(pool) - set(kept))
+            for c in dropped:
+                del pool[c]
+            uploads = self.upload(grid, t, round_, pool, reported)
+            history.append(
+                {
+                    "iteration": t,
+                    "round": round_,
+                    "budget": target,
+                    "accuracy": {str(c): accuracy.get(c) for c in sorted(ratios)},
+                    "degradation": {str(c): ratios[c] for c in sorted(ratios)},
+                    "resource": {str(c): costs[c] for c in sorted(ratios)},
+                    "group-of": {str(c): g for c, g in sorted(group_of.items())},
+                    "dropped": dropped,
+                    "survivors": sorted(pool),
+                    "uploads": {str(c): n for c, n in sorted(uploads.items())},
+                }
+            )
+            log(
+                INFO,
+                "[iteration %d round %d] accuracy %s, dropped %s",
+                t,
+                round_,
+                history[-1]["accuracy"],
+                dropped,
+            )
+        best = rank_candidates({c: ratios[c] for c in pool})[0]
+        spec, arrays = pool[best]
+        model = self.global_model(
+            self.load_net(spec, arrays),
+            t,
+            accuracy.get(best, math.nan),
+            pruned_layer=best,
+            budget=target,
+        )
+        return model, history, group_summary
+
+    # --- the whole method ------------------------------------------------------------------
+
+    def start(  # type: ignore[override]
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+    ) -> DecNASResult:
+        """GM_0 (FedAvg), NetAdapt iterations down to the target, tuning, test, baselines."""
+        s = self.settings
+        log(INFO, "Starting DecNAS")
+        self.summary()
+        with self.ledger.timed("setup"):
+            profiles = self.profile_nodes(grid, ConfigRecord({"method": self.method}))
+        if self.validate_profiles is not None:
+            self.validate_profiles(list(profiles.values()))
+        arrays = ArrayRecord(self.net.state_dict()) if initial_arrays is None else initial_arrays
+        arrays = self.fedavg(grid, self.net.spec, arrays, s.gm0_rounds, "gm0")
+        gm0 = self.global_model(self.load_net(self.net.spec, arrays), 0, math.nan)
+        gm0.val_accuracy = self.evaluate(grid, gm0, "val", "evaluate")
+        frontier, history, groups = [gm0], [], []
+        for t in range(1, s.max_iterations + 1):
+            if self.resource_of(frontier[-1]) <= s.target * self.resource_of(gm0):
+                break
+            model, entries, summary = self.iteration(grid, t, frontier[-1], gm0)
+            history.extend(entries)
+            groups.append(summary)
+            if model is None:
+                break
+            frontier.append(model)
+        self.finish(grid, frontier)
+        baseline = self.width_baseline(grid, frontier) if s.width_baseline else []
+        return DecNASResult(
+            frontier=frontier,
+            history=history,
+            groups=groups,
+            ledger=self.ledger.summary(),
+            width_baseline=baseline,
+        )

@@ -1,0 +1,245 @@
+"""What DecNAS does around its search: the frontier's records, federated evaluation,
+FedAvg stages (GM_0 training, long-term tuning) and the width-multiplier baseline.
+
+``PrunedModelStages`` is the base of :class:`~.decnas.DecNAS`; it knows how to
+send a pruned model (its ``spec`` plus ``state_dict``) to clients, how to
+FedAvg-train it with ``SeededFedAvg`` and how to score it on the clients'
+validation or test splits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from ..config import DecNASSettings
+from ..protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
+from ..search_spaces.prunable import PrunableNet, build_prunable, resource, width_scaled
+from .base import FederatedNASStrategy, NodeProfile
+from .fedavg import SeededFedAvg
+from .replies import check_reply
+
+__all__ = ["DecNASResult", "GlobalModel", "PrunedModelStages"]
+
+
+@dataclass
+class GlobalModel:
+    """GM_t: one point of the accuracy/resource frontier (MACs = FLOPs / 2, one sample)."""
+
+    iteration: int
+    spec: dict[str, Any]
+    arrays: ArrayRecord
+    macs: int
+    params: int
+    val_accuracy: float
+    pruned_layer: int | None = None
+    budget: float | None = None
+    test_accuracy: float | None = None
+    tuned_test_accuracy: float | None = None
+    tuned_arrays: ArrayRecord | None = None
+
+    @property
+    def widths(self) -> list[int]:
+        """Filters per prunable layer (the architecture)."""
+        return list(self.spec["widths"])
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: architecture, budget, cost and accuracies (``None``: not measured)."""
+        return {
+            "iteration": self.iteration,
+            "widths": self.widths,
+            "pruned-layer": self.pruned_layer,
+            "budget": self.budget,
+            "macs": self.macs,
+            "params": self.params,
+            "search-val-accuracy": None if math.isnan(self.val_accuracy) else self.val_accuracy,
+            "test-accuracy": self.test_accuracy,
+            "tuned-test-accuracy": self.tuned_test_accuracy,
+        }
+
+
+@dataclass
+class DecNASResult:
+    """What ``DecNAS.start`` returns: the frontier GM_0..GM_T, histories, baselines, ledger."""
+
+    frontier: list[GlobalModel]
+    history: list[dict[str, Any]]
+    groups: list[dict[str, Any]]
+    ledger: dict[str, Any]
+    width_baseline: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: the frontier, per-round history, groups, baseline and ledger."""
+        return {
+            "resource-convention": "MACs = FLOPs / 2 of one sample (torch.utils.flop_counter)",
+            "frontier": [model.summary() for model in self.frontier],
+            "history": self.history,
+            "groups": self.groups,
+            "width-baseline": self.width_baseline,
+            "ledger": self.ledger,
+        }
+
+    def accuracy_points(self) -> dict[str, list[tuple[float, float]]]:
+        """(MACs, test accuracy) per curve: the frontier before and after tuning, the baseline."""
+        return {
+            "DecNAS GM_t": [
+                (m.macs, m.test_accuracy) for m in self.frontier if m.test_accuracy is not None
+            ],
+            "DecNAS GM_t, FL-tuned": [
+                (m.macs, m.tuned_test_accuracy)
+                for m in self.frontier
+                if m.tuned_test_accuracy is not None
+            ],
+            "width multiplier": [(r["macs"], r["test-accuracy"]) for r in self.width_baseline],
+        }
+
+
+class PrunedModelStages(FederatedNASStrategy):
+    """Federated evaluation and FedAvg of pruned models; the base of ``DecNAS``."""
+
+    method = "decnas"
+
+    def __init__(self, *, net: PrunableNet, settings: DecNASSettings, **kwargs: Any) -> None:
+        super().__init__(min_replies=settings.min_replies, **kwargs)
+        self.net = net
+        self.settings = settings
+
+    def train_config(self, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        """The ConfigRecord content every DecNAS message about the model ``spec`` carries."""
+        s = self.settings
+        return {
+            "method": self.method,
+            "seed": self.seed,
+            "server-round": 0,
+            "local-epochs": s.local_epochs,
+            "batch-size": s.batch_size,
+            "lr": s.lr,
+            "momentum": s.momentum,
+            "weight-decay": s.weight_decay,
+            "net-macs": resource(spec, "macs"),
+            **space_to_config(spec),
+            **extra,
+        }
+
+    def load_net(self, spec: dict[str, Any], arrays: ArrayRecord) -> PrunableNet:
+        """``build_prunable(**spec)`` holding ``arrays``."""
+        net = build_prunable(**spec)
+        net.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        return net
+
+    def global_model(
+        self, net: PrunableNet, iteration: int, accuracy: float, **extra: Any
+    ) -> GlobalModel:
+        """``net`` recorded as GM_``iteration``."""
+        cost = net.cost()
+        return GlobalModel(
+            iteration=iteration,
+            spec=net.spec,
+            arrays=ArrayRecord(net.state_dict()),
+            macs=cost.flops // 2,
+            params=cost.params,
+            val_accuracy=accuracy,
+            **extra,
+        )
+
+    def resource_of(self, model: GlobalModel) -> int:
+        """Res(model): its MACs or parameters, as the settings say."""
+        return model.macs if self.settings.resource == "macs" else model.params
+
+    def connected(self, grid: Grid) -> list[NodeProfile]:
+        """Profiled nodes connected now, by partition id."""
+        connected = set(grid.get_node_ids())
+        nodes = [p for p in self.profiles.values() if p.node_id in connected]
+        return sorted(nodes, key=lambda p: (p.partition_id, p.node_id))
+
+    def evaluate(self, grid: Grid, model: GlobalModel, split: str, stage: str) -> float:
+        """Accuracy of ``model`` pooled over every connected client's ``split`` (val/test)."""
+        config = ConfigRecord(self.train_config(model.spec, split=split))
+        messages = [
+            Message(
+                RecordDict({ARRAYS: model.arrays, CONFIG: config}),
+                message_type=DECNAS_EVALUATE,
+                dst_node_id=p.node_id,
+            )
+            for p in self.connected(grid)
+        ]
+        replies = self.accept(
+            stage,
+            self.exchange(grid, stage, messages),
+            lambda r: check_reply(r, counts=("num-examples", "correct")),
+        )
+        self.require(stage, len(replies), len(messages))
+        correct = sum(int(r.content.metric_records[METRICS]["correct"]) for r in replies)
+        count = sum(int(r.content.metric_records[METRICS]["num-examples"]) for r in replies)
+        return correct / max(count, 1)
+
+    def fedavg(
+        self, grid: Grid, spec: dict[str, Any], arrays: ArrayRecord, rounds: int, stage: str
+    ) -> ArrayRecord:
+        """``rounds`` rounds of FedAvg over the profiled clients (Flower's, seeded)."""
+        if rounds == 0:
+            return arrays
+        nodes = list(self.profiles.values())
+        strategy = SeededFedAvg(
+            nodes=nodes,
+            seed=self.seed,
+            stage=stage,
+            ledger=self.ledger,
+            clients_per_round=self.settings.clients_per_round or len(nodes),
+            min_replies=min(self.min_replies, len(nodes)),
+            train_message_type=DECNAS_TRAIN,
+            fraction_evaluate=0.0,
+        )
+        with self.ledger.timed(stage):
+            result = strategy.start(
+                grid,
+                arrays,
+                num_rounds=rounds,
+                timeout=self.reply_timeout,
+                train_config=ConfigRecord(self.train_config(spec)),
+            )
+        return result.arrays
+
+    def finish(self, grid: Grid, frontier: list[GlobalModel]) -> None:
+        """Test every GM; FedAvg-tune GM_T (``final-models`` "last") or every GM_t, t >= 1
+        ("all"), for ``final-rounds`` rounds, and test the tuned models."""
+        for model in frontier:
+            model.test_accuracy = self.evaluate(grid, model, "test", "test")
+        chosen = frontier[1:] if self.settings.final_models == "all" else frontier[-1:]
+        for model in chosen:
+            if model.iteration == 0:
+                continue
+            stage = f"final-gm{model.iteration}"
+            model.tuned_arrays = self.fedavg(
+                grid, model.spec, model.arrays, self.settings.final_rounds, stage
+            )
+            tuned = replace(model, arrays=model.tuned_arrays)
+            model.tuned_test_accuracy = self.evaluate(grid, tuned, "test", "test")
+
+    def width_baseline(self, grid: Grid, frontier: list[GlobalModel]) -> list[dict[str, Any]]:
+        """Width multiplier: GM_0's structure scaled uniformly to each GM_t's budget, trained
+        from scratch with FedAvg for as many rounds as GM_0 and the tuning got together."""
+        rows = []
+        for model in frontier[1:]:
+            torch.manual_seed(int(self.rng("width", model.iteration).integers(2**31)))
+            net = width_scaled(self.net, self.resource_of(model), self.settings.resource)
+            rounds = self.settings.gm0_rounds + self.settings.final_rounds
+            stage = f"width-{model.iteration}"
+            arrays = self.fedavg(grid, net.spec, ArrayRecord(net.state_dict()), rounds, stage)
+            scaled = self.global_model(self.load_net(net.spec, arrays), model.iteration, math.nan)
+            rows.append(
+                {
+                    "iteration": model.iteration,
+                    "widths": scaled.widths,
+                    "macs": scaled.macs,
+                    "params": scaled.params,
+                    "rounds": rounds,
+                    "test-accuracy": self.evaluate(grid, scaled, "test", "test"),
+                }
+            )
+        return rows

@@ -1,0 +1,102 @@
+"""The derived nets of FDNAS / CFDNAS and the FedAvg stage that trains them.
+
+``DerivedNet`` is one normal net (argmax alpha) with its cost, trained weights
+and the paper's two accuracies: federated-averaged (the global model on the
+pooled test data) and local (each client's test accuracy after its local
+epochs).  ``FDNASResult`` is what ``FDNAS.start`` / ``CFDNAS.start`` return.
+``LocalAccuracyFedAvg`` is the FedAvg that trains a derived net and keeps the
+local accuracies of the replies it accepts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Message
+
+from ..protocol import METRICS
+from .fedavg import SeededFedAvg
+from .replies import check_reply
+
+__all__ = ["DerivedNet", "FDNASResult", "LocalAccuracyFedAvg"]
+
+
+@dataclass
+class DerivedNet:
+    """One derived net: its architecture, cost, trained weights and accuracies."""
+
+    name: str
+    arch: tuple[int, ...]
+    option_names: list[str]
+    flops: int
+    params: int
+    arrays: ArrayRecord
+    partitions: list[int]
+    test_accuracy: dict[int, float]
+    test_count: dict[int, int]
+    local_accuracy: dict[int, float]
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def averaged_accuracy(self, partitions: Iterable[int] | None = None) -> float:
+        """Federated-averaged accuracy: the global model on the pooled test data."""
+        ids = [p for p in (self.partitions if partitions is None else partitions)]
+        ids = [p for p in ids if p in self.test_count]  # evaluations that were dropped
+        count = sum(self.test_count[p] for p in ids)
+        return sum(self.test_accuracy[p] * self.test_count[p] for p in ids) / max(count, 1)
+
+    def mean_local_accuracy(self, partitions: Iterable[int] | None = None) -> float:
+        """Mean over clients of the test accuracy after their local epochs (paper's dagger)."""
+        ids = [p for p in (self.partitions if partitions is None else partitions)]
+        values = [self.local_accuracy[p] for p in ids if p in self.local_accuracy]
+        return float(np.mean(values)) if values else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "arch": list(self.arch),
+            "options": self.option_names,
+            "flops": self.flops,
+            "params": self.params,
+            "partitions": self.partitions,
+            "averaged-accuracy": self.averaged_accuracy(),
+            "mean-local-accuracy": (
+                None if math.isnan(local := self.mean_local_accuracy()) else local
+            ),
+            "test-accuracy": self.test_accuracy,
+            "local-accuracy": self.local_accuracy,
+            "history": self.history,
+        }
+
+
+@dataclass
+class FDNASResult:
+    """What ``FDNAS.start`` / ``CFDNAS.start`` return."""
+
+    supernet: ArrayRecord
+    nets: list[DerivedNet]
+    cluster_of_partition: dict[int, int]
+    search_history: list[dict[str, Any]]
+    cluster_history: dict[int, list[dict[str, Any]]]
+    ledger: dict[str, Any]
+
+
+class LocalAccuracyFedAvg(SeededFedAvg):
+    """``SeededFedAvg`` that also keeps each client's last ``local-accuracy``."""
+
+    def __init__(self, *, partition_of: dict[int, int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.partition_of = partition_of
+        self.local_accuracy: dict[int, float] = {}
+
+    def _usable(self, replies: Iterable[Message], with_arrays: bool) -> list[Message]:
+        """Record ``local-accuracy`` of the training replies FedAvg accepts, and only those."""
+        usable = super()._usable(replies, with_arrays)
+        for reply in usable if with_arrays else ():
+            if check_reply(reply, counts=("local-accuracy",)) is None:
+                value = float(reply.content.metric_records[METRICS]["local-accuracy"])
+                self.local_accuracy[self.partition_of[reply.metadata.src_node_id]] = value
+        return usable

@@ -1,0 +1,197 @@
+"""FedorAS Stage 2: NSGA-II over integer-encoded paths, one search per tier (paper §3.2).
+
+A path is a vector of option indices, one per searchable layer.  The two
+objectives are the validation error of the path with the supernet's weights
+and its cost (FLOPs or parameters); the constraint keeps the path's FLOPs in
+its tier's range.  pymoo's NSGA-II drives the search through ask/tell, so the
+scoring of a generation can be anything that maps paths to accuracies: the
+server's held-out slice, or a federated round trip (see ``FedorAS``).  Scores
+are memoised per path: a path NSGA-II proposes again costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pymoo.algorithms.moo.nsga2 import NSGA2
+from pymoo.core.evaluator import Evaluator
+from pymoo.core.problem import Problem
+from pymoo.operators.crossover.sbx import SBX
+from pymoo.operators.mutation.pm import PM
+from pymoo.operators.repair.rounding import RoundingRepair
+from pymoo.problems.static import StaticProblem
+from scipy.stats import kendalltau
+
+from ..search_spaces import SearchSpace
+from .tiers import Tier
+
+__all__ = ["Scored", "TierSearch", "initial_paths", "kendall_tau", "search_tier"]
+
+Path = tuple[int, ...]
+#: paths -> accuracy of each (one generation at a time)
+ScoreFn = Callable[[list[Path]], list[float]]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One evaluated path."""
+
+    path: Path
+    accuracy: float
+    flops: int
+    params: int
+    feasible: bool
+    generation: int
+
+
+@dataclass
+class TierSearch:
+    """Outcome of one tier's search."""
+
+    tier: int
+    best: Path
+    best_accuracy: float
+    evaluated: list[Scored] = field(default_factory=list)
+    front: list[Path] = field(default_factory=list)
+    generations: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier,
+            "best": list(self.best),
+            "best-accuracy": self.best_accuracy,
+            "evaluated": len(self.evaluated),
+            "feasible": sum(s.feasible for s in self.evaluated),
+            "generations": self.generations,
+            "front": [list(p) for p in self.front],
+        }
+
+
+def initial_paths(
+    space: SearchSpace, tier: Tier, rng: np.random.Generator, count: int, tries: int = 200
+) -> list[Path]:
+    """``count`` distinct paths, as many as ``tries x count`` draws find inside the tier.
+
+    Paths are drawn with the budgeted sampler (never above the tier's upper
+    bound) and kept when above its lower bound; if the tier is too narrow to
+    fill the population, the rest are the sampler's other (infeasible) draws.
+    """
+    inside: dict[Path, None] = {}
+    outside: dict[Path, None] = {}
+    for _ in range(tries * count):
+        path = space.sample_path(rng, max_flops=tier.high)
+        (inside if tier.contains(space.cost(path).flops) else outside)[path] = None
+        if len(inside) >= count:
+            break
+    paths = list(inside)[:count]
+    paths += list(outside)[: count - len(paths)]
+    if len(paths) < count:
+        raise ValueError(
+            f"tier {tier.index + 1} holds fewer than {count} distinct paths: "
+            "lower 'fedoras.search-population'"
+        )
+    return paths
+
+
+def _violation(tier: Tier, flops: float) -> float:
+    """0 inside the tier, else the FLOPs distance to it relative to its width (> 0)."""
+    if tier.contains(flops):
+        return 0.0
+    width = max(tier.high - tier.low, 1.0)
+    return max(tier.low - flops, flops - tier.high, 1.0) / width
+
+
+def search_tier(
+    space: SearchSpace,
+    tier: Tier,
+    score: ScoreFn,
+    *,
+    seed: int,
+    population: int,
+    offspring: int,
+    evaluations: int,
+    objective: str = "flops",
+    on_generation: Callable[[int, list[Scored]], None] | None = None,
+) -> TierSearch:
+    """NSGA-II (pymoo, ask/tell) over ``space``'s paths inside ``tier``.
+
+    Minimises (1 - accuracy, cost) subject to the tier's FLOPs range, until
+    ``evaluations`` paths have been scored.  The best-accuracy feasible path
+    wins (ties: the cheaper); with no feasible path, the least-violating one.
+    """
+    if objective not in ("flops", "params"):
+        raise ValueError(f"objective must be 'flops' or 'params', got {objective!r}")
+    sizes = np.asarray(space.num_options())
+    problem = Problem(
+        n_var=len(sizes), n_obj=2, n_ieq_constr=1, xl=np.zeros(len(sizes)), xu=sizes - 1.0
+    )
+    rng = np.random.default_rng([seed, 5, tier.index])
+    start = np.asarray(initial_paths(space, tier, rng, population), dtype=float)
+    algorithm = NSGA2(
+        pop_size=population,
+        n_offsprings=offspring,
+        sampling=start,
+        crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
+        mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
+        eliminate_duplicates=True,
+    )
+    algorithm.setup(
+        problem, termination=("n_eval", evaluations), seed=int(rng.integers(2**31)), verbose=False
+    )
+    memo: dict[Path, Scored] = {}
+    generation = 0
+    while algorithm.has_next():
+        pop = algorithm.ask()
+        paths = [tuple(int(round(v)) for v in x) for x in pop.get("X")]
+        new = list(dict.fromkeys(p for p in paths if p not in memo))
+        if new:
+            accuracies = score(new)
+            for path, accuracy in zip(new, accuracies, strict=True):
+                cost = space.cost(path)
+                memo[path] = Scored(
+                    path,
+                    float(accuracy),
+                    int(cost.flops),
+                    int(cost.params),
+                    tier.contains(cost.flops),
+                    generation,
+                )
+        if on_generation is not None:
+            on_generation(generation, [memo[p] for p in new])
+        scored = [memo[p] for p in paths]
+        objectives = np.array(
+            [[1.0 - s.accuracy, s.flops if objective == "flops" else s.params] for s in scored],
+            dtype=float,
+        )
+        constraints = np.array([[_violation(tier, s.flops)] for s in scored])
+        Evaluator().eval(StaticProblem(problem, F=objectives, G=constraints), pop)
+        algorithm.tell(infills=pop)
+        generation += 1
+    evaluated = sorted(memo.values(), key=lambda s: (s.generation, s.path))
+    feasible = [s for s in evaluated if s.feasible]
+    if feasible:
+        best = min(feasible, key=lambda s: (-s.accuracy, s.flops, s.path))
+    else:
+        best = min(evaluated, key=lambda s: (_violation(tier, s.flops), -s.accuracy))
+    front = []
+    if algorithm.opt is not None:
+        front = sorted({tuple(int(round(v)) for v in x) for x in algorithm.opt.get("X")})
+    return TierSearch(
+        tier=tier.index,
+        best=best.path,
+        best_accuracy=best.accuracy,
+        evaluated=evaluated,
+        front=front,
+        generations=generation,
+    )
+
+
+def kendall_tau(first: Sequence[float], second: Sequence[float]) -> float | None:
+    """Kendall's tau-b between two scorings of the same paths (``None`` if undefined)."""
+    if len(first) < 2:
+        return None
+    value = kendalltau(first, second).statistic
+    return None if not np.isfinite(value) else float(value)

@@ -1,0 +1,110 @@
+"""DecNAS end to end on the in-process grid (real client code, real data): accuracies first,
+uploads only from survivors' groups, fusion by training count, faults, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.data import dataset_info
+from fedorasflwr.inprocess import InProcessGrid, error_reply
+from fedorasflwr.protocol import ARRAYS, DECNAS_UPLOAD, METRICS
+from fedorasflwr.search_spaces.prunable import build_prunable
+from fedorasflwr.strategies.decnas import DecNAS
+from tests.runconfig import tiny_decnas
+
+NUM_NODES = 6
+
+
+def make_strategy(config):
+    settings = parse_run_config(config)
+    info = dataset_info(settings.data)
+    torch.manual_seed(settings.seed)
+    channels, height, width = info.input_shape
+    net = build_prunable(
+        settings.decnas.model,
+        num_classes=info.num_classes,
+        in_channels=channels,
+        input_height=height,
+        input_width=width,
+        width=settings.space.width,
+    )
+    return DecNAS(net=net, settings=settings.decnas, seed=settings.seed)
+
+
+def test_only_survivors_groups_upload_weights(data_cache):
+    # one client per group: each of the 6 ConvNet candidates is tuned by exactly one node
+    config = tiny_decnas(
+        data_cache, **{"decnas.num-groups": 6, "decnas.gm0-rounds": 0, "decnas.final-rounds": 0}
+    )
+    strategy = make_strategy(config)
+    grid = InProcessGrid(client_app, config, NUM_NODES)
+    result = strategy.start(grid)
+    (entry,) = result.history
+    assert len(entry["accuracy"]) == 6
+    assert len(entry["dropped"]) == 2  # ceil(0.33 x 6)
+    node_of = {int(c): strategy.groups[g][0].node_id for c, g in entry["group-of"].items()}
+    dropped = {node_of[c] for c in entry["dropped"]}
+    survivors = {node_of[c] for c in entry["survivors"]}
+    asked = [m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == DECNAS_UPLOAD]
+    assert sorted(asked) == sorted(survivors)
+    uploads = result.ledger["upload"]["nodes"]
+    assert all(str(node) not in uploads for node in dropped)
+    assert all(uploads[str(node)]["bytes_up"] > 0 for node in survivors)
+    # the tuning replies carry accuracies only, never weights
+    assert result.ledger["tune"]["totals"]["bytes_up"] == 0
+    assert result.ledger["tune"]["totals"]["replies"] == 6
+    assert result.ledger["tune"]["totals"]["train_flops"] > 0
+    gm0, gm1 = result.frontier
+    assert gm1.pruned_layer in entry["survivors"]
+    assert gm1.macs <= gm1.budget < gm0.macs
+    assert sum(gm1.widths) < sum(gm0.widths)
+
+
+def test_fusion_is_the_training_count_weighted_mean(data_cache):
+    strategy = make_strategy(tiny_decnas(data_cache))
+    InProcessGrid(client_app, tiny_decnas(data_cache), 1)  # sets the task identity
+    strategy._current = ArrayRecord({"w": torch.zeros(2)})
+    replies = []
+    for value, count in ((1.0, 1), (5.0, 3)):
+        sent = Message(RecordDict(), dst_node_id=7, message_type=DECNAS_UPLOAD)
+        content = RecordDict(
+            {
+                ARRAYS: ArrayRecord({"w": torch.full((2,), value)}),
+                METRICS: MetricRecord({"num-examples": count}),
+            }
+        )
+        replies.append(Message(content, reply_to=sent))
+    fused, metrics = strategy.aggregate_train(1, replies)
+    np.testing.assert_allclose(fused["w"].numpy(), [4.0, 4.0])  # (1 x 1 + 5 x 3) / 4
+    assert metrics["num-examples"] == 4
+    assert strategy.aggregate_train(1, []) == (None, None)
+
+
+def test_a_failed_upload_is_dropped_and_the_search_goes_on(data_cache):
+    config = tiny_decnas(data_cache, **{"decnas.gm0-rounds": 0, "decnas.final-rounds": 0})
+
+    def fail_uploads(reply: Message) -> Message:
+        if reply.metadata.message_type == DECNAS_UPLOAD:
+            return error_reply(reply, "disk full")
+        return reply
+
+    strategy = make_strategy(config)
+    grid = InProcessGrid(client_app, config, NUM_NODES, faults={0: fail_uploads})
+    result = strategy.start(grid)
+    assert result.ledger["upload"]["totals"]["failed"] >= 1
+    assert len(result.frontier) == 2
+
+
+def test_same_seed_same_frontier(data_cache):
+    config = tiny_decnas(data_cache)
+    runs = [
+        make_strategy(config).start(InProcessGrid(client_app, config, NUM_NODES)) for _ in range(2)
+    ]
+    first, second = ([m.summary() for m in r.frontier] for r in runs)
+    assert first == second
+    assert runs[0].history == runs[1].history
+    assert first[1]["tuned-test-accuracy"] is not None
