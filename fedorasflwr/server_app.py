@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
@@ -11,12 +12,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Context, MetricRecord
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from torch.utils.data import DataLoader
 
-from .artifacts import plot_history, plot_points, run_directory, save_checkpoint, write_json
+from .artifacts import (
+    load_checkpoint,
+    plot_history,
+    plot_points,
+    run_directory,
+    save_checkpoint,
+    write_json,
+)
 from .clients.training import evaluate
 from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
@@ -29,7 +37,8 @@ from .strategies.cfdnas import CFDNAS
 from .strategies.decnas import DecNAS
 from .strategies.dpfnas import DPFNAS, json_safe, privacy_report
 from .strategies.fdnas import FDNAS
-from .strategies.fedoras import FedorAS
+from .strategies.fedoras import FedorAS, FedorASResult
+from .strategies.fedoras_finetune import SUPERNET_INIT
 
 app = ServerApp()
 
@@ -60,47 +69,131 @@ def describe_space(space: SearchSpace) -> dict[str, Any]:
 
 
 def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
-    """FedorAS Stage 1 end to end; returns the result document."""
+    """FedorAS, all three stages (or from Stage 2 with ``fedoras.resume-from``);
+    returns the result document and writes checkpoints and plots to ``out_dir``."""
     space = build_supernet(settings)
-    evaluator = SupernetEvaluator(
-        space=build_supernet(settings),
-        dataset=load_server_data(settings.data),
-        num_paths=settings.fedoras.eval_paths,
-        seed=settings.seed,
-    )
+    initial, trained = None, False
+    if settings.fedoras.resume_from:
+        initial, trained = resume_supernet(settings.fedoras.resume_from, space), True
+    server_data = load_server_data(settings.data)
+    evaluator = None
+    if len(server_data) >= 2 and not trained:
+        evaluator = SupernetEvaluator(
+            space=build_supernet(settings),
+            dataset=server_data,
+            num_paths=settings.fedoras.eval_paths,
+            seed=settings.seed,
+        )
     strategy = FedorAS(
         space=space,
         settings=settings.fedoras,
         seed=settings.seed,
         evaluate_fn=evaluator,
         validate_profiles=lambda profiles: _check_partitions(settings, profiles),
+        server_data=server_data if len(server_data) else None,
         reply_timeout=settings.reply_timeout,
         min_nodes=settings.min_nodes,
     )
-    result = strategy.start(grid)
-    checkpoint = save_checkpoint(
-        out_dir / "supernet.pt",
-        space_spec=space.spec,
-        arrays=result.arrays,
-        stage="supernet",
-        rounds=settings.fedoras.rounds,
-        tiers=[asdict(t) for t in result.tiers],
-    )
-    plot = plot_history(
-        out_dir / "supernet_accuracy.png",
-        result.history,
-        "val-accuracy",
-        title="Supernet: mean accuracy of random paths",
-        ylabel="accuracy",
-    )
+    result = strategy.start(grid, initial, supernet_trained=trained)
+    files = []
+    if not trained:
+        files.append(
+            save_checkpoint(
+                out_dir / "supernet.pt",
+                space_spec=space.spec,
+                arrays=result.arrays,
+                stage="supernet",
+                rounds=settings.fedoras.rounds,
+                tiers=[asdict(t) for t in result.tiers],
+            )
+        )
+    for model in result.models:
+        suffix = "" if model.init == SUPERNET_INIT else f"-{model.init}-init"
+        files.append(
+            save_checkpoint(
+                out_dir / f"tier-{model.tier + 1}{suffix}.pt",
+                space_spec=space.spec,
+                arrays=model.arrays,
+                arch=list(model.arch),
+                options=model.names,
+                stage="finetune",
+                init=model.init,
+            )
+        )
+    files += fedoras_plots(out_dir, result)
     return {
         "space": describe_space(space),
+        "resumed-from": settings.fedoras.resume_from or None,
         "tiers": result.tiers,
         "tier-of-partition": result.tier_of_partition,
         "history": result.history,
+        "search": [s.summary() for s in result.searches],
+        "kendall-tau": {str(t + 1): tau for t, tau in result.kendall_tau.items()},
+        "models": [m.summary() for m in result.models],
         "ledger": result.ledger,
-        "files": [str(p.name) for p in (checkpoint, plot) if p is not None],
+        "files": [str(p.name) for p in files if p is not None],
     }
+
+
+def resume_supernet(path: str, space: SearchSpace) -> ArrayRecord:
+    """The supernet weights of a Stage-1 checkpoint, checked against the run's space."""
+    try:
+        checkpoint = load_checkpoint(Path(path))
+    except (OSError, RuntimeError, pickle.UnpicklingError) as exc:
+        raise ValueError(
+            f"run config 'fedoras.resume-from' = {path!r}: cannot load it ({exc})"
+        ) from exc
+    if checkpoint.get("stage") != "supernet" or dict(checkpoint.get("space", {})) != space.spec:
+        raise ValueError(
+            f"run config 'fedoras.resume-from' = {path!r}: not a Stage-1 checkpoint of this "
+            f"run's space {space.spec} (it holds {checkpoint.get('stage')!r} of "
+            f"{checkpoint.get('space')})"
+        )
+    state = checkpoint["state_dict"]
+    expected = space.state_dict()
+    if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in state):
+        raise ValueError(
+            f"run config 'fedoras.resume-from' = {path!r}: its weights do not fit the space"
+        )
+    return ArrayRecord(state)
+
+
+def fedoras_plots(out_dir: Path, result: FedorASResult) -> list[Path | None]:
+    """Accuracy against FLOPs per tier (FedorAS and rand-init), the supernet's curve,
+    and the fine-tuning curves."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for model in result.models:
+        if model.test is not None:
+            name = "FedorAS" if model.init == SUPERNET_INIT else f"{model.init} init"
+            series.setdefault(name, []).append((model.flops / 1e6, model.test.accuracy))
+    curves = {
+        f"T{m.tier + 1} {m.init}": [(h["round"], h["val-accuracy"]) for h in m.history]
+        for m in result.models
+        if any("val-accuracy" in h for h in m.history)
+    }
+    return [
+        plot_points(
+            out_dir / "tiers_accuracy_flops.png",
+            series,
+            title="FedorAS: test accuracy per tier",
+            xlabel="MFLOPs",
+            ylabel="test accuracy",
+        ),
+        plot_history(
+            out_dir / "supernet_accuracy.png",
+            result.history,
+            "val-accuracy",
+            title="Supernet: mean accuracy of random paths",
+            ylabel="accuracy",
+        ),
+        plot_points(
+            out_dir / "finetune_curves.png",
+            curves,
+            title="Stage 3: fine-tuning (server validation)",
+            xlabel="round",
+            ylabel="accuracy",
+        ),
+    ]
 
 
 def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:

@@ -22,7 +22,8 @@ def pyproject_run_config() -> dict[str, Any]:
 
 
 def tiny_fedoras(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
-    """Stage 1 on MNIST-5k, a quarter-width cnn_s, 2 rounds of 6 clients."""
+    """MNIST-5k, a quarter-width cnn_s: Stage 1 with 2 rounds of 6 clients, a search of
+    8 paths per tier, 1 fine-tuning round of 3 clients, no rand-init comparison."""
     config = pyproject_run_config()
     config.update(
         {
@@ -34,6 +35,13 @@ def tiny_fedoras(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
             "fedoras.tier-samples": 500,
             "fedoras.eval-paths": 2,
             "fedoras.local-epochs": 1,
+            "fedoras.search-population": 4,
+            "fedoras.search-offspring": 2,
+            "fedoras.search-evaluations": 8,
+            "fedoras.search-clients": 2,
+            "fedoras.finetune-rounds": 1,
+            "fedoras.finetune-clients-per-round": 3,
+            "fedoras.compare-rand-init": False,
         }
     )
     config.update(overrides)

@@ -18,8 +18,10 @@ Flower's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import (
@@ -40,7 +42,7 @@ from ..ledger import Ledger
 from .base import NodeProfile, StageFailedError, sample_nodes, stable_hash
 from .replies import ArraySpec, array_specs, check_reply, error_reason
 
-__all__ = ["SeededFedAvg"]
+__all__ = ["SeededFedAvg", "cosine_lr"]
 
 
 class SeededFedAvg(FedAvg):
@@ -62,6 +64,9 @@ class SeededFedAvg(FedAvg):
         Fewest usable replies a round may end with.
     train_message_type, evaluate_message_type : str
         Message types of the training and evaluation messages.
+    round_config : callable, optional
+        ``server_round -> mapping`` merged into each round's training config
+        (e.g. a learning-rate schedule, see ``cosine_lr``).
     **kwargs
         Passed to ``FedAvg`` (``weighted_by_key``, ``arrayrecord_key``, metric
         aggregation functions ...).  ``fraction_evaluate=0`` skips client evaluation.
@@ -78,6 +83,7 @@ class SeededFedAvg(FedAvg):
         min_replies: int = 1,
         train_message_type: str = MessageType.TRAIN,
         evaluate_message_type: str = MessageType.EVALUATE,
+        round_config: Callable[[int], Mapping[str, Any]] | None = None,
         **kwargs: object,
     ) -> None:
         kwargs.setdefault("min_available_nodes", 1)
@@ -92,6 +98,7 @@ class SeededFedAvg(FedAvg):
         self.min_replies = min_replies
         self.train_message_type = train_message_type
         self.evaluate_message_type = evaluate_message_type
+        self.round_config = round_config
         self._sent_specs: dict[str, ArraySpec] = {}
         self._expected: set[int] = set()
 
@@ -119,6 +126,9 @@ class SeededFedAvg(FedAvg):
     ) -> Iterable[Message]:
         """Seeded sample of eligible nodes; the model and config go to each."""
         config["server-round"] = server_round
+        if self.round_config is not None:
+            for key, value in self.round_config(server_round).items():
+                config[key] = value
         self._sent_specs = array_specs(arrays)
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._messages(grid, server_round, record, self.train_message_type, "train")
@@ -210,3 +220,9 @@ class SeededFedAvg(FedAvg):
     ) -> MetricRecord | None:
         usable = self._usable(replies, with_arrays=False)
         return super().aggregate_evaluate(server_round, usable) if usable else None
+
+
+def cosine_lr(lr: float, final_lr: float, server_round: int, num_rounds: int) -> float:
+    """Cosine annealing from ``lr`` (round 1) towards ``final_lr`` (after the last round)."""
+    progress = (server_round - 1) / max(num_rounds, 1)
+    return final_lr + 0.5 * (lr - final_lr) * (1.0 + math.cos(math.pi * progress))

@@ -1,5 +1,9 @@
 """FedorAS (Dudziak et al., "FedorAS: Federated Architecture Search under
-system heterogeneity", arXiv:2206.11239): Stage 1, federated supernet training.
+system heterogeneity", arXiv:2206.11239): the three stages in one ``start``.
+
+Stage 1, federated supernet training (this module), Stage 2, NSGA-II search
+per tier (``search``, ``fedoras_search``), Stage 3, per-tier FedAvg
+fine-tuning on the clients able to run the model (``fedoras_finetune``).
 
 Per round the server samples clients, draws for each a subspace of the
 supernet that fits the communication budget B_comm (Eq. 1) and still holds a
@@ -23,6 +27,10 @@ Client contract
     option with a positive count; MetricRecord ``metrics`` with
     ``num-examples``, ``train-loss``, ``train-flops`` and ``option-counts``
     (samples per option, layer-major, each layer summing to ``num-examples``).
+    With ``return-all`` (``fedoras.aggregation = "fedavg"``, the comparison
+    with plain FedAvg of supernets) the reply holds every key it received.
+
+Stages 2 and 3 are documented in ``fedoras_search`` and ``fedoras_finetune``.
 """
 
 from __future__ import annotations
@@ -36,29 +44,45 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
+from torch.utils.data import TensorDataset
 
 from ..config import FedorASSettings
+from ..evaluation import ServerPathScorer
 from ..protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
-from ..search_spaces import SearchSpace, Subspace
+from ..search_spaces import SearchSpace, Subspace, build_space
 from .aggregation import opa
 from .base import FederatedNASStrategy, NodeProfile, sample_nodes
+from .fedoras_finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier
+from .fedoras_search import FederatedPathScorer, TierScorer
 from .replies import ArraySpec, array_specs, check_reply
+from .search import TierSearch, kendall_tau, search_tier
 from .tiers import Tier, assign_tiers, compute_tiers
 
-__all__ = ["FedorAS", "FedorASResult"]
+__all__ = ["STAGES", "FedorAS", "FedorASResult"]
 
 STAGE_SUPERNET = "supernet"
+#: the stages ``start`` can stop after, in order
+STAGES = ("supernet", "search", "finetune")
 
 
 @dataclass
 class FedorASResult:
-    """What ``FedorAS.start`` returns."""
+    """What ``FedorAS.start`` returns: the supernet, the tiers, and per tier the
+    search's outcome and the fine-tuned models (``init`` "supernet", and "random"
+    for the rand-init comparison)."""
 
     arrays: ArrayRecord
     tiers: list[Tier]
     tier_of_partition: dict[int, int]
     history: list[dict[str, Any]] = field(default_factory=list)
     ledger: dict[str, Any] = field(default_factory=dict)
+    searches: list[TierSearch] = field(default_factory=list)
+    kendall_tau: dict[int, float | None] = field(default_factory=dict)
+    models: list[TierModel] = field(default_factory=list)
+
+    def model(self, tier: int, init: str = SUPERNET_INIT) -> TierModel:
+        """The fine-tuned model of ``tier`` (0-based) with the given initialisation."""
+        return next(m for m in self.models if m.tier == tier and m.init == init)
 
 
 @dataclass(frozen=True)
@@ -85,6 +109,10 @@ class FedorAS(FederatedNASStrategy):
     validate_profiles : callable, optional
         Called with the node profiles before any training; raise to stop
         (e.g. a data partition that cannot exist).
+    server_data : TensorDataset, optional
+        The server-held validation slice: scores paths in Stage 2 (required
+        unless ``search-scoring`` is "federated") and draws the Stage-3
+        fine-tuning curves.
     reply_timeout, min_nodes
         See ``FederatedNASStrategy``.
     """
@@ -97,6 +125,7 @@ class FedorAS(FederatedNASStrategy):
         seed: int,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
+        server_data: TensorDataset | None = None,
         reply_timeout: float = 600.0,
         min_nodes: int = 2,
     ) -> None:
@@ -121,6 +150,21 @@ class FedorAS(FederatedNASStrategy):
                 f"{self.comm_size} elements cannot hold the smallest path "
                 f"({smallest} of {space.total_size}); use at least "
                 f"{smallest / space.total_size:.3f}"
+            )
+        self.server_data = server_data
+        self.server_scorer: ServerPathScorer | None = None
+        if settings.search_scoring in ("server", "both"):
+            if server_data is None or len(server_data) < 2:
+                raise ValueError(
+                    f"run config 'fedoras.search-scoring' = {settings.search_scoring!r} needs "
+                    "a server-held validation slice ('data.server-fraction' > 0); "
+                    'or use "federated"'
+                )
+            self.server_scorer = ServerPathScorer(
+                build_space(**space.spec),
+                server_data,
+                seed=seed,
+                recalibrate=settings.search_recalibrate_bn,
             )
         self.tiers: list[Tier] = []
         self.tier_of_partition: dict[int, int] = {}
@@ -256,6 +300,7 @@ class FedorAS(FederatedNASStrategy):
             "lr": s.lr,
             "momentum": s.momentum,
             "weight-decay": s.weight_decay,
+            "return-all": s.aggregation == "fedavg",
             **space_to_config(self.space.spec),
         }
 
@@ -289,10 +334,13 @@ class FedorAS(FederatedNASStrategy):
                 return f"option-counts of layer {layer} do not sum to num-examples ({examples})"
             start += size
         returned = set(reply.content.array_records[ARRAYS].keys())
-        touched = set(self.space.fixed_keys())
-        for (layer, option), count in zip(self._options(), counts, strict=True):
-            if count > 0:
-                touched.update(self.space.op_keys(layer, option))
+        if self.settings.aggregation == "fedavg":
+            touched = set(sent.specs)  # plain FedAvg: every key sent comes back
+        else:
+            touched = set(self.space.fixed_keys())
+            for (layer, option), count in zip(self._options(), counts, strict=True):
+                if count > 0:
+                    touched.update(self.space.op_keys(layer, option))
         if returned != touched:
             return (
                 f"returned keys differ from the options trained ({len(returned ^ touched)} key(s))"
@@ -305,7 +353,8 @@ class FedorAS(FederatedNASStrategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """OPA over the accepted replies; metrics: loss, FLOPs, bytes, counts."""
+        """OPA (or, as the comparison, plain FedAvg: every returned key weighted by the
+        client's examples) over the accepted replies; metrics: loss, examples, clients."""
         accepted = self.accept(STAGE_SUPERNET, replies, self.check_train_reply)
         self.require(STAGE_SUPERNET, len(accepted), len(self._sent))
         updates = []
@@ -314,12 +363,16 @@ class FedorAS(FederatedNASStrategy):
         for reply in accepted:
             metrics = reply.content.metric_records[METRICS]
             n = int(metrics["num-examples"])
+            returned = reply.content.array_records[ARRAYS]
             per_key = dict.fromkeys(self.space.fixed_keys(), n)
-            for (layer, option), count in zip(
-                self._options(), metrics["option-counts"], strict=True
-            ):
-                for key in self.space.op_keys(layer, option):
-                    per_key[key] = int(count)
+            if self.settings.aggregation == "fedavg":
+                per_key = dict.fromkeys(returned.keys(), n)
+            else:
+                for (layer, option), count in zip(
+                    self._options(), metrics["option-counts"], strict=True
+                ):
+                    for key in self.space.op_keys(layer, option):
+                        per_key[key] = int(count)
             updates.append((reply.content.array_records[ARRAYS], per_key))
             self.ledger.node(STAGE_SUPERNET, reply.metadata.src_node_id).train_flops += int(
                 metrics["train-flops"]
@@ -335,12 +388,23 @@ class FedorAS(FederatedNASStrategy):
             }
         )
 
-    # --- the whole stage ---------------------------------------------------------
+    # --- the three stages ---------------------------------------------------------
 
     def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        *,
+        supernet_trained: bool = False,
+        stop_after: str = "finetune",
     ) -> FedorASResult:
-        """Profile, build tiers, and run Stage 1; return supernet, tiers, history, ledger."""
+        """Profile the nodes, build the tiers, and run the stages up to ``stop_after``.
+
+        ``initial_arrays`` initialises the supernet; with ``supernet_trained``
+        they are a finished Stage 1 (a checkpoint) and the run resumes at the search.
+        """
+        if stop_after not in STAGES:
+            raise ValueError(f"stop_after must be one of {STAGES}, got {stop_after!r}")
         log(INFO, "Starting FedorAS")
         self.summary()
         with self.ledger.timed("setup"):
@@ -348,6 +412,24 @@ class FedorAS(FederatedNASStrategy):
         arrays = (
             initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
         )
+        result = FedorASResult(
+            arrays=arrays, tiers=self.tiers, tier_of_partition=dict(self.tier_of_partition)
+        )
+        if supernet_trained:
+            log(INFO, "Stage 1 skipped: resuming from a trained supernet")
+        else:
+            result.arrays, result.history = self.train_supernet(grid, arrays)
+        if stop_after != "supernet":
+            result.searches, result.kendall_tau = self.search(grid, result.arrays)
+        if stop_after == "finetune":
+            result.models = self.finetune(grid, result.arrays, result.searches)
+        result.ledger = self.ledger.summary()
+        return result
+
+    def train_supernet(
+        self, grid: Grid, arrays: ArrayRecord
+    ) -> tuple[ArrayRecord, list[dict[str, Any]]]:
+        """Stage 1: ``rounds`` rounds of supernet training; the supernet and its history."""
         history: list[dict[str, Any]] = []
         self._evaluate(0, arrays, history, {})
         for server_round in range(1, self.settings.rounds + 1):
@@ -363,13 +445,71 @@ class FedorAS(FederatedNASStrategy):
                 "seconds": round(time.perf_counter() - started, 4),
             }
             self._evaluate(server_round, arrays, history, entry)
-        return FedorASResult(
-            arrays=arrays,
-            tiers=self.tiers,
-            tier_of_partition=dict(self.tier_of_partition),
-            history=history,
-            ledger=self.ledger.summary(),
-        )
+        return arrays, history
+
+    def search(
+        self, grid: Grid, arrays: ArrayRecord
+    ) -> tuple[list[TierSearch], dict[int, float | None]]:
+        """Stage 2: NSGA-II per tier; with ``both`` scorings, Kendall-tau per tier."""
+        s = self.settings
+        if self.server_scorer is not None:
+            self.server_scorer.load(arrays)
+        searches, taus = [], {}
+        for tier in self.tiers:
+            log(INFO, "[SEARCH] tier %d: %s scoring", tier.index + 1, s.search_scoring)
+            score = TierScorer(
+                self.server_scorer,
+                FederatedPathScorer(self, grid, arrays, tier.index)
+                if s.search_scoring in ("federated", "both")
+                else None,
+            )
+            with self.ledger.timed(f"search-t{tier.index + 1}"):
+                outcome = search_tier(
+                    self.space,
+                    tier,
+                    score,
+                    seed=self.seed,
+                    population=s.search_population,
+                    offspring=s.search_offspring,
+                    evaluations=s.search_evaluations,
+                    objective=s.search_objective,
+                )
+            if s.search_scoring == "both":
+                outcome.federated_accuracy = [score.recorded[e.path] for e in outcome.evaluated]
+                taus[tier.index] = kendall_tau(
+                    [e.accuracy for e in outcome.evaluated], outcome.federated_accuracy
+                )
+            log(
+                INFO,
+                "[SEARCH] tier %d: best %s, accuracy %.4f, %.4g FLOPs",
+                tier.index + 1,
+                "-".join(self.space.option_names(outcome.best)),
+                outcome.best_accuracy,
+                self.space.cost(outcome.best).flops,
+            )
+            searches.append(outcome)
+        return searches, taus
+
+    def finetune(
+        self, grid: Grid, arrays: ArrayRecord, searches: Sequence[TierSearch]
+    ) -> list[TierModel]:
+        """Stage 3: fine-tune each tier's path on that tier's clients and those above
+        (and, with ``compare-rand-init``, the same path from a random initialisation)."""
+        inits = [SUPERNET_INIT] + ([RANDOM_INIT] if self.settings.compare_rand_init else [])
+        return [
+            finetune_tier(
+                self,
+                grid,
+                arrays,
+                outcome.tier,
+                outcome.best,
+                outcome.best_accuracy,
+                init=init,
+                server_data=self.server_data,
+            )
+            for outcome in searches
+            for init in inits
+        ]
 
     def _evaluate(
         self,

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
-from pymoo.core.evaluator import Evaluator
 from pymoo.core.problem import Problem
 from pymoo.operators.crossover.sbx import SBX
 from pymoo.operators.mutation.pm import PM
@@ -57,6 +56,8 @@ class TierSearch:
     evaluated: list[Scored] = field(default_factory=list)
     front: list[Path] = field(default_factory=list)
     generations: int = 0
+    #: with both scorings: the federated accuracy of each ``evaluated`` path
+    federated_accuracy: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -67,6 +68,22 @@ class TierSearch:
             "feasible": sum(s.feasible for s in self.evaluated),
             "generations": self.generations,
             "front": [list(p) for p in self.front],
+            "points": [
+                {
+                    "path": list(e.path),
+                    "accuracy": e.accuracy,
+                    "flops": e.flops,
+                    "params": e.params,
+                    "feasible": e.feasible,
+                    "generation": e.generation,
+                    **(
+                        {"federated-accuracy": self.federated_accuracy[i]}
+                        if self.federated_accuracy
+                        else {}
+                    ),
+                }
+                for i, e in enumerate(self.evaluated)
+            ],
         }
 
 
@@ -145,6 +162,8 @@ def search_tier(
     generation = 0
     while algorithm.has_next():
         pop = algorithm.ask()
+        if len(pop) == 0:  # NSGA-II found no new offspring: the tier is exhausted
+            break
         paths = [tuple(int(round(v)) for v in x) for x in pop.get("X")]
         new = list(dict.fromkeys(p for p in paths if p not in memo))
         if new:
@@ -167,7 +186,8 @@ def search_tier(
             dtype=float,
         )
         constraints = np.array([[_violation(tier, s.flops)] for s in scored])
-        Evaluator().eval(StaticProblem(problem, F=objectives, G=constraints), pop)
+        # the algorithm's own evaluator, so that its n_eval termination counts these
+        algorithm.evaluator.eval(StaticProblem(problem, F=objectives, G=constraints), pop)
         algorithm.tell(infills=pop)
         generation += 1
     evaluated = sorted(memo.values(), key=lambda s: (s.generation, s.path))

@@ -12,6 +12,7 @@ import torch
 from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
+from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import FlowerRunError, find_pids
 from fedorasflwr.server_app import build_supernet
@@ -28,6 +29,12 @@ def tiny(output_dir: Path, data_cache: Path, **overrides) -> dict:
         "space.width": 0.25,
         "fedoras.tier-samples": 500,
         "fedoras.eval-paths": 2,
+        "fedoras.search-population": 4,
+        "fedoras.search-offspring": 2,
+        "fedoras.search-evaluations": 6,
+        "fedoras.finetune-rounds": 1,
+        "fedoras.finetune-clients-per-round": 2,
+        "fedoras.compare-rand-init": False,
     }
     config.update(overrides)
     return config
@@ -44,9 +51,13 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
     config = {**pyproject_run_config(), **overrides}
     settings = parse_run_config(config)
     strategy = FedorAS(
-        space=build_supernet(settings), settings=settings.fedoras, seed=settings.seed
+        space=build_supernet(settings),
+        settings=settings.fedoras,
+        seed=settings.seed,
+        server_data=load_server_data(settings.data),
     )
-    return strategy.start(InProcessGrid(client_app, config, num_nodes)).arrays.to_torch_state_dict()
+    grid = InProcessGrid(client_app, config, num_nodes)
+    return strategy.start(grid, stop_after="supernet").arrays.to_torch_state_dict()
 
 
 def test_simulation_engine_runs_stage1_and_stops_everything(

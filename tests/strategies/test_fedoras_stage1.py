@@ -12,6 +12,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.costs import array_record_bytes, array_record_elements
+from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid, error_reply, replace_content
 from fedorasflwr.protocol import ARRAYS, FEDORAS_SUPERNET, METRICS
 from fedorasflwr.server_app import build_supernet
@@ -30,13 +31,14 @@ def run_config(data_cache):
 def make_strategy(config, **overrides):
     settings = parse_run_config(config)
     space = build_supernet(settings)
+    overrides.setdefault("server_data", load_server_data(settings.data))
     return FedorAS(space=space, settings=settings.fedoras, seed=settings.seed, **overrides)
 
 
 def run(config, faults=None, **overrides):
     grid = InProcessGrid(client_app, config, NUM_NODES, faults=faults)
     strategy = make_strategy(config, **overrides)
-    return strategy, grid, strategy.start(grid)
+    return strategy, grid, strategy.start(grid, stop_after="supernet")
 
 
 def supernet_messages(grid):

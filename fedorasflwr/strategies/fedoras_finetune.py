@@ -1,0 +1,277 @@
+"""FedorAS Stage 3 (paper §3.3): per-tier FedAvg fine-tuning of the searched subnets.
+
+The subnet a tier's search chose is extracted from the supernet (or, for the
+rand-init comparison, from a freshly initialised supernet of the same space)
+and trained with Flower's FedAvg (``SeededFedAvg``) over the clients of that
+tier *and the tiers above it* only, with a cosine learning-rate schedule.  It
+is then tested on every eligible client's test split: pooled accuracy and
+loss (perplexity for text), and the spread over clients (mean, standard
+deviation, worst; the paper's fairness view, Table 7).
+
+Client contract
+---------------
+``train.fedoras_finetune``
+    arrays: the subnet's ``state_dict``.  config: ``method``, ``arch`` (option
+    indices), ``seed``, ``server-round``, ``lr`` (this round's), ``momentum``,
+    ``weight-decay``, ``local-epochs``, ``batch-size``, ``net-flops`` and
+    ``space.<kwarg>``.  Reply: the trained ``arrays`` and ``metrics``
+    (``num-examples``, ``train-loss``, ``train-flops``).
+``evaluate.fedoras_finetune``
+    Same arrays and config; reply ``metrics``: ``num-examples``, ``correct``,
+    ``loss-sum`` and ``accuracy`` on the local test split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from logging import INFO
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+from torch.utils.data import DataLoader, TensorDataset
+
+from ..clients.training import evaluate, torch_device
+from ..protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
+from ..search_spaces import build_space
+from .base import NodeProfile
+from .fedavg import SeededFedAvg, cosine_lr
+from .replies import check_reply
+
+if TYPE_CHECKING:
+    from .fedoras import FedorAS
+
+__all__ = ["TierModel", "TierTest", "finetune_tier", "test_subnet"]
+
+SUPERNET_INIT = "supernet"
+RANDOM_INIT = "random"
+
+
+@dataclass
+class TierTest:
+    """A subnet's test result over the clients that may run it."""
+
+    accuracy: float
+    loss: float
+    examples: int
+    clients: int
+    client_mean: float
+    client_std: float
+    client_worst: float
+    perplexity: float | None = None
+
+
+@dataclass
+class TierModel:
+    """One tier's fine-tuned subnet."""
+
+    tier: int
+    init: str
+    arch: tuple[int, ...]
+    names: list[str]
+    flops: int
+    params: int
+    search_accuracy: float
+    arrays: ArrayRecord
+    history: list[dict[str, Any]] = field(default_factory=list)
+    test: TierTest | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tier": self.tier + 1,
+            "init": self.init,
+            "arch": list(self.arch),
+            "options": self.names,
+            "flops": self.flops,
+            "params": self.params,
+            "search-accuracy": self.search_accuracy,
+            "test": None if self.test is None else vars(self.test),
+            "history": self.history,
+        }
+
+
+def eligible_nodes(strategy: FedorAS, tier: int) -> list[NodeProfile]:
+    """The profiled nodes of tier ``tier`` and above: those able to run its model."""
+    return [p for p in strategy.profiles.values() if strategy.tier_of_node(p.node_id) >= tier]
+
+
+def _subnet_config(strategy: FedorAS, arch: Sequence[int], init: str) -> dict[str, Any]:
+    s = strategy.settings
+    return {
+        "method": "fedoras",
+        "phase": f"finetune-{init}",
+        "seed": strategy.seed,
+        "arch": [int(v) for v in arch],
+        "momentum": s.finetune_momentum,
+        "weight-decay": s.weight_decay,
+        "local-epochs": s.finetune_local_epochs,
+        "batch-size": s.finetune_batch_size,
+        "net-flops": int(strategy.space.cost(arch).flops),
+        **space_to_config(strategy.space.spec),
+    }
+
+
+def initial_subnet(
+    strategy: FedorAS, supernet: ArrayRecord, arch: Sequence[int], init: str, tier: int
+) -> ArrayRecord:
+    """The subnet's starting weights: cut from the trained supernet, or freshly
+    initialised (seeded by the run seed, the tier and nothing else) for rand-init."""
+    if init == SUPERNET_INIT:
+        return ArrayRecord({k: supernet[k] for k in strategy.space.path_keys(arch)})
+    torch.manual_seed(int(strategy.rng("rand-init", tier).integers(2**31)))
+    fresh = build_space(**strategy.space.spec).subnet(arch)
+    return ArrayRecord(fresh.state_dict())
+
+
+def _server_curve(
+    strategy: FedorAS, arch: Sequence[int], data: TensorDataset | None
+) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
+    """Server-side validation of the subnet after each round (the fine-tuning curve)."""
+    if data is None or len(data) == 0:
+        return None
+    net = build_space(**strategy.space.spec).subnet(arch)
+    device = torch_device()
+    loader = DataLoader(data, batch_size=256)
+
+    def curve(_round: int, arrays: ArrayRecord) -> MetricRecord:
+        net.load_state_dict(arrays.to_torch_state_dict())
+        net.to(device).eval()
+        result = evaluate(net, loader, device)
+        return MetricRecord({"val-accuracy": result.accuracy, "val-loss": result.loss})
+
+    return curve
+
+
+def finetune_tier(
+    strategy: FedorAS,
+    grid: Grid,
+    supernet: ArrayRecord,
+    tier: int,
+    arch: Sequence[int],
+    search_accuracy: float,
+    *,
+    init: str = SUPERNET_INIT,
+    server_data: TensorDataset | None = None,
+) -> TierModel:
+    """Fine-tune ``arch`` with FedAvg on the tier's eligible clients, then test it there."""
+    s = strategy.settings
+    space = strategy.space
+    stage = f"finetune-t{tier + 1}-{init}"
+    nodes = eligible_nodes(strategy, tier)
+    arrays = initial_subnet(strategy, supernet, arch, init, tier)
+    config = _subnet_config(strategy, arch, init)
+    cost = space.cost(arch)
+    model = TierModel(
+        tier=tier,
+        init=init,
+        arch=tuple(int(v) for v in arch),
+        names=space.option_names(arch),
+        flops=int(cost.flops),
+        params=int(cost.params),
+        search_accuracy=float(search_accuracy),
+        arrays=arrays,
+    )
+    if s.finetune_rounds > 0:
+        final_lr = s.finetune_lr * s.finetune_lr_decay
+        fedavg = SeededFedAvg(
+            nodes=nodes,
+            seed=strategy.seed,
+            stage=stage,
+            ledger=strategy.ledger,
+            clients_per_round=s.finetune_clients_per_round,
+            min_replies=min(strategy.min_replies, len(nodes)),
+            train_message_type=FEDORAS_TRAIN,
+            round_config=lambda r: {"lr": cosine_lr(s.finetune_lr, final_lr, r, s.finetune_rounds)},
+            fraction_evaluate=0.0,
+        )
+        log(
+            INFO,
+            "[%s] %s (%.4g FLOPs) on %d eligible client(s)",
+            stage,
+            "-".join(model.names),
+            model.flops,
+            len(nodes),
+        )
+        with strategy.ledger.timed(stage):
+            outcome = fedavg.start(
+                grid,
+                arrays,
+                num_rounds=s.finetune_rounds,
+                timeout=strategy.reply_timeout,
+                train_config=ConfigRecord(config),
+                evaluate_fn=_server_curve(strategy, arch, server_data),
+            )
+        model.arrays = outcome.arrays
+        model.history = [
+            {
+                "round": r,
+                "lr": cosine_lr(s.finetune_lr, final_lr, r, s.finetune_rounds),
+                **dict(outcome.train_metrics_clientapp.get(r, {})),
+                **dict(outcome.evaluate_metrics_serverapp.get(r, {})),
+            }
+            for r in range(1, s.finetune_rounds + 1)
+        ]
+    model.test = test_subnet(strategy, grid, model.arrays, nodes, config, f"test-{stage}")
+    log(INFO, "[%s] test: %s", stage, vars(model.test))
+    return model
+
+
+def test_subnet(
+    strategy: FedorAS,
+    grid: Grid,
+    arrays: ArrayRecord,
+    nodes: Sequence[NodeProfile],
+    config: dict[str, Any],
+    stage: str,
+) -> TierTest:
+    """Test ``arrays`` on every connected node of ``nodes`` with test data."""
+    connected = set(grid.get_node_ids())
+    targets = sorted(
+        (p for p in nodes if p.node_id in connected and p.num_test > 0),
+        key=lambda p: p.partition_id,
+    )
+    messages = [
+        Message(
+            RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)}),
+            message_type=FEDORAS_EVALUATE,
+            dst_node_id=p.node_id,
+        )
+        for p in targets
+    ]
+    replies = strategy.accept(
+        stage,
+        strategy.exchange(grid, stage, messages),
+        lambda r: (
+            check_reply(r, counts=("num-examples", "correct", "loss-sum")) or _check_test_reply(r)
+        ),
+    )
+    strategy.require(stage, len(replies), len(messages))
+    correct = [int(r.content.metric_records[METRICS]["correct"]) for r in replies]
+    counts = [int(r.content.metric_records[METRICS]["num-examples"]) for r in replies]
+    loss_sum = sum(float(r.content.metric_records[METRICS]["loss-sum"]) for r in replies)
+    per_client = np.asarray(correct) / np.asarray(counts)
+    loss = loss_sum / sum(counts)
+    return TierTest(
+        accuracy=sum(correct) / sum(counts),
+        loss=loss,
+        examples=sum(counts),
+        clients=len(replies),
+        client_mean=float(per_client.mean()),
+        client_std=float(per_client.std()),
+        client_worst=float(per_client.min()),
+        perplexity=math.exp(min(loss, 700.0)) if strategy.space.spec["name"] == "rnn" else None,
+    )
+
+
+def _check_test_reply(reply: Message) -> str | None:
+    metrics = reply.content.metric_records[METRICS]
+    if int(metrics["num-examples"]) < 1:
+        return "num-examples is 0"
+    if metrics["correct"] > metrics["num-examples"]:
+        return "more correct predictions than examples"
+    return None

@@ -1,0 +1,159 @@
+"""FedorAS Stage 2 (paper §3.2): scoring a generation of paths, on the server or federated.
+
+``search_tier`` (``strategies.search``) asks for the accuracy of each new
+generation; this module answers it in one of two ways:
+
+- **server**: the server-held validation slice, BN statistics recalibrated on
+  a calibration part of it (``evaluation.ServerPathScorer``);
+- **federated**: the generation's paths are packed into the minimal supernet
+  that covers them, sent to ``search-clients`` sampled clients of the tier and
+  above, scored on their validation splits (BN recalibrated on a few local
+  training batches), and each path's accuracy is the example-weighted mean
+  (correct predictions summed over clients / examples summed).
+
+With ``both``, the server's scores drive the search and the federated ones
+are recorded beside them; Kendall's tau between the two rankings is reported.
+
+Client contract
+---------------
+``evaluate.fedoras_paths``
+    arrays: the covering subspace's ``state_dict`` entries.  config:
+    ``method``, ``subspace-mask``, ``paths`` (flat, layer-major per path),
+    ``seed``, ``server-round`` (the generation), ``batch-size``,
+    ``calibration-batches`` (0: no recalibration) and ``space.<kwarg>``.
+    Reply ``metrics``: ``num-examples`` (validation examples), ``correct`` and
+    ``loss-sum`` (one entry per path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from ..evaluation import ServerPathScorer
+from ..protocol import ARRAYS, CONFIG, FEDORAS_PATHS, METRICS, space_to_config
+from ..search_spaces import Subspace
+from .base import sample_nodes
+from .replies import check_reply
+
+if TYPE_CHECKING:
+    from .fedoras import FedorAS
+
+__all__ = ["FederatedPathScorer", "TierScorer", "covering_subspace"]
+
+Path = tuple[int, ...]
+
+
+def covering_subspace(paths: Sequence[Sequence[int]], num_layers: int) -> Subspace:
+    """The smallest subspace holding every path: per layer, the options some path uses."""
+    return tuple(tuple(sorted({int(p[layer]) for p in paths})) for layer in range(num_layers))
+
+
+class FederatedPathScorer:
+    """Scores one tier's generations on sampled eligible clients' validation splits."""
+
+    def __init__(self, strategy: FedorAS, grid: Grid, arrays: ArrayRecord, tier: int) -> None:
+        self.strategy = strategy
+        self.grid = grid
+        self.arrays = arrays
+        self.tier = tier
+        self.generation = 0
+        self.stage = f"search-t{tier + 1}"
+
+    def __call__(self, paths: list[Path]) -> list[float]:
+        strategy, s = self.strategy, self.strategy.settings
+        space = strategy.space
+        connected = set(self.grid.get_node_ids())
+        eligible = [
+            p
+            for p in strategy.profiles.values()
+            if p.node_id in connected
+            and p.num_val > 0
+            and strategy.tier_of_node(p.node_id) >= self.tier
+        ]
+        chosen = sample_nodes(
+            strategy.rng("search-clients", self.tier, self.generation), eligible, s.search_clients
+        )
+        subspace = covering_subspace(paths, len(space.num_options()))
+        sub_arrays = ArrayRecord({k: self.arrays[k] for k in space.subspace_keys(subspace)})
+        config = ConfigRecord(
+            {
+                "method": "fedoras",
+                "phase": "search",
+                "seed": strategy.seed,
+                "server-round": self.generation,
+                "subspace-mask": space.subspace_mask(subspace),
+                "paths": [int(v) for path in paths for v in path],
+                "batch-size": s.batch_size,
+                "calibration-batches": (
+                    s.search_calibration_batches if s.search_recalibrate_bn else 0
+                ),
+                **space_to_config(space.spec),
+            }
+        )
+        messages = [
+            Message(
+                RecordDict({ARRAYS: sub_arrays, CONFIG: config}),
+                message_type=FEDORAS_PATHS,
+                dst_node_id=p.node_id,
+            )
+            for p in chosen
+        ]
+        self.generation += 1
+        replies = strategy.accept(
+            self.stage,
+            strategy.exchange(self.grid, self.stage, messages),
+            lambda r: _check_scores(r, len(paths)),
+        )
+        strategy.require(self.stage, len(replies), len(messages))
+        correct = np.zeros(len(paths))
+        examples = 0
+        for reply in replies:
+            metrics = reply.content.metric_records[METRICS]
+            correct += np.asarray(metrics["correct"], dtype=float)
+            examples += int(metrics["num-examples"])
+        return (correct / examples).tolist()
+
+
+def _check_scores(reply: Message, num_paths: int) -> str | None:
+    reason = check_reply(reply, counts=("num-examples", "correct", "loss-sum"))
+    if reason is not None:
+        return reason
+    metrics = reply.content.metric_records[METRICS]
+    examples = int(metrics["num-examples"])
+    if examples < 1:
+        return "num-examples is 0"
+    for key in ("correct", "loss-sum"):
+        values = metrics[key]
+        if not isinstance(values, list) or len(values) != num_paths:
+            return f"{key!r} must hold one value per path ({num_paths})"
+    if any(c > examples for c in metrics["correct"]):
+        return "more correct predictions than examples"
+    return None
+
+
+class TierScorer:
+    """The score function of one tier's search: the server's scores when there is a
+    server scorer (federated ones, if also given, are recorded in ``federated``),
+    else the federated scores."""
+
+    def __init__(
+        self, server: ServerPathScorer | None, federated: FederatedPathScorer | None
+    ) -> None:
+        if server is None and federated is None:
+            raise ValueError("a search needs a server or a federated scorer")
+        self.server = server
+        self.federated = federated
+        self.recorded: dict[Path, float] = {}
+
+    def __call__(self, paths: list[Path]) -> list[float]:
+        if self.server is None:
+            assert self.federated is not None
+            return self.federated(paths)
+        if self.federated is not None:
+            self.recorded.update(zip(paths, self.federated(paths), strict=True))
+        return [r.accuracy for r in self.server(paths)]

@@ -1,0 +1,382 @@
+"""FedorAS Stages 2 and 3 on the in-process grid: the NSGA-II search per tier, federated
+path scoring, tier-restricted fine-tuning, rand-init, OPA vs FedAvg, resume."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+
+from fedorasflwr.artifacts import save_checkpoint
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.data import load_server_data
+from fedorasflwr.inprocess import InProcessGrid, replace_content
+from fedorasflwr.protocol import (
+    ARRAYS,
+    FEDORAS_EVALUATE,
+    FEDORAS_PATHS,
+    FEDORAS_SUPERNET,
+    FEDORAS_TRAIN,
+    METRICS,
+)
+from fedorasflwr.search_spaces import build_space
+from fedorasflwr.server_app import build_supernet, resume_supernet
+from fedorasflwr.strategies.fedavg import cosine_lr
+from fedorasflwr.strategies.fedoras import FedorAS
+from fedorasflwr.strategies.fedoras_search import FederatedPathScorer, covering_subspace
+from fedorasflwr.strategies.search import kendall_tau, search_tier
+from fedorasflwr.strategies.tiers import Tier
+from tests.runconfig import tiny_fedoras
+
+NUM_NODES = 12
+
+
+@pytest.fixture(scope="module")
+def run_config(data_cache):
+    return tiny_fedoras(data_cache)
+
+
+def make_strategy(config, **overrides):
+    settings = parse_run_config(config)
+    overrides.setdefault("server_data", load_server_data(settings.data))
+    return FedorAS(
+        space=build_supernet(settings), settings=settings.fedoras, seed=settings.seed, **overrides
+    )
+
+
+def run(config, faults=None, **start):
+    grid = InProcessGrid(client_app, config, NUM_NODES, faults=faults)
+    strategy = make_strategy(config)
+    return strategy, grid, strategy.start(grid, **start)
+
+
+@pytest.fixture(scope="module")
+def three_stages(run_config):
+    return run(run_config)
+
+
+# --- the search on its own, with a known score ---------------------------------------
+
+
+def small_space():
+    return build_space(
+        "cnn_s", num_classes=10, in_channels=1, input_height=28, input_width=28, width=0.25
+    )
+
+
+def middle_tier(space):
+    lo, hi = space.min_flops(), space.max_flops()
+    return Tier(index=1, low=lo + 0.3 * (hi - lo), high=lo + 0.6 * (hi - lo))
+
+
+def fake_accuracy(space):
+    """A deterministic score that prefers larger option indices."""
+    top = sum(n - 1 for n in space.num_options())
+    return lambda paths: [sum(p) / top for p in paths]
+
+
+def test_search_is_deterministic_and_its_choice_lies_in_the_tier():
+    space = small_space()
+    tier = middle_tier(space)
+    runs = [
+        search_tier(
+            space,
+            tier,
+            fake_accuracy(space),
+            seed=3,
+            population=8,
+            offspring=4,
+            evaluations=24,
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].best == runs[1].best
+    assert [s.path for s in runs[0].evaluated] == [s.path for s in runs[1].evaluated]
+    assert tier.contains(space.cost(runs[0].best).flops)
+    assert len(runs[0].evaluated) >= 24
+    feasible = [s for s in runs[0].evaluated if s.feasible]
+    assert runs[0].best_accuracy == max(s.accuracy for s in feasible)
+    other = search_tier(
+        space, tier, fake_accuracy(space), seed=4, population=8, offspring=4, evaluations=24
+    )
+    assert [s.path for s in other.evaluated] != [s.path for s in runs[0].evaluated]
+
+
+def test_search_improves_on_its_first_generation():
+    space = small_space()
+    tier = middle_tier(space)
+    found = search_tier(
+        space, tier, fake_accuracy(space), seed=0, population=8, offspring=8, evaluations=64
+    )
+    first = max(s.accuracy for s in found.evaluated if s.generation == 0 and s.feasible)
+    assert found.best_accuracy > first
+
+
+def test_the_cost_objective_can_be_parameters():
+    space = small_space()
+    found = search_tier(
+        space,
+        middle_tier(space),
+        fake_accuracy(space),
+        seed=0,
+        population=4,
+        offspring=2,
+        evaluations=8,
+        objective="params",
+    )
+    assert found.evaluated
+    with pytest.raises(ValueError, match="objective"):
+        search_tier(
+            space,
+            middle_tier(space),
+            fake_accuracy(space),
+            seed=0,
+            population=4,
+            offspring=2,
+            evaluations=8,
+            objective="latency",
+        )
+
+
+def test_covering_subspace_is_the_union_of_the_options_used():
+    assert covering_subspace([(0, 2, 1), (1, 2, 1), (0, 0, 1)], 3) == ((0, 1), (0, 2), (1,))
+
+
+def test_kendall_tau_by_hand():
+    # pairs: (1,2) concordant, (1,3) concordant, (2,3) discordant -> (2 - 1) / 3
+    assert kendall_tau([0.1, 0.2, 0.3], [0.1, 0.3, 0.2]) == pytest.approx(1 / 3)
+    assert kendall_tau([0.5], [0.5]) is None
+
+
+def test_cosine_learning_rate_by_hand():
+    assert cosine_lr(0.1, 0.01, 1, 4) == pytest.approx(0.1)
+    assert cosine_lr(0.1, 0.01, 3, 4) == pytest.approx(0.055)  # cos(pi/2) = 0: midway
+    assert cosine_lr(0.1, 0.01, 5, 4) == pytest.approx(0.01)
+
+
+# --- the three stages in one start ------------------------------------------------------
+
+
+def test_one_start_runs_search_and_finetuning_for_every_tier(three_stages):
+    strategy, grid, result = three_stages
+    assert [s.tier for s in result.searches] == [0, 1, 2, 3]
+    for search, tier in zip(result.searches, result.tiers, strict=True):
+        assert tier.contains(strategy.space.cost(search.best).flops)
+    assert [(m.tier, m.init) for m in result.models] == [(t, "supernet") for t in range(4)]
+    for model in result.models:
+        assert model.arch == result.searches[model.tier].best
+        assert model.names == strategy.space.option_names(model.arch)
+        assert set(model.arrays.keys()) == set(strategy.space.path_keys(model.arch))
+        assert 0.0 <= model.test.accuracy <= 1.0 and model.test.clients >= 1
+        assert model.test.client_worst <= model.test.client_mean
+        assert len(model.history) == 1 and "val-accuracy" in model.history[0]
+
+
+def test_finetuning_starts_from_the_supernet_weights_of_the_path(three_stages, run_config):
+    strategy, grid, result = three_stages
+    first = next(m for m in grid.sent if m.metadata.message_type == FEDORAS_TRAIN)
+    arch = tuple(int(v) for v in first.content.config_records["config"]["arch"])
+    assert arch == result.searches[0].best
+    for key, array in first.content.array_records["arrays"].items():
+        np.testing.assert_array_equal(array.numpy(), result.arrays[key].numpy())
+
+
+def test_stage3_never_sends_a_model_to_a_client_below_its_tier(three_stages):
+    strategy, grid, result = three_stages
+    tier_of_node = {n: strategy.tier_of_node(n) for n in strategy.profiles}
+    sent = [
+        m
+        for m in grid.sent
+        if m.metadata.message_type in (FEDORAS_TRAIN, FEDORAS_EVALUATE, FEDORAS_PATHS)
+    ]
+    assert any(m.metadata.message_type == FEDORAS_TRAIN for m in sent)
+    for message in sent:
+        config = message.content.config_records["config"]
+        if message.metadata.message_type == FEDORAS_PATHS:
+            continue  # tiny config scores on the server: none expected
+        arch = [int(v) for v in config["arch"]]
+        tier = next(s.tier for s in result.searches if list(s.best) == arch)
+        assert tier_of_node[message.metadata.dst_node_id] >= tier
+    # the lowest tier's model is tested on every node, the top one on the top tier only
+    top_members = sum(1 for t in tier_of_node.values() if t == 3)
+    assert result.models[3].test.clients == top_members
+    assert result.models[0].test.clients == NUM_NODES
+
+
+def test_same_seed_same_search_and_models(run_config):
+    first = run(run_config, stop_after="search")[2]
+    second = run(run_config, stop_after="search")[2]
+    assert [s.best for s in first.searches] == [s.best for s in second.searches]
+    assert [s.summary() for s in first.searches] == [s.summary() for s in second.searches]
+
+
+def test_federated_scoring_weights_clients_by_examples_and_reports_kendall_tau(run_config):
+    config = {**run_config, "fedoras.search-scoring": "both", "fedoras.rounds": 1}
+    strategy, grid, result = run(config, stop_after="search")
+    scored = [m for m in grid.sent if m.metadata.message_type == FEDORAS_PATHS]
+    assert scored
+    for message in scored:
+        node = message.metadata.dst_node_id
+        config_record = message.content.config_records["config"]
+        paths = np.asarray(config_record["paths"]).reshape(-1, len(strategy.space.num_options()))
+        subspace = strategy.space.subspace_from_mask(config_record["subspace-mask"])
+        assert subspace == covering_subspace(paths.tolist(), paths.shape[1])
+        assert set(message.content.array_records["arrays"].keys()) == set(
+            strategy.space.subspace_keys(subspace)
+        )
+        assert node in strategy.profiles
+    assert set(result.kendall_tau) == {0, 1, 2, 3}
+    for search in result.searches:
+        assert len(search.federated_accuracy) == len(search.evaluated)
+        assert all(0.0 <= a <= 1.0 for a in search.federated_accuracy)
+    taus = [t for t in result.kendall_tau.values() if t is not None]
+    assert taus and all(-1.0 <= t <= 1.0 for t in taus)
+
+
+def test_federated_score_is_correct_over_examples_summed_across_clients(run_config):
+    """Two clients answer with hand-made counts: accuracy = (3 + 9) / (10 + 20)."""
+    config = {**run_config, "fedoras.search-scoring": "federated", "fedoras.rounds": 0}
+    settings = parse_run_config(config)
+    strategy = make_strategy(config, server_data=None)
+    grid = InProcessGrid(client_app, config, NUM_NODES)
+    strategy.setup(grid)
+    answers = iter([(10, 3), (20, 9)])
+
+    def fixed(reply):
+        n, c = next(answers)
+        metrics = MetricRecord({"num-examples": n, "correct": [c], "loss-sum": [1.0]})
+        return replace_content(reply, RecordDict({METRICS: metrics}))
+
+    grid.faults = dict.fromkeys(grid.contexts, fixed)
+    scorer = FederatedPathScorer(strategy, grid, ArrayRecord(strategy.space.state_dict()), 3)
+    path = tuple(0 for _ in strategy.space.num_options())
+    assert settings.fedoras.search_clients == 2
+    assert scorer([path]) == [pytest.approx(12 / 30)]
+
+
+def test_federated_replies_with_wrong_lengths_are_dropped(run_config, caplog):
+    config = {
+        **run_config,
+        "fedoras.search-scoring": "federated",
+        "fedoras.rounds": 0,
+        "fedoras.min-replies": 1,
+    }
+    strategy = make_strategy(config, server_data=None)
+    grid = InProcessGrid(client_app, config, NUM_NODES)
+    strategy.setup(grid)
+    supernet = ArrayRecord(strategy.space.state_dict())
+    path = tuple(0 for _ in strategy.space.num_options())
+    honest = FederatedPathScorer(strategy, grid, supernet, 0)([path])[0]
+    chosen = [m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == FEDORAS_PATHS]
+    assert len(chosen) == 2
+
+    def short(reply):
+        metrics = MetricRecord({"num-examples": 5, "correct": [1, 2], "loss-sum": [1.0, 1.0]})
+        return replace_content(reply, RecordDict({METRICS: metrics}))
+
+    grid.faults = {chosen[0]: short}
+    accuracy = FederatedPathScorer(strategy, grid, supernet, 0)([path])[0]
+    assert f"dropped reply of node {chosen[0]}: 'correct' must hold one value per path" in (
+        caplog.text
+    )
+    assert 0.0 <= accuracy <= 1.0 and 0.0 <= honest <= 1.0  # the other client's score
+    assert strategy.ledger.summary()["search-t1"]["nodes"][str(chosen[0])]["rejected"] == 1
+
+
+def test_server_scoring_without_a_server_slice_fails_before_training(run_config):
+    with pytest.raises(ValueError, match="search-scoring.*server-fraction"):
+        make_strategy(run_config, server_data=None)
+
+
+def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
+    config = {**run_config, "fedoras.compare-rand-init": True, "fedoras.num-tiers": 2}
+    strategy, grid, result = run(config)
+    assert [(m.tier, m.init) for m in result.models] == [
+        (0, "supernet"),
+        (0, "random"),
+        (1, "supernet"),
+        (1, "random"),
+    ]
+    trains = [m for m in grid.sent if m.metadata.message_type == FEDORAS_TRAIN]
+    by_phase = {m.content.config_records["config"]["phase"]: m for m in trains}
+    warm, cold = by_phase["finetune-supernet"], by_phase["finetune-random"]
+    assert (
+        warm.content.config_records["config"]["arch"]
+        == cold.content.config_records["config"]["arch"]
+    )
+    key = next(iter(warm.content.array_records["arrays"].keys()))
+    assert not np.array_equal(
+        warm.content.array_records["arrays"][key].numpy(),
+        cold.content.array_records["arrays"][key].numpy(),
+    )
+
+
+def test_plain_fedavg_of_supernets_returns_and_averages_every_key_sent(run_config):
+    config = {**run_config, "fedoras.aggregation": "fedavg"}
+    strategy, grid, result = run(config, stop_after="supernet")
+    assert all(h.get("clients", 6) == 6 for h in result.history[1:])
+    opa_result = run(run_config, stop_after="supernet")[2]
+    differs = [
+        k
+        for k in result.arrays.keys()
+        if not np.array_equal(result.arrays[k].numpy(), opa_result.arrays[k].numpy())
+    ]
+    assert differs  # the two aggregations give different supernets
+
+
+def test_resume_from_a_checkpoint_skips_stage1(run_config, tmp_path, three_stages):
+    strategy, _, result = three_stages
+    path = save_checkpoint(
+        tmp_path / "supernet.pt",
+        space_spec=strategy.space.spec,
+        arrays=result.arrays,
+        stage="supernet",
+    )
+    arrays = resume_supernet(str(path), build_supernet(parse_run_config(run_config)))
+    resumed_strategy, grid, resumed = run(
+        run_config, initial_arrays=arrays, supernet_trained=True, stop_after="search"
+    )
+    assert resumed.history == []
+    assert not [m for m in grid.sent if m.metadata.message_type == FEDORAS_SUPERNET]
+    assert [s.best for s in resumed.searches] == [s.best for s in result.searches]
+
+
+def test_resume_rejects_a_checkpoint_of_another_space(run_config, tmp_path):
+    other = build_space(
+        "cnn_s", num_classes=10, in_channels=1, input_height=28, input_width=28, width=0.5
+    )
+    path = save_checkpoint(
+        tmp_path / "other.pt",
+        space_spec=other.spec,
+        arrays=ArrayRecord(other.state_dict()),
+        stage="supernet",
+    )
+    with pytest.raises(ValueError, match="resume-from.*not a Stage-1 checkpoint"):
+        resume_supernet(str(path), build_supernet(parse_run_config(run_config)))
+    with pytest.raises(ValueError, match="resume-from.*cannot load"):
+        resume_supernet(str(tmp_path / "missing.pt"), build_supernet(parse_run_config(run_config)))
+
+
+def test_a_corrupt_finetuning_reply_is_dropped_and_the_model_stays_finite(run_config, caplog):
+    def poison(reply):
+        if reply.metadata.message_type != FEDORAS_TRAIN:
+            return reply
+        arrays = reply.content.array_records["arrays"]
+        key = next(iter(arrays.keys()))
+        values = arrays[key].numpy().copy()
+        values.flat[0] = math.nan
+        bad = ArrayRecord({k: arrays[k] for k in arrays.keys()})
+        bad[key] = Array(values)
+        metrics = reply.content.metric_records[METRICS]
+        return replace_content(reply, RecordDict({ARRAYS: bad, METRICS: metrics}))
+
+    config = {**run_config, "fedoras.num-tiers": 1, "fedoras.finetune-clients-per-round": 12}
+    faults = {0: poison}
+    strategy, grid, result = run(config, faults=faults)
+    assert "dropped reply of node" in caplog.text
+    for array in result.models[0].arrays.values():
+        assert torch.isfinite(torch.as_tensor(array.numpy())).all()
