@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
@@ -22,7 +21,14 @@ from ..costs import training_flops
 from ..data import ClientData
 from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ..search_spaces.prunable import PrunableNet, build_prunable
-from .training import evaluate, reply_state, seeded_loader, torch_device
+from .training import (
+    evaluate,
+    held_out_metrics,
+    local_sgd,
+    reply_state,
+    seeded_loader,
+    torch_device,
+)
 
 __all__ = [
     "STATE_PREFIX",
@@ -50,29 +56,11 @@ def _load(content: RecordDict) -> tuple[ConfigRecord, PrunableNet]:
 
 
 def _train(net: nn.Module, config: ConfigRecord, data: ClientData, words: tuple[int, ...]) -> dict:
-    """E epochs of SGD on the training split; loss, samples seen, training FLOPs."""
-    device = torch_device()
-    net.to(device).train()
-    optimizer = torch.optim.SGD(
-        net.parameters(),
-        lr=float(config["lr"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config["weight-decay"]),
-    )
-    loader = seeded_loader(data.train, int(config["batch-size"]), words)
-    loss_sum, seen = 0.0, 0
-    for _ in range(int(config["local-epochs"])):
-        for inputs, targets in loader:
-            optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(net(inputs.to(device)), targets.to(device))
-            loss.backward()
-            optimizer.step()
-            loss_sum += float(loss.detach()) * len(targets)
-            seen += len(targets)
-    net.eval()
+    """E epochs of SGD on the training split; loss and training FLOPs."""
+    done = local_sgd(net, data.train, config, words)
     return {
-        "train-loss": loss_sum / max(seen, 1),
-        "train-flops": training_flops(2 * int(config["net-macs"]), seen),
+        "train-loss": done.loss,
+        "train-flops": training_flops(2 * int(config["net-macs"]), done.seen),
     }
 
 
@@ -149,17 +137,4 @@ def evaluate_model(content: RecordDict, data: ClientData) -> RecordDict:
     if split not in ("val", "test"):
         raise ValueError(f"config 'split' = {split!r}: val or test")
     dataset = data.val if split == "val" else data.test
-    net.to(torch_device()).eval()
-    result = evaluate(net, seeded_loader(dataset, 256, (0,), shuffle=False), torch_device())
-    return RecordDict(
-        {
-            METRICS: MetricRecord(
-                {
-                    "num-examples": result.count,
-                    "correct": result.correct,
-                    "loss": result.loss,
-                    "accuracy": result.accuracy,
-                }
-            )
-        }
-    )
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, dataset))})

@@ -24,13 +24,18 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ..data import ClientData
 from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ..search_spaces import build_space
 from ..search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
-from .training import evaluate, seeded_generator, seeded_loader, torch_device
+from .training import (
+    held_out_metrics,
+    local_sgd,
+    seeded_generator,
+    torch_device,
+)
 
 __all__ = [
     "PREVIOUS_PREFIX",
@@ -254,26 +259,16 @@ def _derived(content: RecordDict) -> tuple[nn.Module, ConfigRecord]:
 def train_final(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
     """Local SGD epochs of the derived network (FedAvg's client side)."""
     net, config = _derived(content)
-    device = torch_device()
-    net.to(device).train()
-    optimizer = torch.optim.SGD(
-        net.parameters(), lr=float(config["lr"]), momentum=float(config["momentum"])
-    )
     words = (int(config["seed"]), int(config["server-round"]), partition_id)
     if float(config.get("noise-multiplier", 0.0)) > 0:
+        net.to(torch_device()).train()
+        optimizer = torch.optim.SGD(
+            net.parameters(), lr=float(config["lr"]), momentum=float(config["momentum"])
+        )
         return _train_final_private(net, optimizer, config, data, list(words))
-    loader = seeded_loader(data.train, int(config["batch-size"]), words)
-    loss_sum, examples = 0.0, 0
-    for _ in range(int(config["local-epochs"])):
-        for inputs, targets in loader:
-            optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(net(inputs.to(device)), targets.to(device))
-            loss.backward()
-            optimizer.step()
-            loss_sum += float(loss.detach()) * len(targets)
-            examples += len(targets)
+    done = local_sgd(net, data.train, config, words)
     state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
-    metrics = MetricRecord({"num-examples": examples, "train-loss": loss_sum / max(examples, 1)})
+    metrics = MetricRecord({"num-examples": done.seen, "train-loss": done.loss})
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
 
 
@@ -321,10 +316,4 @@ def _train_final_private(
 def evaluate_final(content: RecordDict, data: ClientData) -> RecordDict:
     """Loss and accuracy of the derived network on this party's test split."""
     net, _ = _derived(content)
-    device = torch_device()
-    net.to(device).eval()
-    result = evaluate(net, DataLoader(data.test, batch_size=256), device)
-    metrics = MetricRecord(
-        {"num-examples": result.count, "loss": result.loss, "accuracy": result.accuracy}
-    )
-    return RecordDict({METRICS: metrics})
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test))})

@@ -26,7 +26,14 @@ from ..data import ClientData
 from ..evaluation import score_paths
 from ..protocol import ARRAYS, METRICS, space_from_config
 from ..search_spaces import SearchSpace, build_space
-from .training import evaluate, flatten_logits, reply_state, seeded_loader, torch_device
+from .training import (
+    flatten_logits,
+    held_out_metrics,
+    local_sgd,
+    reply_state,
+    seeded_loader,
+    torch_device,
+)
 
 __all__ = [
     "evaluate_subnet",
@@ -149,31 +156,12 @@ def train_subnet(content: RecordDict, data: ClientData, partition_id: int) -> Re
     received = content.array_records[ARRAYS]
     net = _load_subnet(config, received)
     words = (int(config["seed"]), int(config["server-round"]), partition_id, 4)
-    device = torch_device()
-    net.to(device).train()
-    optimizer = torch.optim.SGD(
-        net.parameters(),
-        lr=float(config["lr"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config["weight-decay"]),
-    )
-    criterion = nn.CrossEntropyLoss()
-    loss_sum, seen = 0.0, 0
-    loader = seeded_loader(data.train, int(config["batch-size"]), words)
-    for _ in range(int(config["local-epochs"])):
-        for inputs, targets in loader:
-            optimizer.zero_grad(set_to_none=True)
-            logits, flat = flatten_logits(net(inputs.to(device)), targets.to(device))
-            loss = criterion(logits, flat)
-            loss.backward()
-            optimizer.step()
-            loss_sum += float(loss.detach()) * len(targets)
-            seen += len(targets)
+    done = local_sgd(net, data.train, config, words)
     metrics = MetricRecord(
         {
             "num-examples": len(data.train),
-            "train-loss": loss_sum / max(seen, 1),
-            "train-flops": training_flops(int(config["net-flops"]), seen),
+            "train-loss": done.loss,
+            "train-flops": training_flops(int(config["net-flops"]), done.seen),
         }
     )
     return RecordDict({ARRAYS: ArrayRecord(reply_state(net, received)), METRICS: metrics})
@@ -183,15 +171,4 @@ def evaluate_subnet(content: RecordDict, data: ClientData) -> RecordDict:
     """Stage 3: test loss and accuracy of the received subnet on the local test split."""
     config: ConfigRecord = content.config_records["config"]
     net = _load_subnet(config, content.array_records[ARRAYS])
-    device = torch_device()
-    net.to(device).eval()
-    result = evaluate(net, seeded_loader(data.test, 256, (0,), shuffle=False), device)
-    metrics = MetricRecord(
-        {
-            "num-examples": result.count,
-            "correct": result.correct,
-            "loss-sum": result.loss_sum,
-            "accuracy": result.accuracy,
-        }
-    )
-    return RecordDict({METRICS: metrics})
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test))})

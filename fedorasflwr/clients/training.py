@@ -14,12 +14,15 @@ from torch.utils.data import DataLoader, Dataset
 
 __all__ = [
     "EvalResult",
+    "LocalTraining",
     "evaluate",
+    "local_sgd",
     "flatten_logits",
     "recalibrate_batchnorm",
     "reply_state",
     "seeded_generator",
     "seeded_loader",
+    "held_out_metrics",
     "torch_device",
 ]
 
@@ -125,3 +128,55 @@ def reply_state(net: nn.Module, received: Mapping[str, Any]) -> dict[str, Tensor
         dtype = torch.from_numpy(np.zeros(0, dtype=received[key].dtype)).dtype
         state[key] = value.detach().cpu().to(dtype)
     return state
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """What ``local_sgd`` did: mean training loss and samples seen (over all epochs)."""
+
+    loss: float
+    seen: int
+
+
+def local_sgd(
+    net: nn.Module, dataset: Dataset, config: Mapping[str, Any], words: Sequence[int]
+) -> LocalTraining:
+    """``local-epochs`` epochs of SGD on ``dataset`` in ``batch-size`` batches, order fixed by
+    ``words``; ``lr``, ``momentum`` and ``weight-decay`` (0 if absent) from ``config``.
+    Cross-entropy over any logits shape (every position for text); ``net`` ends in eval mode."""
+    device = torch_device()
+    net.to(device).train()
+    optimizer = torch.optim.SGD(
+        net.parameters(),
+        lr=float(config["lr"]),
+        momentum=float(config["momentum"]),
+        weight_decay=float(config.get("weight-decay", 0.0)),
+    )
+    criterion = nn.CrossEntropyLoss()
+    loader = seeded_loader(dataset, int(config["batch-size"]), words)
+    loss_sum, seen = 0.0, 0
+    for _ in range(int(config["local-epochs"])):
+        for inputs, targets in loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = criterion(*flatten_logits(net(inputs.to(device)), targets.to(device)))
+            loss.backward()
+            optimizer.step()
+            loss_sum += float(loss.detach()) * len(targets)
+            seen += len(targets)
+    net.eval()
+    return LocalTraining(loss_sum / max(seen, 1), seen)
+
+
+def held_out_metrics(net: nn.Module, dataset: Dataset) -> dict[str, float | int]:
+    """``net``'s loss and accuracy on ``dataset`` (a client's test split) as reply metrics:
+    ``num-examples``, ``correct``, ``loss-sum``, ``loss`` and ``accuracy``."""
+    device = torch_device()
+    net.to(device).eval()
+    result = evaluate(net, seeded_loader(dataset, 256, (0,), shuffle=False), device)
+    return {
+        "num-examples": result.count,
+        "correct": result.correct,
+        "loss-sum": result.loss_sum,
+        "loss": result.loss,
+        "accuracy": result.accuracy,
+    }

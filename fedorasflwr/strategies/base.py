@@ -207,14 +207,17 @@ class FederatedNASStrategy(Strategy):
         self._reasons.setdefault(stage, []).append(f"dropped: {reason}")
         log(WARNING, "[%s] dropped reply of node %d: %s", stage, node_id, reason)
 
-    def require(self, stage: str, accepted: int, sent: int) -> None:
-        """Fail loudly when a step ends with fewer than ``min_replies`` good replies."""
+    def require(self, stage: str, accepted: int, sent: int, *, at_most_sent: bool = False) -> None:
+        """Fail loudly when a step ends with fewer than ``min_replies`` good replies
+        (with ``at_most_sent``, fewer than ``min(min_replies, sent)``, at least one:
+        for steps that may address fewer nodes, e.g. the clients of the top tier)."""
         reasons = self._reasons.pop(stage, [])
-        if accepted < self.min_replies:
+        needed = max(1, min(self.min_replies, sent)) if at_most_sent else self.min_replies
+        if accepted < needed:
             distinct = list(dict.fromkeys(reasons))[:3]
             raise StageFailedError(
                 f"[{stage}] {accepted} usable repl{'y' if accepted == 1 else 'ies'} "
-                f"out of {sent} message(s) sent; at least {self.min_replies} required "
+                f"out of {sent} message(s) sent; at least {needed} required "
                 f"(run config 'min-replies'). Reasons: {'; '.join(distinct) or 'none given'}"
             )
 

@@ -52,7 +52,13 @@ from ..protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_confi
 from ..search_spaces import SearchSpace, Subspace, build_space
 from .aggregation import opa
 from .base import FederatedNASStrategy, NodeProfile, sample_nodes
-from .fedoras_finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier
+from .fedoras_finetune import (
+    RANDOM_INIT,
+    SUPERNET_INIT,
+    TierModel,
+    eligible_nodes,
+    finetune_tier,
+)
 from .fedoras_search import FederatedPathScorer, TierScorer
 from .replies import ArraySpec, array_specs, check_reply
 from .search import TierSearch, kendall_tau, search_tier
@@ -456,6 +462,11 @@ class FedorAS(FederatedNASStrategy):
             self.server_scorer.load(arrays)
         searches, taus = [], {}
         for tier in self.tiers:
+            if s.search_scoring != "server" and not any(
+                p.num_val > 0 for p in eligible_nodes(self, tier.index)
+            ):
+                log(WARNING, "Tier %d: no client to score its paths; not searched", tier.index + 1)
+                continue
             log(INFO, "[SEARCH] tier %d: %s scoring", tier.index + 1, s.search_scoring)
             score = TierScorer(
                 self.server_scorer,
@@ -496,20 +507,29 @@ class FedorAS(FederatedNASStrategy):
         """Stage 3: fine-tune each tier's path on that tier's clients and those above
         (and, with ``compare-rand-init``, the same path from a random initialisation)."""
         inits = [SUPERNET_INIT] + ([RANDOM_INIT] if self.settings.compare_rand_init else [])
-        return [
-            finetune_tier(
-                self,
-                grid,
-                arrays,
-                outcome.tier,
-                outcome.best,
-                outcome.best_accuracy,
-                init=init,
-                server_data=self.server_data,
-            )
-            for outcome in searches
-            for init in inits
-        ]
+        models = []
+        for outcome in searches:
+            if not eligible_nodes(self, outcome.tier):
+                log(
+                    WARNING,
+                    "Tier %d: no client can run its model; not fine-tuned",
+                    outcome.tier + 1,
+                )
+                continue
+            for init in inits:
+                models.append(
+                    finetune_tier(
+                        self,
+                        grid,
+                        arrays,
+                        outcome.tier,
+                        outcome.best,
+                        outcome.best_accuracy,
+                        init=init,
+                        server_data=self.server_data,
+                    )
+                )
+        return models
 
     def _evaluate(
         self,

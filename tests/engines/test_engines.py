@@ -15,6 +15,7 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import FlowerRunError, find_pids
+from fedorasflwr.search_spaces import build_space
 from fedorasflwr.server_app import build_supernet
 from fedorasflwr.strategies.fedoras import FedorAS
 from tests.runconfig import pyproject_run_config
@@ -60,7 +61,7 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
     return strategy.start(grid, stop_after="supernet").arrays.to_torch_state_dict()
 
 
-def test_simulation_engine_runs_stage1_and_stops_everything(
+def test_simulation_engine_runs_the_three_stages_and_stops_everything(
     simulation_runner, flwr_home, tmp_path, data_cache
 ):
     out = tmp_path / "out"
@@ -78,7 +79,20 @@ def test_simulation_engine_runs_stage1_and_stops_everything(
     assert ledger["totals"]["bytes_down"] > 0 and ledger["totals"]["bytes_up"] > 0
     assert len(result["tier-of-partition"]) == 10
     assert find_pids(flwr_home=flwr_home) == []
-    engine = load_checkpoint(next(out.glob("fedoras-*/supernet.pt")))["state_dict"]
+    # Stages 2 and 3: one searched, fine-tuned and exported model per tier
+    assert [m["tier"] for m in result["models"]] == [1, 2, 3, 4]
+    run_dir = next(out.glob("fedoras-*"))
+    for model, tier in zip(result["models"], result["tiers"], strict=True):
+        assert tier["low"] < model["flops"] <= tier["high"]
+        assert 0.0 <= model["test"]["accuracy"] <= 1.0
+        exported = load_checkpoint(run_dir / f"tier-{model['tier']}.pt")
+        assert exported["options"] == model["options"]
+        net = build_space(**exported["space"]).subnet(exported["arch"])
+        net.load_state_dict(exported["state_dict"])  # strict: the export rebuilds
+    for plot in ("tiers_accuracy_flops.png", "supernet_accuracy.png", "finetune_curves.png"):
+        assert (run_dir / plot).stat().st_size > 0
+    assert {f"tier-{t}.pt" for t in range(1, 5)} <= set(result["files"])
+    engine = load_checkpoint(run_dir / "supernet.pt")["state_dict"]
     expected = in_process_supernet(overrides, num_nodes=10)
     assert engine.keys() == expected.keys()
     # Same draws, same batches, same paths: equal up to float32 rounding (depthwise-conv

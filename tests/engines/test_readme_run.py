@@ -32,7 +32,7 @@ def test_readme_opens_with_the_run_and_test_commands():
     assert blocks[1].split("&& ", 2)[-1] in ci  # CI runs exactly the README's test command
 
 
-def test_default_search_runs_stage1_above_chance_and_leaves_nothing_running(tmp_path):
+def test_default_search_runs_three_stages_above_chance_and_leaves_nothing_running(tmp_path):
     command = readme_run_command().split("&& ")[-1].split()  # the venv and install are ours
     assert command == ["python", "-m", "fedorasflwr.launch"]
     home = tmp_path / "flwr-home"
@@ -62,5 +62,13 @@ def test_default_search_runs_stage1_above_chance_and_leaves_nothing_running(tmp_
     curve = [h["val-accuracy"] for h in result["history"]]
     assert curve[0] < 0.2
     assert curve[-1] > 0.3  # ten classes: chance is 0.1
-    assert (results[0].parent / "supernet_accuracy.png").exists()
+    run_dir = results[0].parent
+    assert [m["tier"] for m in result["models"] if m["init"] == "supernet"] == [1, 2, 3, 4]
+    assert [m["tier"] for m in result["models"] if m["init"] == "random"] == [1, 2, 3, 4]
+    for model, tier in zip(result["models"][::2], result["tiers"], strict=True):
+        assert tier["low"] < model["flops"] <= tier["high"]
+        assert model["test"]["accuracy"] > 0.3
+        assert (run_dir / f"tier-{model['tier']}.pt").exists()
+    for plot in ("supernet_accuracy.png", "tiers_accuracy_flops.png", "finetune_curves.png"):
+        assert (run_dir / plot).exists()
     assert find_pids(flwr_home=home) == []

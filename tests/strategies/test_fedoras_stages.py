@@ -380,3 +380,28 @@ def test_a_corrupt_finetuning_reply_is_dropped_and_the_model_stays_finite(run_co
     assert "dropped reply of node" in caplog.text
     for array in result.models[0].arrays.values():
         assert torch.isfinite(torch.as_tensor(array.numpy())).all()
+
+
+def test_the_text_task_runs_all_three_stages_and_reports_perplexity(data_cache):
+    config = tiny_fedoras(
+        data_cache,
+        **{
+            "data.dataset": "pydoc-topics",
+            "data.seq-len": 16,
+            "space.name": "rnn",
+            "space.width": 0.125,
+            "fedoras.num-tiers": 2,
+            "fedoras.batch-size": 16,
+            "fedoras.finetune-batch-size": 16,
+            "fedoras.search-scoring": "both",
+        },
+    )
+    strategy, grid, result = run(config)
+    assert strategy.space.spec["name"] == "rnn"
+    assert len(result.models) == 2
+    for model in result.models:
+        test = model.test
+        assert test.perplexity == pytest.approx(math.exp(test.loss))
+        vocabulary = strategy.space.spec["vocab_size"]
+        assert 1.0 < test.perplexity < 2 * vocabulary  # trained a little: near or below uniform
+    assert set(result.kendall_tau) == {0, 1}
