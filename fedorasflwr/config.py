@@ -191,6 +191,8 @@ class FedorASSettings:
     finetune_lr_decay: float = 0.1
     finetune_momentum: float = 0.9
     compare_rand_init: bool = True
+    compare_random_search: bool = False
+    random_search_paths: int = 4
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FedorASSettings:
@@ -315,6 +317,10 @@ def _fedoras_stages_2_3(
             "0 <= m < 1",
         ),
         "compare_rand_init": _get(cfg, p + "compare-rand-init", cls.compare_rand_init, bool),
+        "compare_random_search": _get(
+            cfg, p + "compare-random-search", cls.compare_random_search, bool
+        ),
+        "random_search_paths": count("random-search-paths", cls.random_search_paths),
     }
 
 

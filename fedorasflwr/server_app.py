@@ -164,7 +164,7 @@ def fedoras_plots(out_dir: Path, result: FedorASResult) -> list[Path | None]:
     series: dict[str, list[tuple[float, float]]] = {}
     for model in result.models:
         if model.test is not None:
-            name = "FedorAS" if model.init == SUPERNET_INIT else f"{model.init} init"
+            name = {SUPERNET_INIT: "FedorAS", "random": "rand-init"}.get(model.init, model.init)
             series.setdefault(name, []).append((model.flops / 1e6, model.test.accuracy))
     curves = {
         f"T{m.tier + 1} {m.init}": [(h["round"], h["val-accuracy"]) for h in m.history]

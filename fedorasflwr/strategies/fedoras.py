@@ -58,6 +58,7 @@ from .fedoras_finetune import (
     TierModel,
     eligible_nodes,
     finetune_tier,
+    random_search_tier,
 )
 from .fedoras_search import FederatedPathScorer, TierScorer
 from .replies import ArraySpec, array_specs, check_reply
@@ -429,6 +430,8 @@ class FedorAS(FederatedNASStrategy):
             result.searches, result.kendall_tau = self.search(grid, result.arrays)
         if stop_after == "finetune":
             result.models = self.finetune(grid, result.arrays, result.searches)
+            if self.settings.compare_random_search:
+                result.models += self.random_search(grid, result.models)
         result.ledger = self.ledger.summary()
         return result
 
@@ -530,6 +533,29 @@ class FedorAS(FederatedNASStrategy):
                     )
                 )
         return models
+
+    def client_compute(self) -> int:
+        """Client training FLOPs FedorAS itself has spent: Stage 1 and the fine-tuning of
+        the supernet-initialised models (not the comparisons)."""
+        stages = [STAGE_SUPERNET] + [
+            stage
+            for stage in self.ledger.summary()
+            if stage.startswith("finetune-") and stage.endswith(f"-{SUPERNET_INIT}")
+        ]
+        return sum(self.ledger.stage_totals(stage).train_flops for stage in stages)
+
+    def random_search(self, grid: Grid, models: Sequence[TierModel]) -> list[TierModel]:
+        """The random-search comparison: per fine-tuned tier, random paths trained from
+        scratch with an equal share of FedorAS's total client compute."""
+        tiers = sorted({m.tier for m in models if m.init == SUPERNET_INIT})
+        if not tiers:
+            return []
+        budget = self.client_compute() / len(tiers)
+        log(INFO, "[random search] %.4g client training FLOPs per tier", budget)
+        return [
+            random_search_tier(self, grid, self.tiers[t], budget, server_data=self.server_data)
+            for t in tiers
+        ]
 
     def _evaluate(
         self,

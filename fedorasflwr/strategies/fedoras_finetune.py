@@ -37,19 +37,29 @@ from flwr.supercore import log
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..clients.training import evaluate, torch_device
+from ..costs import training_flops
 from ..protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
 from ..search_spaces import build_space
 from .base import NodeProfile
 from .fedavg import SeededFedAvg, cosine_lr
 from .replies import check_reply
+from .search import initial_paths
+from .tiers import Tier
 
 if TYPE_CHECKING:
     from .fedoras import FedorAS
 
-__all__ = ["TierModel", "TierTest", "finetune_tier", "test_subnet"]
+__all__ = [
+    "TierModel",
+    "TierTest",
+    "finetune_tier",
+    "random_search_tier",
+    "test_subnet",
+]
 
 SUPERNET_INIT = "supernet"
 RANDOM_INIT = "random"
+RANDOM_SEARCH = "random-search"
 
 
 @dataclass
@@ -89,7 +99,7 @@ class TierModel:
             "options": self.names,
             "flops": self.flops,
             "params": self.params,
-            "search-accuracy": self.search_accuracy,
+            "search-accuracy": None if math.isnan(self.search_accuracy) else self.search_accuracy,
             "test": None if self.test is None else vars(self.test),
             "history": self.history,
         }
@@ -117,13 +127,18 @@ def _subnet_config(strategy: FedorAS, arch: Sequence[int], init: str) -> dict[st
 
 
 def initial_subnet(
-    strategy: FedorAS, supernet: ArrayRecord, arch: Sequence[int], init: str, tier: int
+    strategy: FedorAS,
+    supernet: ArrayRecord,
+    arch: Sequence[int],
+    init: str,
+    tier: int,
+    candidate: int = 0,
 ) -> ArrayRecord:
     """The subnet's starting weights: cut from the trained supernet, or freshly
-    initialised (seeded by the run seed, the tier and nothing else) for rand-init."""
+    initialised (seeded by the run seed, the tier and the candidate) otherwise."""
     if init == SUPERNET_INIT:
         return ArrayRecord({k: supernet[k] for k in strategy.space.path_keys(arch)})
-    torch.manual_seed(int(strategy.rng("rand-init", tier).integers(2**31)))
+    torch.manual_seed(int(strategy.rng("rand-init", tier, candidate).integers(2**31)))
     fresh = build_space(**strategy.space.spec).subnet(arch)
     return ArrayRecord(fresh.state_dict())
 
@@ -157,13 +172,17 @@ def finetune_tier(
     *,
     init: str = SUPERNET_INIT,
     server_data: TensorDataset | None = None,
+    rounds: int | None = None,
+    candidate: int = 0,
 ) -> TierModel:
-    """Fine-tune ``arch`` with FedAvg on the tier's eligible clients, then test it there."""
+    """Fine-tune ``arch`` with FedAvg on the tier's eligible clients (``finetune-rounds``
+    rounds unless ``rounds`` is given), then test it there."""
     s = strategy.settings
     space = strategy.space
-    stage = f"finetune-t{tier + 1}-{init}"
+    num_rounds = s.finetune_rounds if rounds is None else rounds
+    stage = f"finetune-t{tier + 1}-{init}" + (f"-{candidate}" if init == RANDOM_SEARCH else "")
     nodes = eligible_nodes(strategy, tier)
-    arrays = initial_subnet(strategy, supernet, arch, init, tier)
+    arrays = initial_subnet(strategy, supernet, arch, init, tier, candidate)
     config = _subnet_config(strategy, arch, init)
     cost = space.cost(arch)
     model = TierModel(
@@ -176,7 +195,7 @@ def finetune_tier(
         search_accuracy=float(search_accuracy),
         arrays=arrays,
     )
-    if s.finetune_rounds > 0:
+    if num_rounds > 0:
         final_lr = s.finetune_lr * s.finetune_lr_decay
         fedavg = SeededFedAvg(
             nodes=nodes,
@@ -201,7 +220,7 @@ def finetune_tier(
             outcome = fedavg.start(
                 grid,
                 arrays,
-                num_rounds=s.finetune_rounds,
+                num_rounds=num_rounds,
                 timeout=strategy.reply_timeout,
                 train_config=ConfigRecord(config),
                 evaluate_fn=_server_curve(strategy, arch, server_data),
@@ -210,15 +229,69 @@ def finetune_tier(
         model.history = [
             {
                 "round": r,
-                "lr": cosine_lr(s.finetune_lr, final_lr, r, s.finetune_rounds),
+                "lr": cosine_lr(s.finetune_lr, final_lr, r, num_rounds),
                 **dict(outcome.train_metrics_clientapp.get(r, {})),
                 **dict(outcome.evaluate_metrics_serverapp.get(r, {})),
             }
-            for r in range(1, s.finetune_rounds + 1)
+            for r in range(1, num_rounds + 1)
         ]
     model.test = test_subnet(strategy, grid, model.arrays, nodes, config, f"test-{stage}")
     log(INFO, "[%s] test: %s", stage, vars(model.test))
     return model
+
+
+def random_search_tier(
+    strategy: FedorAS,
+    grid: Grid,
+    tier: Tier,
+    budget: float,
+    *,
+    server_data: TensorDataset | None = None,
+) -> TierModel:
+    """The random-search baseline of one tier, at a given client compute.
+
+    ``random-search-paths`` distinct random paths inside the tier are each
+    trained from a random initialisation with the Stage-3 FedAvg recipe on the
+    tier's eligible clients, for as many rounds as ``budget / paths`` client
+    training FLOPs pay for (at least one).  The winner is the best on the
+    server's validation slice after training (without one: the lowest final
+    training loss); its test result is the baseline's.
+    """
+    s = strategy.settings
+    space = strategy.space
+    nodes = eligible_nodes(strategy, tier.index)
+    rng = strategy.rng("random-search", tier.index)
+    paths = initial_paths(space, tier, rng, s.random_search_paths)
+    per_client = np.mean([p.num_train for p in nodes]) * s.finetune_local_epochs
+    clients = min(s.finetune_clients_per_round, len(nodes))
+    candidates = []
+    for candidate, path in enumerate(paths):
+        per_round = clients * training_flops(int(space.cost(path).flops), int(per_client))
+        rounds = max(1, int(budget / len(paths) // max(per_round, 1)))
+        model = finetune_tier(
+            strategy,
+            grid,
+            ArrayRecord(),
+            tier.index,
+            path,
+            math.nan,
+            init=RANDOM_SEARCH,
+            server_data=server_data,
+            rounds=rounds,
+            candidate=candidate,
+        )
+        last = model.history[-1] if model.history else {}
+        model.search_accuracy = float(last.get("val-accuracy", math.nan))
+        score = last.get("val-accuracy", -float(last.get("train-loss", math.inf)))
+        candidates.append((float(score), -candidate, model))
+        log(
+            INFO,
+            "[random search] tier %d candidate %d: %d rounds",
+            tier.index + 1,
+            candidate,
+            rounds,
+        )
+    return max(candidates, key=lambda c: (c[0], c[1]))[2]
 
 
 def test_subnet(

@@ -405,3 +405,31 @@ def test_the_text_task_runs_all_three_stages_and_reports_perplexity(data_cache):
         vocabulary = strategy.space.spec["vocab_size"]
         assert 1.0 < test.perplexity < 2 * vocabulary  # trained a little: near or below uniform
     assert set(result.kendall_tau) == {0, 1}
+
+
+def test_random_search_spends_fedoras_client_compute_on_random_paths_in_the_tier(run_config):
+    config = {
+        **run_config,
+        "fedoras.num-tiers": 2,
+        "fedoras.rounds": 3,
+        "fedoras.compare-random-search": True,
+        "fedoras.random-search-paths": 2,
+    }
+    strategy, grid, result = run(config)
+    baselines = [m for m in result.models if m.init == "random-search"]
+    assert [m.tier for m in baselines] == [0, 1]
+    ledger = result.ledger
+    fedoras = ledger["supernet"]["totals"]["train_flops"] + sum(
+        ledger[f"finetune-t{t}-supernet"]["totals"]["train_flops"] for t in (1, 2)
+    )
+    for model in baselines:
+        assert result.tiers[model.tier].contains(model.flops)
+        assert model.test is not None and model.search_accuracy == model.history[-1]["val-accuracy"]
+        spent = sum(
+            ledger[f"finetune-t{model.tier + 1}-random-search-{c}"]["totals"]["train_flops"]
+            for c in (0, 1)
+        )
+        prefix = f"finetune-t{model.tier + 1}-random-search-"
+        assert sum(1 for stage in ledger if stage.startswith(prefix)) == 2  # two candidates
+        # floor(rounds) and the sampled clients' data sizes: within one round's cost of a half
+        assert 0.5 * fedoras / 2 < spent < 1.5 * fedoras / 2
