@@ -79,25 +79,13 @@ def run_config(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def make(config: dict[str, Any], **kwargs: Any) -> Any:
-    import torch
 
     from fedorasflwr.config import parse_run_config
-    from fedorasflwr.data import dataset_info
-    from fedorasflwr.search_spaces.prunable import build_prunable
+    from fedorasflwr.server_app import build_decnas_net
     from fedorasflwr.strategies.decnas import DecNAS
 
     run = parse_run_config(config)
-    info = dataset_info(run.data)
-    torch.manual_seed(run.seed)
-    channels, height, width = info.input_shape
-    net = build_prunable(
-        run.decnas.model,
-        num_classes=info.num_classes,
-        in_channels=channels,
-        input_height=height,
-        input_width=width,
-        width=run.space.width,
-    )
+    net = build_decnas_net(run)
     return DecNAS(net=net, settings=run.decnas, seed=run.seed, **kwargs)
 
 

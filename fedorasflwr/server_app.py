@@ -31,7 +31,7 @@ from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
 from .evaluation import SupernetEvaluator
 from .search_spaces import SearchSpace, build_space
-from .search_spaces.prunable import build_prunable
+from .search_spaces.prunable import PrunableNet, build_prunable
 from .strategies.base import NodeProfile
 from .strategies.cfdnas import CFDNAS
 from .strategies.decnas import DecNAS
@@ -335,14 +335,14 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
     }
 
 
-def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
-    """DecNAS: GM_0, NetAdapt iterations with client groups, tuning; frontier and models."""
+def build_decnas_net(settings: RunSettings) -> PrunableNet:
+    """DecNAS's starting net (``decnas.model`` at ``space.width``), initialised from the seed."""
     info = dataset_info(settings.data)
     if info.kind != "image":
         raise ValueError(f"DecNAS prunes image nets; 'data.dataset' = {info.name!r} is {info.kind}")
     torch.manual_seed(settings.seed)
     channels, height, width = info.input_shape
-    net = build_prunable(
+    return build_prunable(
         settings.decnas.model,
         num_classes=info.num_classes,
         in_channels=channels,
@@ -350,6 +350,11 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         input_width=width,
         width=settings.space.width,
     )
+
+
+def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+    """DecNAS: GM_0, NetAdapt iterations with client groups, tuning; frontier and models."""
+    net = build_decnas_net(settings)
     strategy = DecNAS(
         net=net,
         settings=settings.decnas,

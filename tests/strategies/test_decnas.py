@@ -9,10 +9,9 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
-from fedorasflwr.data import dataset_info
 from fedorasflwr.inprocess import InProcessGrid, error_reply
 from fedorasflwr.protocol import ARRAYS, DECNAS_UPLOAD, METRICS
-from fedorasflwr.search_spaces.prunable import build_prunable
+from fedorasflwr.server_app import build_decnas_net
 from fedorasflwr.strategies.decnas import DecNAS
 from tests.runconfig import tiny_decnas
 
@@ -21,17 +20,7 @@ NUM_NODES = 6
 
 def make_strategy(config):
     settings = parse_run_config(config)
-    info = dataset_info(settings.data)
-    torch.manual_seed(settings.seed)
-    channels, height, width = info.input_shape
-    net = build_prunable(
-        settings.decnas.model,
-        num_classes=info.num_classes,
-        in_channels=channels,
-        input_height=height,
-        input_width=width,
-        width=settings.space.width,
-    )
+    net = build_decnas_net(settings)
     return DecNAS(net=net, settings=settings.decnas, seed=settings.seed)
 
 
