@@ -42,6 +42,7 @@ def settings(quick: bool, output_dir: Path, cache_dir: Path) -> dict:
         "fedoras.local-epochs": 1 if quick else 2,
         "fedoras.tier-samples": 2000,
         "fedoras.eval-every": 0,
+        "fedoras.stop-after": "supernet",  # Stage 1 only, on both sides
     }
 
 

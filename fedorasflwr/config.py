@@ -22,6 +22,7 @@ __all__ = [
     "DECNAS_VARIANTS",
     "DecNASSettings",
     "DPFNASSettings",
+    "FEDORAS_STAGES",
     "FDNASSettings",
     "FedorASSettings",
     "RunSettings",
@@ -32,6 +33,7 @@ __all__ = [
 
 METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas")
 SPACE_NAMES = ("cnn_l", "cnn_s", "rnn", "mbconv", "darts")
+FEDORAS_STAGES = ("supernet", "search", "finetune")
 
 
 def _get(
@@ -172,6 +174,7 @@ class FedorASSettings:
     min_replies: int = 2
     aggregation: str = "opa"
     resume_from: str = ""
+    stop_after: str = "finetune"
     # Stage 2: NSGA-II per tier (paper: population 128, 64 offspring, ~1000 evaluations).
     search_scoring: str = "server"
     search_objective: str = "flops"
@@ -191,6 +194,7 @@ class FedorASSettings:
     finetune_lr_decay: float = 0.1
     finetune_momentum: float = 0.9
     compare_rand_init: bool = True
+    rand_init_rounds: int | None = None  # None: as many as finetune_rounds
     compare_random_search: bool = False
     random_search_paths: int = 4
 
@@ -277,6 +281,7 @@ def _fedoras_stages_2_3(
     return {
         "aggregation": _one_of(cfg, p + "aggregation", cls.aggregation, ("opa", "fedavg")),
         "resume_from": _get(cfg, p + "resume-from", cls.resume_from, str),
+        "stop_after": _one_of(cfg, p + "stop-after", cls.stop_after, FEDORAS_STAGES),
         "search_scoring": _one_of(
             cfg, p + "search-scoring", cls.search_scoring, ("server", "federated", "both")
         ),
@@ -317,6 +322,7 @@ def _fedoras_stages_2_3(
             "0 <= m < 1",
         ),
         "compare_rand_init": _get(cfg, p + "compare-rand-init", cls.compare_rand_init, bool),
+        "rand_init_rounds": count("rand-init-rounds", 0, 0) or None,
         "compare_random_search": _get(
             cfg, p + "compare-random-search", cls.compare_random_search, bool
         ),

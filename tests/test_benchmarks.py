@@ -101,3 +101,34 @@ def test_decnas_cost_quick_reports_every_variant():
     # the naive design uploads every candidate from every client: never cheaper
     assert all(row["uplink-bytes"] <= saved["rows"][1]["uplink-bytes"] for row in saved["rows"])
     assert saved["width-multiplier"]
+
+
+@pytest.mark.slow
+def test_fedoras_tiers_quick_reports_every_comparison():
+    done = run_quick("fedoras_tiers")
+    headline = re.search(r"^headline: min_gain_pp_alpha0.1=(-?[0-9.]+) ", done.stdout, re.M)
+    assert headline, done.stdout[-2000:]
+    saved = json.loads((ROOT / "benchmarks/results/fedoras_tiers.quick.json").read_text())
+    assert saved["headline"]["min_gain_pp_alpha0.1"] == pytest.approx(
+        float(headline.group(1)), abs=1e-3
+    )
+    cases = {(case["name"], case["alpha"]): case for case in saved["cases"]}
+    assert set(cases) == {
+        ("opa", 0.1),
+        ("opa", 1.0),
+        ("fedavg", 0.1),
+        ("budget-1", 0.1),
+        ("budget-1/4", 0.1),
+    }
+    for (name, _alpha), case in cases.items():
+        tiers = case["tiers"]
+        for model in case["models"]:
+            tier = tiers[model["tier"] - 1]
+            assert tier["low"] <= model["flops"] <= tier["high"]
+        inits = {m["init"] for m in case["models"]}
+        assert inits == ({"supernet", "random"} if name == "opa" else {"supernet"})
+        if name == "opa":  # rand-init trains the same architectures
+            arch = {(m["tier"], m["init"]): m["arch"] for m in case["models"]}
+            assert all(arch[(t, "random")] == arch[(t, "supernet")] for t, _ in arch)
+    down = {name: cases[(name, 0.1)]["stage1-bytes-down-per-message"] for name, _ in cases}
+    assert down["budget-1/4"] < down["opa"] < down["budget-1"]

@@ -39,6 +39,8 @@ def test_pyproject_defaults_parse():
         ("fedoras.finetune-rounds", -1, "fedoras.finetune-rounds"),
         ("fedoras.finetune-lr-decay", 2.0, "fedoras.finetune-lr-decay"),
         ("fedoras.finetune-momentum", 1.0, "fedoras.finetune-momentum"),
+        ("fedoras.stop-after", "deploy", "fedoras.stop-after"),
+        ("fedoras.rand-init-rounds", -2, "fedoras.rand-init-rounds"),
         ("data.dataset", "imagenet", "data.dataset"),
         ("data.alpha", -1.0, "data.alpha"),
     ],

@@ -46,7 +46,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch.utils.data import TensorDataset
 
-from ..config import FedorASSettings
+from ..config import FEDORAS_STAGES, FedorASSettings
 from ..evaluation import ServerPathScorer
 from ..protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
 from ..search_spaces import SearchSpace, Subspace, build_space
@@ -69,7 +69,7 @@ __all__ = ["STAGES", "FedorAS", "FedorASResult"]
 
 STAGE_SUPERNET = "supernet"
 #: the stages ``start`` can stop after, in order
-STAGES = ("supernet", "search", "finetune")
+STAGES = FEDORAS_STAGES
 
 
 @dataclass
@@ -160,7 +160,7 @@ class FedorAS(FederatedNASStrategy):
             )
         self.server_data = server_data
         self.server_scorer: ServerPathScorer | None = None
-        if settings.search_scoring in ("server", "both"):
+        if settings.search_scoring in ("server", "both") and settings.stop_after != "supernet":
             if server_data is None or len(server_data) < 2:
                 raise ValueError(
                     f"run config 'fedoras.search-scoring' = {settings.search_scoring!r} needs "
@@ -403,13 +403,15 @@ class FedorAS(FederatedNASStrategy):
         initial_arrays: ArrayRecord | None = None,
         *,
         supernet_trained: bool = False,
-        stop_after: str = "finetune",
+        stop_after: str | None = None,
     ) -> FedorASResult:
-        """Profile the nodes, build the tiers, and run the stages up to ``stop_after``.
+        """Profile the nodes, build the tiers, and run the stages up to ``stop_after``
+        (default: ``settings.stop_after``, run config ``fedoras.stop-after``).
 
         ``initial_arrays`` initialises the supernet; with ``supernet_trained``
         they are a finished Stage 1 (a checkpoint) and the run resumes at the search.
         """
+        stop_after = self.settings.stop_after if stop_after is None else stop_after
         if stop_after not in STAGES:
             raise ValueError(f"stop_after must be one of {STAGES}, got {stop_after!r}")
         log(INFO, "Starting FedorAS")
@@ -461,6 +463,12 @@ class FedorAS(FederatedNASStrategy):
     ) -> tuple[list[TierSearch], dict[int, float | None]]:
         """Stage 2: NSGA-II per tier; with ``both`` scorings, Kendall-tau per tier."""
         s = self.settings
+        if s.search_scoring != "federated" and self.server_scorer is None:
+            raise ValueError(
+                f"run config 'fedoras.search-scoring' = {s.search_scoring!r} needs a "
+                "server-held validation slice, and this FedorAS was built without one "
+                "('fedoras.stop-after' = \"supernet\")"
+            )
         if self.server_scorer is not None:
             self.server_scorer.load(arrays)
         searches, taus = [], {}
@@ -530,6 +538,7 @@ class FedorAS(FederatedNASStrategy):
                         outcome.best_accuracy,
                         init=init,
                         server_data=self.server_data,
+                        rounds=self.settings.rand_init_rounds if init == RANDOM_INIT else None,
                     )
                 )
         return models

@@ -205,7 +205,7 @@ def finetune_tier(
             clients_per_round=s.finetune_clients_per_round,
             min_replies=min(strategy.min_replies, len(nodes)),
             train_message_type=FEDORAS_TRAIN,
-            round_config=lambda r: {"lr": cosine_lr(s.finetune_lr, final_lr, r, s.finetune_rounds)},
+            round_config=lambda r: {"lr": cosine_lr(s.finetune_lr, final_lr, r, num_rounds)},
             fraction_evaluate=0.0,
         )
         log(

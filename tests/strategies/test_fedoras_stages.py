@@ -292,8 +292,24 @@ def test_server_scoring_without_a_server_slice_fails_before_training(run_config)
         make_strategy(run_config, server_data=None)
 
 
+def test_stop_after_supernet_needs_no_server_slice_and_runs_stage1_only(run_config):
+    config = {**run_config, "fedoras.stop-after": "supernet"}
+    strategy = make_strategy(config, server_data=None)
+    grid = InProcessGrid(client_app, config, NUM_NODES)
+    result = strategy.start(grid)
+    assert len(result.history) == config["fedoras.rounds"] + 1
+    assert result.searches == [] and result.models == []
+    with pytest.raises(ValueError, match="search-scoring.*stop-after"):
+        strategy.search(grid, result.arrays)
+
+
 def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
-    config = {**run_config, "fedoras.compare-rand-init": True, "fedoras.num-tiers": 2}
+    config = {
+        **run_config,
+        "fedoras.compare-rand-init": True,
+        "fedoras.num-tiers": 2,
+        "fedoras.rand-init-rounds": 2,
+    }
     strategy, grid, result = run(config)
     assert [(m.tier, m.init) for m in result.models] == [
         (0, "supernet"),
@@ -301,6 +317,13 @@ def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
         (1, "supernet"),
         (1, "random"),
     ]
+    # rand-init gets its own round count (the paper trains it 5x longer) and a cosine
+    # schedule over those rounds
+    rounds = {m.init: [h["round"] for h in m.history] for m in result.models}
+    assert rounds == {"supernet": [1], "random": [1, 2]}
+    cold_lrs = [h["lr"] for h in result.models[1].history]
+    assert cold_lrs[0] == pytest.approx(result.models[0].history[0]["lr"])
+    assert cold_lrs[1] < cold_lrs[0]
     trains = [m for m in grid.sent if m.metadata.message_type == FEDORAS_TRAIN]
     by_phase = {m.content.config_records["config"]["phase"]: m for m in trains}
     warm, cold = by_phase["finetune-supernet"], by_phase["finetune-random"]
