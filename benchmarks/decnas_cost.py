@@ -31,15 +31,14 @@ test split), after the search, and GM_T after the long-term tuning.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+from common import report, run_config
+
 VARIANTS = ("naive", "no-groups", "no-drop", "no-dynamic-rounds")
 
 
@@ -69,13 +68,6 @@ def settings(quick: bool, cache_dir: Path) -> dict[str, Any]:
         "decnas.final-rounds": 1 if quick else 20,
         "decnas.final-models": "last",
     }
-
-
-def run_config(overrides: dict[str, Any]) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
-    from tests.runconfig import pyproject_run_config
-
-    return {**pyproject_run_config(), **overrides}
 
 
 def make(config: dict[str, Any], **kwargs: Any) -> Any:
@@ -203,30 +195,18 @@ def main(argv: list[str] | None = None) -> int:
         "clients": clients,
     }
     summary["goal_met"] = summary["uplink_vs_naive"] >= 20 and summary["gap_pp"] <= 1.0
-    seconds = round(time.perf_counter() - started, 1)
-    print(
-        "headline: "
-        + " ".join(
-            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
-        )
-        + f" quick={args.quick} seconds={seconds}"
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "decnas_cost" + (".quick" if args.quick else "") + ".json"
-    (RESULTS / name).write_text(
-        json.dumps(
-            {
-                "quick": args.quick,
-                "clients": clients,
-                "settings": settings(args.quick, Path("-")),
-                "convention": "MACs per sample; FLOPs = 2 x MACs; training FLOPs = 3 x forward",
-                "rows": rows,
-                "width-multiplier": width,
-                "headline": summary,
-                "seconds": seconds,
-            },
-            indent=2,
-        )
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    report(
+        "decnas_cost",
+        args.quick,
+        summary,
+        {
+            "clients": clients,
+            "settings": settings(args.quick, Path("-")),
+            "convention": "MACs per sample; FLOPs = 2 x MACs; training FLOPs = 3 x forward",
+            "rows": rows,
+            "width-multiplier": width,
+        },
     )
     return 0
 

@@ -33,7 +33,6 @@ genotype is searched and used; the normal half is reported but inert.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -42,9 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT))
+from common import report
 
 DELTA = 1e-5
 
@@ -278,27 +275,19 @@ def main() -> None:
         "gaps FNAS - DP-FNAS (pp, paired mean +- s.e.): "
         + ", ".join(f"K={k}: {gaps[k]:+.2f} +- {errors[k]:.2f}" for k in sorted(gaps))
     )
-    print(
-        "headline: "
-        + " ".join(f"{k}={v}" for k, v in summary.items())
-        + f" within_2pp={gaps[worst] <= 2.0} quick={args.quick}"
-        + f" seconds={time.perf_counter() - started:.0f}"
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "dpfnas_privacy.quick.json" if args.quick else "dpfnas_privacy.json"
-    (RESULTS / name).write_text(
-        json.dumps(
-            {
-                "quick": args.quick,
-                "settings": settings(args.quick, Path("-")),
-                "augmentation": options,
-                "headline": summary,
-                "gaps_pp": {str(k): round(v, 2) for k, v in gaps.items()},
-                "gaps_se_pp": {str(k): round(v, 2) for k, v in errors.items()},
-                "rows": [{**r, "epsilon": _fmt(r["epsilon"])} for r in rows],
-            },
-            indent=2,
-        )
+    summary["within_2pp"] = gaps[worst] <= 2.0
+    summary["seconds"] = round(time.perf_counter() - started)
+    report(
+        "dpfnas_privacy",
+        args.quick,
+        summary,
+        {
+            "settings": settings(args.quick, Path("-")),
+            "augmentation": options,
+            "gaps_pp": {str(k): round(v, 2) for k, v in gaps.items()},
+            "gaps_se_pp": {str(k): round(v, 2) for k, v in errors.items()},
+            "rows": [{**r, "epsilon": _fmt(r["epsilon"])} for r in rows],
+        },
     )
 
 

@@ -28,7 +28,6 @@ FLOPs = 2 x MACs per sample (``torch.utils.flop_counter``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -36,13 +35,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+from common import report, run_config
+
 NUM_CLIENTS = 10
 
 
 def settings(
-    quick: bool, cache_dir: Path, target: float = 0.45, cluster_target: float = 0.3
+    quick: bool,
+    cache_dir: Path,
+    target: float = 0.45,
+    cluster_target: float = 0.3,
+    final_init: str = "scratch",
+    final_rounds: int = 10,
 ) -> dict[str, Any]:
     return {
         "method": "cfdnas",
@@ -61,16 +65,10 @@ def settings(
         "fdnas.alpha-lr": 0.03,
         "fdnas.target-flops": target,
         "fdnas.cluster-target-flops": str(cluster_target),
-        "fdnas.final-rounds": 2 if quick else 10,
+        "fdnas.final-rounds": 2 if quick else final_rounds,
         "fdnas.final-local-epochs": 1,
+        "fdnas.final-init": final_init,  # every net of the table starts the same way
     }
-
-
-def run_config(overrides: dict[str, Any]) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
-    from tests.runconfig import pyproject_run_config
-
-    return {**pyproject_run_config(), **overrides}
 
 
 def make(cls: type, config: dict[str, Any], **kwargs: Any) -> Any:
@@ -97,8 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="CI smoke run")
     parser.add_argument("--target-flops", type=float, default=0.45, help="FDNAS search target")
     parser.add_argument("--cluster-target-flops", type=float, default=0.3, help="CFDNAS target")
+    parser.add_argument(
+        "--final-init",
+        choices=("scratch", "supernet"),
+        default="scratch",
+        help="the final FedAvg of every net starts from scratch or from the supernet's weights",
+    )
+    parser.add_argument(
+        "--final-rounds", type=int, default=10, help="FedAvg rounds of every net (default 10)"
+    )
     args = parser.parse_args(argv)
-    targets = (args.target_flops, args.cluster_target_flops)
+    knobs = (args.target_flops, args.cluster_target_flops, args.final_init, args.final_rounds)
     import torch
 
     torch.set_num_threads(1)
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        config = run_config(settings(args.quick, Path(tmp) / "cache", *targets))
+        config = run_config(settings(args.quick, Path(tmp) / "cache", *knobs))
 
         def grid(num: int = NUM_CLIENTS, cfg: dict[str, Any] = config) -> InProcessGrid:
             return InProcessGrid(app, cfg, num)
@@ -211,30 +218,23 @@ def main(argv: list[str] | None = None) -> int:
         "all_clusters_compute_pct": 100 * sum(per_cluster),
         "clusters": len(cluster_rows),
     }
-    print(
-        "headline: "
-        + " ".join(
-            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
-        )
-        + f" quick={args.quick}"
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "fdnas_clusters" + (".quick" if args.quick else "")
-    if targets != (0.45, 0.3):
-        name += f".target{targets[0]:g}-{targets[1]:g}"
-    name += ".json"
-    (RESULTS / name).write_text(
-        json.dumps(
-            {
-                "quick": args.quick,
-                "settings": settings(args.quick, Path("-"), *targets),
-                "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
-                "rows": rows,
-                "headline": summary,
-                "seconds": round(time.perf_counter() - started, 1),
-            },
-            indent=2,
-        )
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    suffix = ""
+    if knobs[:2] != (0.45, 0.3):
+        suffix += f".target{knobs[0]:g}-{knobs[1]:g}"
+    if args.final_init != "scratch":
+        suffix += f".init-{args.final_init}"
+    if args.final_rounds != 10:
+        suffix += f".final{args.final_rounds}"
+    report(
+        "fdnas_clusters" + suffix,
+        args.quick,
+        summary,
+        {
+            "settings": settings(args.quick, Path("-"), *knobs),
+            "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
+            "rows": rows,
+        },
     )
     return 0
 

@@ -42,7 +42,6 @@ import argparse
 import contextlib
 import ctypes
 import gc
-import json
 import multiprocessing
 import resource
 import statistics
@@ -56,8 +55,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 MB = 2**20
 
 __all__ = ["ArchitectureWeights", "mixed_forward", "saved_activation_bytes"]
@@ -343,22 +340,17 @@ def print_report(result: dict[str, Any]) -> None:
             f"{r['largest_over_mixed_rss_peak_delta']:.2f} |"
         )
     print()
-    values = " ".join(
-        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-        for k, v in result["headline"].items()
-    )
-    print(f"headline: {values} quick={result['quick']}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI smoke run")
     args = parser.parse_args(argv)
+    from common import report  # the benchmarks folder is on sys.path when run as a script
+
     result = run(args.quick)
     print_report(result)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "fedoras_memory.quick.json" if args.quick else "fedoras_memory.json"
-    (RESULTS / name).write_text(json.dumps(result, indent=2))
+    report("fedoras_memory", args.quick, result.pop("headline"), result)
     return 0
 
 

@@ -28,8 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+from common import ROOT, report, run_config
 
 
 def settings(quick: bool, output_dir: Path, cache_dir: Path) -> dict:
@@ -46,18 +45,11 @@ def settings(quick: bool, output_dir: Path, cache_dir: Path) -> dict:
     }
 
 
-def full_run_config(overrides: dict) -> dict:
-    sys.path.insert(0, str(ROOT))
-    from tests.runconfig import pyproject_run_config
-
-    return {**pyproject_run_config(), **overrides}
-
-
 def warm_data_cache(overrides: dict, num_clients: int) -> None:
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.data import load_client_data
 
-    spec = parse_run_config(full_run_config(overrides)).data
+    spec = parse_run_config(run_config(overrides)).data
     for partition in range(num_clients):
         load_client_data(spec, partition, num_clients)
 
@@ -79,7 +71,7 @@ def direct_rounds(overrides: dict, num_clients: int) -> tuple[list[float], float
     from fedorasflwr.server_app import build_supernet
     from fedorasflwr.strategies.fedoras import FedorAS
 
-    config = full_run_config(overrides)
+    config = run_config(overrides)
     run = parse_run_config(config)
     started = time.perf_counter()
     strategy = FedorAS(space=build_supernet(run), settings=run.fedoras, seed=run.seed)
@@ -115,25 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         shown = ", ".join(f"{r:.2f}" for r in rounds)
         print(f"| {name} | {shown} | {statistics.median(rounds[warm]):.2f} | {wall:.1f} |")
     print()
-    print(
-        f"headline: engine_over_direct={ratio:.2f} engine_round_s={engine_round:.2f} "
-        f"direct_round_s={direct_round:.2f} clients={num_clients} quick={args.quick}"
-    )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "stage1_overhead.quick.json" if args.quick else "stage1_overhead.json"
-    (RESULTS / name).write_text(
-        json.dumps(
-            {
-                "quick": args.quick,
-                "settings": settings(args.quick, Path("-"), Path("-")),
-                "engine_round_seconds": engine,
-                "direct_round_seconds": direct,
-                "engine_wall_seconds": engine_wall,
-                "direct_wall_seconds": direct_wall,
-                "engine_over_direct": ratio,
-            },
-            indent=2,
-        )
+    report(
+        "stage1_overhead",
+        args.quick,
+        {
+            "engine_over_direct": ratio,
+            "engine_round_s": engine_round,
+            "direct_round_s": direct_round,
+            "clients": num_clients,
+        },
+        {
+            "settings": settings(args.quick, Path("-"), Path("-")),
+            "engine_round_seconds": engine,
+            "direct_round_seconds": direct,
+            "engine_wall_seconds": engine_wall,
+            "direct_wall_seconds": direct_wall,
+            "engine_over_direct": ratio,
+        },
     )
     return 0
 
