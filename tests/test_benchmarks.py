@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quick(name: str) -> subprocess.CompletedProcess[str]:
-    """Run ``benchmarks/<name>.py --quick``; it must exit 0."""
+def run_quick(name: str) -> dict:
+    """Run ``benchmarks/<name>.py --quick``: it must exit 0 and end with a headline line
+    whose every value is the one it saved in ``results/<name>.quick.json``; returns that."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--quick"],
         capture_output=True,
@@ -23,26 +23,31 @@ def run_quick(name: str) -> subprocess.CompletedProcess[str]:
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
+    lines = [line for line in done.stdout.splitlines() if line.startswith("headline: ")]
+    assert lines, done.stdout[-2000:]
+    printed = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    saved = json.loads((ROOT / f"benchmarks/results/{name}.quick.json").read_text())
+    assert printed.pop("quick") == "True" and saved["quick"] is True
+    assert printed.keys() == saved["headline"].keys()
+    for key, value in saved["headline"].items():
+        if isinstance(value, float):
+            assert float(printed[key]) == pytest.approx(value, abs=1e-3, nan_ok=True), key
+        else:
+            assert printed[key] == str(value), key
+    return saved
 
 
 @pytest.mark.slow
 def test_stage1_overhead_quick_reports_a_ratio():
-    done = run_quick("stage1_overhead")
-    headline = re.search(r"^headline: engine_over_direct=([0-9.]+) ", done.stdout, re.M)
-    assert headline, done.stdout[-2000:]
-    saved = json.loads((ROOT / "benchmarks/results/stage1_overhead.quick.json").read_text())
-    assert saved["engine_over_direct"] == pytest.approx(float(headline.group(1)), abs=0.01)
+    saved = run_quick("stage1_overhead")
+    assert saved["engine_over_direct"] == saved["headline"]["engine_over_direct"] > 0
     assert len(saved["engine_round_seconds"]) == len(saved["direct_round_seconds"]) == 3
 
 
 @pytest.mark.slow
 def test_fdnas_clusters_quick_reports_every_comparison():
-    done = run_quick("fdnas_clusters")
-    headline = re.search(r"^headline: fdnas_acc=([0-9.]+) .* clusters=3 ", done.stdout, re.M)
-    assert headline, done.stdout[-2000:]
-    saved = json.loads((ROOT / "benchmarks/results/fdnas_clusters.quick.json").read_text())
-    assert saved["headline"]["fdnas_acc"] == pytest.approx(float(headline.group(1)), abs=1e-3)
+    saved = run_quick("fdnas_clusters")
+    assert saved["headline"]["clusters"] == 3
     names = [row["net"] for row in saved["rows"]]
     assert names[:2] == ["FDNAS", "fixed MobileNetV2-like"]
     assert sum(name.startswith("naive-CFDNAS") for name in names) == 3
@@ -51,13 +56,7 @@ def test_fdnas_clusters_quick_reports_every_comparison():
 
 @pytest.mark.slow
 def test_dpfnas_privacy_quick_reports_every_row():
-    done = run_quick("dpfnas_privacy")
-    headline = re.search(
-        r"^headline: single_acc=([0-9.]+) .*worst_gap_pp=(-?[0-9.]+)", done.stdout, re.M
-    )
-    assert headline, done.stdout[-2000:]
-    saved = json.loads((ROOT / "benchmarks/results/dpfnas_privacy.quick.json").read_text())
-    assert saved["headline"]["single_acc"] == pytest.approx(float(headline.group(1)), abs=1e-3)
+    saved = run_quick("dpfnas_privacy")
     modes = [(row["mode"], row["parties"]) for row in saved["rows"]]
     assert modes[:3] == [("single", 1), ("fnas", 2), ("dpfnas", 2)]
     noisy = [row for row in saved["rows"] if row["mode"] == "dpfnas"]
@@ -69,12 +68,7 @@ def test_dpfnas_privacy_quick_reports_every_row():
 
 @pytest.mark.slow
 def test_fedoras_memory_quick_reports_single_below_mixed():
-    done = run_quick("fedoras_memory")
-    headline = re.search(r"^headline: single_over_mixed_activation=([0-9.]+) ", done.stdout, re.M)
-    assert headline, done.stdout[-2000:]
-    saved = json.loads((ROOT / "benchmarks/results/fedoras_memory.quick.json").read_text())
-    ratio = saved["headline"]["single_over_mixed_activation"]
-    assert ratio == pytest.approx(float(headline.group(1)), abs=1e-3)
+    saved = run_quick("fedoras_memory")
     assert {row["space"] for row in saved["rows"]} == {"cnn_s", "cnn_l"}
     for row in saved["rows"]:
         # every option of every layer runs in the mixed step: well below half for one path
@@ -84,11 +78,7 @@ def test_fedoras_memory_quick_reports_single_below_mixed():
 
 @pytest.mark.slow
 def test_decnas_cost_quick_reports_every_variant():
-    done = run_quick("decnas_cost")
-    headline = re.search(r"^headline: uplink_vs_naive=([0-9.]+) ", done.stdout, re.M)
-    assert headline, done.stdout[-2000:]
-    saved = json.loads((ROOT / "benchmarks/results/decnas_cost.quick.json").read_text())
-    assert saved["headline"]["uplink_vs_naive"] == pytest.approx(float(headline.group(1)), abs=1e-3)
+    saved = run_quick("decnas_cost")
     variants = [row["variant"] for row in saved["rows"]]
     assert variants == [
         "DecNAS",
@@ -105,13 +95,7 @@ def test_decnas_cost_quick_reports_every_variant():
 
 @pytest.mark.slow
 def test_fedoras_tiers_quick_reports_every_comparison():
-    done = run_quick("fedoras_tiers")
-    headline = re.search(r"^headline: min_gain_pp_alpha0.1=(-?[0-9.]+) ", done.stdout, re.M)
-    assert headline, done.stdout[-2000:]
-    saved = json.loads((ROOT / "benchmarks/results/fedoras_tiers.quick.json").read_text())
-    assert saved["headline"]["min_gain_pp_alpha0.1"] == pytest.approx(
-        float(headline.group(1)), abs=1e-3
-    )
+    saved = run_quick("fedoras_tiers")
     cases = {(case["name"], case["alpha"]): case for case in saved["cases"]}
     assert set(cases) == {
         ("opa", 0.1),
