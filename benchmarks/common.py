@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
-__all__ = ["RESULTS", "ROOT", "headline", "report", "run_config"]
+__all__ = ["RESULTS", "ROOT", "headline", "report", "run_config", "warm_data_cache"]
 
 
 def run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -26,6 +26,19 @@ def run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:
     from tests.runconfig import pyproject_run_config
 
     return {**pyproject_run_config(), **overrides}
+
+
+def warm_data_cache(configs: Sequence[Mapping[str, Any]], num_clients: int) -> None:
+    """Partition the data of every run config once, up front, so that no side of a
+    comparison pays for it (and parallel workers do not race to fill the cache)."""
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.data import load_client_data, load_server_data
+
+    for config in configs:
+        spec = parse_run_config(config).data
+        load_server_data(spec)
+        for partition in range(num_clients):
+            load_client_data(spec, partition, num_clients)
 
 
 def headline(values: Mapping[str, Any]) -> str:

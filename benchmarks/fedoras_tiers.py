@@ -38,7 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common import report, run_config
+from common import report, run_config, warm_data_cache
 
 SKEWED, MILD = 0.1, 1.0
 
@@ -167,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = run_config({**settings(args.quick), "data.cache-dir": str(Path(tmp) / "cache")})
         configs = [{**base, "data.alpha": c["alpha"], **c["overrides"]} for c in runs]
-        # Partition the data once, before the workers race to fill the cache.
-        run_partitions(configs, clients)
+        warm_data_cache(configs, clients)
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
             futures = [
@@ -240,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         "mean_gain_pp_alpha0.1": statistics.fmean(skew) if skew else float("nan"),
         "min_gain_pp_alpha1.0": min(mild) if mild else float("nan"),
         "mean_gain_pp_alpha1.0": statistics.fmean(mild) if mild else float("nan"),
-        "fedavg_mean_acc": mean(accuracies(runs[2], "supernet", num_tiers)),
+        "fedavg_mean_acc": mean(
+            accuracies(next(c for c in runs if c["name"] == "fedavg"), "supernet", num_tiers)
+        ),
         "opa_mean_acc": mean(accuracies(main_runs[SKEWED], "supernet", num_tiers)),
         "clients": clients,
     }
@@ -258,17 +259,6 @@ def main(argv: list[str] | None = None) -> int:
         {"clients": clients, "settings": settings(args.quick), "cases": runs},
     )
     return 0
-
-
-def run_partitions(configs: list[dict[str, Any]], clients: int) -> None:
-    from fedorasflwr.config import parse_run_config
-    from fedorasflwr.data import load_client_data, load_server_data
-
-    for config in configs:
-        run = parse_run_config(config)
-        load_server_data(run.data)
-        for partition in range(clients):
-            load_client_data(run.data, partition, clients)
 
 
 if __name__ == "__main__":

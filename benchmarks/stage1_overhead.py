@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, report, run_config
+from common import ROOT, report, run_config, warm_data_cache
 
 
 def settings(quick: bool, output_dir: Path, cache_dir: Path) -> dict:
@@ -43,15 +43,6 @@ def settings(quick: bool, output_dir: Path, cache_dir: Path) -> dict:
         "fedoras.eval-every": 0,
         "fedoras.stop-after": "supernet",  # Stage 1 only, on both sides
     }
-
-
-def warm_data_cache(overrides: dict, num_clients: int) -> None:
-    from fedorasflwr.config import parse_run_config
-    from fedorasflwr.data import load_client_data
-
-    spec = parse_run_config(run_config(overrides)).data
-    for partition in range(num_clients):
-        load_client_data(spec, partition, num_clients)
 
 
 def engine_rounds(overrides: dict, num_clients: int) -> tuple[list[float], float]:
@@ -88,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp_path = Path(tmp)
         cache = tmp_path / "cache"
         direct_config = settings(args.quick, tmp_path / "direct", cache)
-        warm_data_cache(direct_config, num_clients)  # neither side pays for partitioning
+        # neither side pays for partitioning
+        warm_data_cache([run_config(direct_config)], num_clients)
         direct, direct_wall = direct_rounds(direct_config, num_clients)
         engine, engine_wall = engine_rounds(
             settings(args.quick, tmp_path / "engine", cache), num_clients
