@@ -5,8 +5,11 @@ FDNAS paper's layout; each client's own data split 90/10 train/validation plus
 a test slice).  One run, same seed, side by side (in-process grid: the real
 ClientApp, no engine):
 
-- **FDNAS** (search on all clients, derive by argmax, FedAvg from scratch) vs
-  a **fixed MobileNetV2-like net** (every layer MBConv k3 e6) under the same FedAvg;
+- **FDNAS** (search on all clients with the fixed net's FLOPs as its hardware target,
+  derive the most probable net within the fixed net's FLOPs, ``fdnas.max-flops``) vs a
+  **fixed MobileNetV2-like net** (every layer MBConv k3 e6) under the same FedAvg (30
+  rounds, every net starting from the supernet's weights; ``--final-init scratch`` for
+  the paper's from-scratch training);
 - **CFDNAS**: each cluster (class group) inherits w and alpha and searches on
   with a lower FLOPs target; its net is FedAvg-trained on the cluster's clients
   and compared with the FDNAS net on the same clients, and with
@@ -40,14 +43,18 @@ from common import report, run_config
 NUM_CLIENTS = 10
 
 
-def settings(
-    quick: bool,
-    cache_dir: Path,
-    target: float = 0.45,
-    cluster_target: float = 0.3,
-    final_init: str = "scratch",
-    final_rounds: int = 10,
-) -> dict[str, Any]:
+# The FLOPs knobs are fractions of the supernet's largest path, or "fixed": the fixed net's.
+DEFAULTS: dict[str, Any] = {
+    "target_flops": "fixed",  # the search aims at the fixed net's FLOPs ...
+    "max_flops": "fixed",  # ... and no derived net may exceed them
+    "cluster_target_flops": 0.3,
+    "final_init": "supernet",
+    "final_rounds": 30,
+}
+
+
+def settings(quick: bool, cache_dir: Path, knobs: dict[str, Any]) -> dict[str, Any]:
+    """The run config of every row; ``knobs`` as in ``DEFAULTS``, FLOPs shares numeric."""
     return {
         "method": "cfdnas",
         "data.cache-dir": str(cache_dir),
@@ -63,12 +70,38 @@ def settings(
         # ten rounds at ProxylessNAS's 6e-3 leave alpha nearly flat, so the argmax
         # net sits on the cheapest options whatever the target; the same for every row
         "fdnas.alpha-lr": 0.03,
-        "fdnas.target-flops": target,
-        "fdnas.cluster-target-flops": str(cluster_target),
-        "fdnas.final-rounds": 2 if quick else final_rounds,
+        "fdnas.target-flops": knobs["target_flops"],
+        "fdnas.max-flops": knobs["max_flops"],
+        "fdnas.cluster-target-flops": str(knobs["cluster_target_flops"]),
+        "fdnas.final-rounds": 2 if quick else knobs["final_rounds"],
         "fdnas.final-local-epochs": 1,
-        "fdnas.final-init": final_init,  # every net of the table starts the same way
+        "fdnas.final-init": knobs["final_init"],  # every net of the table starts the same way
     }
+
+
+def fixed_arch(space: Any) -> tuple[int, ...]:
+    """The fixed MobileNetV2-like net: MBConv k3 e6 in every layer."""
+    return tuple(choice.options.index("mbconv_k3_e6") for choice in space.choices)
+
+
+def resolve(knobs: dict[str, Any], quick: bool, cache_dir: Path) -> dict[str, Any]:
+    """``knobs`` with "fixed" replaced by the fixed net's share of the largest path."""
+    from fedorasflwr.strategies import FDNAS
+
+    numeric = {k: 1.0 if v == "fixed" else v for k, v in knobs.items()}
+    space = make(FDNAS, run_config(settings(quick, cache_dir, numeric))).space
+    fixed = space.cost(fixed_arch(space)).flops / space.max_flops()
+    return {k: fixed if v == "fixed" else v for k, v in knobs.items()}
+
+
+def share(text: str) -> float | str:
+    """A FLOPs knob on the command line: a fraction in (0, 1], or "fixed"."""
+    if text == "fixed":
+        return text
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction in (0, 1], or 'fixed'")
+    return value
 
 
 def make(cls: type, config: dict[str, Any], **kwargs: Any) -> Any:
@@ -93,19 +126,20 @@ def search_flops(ledger: dict[str, Any], stage: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI smoke run")
-    parser.add_argument("--target-flops", type=float, default=0.45, help="FDNAS search target")
-    parser.add_argument("--cluster-target-flops", type=float, default=0.3, help="CFDNAS target")
+    parser.add_argument("--target-flops", type=share, default=DEFAULTS["target_flops"])
+    parser.add_argument("--max-flops", type=share, default=DEFAULTS["max_flops"])
+    parser.add_argument(
+        "--cluster-target-flops", type=share, default=DEFAULTS["cluster_target_flops"]
+    )
     parser.add_argument(
         "--final-init",
         choices=("scratch", "supernet"),
-        default="scratch",
+        default=DEFAULTS["final_init"],
         help="the final FedAvg of every net starts from scratch or from the supernet's weights",
     )
-    parser.add_argument(
-        "--final-rounds", type=int, default=10, help="FedAvg rounds of every net (default 10)"
-    )
+    parser.add_argument("--final-rounds", type=int, default=DEFAULTS["final_rounds"])
     args = parser.parse_args(argv)
-    knobs = (args.target_flops, args.cluster_target_flops, args.final_init, args.final_rounds)
+    knobs = {k: getattr(args, k) for k in DEFAULTS}
     import torch
 
     torch.set_num_threads(1)
@@ -115,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        config = run_config(settings(args.quick, Path(tmp) / "cache", *knobs))
+        cache = Path(tmp) / "cache"
+        resolved = resolve(knobs, args.quick, cache)
+        config = run_config(settings(args.quick, cache, resolved))
 
         def grid(num: int = NUM_CLIENTS, cfg: dict[str, Any] = config) -> InProcessGrid:
             return InProcessGrid(app, cfg, num)
@@ -128,11 +164,10 @@ def main(argv: list[str] | None = None) -> int:
 
         fixed = make(FDNAS, config)
         fixed.setup(g := grid())
-        mobilenet = tuple(choice.options.index("mbconv_k3_e6") for choice in fixed.space.choices)
         fixed_net = fixed.train_net(
             g,
             name="mobilenetv2-like",
-            arch=mobilenet,
+            arch=fixed_arch(fixed.space),
             supernet=result.supernet,
             partitions=list(range(NUM_CLIENTS)),
         )
@@ -219,19 +254,15 @@ def main(argv: list[str] | None = None) -> int:
         "clusters": len(cluster_rows),
     }
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    suffix = ""
-    if knobs[:2] != (0.45, 0.3):
-        suffix += f".target{knobs[0]:g}-{knobs[1]:g}"
-    if args.final_init != "scratch":
-        suffix += f".init-{args.final_init}"
-    if args.final_rounds != 10:
-        suffix += f".final{args.final_rounds}"
+    # a run with other knobs than the defaults is kept next to them, named by its knobs
+    suffix = "".join(f".{k.replace('_', '-')}-{v}" for k, v in knobs.items() if v != DEFAULTS[k])
     report(
         "fdnas_clusters" + suffix,
         args.quick,
         summary,
         {
-            "settings": settings(args.quick, Path("-"), *knobs),
+            "knobs": knobs,
+            "settings": settings(args.quick, Path("-"), resolved),
             "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
             "rows": rows,
         },

@@ -195,6 +195,7 @@ class FedorASSettings:
     finetune_momentum: float = 0.9
     compare_rand_init: bool = True
     rand_init_rounds: int | None = None  # None: as many as finetune_rounds
+    rand_init_lr: float | None = None  # None: finetune_lr (paper: 0.1 against 0.01)
     compare_random_search: bool = False
     random_search_paths: int = 4
 
@@ -323,6 +324,10 @@ def _fedoras_stages_2_3(
         ),
         "compare_rand_init": _get(cfg, p + "compare-rand-init", cls.compare_rand_init, bool),
         "rand_init_rounds": count("rand-init-rounds", 0, 0) or None,
+        "rand_init_lr": _get(
+            cfg, p + "rand-init-lr", 0.0, float, lambda v: v >= 0, ">= 0 (0: finetune-lr)"
+        )
+        or None,
         "compare_random_search": _get(
             cfg, p + "compare-random-search", cls.compare_random_search, bool
         ),
@@ -340,7 +345,9 @@ class FDNASSettings:
     lr 6e-3, betas (0, 0.999)); 90/10 train/validation split; CFDNAS 25 rounds
     per cluster; the derived net trained with FedAvg for 250 rounds.  The
     hardware term is ``CE + beta log(E[FLOPs] / target)^2`` (two-sided); targets are
-    fractions of the supernet's largest path.  Defaults are sized for a 2-core CPU.
+    fractions of the supernet's largest path, as is ``max_flops``, the bound on every
+    derived net (the most probable path within it; 1: plain argmax).  Defaults are sized
+    for a 2-core CPU.
     """
 
     rounds: int = 10
@@ -353,6 +360,7 @@ class FDNASSettings:
     alpha_lr: float = 6e-3
     alpha_every: int = 1
     target_flops: float = 0.5
+    max_flops: float = 1.0
     hardware_beta: float = 1.0
     num_clusters: int = 3
     cluster_rounds: int = 3
@@ -401,6 +409,7 @@ class FDNASSettings:
                 cfg, p + "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
             ),
             target_flops=_get(cfg, p + "target-flops", cls.target_flops, float, *fraction),
+            max_flops=_get(cfg, p + "max-flops", cls.max_flops, float, *fraction),
             hardware_beta=_get(
                 cfg, p + "hardware-beta", cls.hardware_beta, float, lambda v: v >= 0, ">= 0"
             ),

@@ -89,6 +89,18 @@ class ServerPathScorer:
     def __call__(self, paths: Sequence[Sequence[int]]) -> list[EvalResult]:
         return score_paths(self.space, paths, self.loader, self.calibration, self.device)
 
+    def scored_state(self, arrays: ArrayRecord, path: Sequence[int]) -> dict[str, Tensor]:
+        """The supernet ``arrays`` as this scorer scores ``path``: the same weights, the
+        path's BatchNorm statistics re-estimated on the calibration batches (when
+        recalibrating).  Loads ``arrays`` into the scorer's supernet."""
+        self.load(arrays)
+        if self.calibration is not None:
+            self.space.to(self.device)
+            recalibrate_batchnorm(
+                self.space, lambda x: self.space(x, tuple(path)), self.calibration, self.device
+            )
+        return {k: v.detach().cpu() for k, v in self.space.state_dict().items()}
+
 
 class SupernetEvaluator:
     """Accuracy of the supernet over a fixed set of random paths (Stage-1 curve).

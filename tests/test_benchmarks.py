@@ -52,6 +52,10 @@ def test_fdnas_clusters_quick_reports_every_comparison():
     assert names[:2] == ["FDNAS", "fixed MobileNetV2-like"]
     assert sum(name.startswith("naive-CFDNAS") for name in names) == 3
     assert names[-1].startswith("centralised DNAS")
+    # by default no derived net may exceed the fixed net's FLOPs ("at no more FLOPs")
+    fixed = saved["rows"][1]["flops"]
+    assert saved["settings"]["fdnas.max-flops"] < 1.0
+    assert all(row["flops"] <= fixed for row in saved["rows"] if row["net"] != names[1])
 
 
 @pytest.mark.slow

@@ -41,6 +41,8 @@ def test_pyproject_defaults_parse():
         ("fedoras.finetune-momentum", 1.0, "fedoras.finetune-momentum"),
         ("fedoras.stop-after", "deploy", "fedoras.stop-after"),
         ("fedoras.rand-init-rounds", -2, "fedoras.rand-init-rounds"),
+        ("fedoras.rand-init-lr", -0.1, "fedoras.rand-init-lr"),
+        ("fdnas.max-flops", 0.0, "fdnas.max-flops"),
         ("data.dataset", "imagenet", "data.dataset"),
         ("data.alpha", -1.0, "data.alpha"),
     ],

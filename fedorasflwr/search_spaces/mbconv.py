@@ -204,9 +204,42 @@ class MBConvSpace(SearchSpace):
             total = total + (probs * flops).sum()
         return total
 
-    def derive(self) -> tuple[int, ...]:
-        """The derived ("normal") net: argmax alpha per layer."""
-        return tuple(int(alpha.detach().argmax()) for alpha in self.arch_parameters())
+    def derive(self, max_flops: float | None = None) -> tuple[int, ...]:
+        """The derived ("normal") net: argmax alpha per layer.
+
+        With ``max_flops`` (absolute), the most probable path under ``softmax(alpha)``
+        whose FLOPs stay within it: the argmax when that fits, else the path maximising
+        ``sum(log p)`` among those that fit (exact, by keeping per layer only the
+        partial paths no other beats on both FLOPs and probability).  The hardware
+        term bounds *expected* FLOPs; the argmax of a soft distribution can land on
+        either side of it, and a device's limit is a bound on the net it runs."""
+        argmax = tuple(int(alpha.detach().argmax()) for alpha in self.arch_parameters())
+        if max_flops is None or self.cost(argmax).flops <= max_flops:
+            return argmax
+        if self.min_flops() > max_flops:
+            raise ValueError(
+                f"no path of the {self.name!r} space fits in {max_flops:.6g} FLOPs "
+                f"(the cheapest has {self.min_flops()})"
+            )
+        budget = max_flops - self.fixed_cost.flops
+        # partial paths as (flops, log-probability, options), Pareto-pruned per layer
+        frontier: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
+        for layer, alpha in enumerate(self.arch_parameters()):
+            logp = torch.log_softmax(alpha.detach().double(), dim=0).tolist()
+            grown = sorted(
+                (
+                    (flops + self.option_cost(layer, o).flops, score + logp[o], path + (o,))
+                    for flops, score, path in frontier
+                    for o in range(len(logp))
+                    if flops + self.option_cost(layer, o).flops <= budget
+                ),
+                key=lambda t: (t[0], -t[1]),
+            )
+            frontier = []
+            for candidate in grown:  # cheapest first: keep those more probable than all cheaper
+                if not frontier or candidate[1] > frontier[-1][1]:
+                    frontier.append(candidate)
+        return max(frontier, key=lambda t: t[1])[2]
 
     def forward_gated(
         self, x: Tensor, candidates: Sequence[Sequence[int]], gates: Sequence[Tensor]

@@ -111,6 +111,13 @@ class FDNAS(FederatedNASStrategy):
             reply_timeout=reply_timeout,
             min_nodes=min_nodes,
         )
+        cap = settings.max_flops * space.max_flops()
+        if cap < space.min_flops():
+            raise ValueError(
+                f"run config 'fdnas.max-flops' = {settings.max_flops}: no net of the space fits"
+                f" ({cap:.6g} FLOPs); allowed: at least"
+                f" {space.min_flops() / space.max_flops():.4f} (the cheapest path's share)"
+            )
         self.space = space
         self.settings = settings
         self.cluster_of = cluster_of
@@ -281,9 +288,10 @@ class FDNAS(FederatedNASStrategy):
         return arrays, history
 
     def derive(self, arrays: ArrayRecord) -> tuple[int, ...]:
-        """Argmax alpha per layer of the supernet ``arrays``."""
+        """Argmax alpha per layer of the supernet ``arrays``; with ``max-flops`` below 1,
+        the most probable path within that fraction of the largest path's FLOPs."""
         self.space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-        return self.space.derive()
+        return self.space.derive(self.settings.max_flops * self.space.max_flops())
 
     def fresh_supernet(self, *keys: int | str) -> ArrayRecord:
         """A newly initialised supernet (naive-CFDNAS), seeded from the run seed and ``keys``."""

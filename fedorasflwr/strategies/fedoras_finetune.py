@@ -135,9 +135,20 @@ def initial_subnet(
     candidate: int = 0,
 ) -> ArrayRecord:
     """The subnet's starting weights: cut from the trained supernet, or freshly
-    initialised (seeded by the run seed, the tier and the candidate) otherwise."""
+    initialised (seeded by the run seed, the tier and the candidate) otherwise.
+
+    Cut from the supernet, the subnet is the model the server-side search scored: its
+    BatchNorm statistics are re-estimated on the server's calibration batches (with
+    ``search-recalibrate-bn``).  The supernet's own running statistics mix every path
+    through each option and would make the first fine-tuning rounds start from a worse
+    model than the one chosen."""
     if init == SUPERNET_INIT:
-        return ArrayRecord({k: supernet[k] for k in strategy.space.path_keys(arch)})
+        keys = strategy.space.path_keys(arch)
+        scorer = strategy.server_scorer
+        if scorer is None or scorer.calibration is None:
+            return ArrayRecord({k: supernet[k] for k in keys})
+        state = scorer.scored_state(supernet, arch)
+        return ArrayRecord({k: state[k] for k in keys})
     torch.manual_seed(int(strategy.rng("rand-init", tier, candidate).integers(2**31)))
     fresh = build_space(**strategy.space.spec).subnet(arch)
     return ArrayRecord(fresh.state_dict())
@@ -196,7 +207,13 @@ def finetune_tier(
         arrays=arrays,
     )
     if num_rounds > 0:
-        final_lr = s.finetune_lr * s.finetune_lr_decay
+        # Trained from scratch (rand-init, random search): the rand-init lr if one is set.
+        base_lr = s.finetune_lr if init == SUPERNET_INIT else s.rand_init_lr or s.finetune_lr
+        final_lr = base_lr * s.finetune_lr_decay
+
+        def lr_at(r: int) -> float:
+            return cosine_lr(base_lr, final_lr, r, num_rounds)
+
         fedavg = SeededFedAvg(
             nodes=nodes,
             seed=strategy.seed,
@@ -205,7 +222,7 @@ def finetune_tier(
             clients_per_round=s.finetune_clients_per_round,
             min_replies=min(strategy.min_replies, len(nodes)),
             train_message_type=FEDORAS_TRAIN,
-            round_config=lambda r: {"lr": cosine_lr(s.finetune_lr, final_lr, r, num_rounds)},
+            round_config=lambda r: {"lr": lr_at(r)},
             fraction_evaluate=0.0,
         )
         log(
@@ -229,7 +246,7 @@ def finetune_tier(
         model.history = [
             {
                 "round": r,
-                "lr": cosine_lr(s.finetune_lr, final_lr, r, num_rounds),
+                "lr": lr_at(r),
                 **dict(outcome.train_metrics_clientapp.get(r, {})),
                 **dict(outcome.evaluate_metrics_serverapp.get(r, {})),
             }

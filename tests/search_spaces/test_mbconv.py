@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -42,6 +44,32 @@ def test_derivation_picks_the_argmax(space):
             assert int(alpha.argmax()) == pick
             picks.append(pick)
     assert space.derive() == tuple(picks)
+
+
+def test_derivation_under_a_flops_bound_is_the_most_probable_path_that_fits():
+    torch.manual_seed(1)
+    space = build_space("mbconv", width=0.25, layers_per_stage=2)
+    with torch.no_grad():
+        for alpha in space.arch_parameters():
+            alpha.copy_(torch.randn(len(alpha)))
+    argmax = space.derive()
+    assert space.derive(space.cost(argmax).flops) == argmax  # the argmax fits: unchanged
+    logp = [torch.log_softmax(a.detach().double(), 0).tolist() for a in space.arch_parameters()]
+    flops = [[space.option_cost(i, o).flops for o in range(len(p))] for i, p in enumerate(logp)]
+    paths = list(itertools.product(*(range(len(p)) for p in logp)))
+    for share in (0.9, 0.6, 0.35):
+        bound = space.min_flops() + share * (space.cost(argmax).flops - space.min_flops())
+        budget = bound - space.fixed_cost.flops
+        fits = [p for p in paths if sum(flops[i][o] for i, o in enumerate(p)) <= budget]
+        best = max(fits, key=lambda p: sum(logp[i][o] for i, o in enumerate(p)))
+        derived = space.derive(bound)
+        assert space.cost(derived).flops <= bound < space.cost(argmax).flops
+        assert sum(logp[i][o] for i, o in enumerate(derived)) == pytest.approx(
+            sum(logp[i][o] for i, o in enumerate(best)), abs=1e-12
+        )
+    assert space.cost(space.derive(space.min_flops())).flops == space.min_flops()
+    with pytest.raises(ValueError, match="no path of the 'mbconv' space fits"):
+        space.derive(space.min_flops() - 1)
 
 
 def test_expected_flops_is_the_probability_weighted_cost(space):

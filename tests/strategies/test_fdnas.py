@@ -120,6 +120,23 @@ def test_strategy_derivation_is_the_argmax_of_the_aggregated_alpha(run_config):
     assert strategy.derive(ArrayRecord(state)) == tuple(expected)
 
 
+def test_strategy_derivation_keeps_every_net_within_max_flops(run_config):
+    plain = make_strategy(run_config)
+    state = plain.space.state_dict()
+    for key in plain.space.alpha_keys():  # the argmax: the largest option of every layer
+        state[key] = torch.zeros_like(state[key])
+    for layer, key in enumerate(plain.space.alpha_keys()):
+        flops = [plain.space.option_cost(layer, o).flops for o in range(len(state[key]))]
+        state[key][int(np.argmax(flops))] = 1.0
+    arrays = ArrayRecord(state)
+    assert plain.space.cost(plain.derive(arrays)).flops == plain.space.max_flops()
+    capped = make_strategy({**run_config, "fdnas.max-flops": 0.6})
+    arch = capped.derive(arrays)
+    assert capped.space.cost(arch).flops <= 0.6 * capped.space.max_flops()
+    with pytest.raises(ValueError, match="'fdnas.max-flops' = 0.01.*cheapest path"):
+        make_strategy({**run_config, "fdnas.max-flops": 0.01})
+
+
 def _synthetic_client(seed: int = 0) -> ClientData:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(96, 1, 28, 28, generator=generator)

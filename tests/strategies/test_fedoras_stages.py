@@ -12,6 +12,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from fedorasflwr.artifacts import save_checkpoint
 from fedorasflwr.client_app import app as client_app
+from fedorasflwr.clients.training import evaluate
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid, replace_content
@@ -27,6 +28,7 @@ from fedorasflwr.search_spaces import build_space
 from fedorasflwr.server_app import build_supernet, resume_supernet
 from fedorasflwr.strategies.fedavg import cosine_lr
 from fedorasflwr.strategies.fedoras import FedorAS
+from fedorasflwr.strategies.fedoras_finetune import SUPERNET_INIT, initial_subnet
 from fedorasflwr.strategies.fedoras_search import FederatedPathScorer, covering_subspace
 from fedorasflwr.strategies.search import kendall_tau, search_tier
 from fedorasflwr.strategies.tiers import Tier
@@ -309,6 +311,7 @@ def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
         "fedoras.compare-rand-init": True,
         "fedoras.num-tiers": 2,
         "fedoras.rand-init-rounds": 2,
+        "fedoras.rand-init-lr": 0.2,
     }
     strategy, grid, result = run(config)
     assert [(m.tier, m.init) for m in result.models] == [
@@ -317,12 +320,14 @@ def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
         (1, "supernet"),
         (1, "random"),
     ]
-    # rand-init gets its own round count (the paper trains it 5x longer) and a cosine
-    # schedule over those rounds
+    # rand-init gets its own round count (the paper trains it 5x longer), its own lr
+    # (the paper: 0.1 from scratch against 0.01 from the supernet) and a cosine schedule
+    # over its rounds
     rounds = {m.init: [h["round"] for h in m.history] for m in result.models}
     assert rounds == {"supernet": [1], "random": [1, 2]}
     cold_lrs = [h["lr"] for h in result.models[1].history]
-    assert cold_lrs[0] == pytest.approx(result.models[0].history[0]["lr"])
+    assert cold_lrs[0] == pytest.approx(0.2)
+    assert result.models[0].history[0]["lr"] == pytest.approx(strategy.settings.finetune_lr)
     assert cold_lrs[1] < cold_lrs[0]
     trains = [m for m in grid.sent if m.metadata.message_type == FEDORAS_TRAIN]
     by_phase = {m.content.config_records["config"]["phase"]: m for m in trains}
@@ -336,6 +341,27 @@ def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
         warm.content.array_records["arrays"][key].numpy(),
         cold.content.array_records["arrays"][key].numpy(),
     )
+
+
+def test_fine_tuning_starts_from_the_model_the_search_scored(three_stages):
+    strategy, _, result = three_stages
+    scorer, supernet = strategy.server_scorer, result.arrays
+    arch = result.searches[-1].best
+    scorer.load(supernet)
+    scored = scorer([arch])[0]
+    start = initial_subnet(strategy, supernet, arch, SUPERNET_INIT, tier=0)
+    net = build_space(**strategy.space.spec).subnet(arch)
+    net.load_state_dict(start.to_torch_state_dict())
+    again = evaluate(net.eval(), scorer.loader, torch.device("cpu"))
+    assert again.accuracy == pytest.approx(scored.accuracy)
+    assert again.loss == pytest.approx(scored.loss, rel=1e-5)
+    # the same weights; the path's BN statistics re-estimated, not the supernet's
+    keys = strategy.space.path_keys(arch)
+    stats = [k for k in keys if k.endswith(("running_mean", "running_var"))]
+    weights = [k for k in keys if k.endswith("weight")]
+    assert stats and weights
+    assert all(np.array_equal(start[k].numpy(), supernet[k].numpy()) for k in weights)
+    assert any(not np.allclose(start[k].numpy(), supernet[k].numpy()) for k in stats)
 
 
 def test_plain_fedavg_of_supernets_returns_and_averages_every_key_sent(run_config):
