@@ -139,9 +139,10 @@ def initial_subnet(
 
     Cut from the supernet, the subnet is the model the server-side search scored: its
     BatchNorm statistics are re-estimated on the server's calibration batches (with
-    ``search-recalibrate-bn``).  The supernet's own running statistics mix every path
-    through each option and would make the first fine-tuning rounds start from a worse
-    model than the one chosen."""
+    ``search-recalibrate-bn``), so the fine-tuning curve starts at the searched accuracy.
+    The supernet's own running statistics mix every path through each option and can
+    score far below it.  Clients train in train mode, so only the running statistics
+    differ, and the first rounds overwrite them."""
     if init == SUPERNET_INIT:
         keys = strategy.space.path_keys(arch)
         scorer = strategy.server_scorer
