@@ -226,12 +226,13 @@ class MBConvSpace(SearchSpace):
         frontier: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
         for layer, alpha in enumerate(self.arch_parameters()):
             logp = torch.log_softmax(alpha.detach().double(), dim=0).tolist()
+            costs = [self.option_cost(layer, o).flops for o in range(len(logp))]
             grown = sorted(
                 (
-                    (flops + self.option_cost(layer, o).flops, score + logp[o], path + (o,))
+                    (flops + costs[o], score + logp[o], path + (o,))
                     for flops, score, path in frontier
                     for o in range(len(logp))
-                    if flops + self.option_cost(layer, o).flops <= budget
+                    if flops + costs[o] <= budget
                 ),
                 key=lambda t: (t[0], -t[1]),
             )

@@ -111,11 +111,11 @@ class FDNAS(FederatedNASStrategy):
             reply_timeout=reply_timeout,
             min_nodes=min_nodes,
         )
-        cap = settings.max_flops * space.max_flops()
-        if cap < space.min_flops():
+        self.max_flops = settings.max_flops * space.max_flops()  # absolute bound
+        if self.max_flops < space.min_flops():
             raise ValueError(
                 f"run config 'fdnas.max-flops' = {settings.max_flops}: no net of the space fits"
-                f" ({cap:.6g} FLOPs); allowed: at least"
+                f" ({self.max_flops:.6g} FLOPs); allowed: at least"
                 f" {space.min_flops() / space.max_flops():.4f} (the cheapest path's share)"
             )
         self.space = space
@@ -291,7 +291,7 @@ class FDNAS(FederatedNASStrategy):
         """Argmax alpha per layer of the supernet ``arrays``; with ``max-flops`` below 1,
         the most probable path within that fraction of the largest path's FLOPs."""
         self.space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-        return self.space.derive(self.settings.max_flops * self.space.max_flops())
+        return self.space.derive(self.max_flops)
 
     def fresh_supernet(self, *keys: int | str) -> ArrayRecord:
         """A newly initialised supernet (naive-CFDNAS), seeded from the run seed and ``keys``."""
