@@ -23,11 +23,22 @@ DARTS-style mixed step) is ``benchmarks/fedoras_memory.py``.
 
     python benchmarks/fedoras_tiers.py            # full run (see README for the numbers)
     python benchmarks/fedoras_tiers.py --quick    # CI smoke run (< 2 minutes)
+
+A test client set of one seed is small (the top tier's model is tested on the ten top-tier
+clients' ~100 digits), so ``--seeds`` repeats the main runs with other run-config seeds
+(each draws its own split, tiers, sampling and initialisation) and adds the per-tier gain
+averaged over them; ``--merge`` takes finished cases from earlier result files instead of
+running them again:
+
+    python benchmarks/fedoras_tiers.py --seeds 1 2 --only opa  # fedoras_tiers.seeds-1-2.opa.json
+    python benchmarks/fedoras_tiers.py --seeds 0 1 2 --merge \
+        benchmarks/results/fedoras_tiers.json benchmarks/results/fedoras_tiers.seeds-1-2.opa.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import statistics
 import sys
@@ -90,29 +101,71 @@ def settings(quick: bool) -> dict[str, Any]:
     }
 
 
-def cases() -> list[dict[str, Any]]:
-    """Every FedorAS run in the table: name, alpha and run-config overrides (only the
-    main runs, named "opa", train the rand-init comparison)."""
-    no_rand_init = {"fedoras.compare-rand-init": False}
+CASES: list[dict[str, Any]] = [
+    {"name": "opa", "alpha": SKEWED, "overrides": {}},
+    {"name": "opa", "alpha": MILD, "overrides": {}},
+    {
+        "name": "fedavg",
+        "alpha": SKEWED,
+        "overrides": {"fedoras.aggregation": "fedavg", "fedoras.compare-rand-init": False},
+    },
+    {
+        "name": "budget-1",
+        "alpha": SKEWED,
+        "overrides": {"fedoras.comm-budget": 1.0, "fedoras.compare-rand-init": False},
+    },
+    {
+        "name": "budget-1/4",
+        "alpha": SKEWED,
+        "overrides": {"fedoras.comm-budget": 0.25, "fedoras.compare-rand-init": False},
+    },
+]
+"""Every FedorAS run in the table: name, alpha and run-config overrides (only the main
+runs, named "opa", train the rand-init comparison)."""
+
+
+def cases(seeds: list[int], only: list[str]) -> list[dict[str, Any]]:
+    """The runs for ``seeds``: the main ones at every seed, the comparisons (OPA against
+    FedAvg, B_comm) at the first; ``only`` keeps just the named ones (all if empty)."""
     return [
-        {"name": "opa", "alpha": SKEWED, "overrides": {}},
-        {"name": "opa", "alpha": MILD, "overrides": {}},
-        {
-            "name": "fedavg",
-            "alpha": SKEWED,
-            "overrides": {"fedoras.aggregation": "fedavg", **no_rand_init},
-        },
-        {
-            "name": "budget-1",
-            "alpha": SKEWED,
-            "overrides": {"fedoras.comm-budget": 1.0, **no_rand_init},
-        },
-        {
-            "name": "budget-1/4",
-            "alpha": SKEWED,
-            "overrides": {"fedoras.comm-budget": 0.25, **no_rand_init},
-        },
+        {**case, "seed": seed}
+        for i, seed in enumerate(seeds)
+        for case in CASES
+        if (not only or case["name"] in only) and (case["name"] == "opa" or i == 0)
     ]
+
+
+def case_key(case: dict[str, Any]) -> tuple[str, float, int]:
+    # Result files written before ``--seeds`` existed ran the pyproject's seed, 0.
+    return case["name"], case["alpha"], case.get("seed", 0)
+
+
+def merged_cases(
+    paths: list[Path], settings_now: dict[str, Any], clients: int
+) -> dict[tuple[str, float, int], dict[str, Any]]:
+    """The finished runs in earlier result files of this benchmark, by (name, alpha, seed);
+    a file measured with other settings or another number of clients is an error."""
+    done: dict[tuple[str, float, int], dict[str, Any]] = {}
+    for path in paths:
+        document = json.loads(path.read_text())
+        if document.get("settings") != settings_now or document.get("clients") != clients:
+            raise SystemExit(
+                f"--merge {path}: measured with clients={document.get('clients')} and "
+                f"settings {document.get('settings')}; this run has clients={clients} and "
+                f"settings {settings_now}"
+            )
+        for case in document["cases"]:
+            done[case_key(case)] = {**case, "seed": case_key(case)[2]}
+    return done
+
+
+def results_name(seeds: list[int], only: list[str]) -> str:
+    """``fedoras_tiers`` for the default run (every case, seed 0), else with the seeds and
+    the kept cases in the name, so that no run overwrites another's file."""
+    if seeds == [0] and not only:
+        return "fedoras_tiers"
+    name = "fedoras_tiers.seeds-" + "-".join(map(str, seeds))
+    return name + ("." + "-".join(n.replace("/", "_") for n in only) if only else "")
 
 
 def run_case(config: dict[str, Any], clients: int, out_dir: str) -> dict[str, Any]:
@@ -157,18 +210,61 @@ def mean(values: list[float | None]) -> float | None:
     return statistics.fmean(present) if present else None
 
 
+def gain_over_seeds(per_seed: list[list[float | None]]) -> list[float | None]:
+    """Per tier, the gain averaged over the seeds that have one (a seed draws its own
+    split, tiers and test clients, so each is also a fresh test set)."""
+    return [mean(list(tier)) for tier in zip(*per_seed, strict=True)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI smoke run")
     parser.add_argument("--clients", type=int, default=None, help="default: 40 (quick: 8)")
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="run-config seeds (data split, tiers, sampling, initialisation): the main runs "
+        "at each, the comparisons at the first (default: 0)",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=[],
+        choices=sorted({c["name"] for c in CASES}),
+        help="run only these cases (default: all)",
+    )
+    parser.add_argument(
+        "--rand-init-lr",
+        type=float,
+        default=None,
+        help="lr of rand-init (run-config fedoras.rand-init-lr; default: the fine-tuning lr, "
+        "0.05; the paper trains from scratch at 0.1, 10x its fine-tuning lr)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="result files of earlier runs of this benchmark (same settings and clients): "
+        "their cases are taken, not run again",
+    )
     args = parser.parse_args(argv)
     clients = args.clients or (8 if args.quick else 40)
     started = time.perf_counter()
-    runs = cases()
+    runs = cases(args.seeds, args.only)
+    measured = settings(args.quick)
+    if args.rand_init_lr is not None:
+        measured["fedoras.rand-init-lr"] = args.rand_init_lr
+    done = merged_cases(args.merge, measured, clients)
+    todo = [c for c in runs if case_key(c) not in done]
     with tempfile.TemporaryDirectory() as tmp:
-        base = run_config({**settings(args.quick), "data.cache-dir": str(Path(tmp) / "cache")})
-        configs = [{**base, "data.alpha": c["alpha"], **c["overrides"]} for c in runs]
+        base = run_config({**measured, "data.cache-dir": str(Path(tmp) / "cache")})
+        configs = [
+            {**base, "seed": c["seed"], "data.alpha": c["alpha"], **c["overrides"]} for c in todo
+        ]
         warm_data_cache(configs, clients)
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
@@ -177,36 +273,47 @@ def main(argv: list[str] | None = None) -> int:
                 for i, config in enumerate(configs)
             ]
             outcomes = [f.result() for f in futures]
-    for case, outcome in zip(runs, outcomes, strict=True):
+    for case, outcome in zip(todo, outcomes, strict=True):
         case.update(outcome)
+    runs = [done.get(case_key(c), c) for c in runs]
 
     num_tiers = base["fedoras.num-tiers"]
-    main_runs = {c["alpha"]: c for c in runs if c["name"] == "opa"}
     rows: list[tuple[str, str, list[float | None], str]] = []
-    gains: dict[float, list[float]] = {}
-    for alpha, run in main_runs.items():
+    gains: dict[float, list[list[float | None]]] = {}  # alpha -> per seed, per tier
+    seeds_of: dict[float, list[int]] = {}  # alpha -> the seed of each entry of gains
+    for run in (c for c in runs if c["name"] == "opa"):
+        alpha = run["alpha"]
+        at = f" (seed {run['seed']})" if len(args.seeds) > 1 else ""
         fedoras = accuracies(run, "supernet", num_tiers)
         rand = accuracies(run, "random", num_tiers)
         gain = [
             None if f is None or r is None else 100 * (f - r)
             for f, r in zip(fedoras, rand, strict=True)
         ]
-        gains[alpha] = [g for g in gain if g is not None]
+        gains.setdefault(alpha, []).append(gain)
+        seeds_of.setdefault(alpha, []).append(run["seed"])
         down = f"{run['stage1-bytes-down-per-message'] / 1e6:.3f}"
         flops = [
             next((m["flops"] / 1e6 for m in run["models"] if m["tier"] == t), None)
             for t in range(1, num_tiers + 1)
         ]
         rows += [
-            ("FedorAS (OPA, B=1/2) MFLOPs of the chosen path", f"{alpha}", flops, "-"),
-            ("FedorAS (OPA, B=1/2)", f"{alpha}", fedoras, down),
+            (f"FedorAS (OPA, B=1/2) MFLOPs of the chosen path{at}", f"{alpha}", flops, "-"),
+            (f"FedorAS (OPA, B=1/2){at}", f"{alpha}", fedoras, down),
             (
-                f"rand-init, same architectures ({base['fedoras.rand-init-rounds']} rounds)",
+                f"rand-init, same architectures ({base['fedoras.rand-init-rounds']} rounds, "
+                f"lr {base['fedoras.rand-init-lr'] or base['fedoras.finetune-lr']}){at}",
                 f"{alpha}",
                 rand,
                 "-",
             ),
-            ("gain FedorAS - rand-init (pp)", f"{alpha}", gain, "-"),
+            (f"gain FedorAS - rand-init (pp){at}", f"{alpha}", gain, "-"),
+        ]
+    mean_gain = {alpha: gain_over_seeds(per_seed) for alpha, per_seed in gains.items()}
+    if len(args.seeds) > 1:
+        rows += [
+            (f"gain, mean over seeds {', '.join(map(str, args.seeds))} (pp)", f"{a}", g, "-")
+            for a, g in mean_gain.items()
         ]
     labels = {
         "fedavg": "FedAvg of supernets (B=1/2)",
@@ -234,19 +341,40 @@ def main(argv: list[str] | None = None) -> int:
         cells = " | ".join(cell(v, digits) for v in values)
         print(f"| {name} | {alpha} | {cells} | {cell(mean(values), digits)} | {down} |")
     print()
+    if len(args.seeds) > 1:
+        print("Gain FedorAS - rand-init (pp), per seed and averaged over the seeds:\n")
+        print(f"| alpha | seed | {tiers} | mean |")
+        print("| --- | --- | " + "--- | " * num_tiers + "--- |")
+        for alpha, per_seed in gains.items():
+            for seed, gain in zip(seeds_of[alpha], per_seed, strict=True):
+                cells = " | ".join(cell(v, 2) for v in gain)
+                print(f"| {alpha} | {seed} | {cells} | {cell(mean(gain), 2)} |")
+            cells = " | ".join(f"**{cell(v, 2)}**" for v in mean_gain[alpha])
+            print(f"| {alpha} | mean | {cells} | **{cell(mean(mean_gain[alpha]), 2)}** |")
+        print()
 
-    skew, mild = gains.get(SKEWED, []), gains.get(MILD, [])
-    summary = {
+    def first(name: str, alpha: float) -> dict[str, Any] | None:
+        return next((c for c in runs if c["name"] == name and c["alpha"] == alpha), None)
+
+    def mean_acc(run: dict[str, Any] | None) -> float:
+        value = None if run is None else mean(accuracies(run, "supernet", num_tiers))
+        return float("nan") if value is None else value
+
+    skew = [g for g in mean_gain.get(SKEWED, []) if g is not None]
+    mild = [g for g in mean_gain.get(MILD, []) if g is not None]
+    summary: dict[str, Any] = {
+        "seeds": "-".join(map(str, args.seeds)),
         "min_gain_pp_alpha0.1": min(skew) if skew else float("nan"),
         "mean_gain_pp_alpha0.1": statistics.fmean(skew) if skew else float("nan"),
         "min_gain_pp_alpha1.0": min(mild) if mild else float("nan"),
         "mean_gain_pp_alpha1.0": statistics.fmean(mild) if mild else float("nan"),
-        "fedavg_mean_acc": mean(
-            accuracies(next(c for c in runs if c["name"] == "fedavg"), "supernet", num_tiers)
-        ),
-        "opa_mean_acc": mean(accuracies(main_runs[SKEWED], "supernet", num_tiers)),
+        "fedavg_mean_acc": mean_acc(first("fedavg", SKEWED)),
+        "opa_mean_acc": mean_acc(first("opa", SKEWED)),
         "clients": clients,
     }
+    for alpha, per_seed in gains.items():  # (seed, tier) cells where FedorAS >= rand-init
+        cells = [g for gain in per_seed for g in gain if g is not None]
+        summary[f"cells_level_or_above_alpha{alpha}"] = f"{sum(g >= 0 for g in cells)}/{len(cells)}"
     summary["goal_met"] = bool(
         skew
         and mild
@@ -255,10 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary["seconds"] = round(time.perf_counter() - started, 1)
     report(
-        "fedoras_tiers",
+        results_name(args.seeds, args.only)
+        + ("" if args.rand_init_lr is None else f".rand-init-lr-{args.rand_init_lr}"),
         args.quick,
         summary,
-        {"clients": clients, "settings": settings(args.quick), "cases": runs},
+        {"clients": clients, "settings": measured, "cases": runs},
     )
     return 0
 

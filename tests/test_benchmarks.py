@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -120,3 +121,46 @@ def test_fedoras_tiers_quick_reports_every_comparison():
             assert all(arch[(t, "random")] == arch[(t, "supernet")] for t, _ in arch)
     down = {name: cases[(name, 0.1)]["stage1-bytes-down-per-message"] for name, _ in cases}
     assert down["budget-1/4"] < down["opa"] < down["budget-1"]
+
+
+def load_benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` (it imports its sibling ``common``)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    return importlib.import_module(name)
+
+
+def test_fedoras_tiers_runs_the_main_cases_at_every_seed_and_merges_earlier_files(tmp_path):
+    tiers = load_benchmark("fedoras_tiers")
+    keys = [tiers.case_key(c) for c in tiers.cases([0, 1, 2], [])]
+    assert len(keys) == len(set(keys)) == 3 * 2 + 3
+    assert {k for k in keys if k[0] != "opa"} == {
+        ("fedavg", 0.1, 0),
+        ("budget-1", 0.1, 0),
+        ("budget-1/4", 0.1, 0),
+    }
+    assert [tiers.case_key(c) for c in tiers.cases([1, 2], ["opa"])] == [
+        ("opa", 0.1, 1),
+        ("opa", 1.0, 1),
+        ("opa", 0.1, 2),
+        ("opa", 1.0, 2),
+    ]
+    assert tiers.results_name([0], []) == "fedoras_tiers"
+    assert tiers.results_name([1, 2], ["opa"]) == "fedoras_tiers.seeds-1-2.opa"
+    assert tiers.results_name([0], ["budget-1/4"]) == "fedoras_tiers.seeds-0.budget-1_4"
+    # per tier, the mean of the seeds that have a gain: (2 - 4) / 2, 3, (1 + 2 + 6) / 3
+    assert tiers.gain_over_seeds([[2.0, None, 1.0], [-4.0, 3.0, 2.0], [None, None, 6.0]]) == [
+        -1.0,
+        3.0,
+        3.0,
+    ]
+    settings = tiers.settings(quick=True)
+    old = {"name": "opa", "alpha": 0.1, "models": []}  # no "seed": written before --seeds
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps({"clients": 8, "settings": settings, "cases": [old]}))
+    # such a file ran the pyproject's seed, 0
+    assert tiers.merged_cases([path], settings, 8)[("opa", 0.1, 0)]["seed"] == 0
+    with pytest.raises(SystemExit, match="clients=8"):
+        tiers.merged_cases([path], settings, 40)
+    with pytest.raises(SystemExit, match="--merge"):
+        tiers.merged_cases([path], {**settings, "fedoras.rounds": 3}, 8)
