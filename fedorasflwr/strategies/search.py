@@ -90,11 +90,14 @@ class TierSearch:
 def initial_paths(
     space: SearchSpace, tier: Tier, rng: np.random.Generator, count: int, tries: int = 200
 ) -> list[Path]:
-    """``count`` distinct paths, as many as ``tries x count`` draws find inside the tier.
+    """Up to ``count`` distinct paths, as many as ``tries x count`` draws find inside the tier.
 
     Paths are drawn with the budgeted sampler (never above the tier's upper
     bound) and kept when above its lower bound; if the tier is too narrow to
     fill the population, the rest are the sampler's other (infeasible) draws.
+    A small space or a narrow tier may hold fewer than ``count`` distinct
+    paths: then all that were found are returned (the search's population
+    shrinks to them).
     """
     inside: dict[Path, None] = {}
     outside: dict[Path, None] = {}
@@ -105,11 +108,6 @@ def initial_paths(
             break
     paths = list(inside)[:count]
     paths += list(outside)[: count - len(paths)]
-    if len(paths) < count:
-        raise ValueError(
-            f"tier {tier.index + 1} holds fewer than {count} distinct paths: "
-            "lower 'fedoras.search-population'"
-        )
     return paths
 
 
@@ -148,7 +146,7 @@ def search_tier(
     rng = np.random.default_rng([seed, 5, tier.index])
     start = np.asarray(initial_paths(space, tier, rng, population), dtype=float)
     algorithm = NSGA2(
-        pop_size=population,
+        pop_size=len(start),
         n_offsprings=offspring,
         sampling=start,
         crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
@@ -162,7 +160,9 @@ def search_tier(
     generation = 0
     while algorithm.has_next():
         pop = algorithm.ask()
-        if len(pop) == 0:  # NSGA-II found no new offspring: the tier is exhausted
+        # pymoo returns None (or an empty population) when mating yields no
+        # offspring that is not a duplicate: a small tier is exhausted
+        if pop is None or len(pop) == 0:
             break
         paths = [tuple(int(round(v)) for v in x) for x in pop.get("X")]
         new = list(dict.fromkeys(p for p in paths if p not in memo))
