@@ -4,13 +4,17 @@ The run config (``[tool.flwr.app.config]`` in ``pyproject.toml``, overridable
 with ``flwr run . --run-config "k=v"``) arrives flattened: the sub-table
 ``[tool.flwr.app.config.fedoras]`` becomes ``fedoras.<key>``.  Everything is
 checked here, before any training, and a bad value raises ``ValueError``
-naming the key, the value and what is allowed.
+naming the key, the value and what is allowed.  An unknown key (a typo such as
+``fedoras.round``) raises too, suggesting the closest known one; the known keys
+are the ones the parser reads (:func:`known_keys`), so there is no second list.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,8 @@ __all__ = [
     "FedorASSettings",
     "RunSettings",
     "SpaceSettings",
+    "check_known_keys",
+    "known_keys",
     "parse_run_config",
     "space_kwargs",
 ]
@@ -482,6 +488,9 @@ class DPFNASSettings:
     for a 2-core CPU and MNIST-5k.  ``mode``: "dpfnas" (noise), "fnas" (no
     noise), "single" (one party, no noise: vanilla DARTS).  ``final-noise`` > 0
     makes the final FedAvg training DP-SGD (accounted with the search's W steps).
+    ``insecure_reproducible_noise``: parties seed their noise and Poisson samples from
+    the run seed (reproducible runs) - the server can then subtract the noise, so the
+    run gives no privacy against it; off by default (the OS CSPRNG, ``secure_random``).
     """
 
     mode: str = "dpfnas"
@@ -510,6 +519,7 @@ class DPFNASSettings:
     final_clients_per_round: int = 0
     final_noise: float = 0.0
     final_clip: float = 1.0
+    insecure_reproducible_noise: bool = False
 
     @property
     def noisy(self) -> bool:
@@ -586,6 +596,9 @@ class DPFNASSettings:
                 "final-noise", cls.final_noise, non_negative, ">= 0 (0: not private)"
             ),
             final_clip=number("final-clip", cls.final_clip),
+            insecure_reproducible_noise=_get(
+                cfg, p + "insecure-reproducible-noise", cls.insecure_reproducible_noise, bool
+            ),
         )
 
 
@@ -725,8 +738,80 @@ def parse_run_config(cfg: Mapping[str, Any]) -> RunSettings:
     Raises
     ------
     ValueError
-        Naming the key, the value and what is allowed.
+        Naming the key, the value and what is allowed; or naming an unknown key and
+        the closest known one.
     """
+    check_known_keys(cfg)
+    return _parse(cfg)
+
+
+class _RecordingConfig(Mapping[str, Any]):
+    """A run config that remembers every key looked up in it (``get``, ``in``, ``[]``)."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        self._cfg = dict(cfg)
+        self.asked: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.asked.add(key)
+        return self._cfg[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cfg)
+
+    def __len__(self) -> int:
+        return len(self._cfg)
+
+
+@functools.cache
+def known_keys() -> frozenset[str]:
+    """Every run-config key the parser reads: the keys it looks up while parsing the
+    defaults of each method, and ``data.<field>`` for every ``DataSpec`` field."""
+    asked: set[str] = set()
+    for method in METHODS:
+        recording = _RecordingConfig({"method": method})
+        _parse(recording)
+        asked |= recording.asked
+    return frozenset(asked | {f"data.{key}" for key in DataSpec().to_config()})
+
+
+def check_known_keys(keys: Iterable[str]) -> None:
+    """Raise ``ValueError`` if a key is not a run-config key, with the closest known one.
+
+    Raises
+    ------
+    ValueError
+        ``run config key 'fedoras.round' is unknown; did you mean 'fedoras.rounds'?``
+        (one line per unknown key).
+    """
+    known = known_keys()
+    unknown = sorted(set(keys) - known)
+    if not unknown:
+        return
+    lines = []
+    for key in unknown:
+        close = _closest(key, sorted(known))
+        if len(close) == 1:
+            hint = f"did you mean {close[0]!r}?"
+        elif close:
+            hint = "did you mean one of " + ", ".join(map(repr, close)) + "?"
+        else:
+            hint = "the known keys are those of [tool.flwr.app.config] in pyproject.toml"
+        lines.append(f"run config key {key!r} is unknown; {hint}")
+    raise ValueError("\n".join(lines))
+
+
+def _closest(key: str, known: list[str]) -> list[str]:
+    """The closest known key (difflib); else the keys with the same last part (a missing or
+    wrong table: ``rounds`` -> ``fdnas.rounds``, ``fedoras.rounds``)."""
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return close
+    leaf = key.rsplit(".", 1)[-1]
+    return [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+
+
+def _parse(cfg: Mapping[str, Any]) -> RunSettings:
     method = _get(
         cfg, "method", "fedoras", str, lambda v: v in METHODS, "one of " + ", ".join(METHODS)
     )

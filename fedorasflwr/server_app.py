@@ -326,6 +326,7 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         "iterations": result.iterations,
         "stopped": result.stopped,
         "privacy": privacy_report(result.privacy),
+        "noise": result.noise,
         "test-accuracy": result.test_accuracy,
         "final-privacy": json_safe(result.final_privacy),
         "history": json_safe(result.history),

@@ -12,6 +12,11 @@ the paper's finite-difference term, Eq. 5), clip R_H, noise R_H * N(0, tau^2 I).
 The divisor is the *expected* batch size (opacus' convention): the sensitivity
 of the noised sum is then exactly R, and |I_t| is never revealed.  (The paper
 divides by |I_t|.)  Replies carry only the noised gradient and public numbers.
+
+Every noise draw and Poisson sample of a private computation (both exchanges,
+the second-order training batch, DP final training) comes from the party's OS
+CSPRNG, which the server cannot regenerate (``secure_random``); only
+``insecure-reproducible-noise`` in the message config seeds them instead.
 """
 
 from __future__ import annotations
@@ -30,12 +35,8 @@ from ..data import ClientData
 from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ..search_spaces import build_space
 from ..search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
-from .training import (
-    held_out_metrics,
-    local_sgd,
-    seeded_generator,
-    torch_device,
-)
+from .secure_random import NoiseSource, SampleSource, gaussian, party_randomness
+from .training import held_out_metrics, local_sgd, torch_device
 
 __all__ = [
     "PREVIOUS_PREFIX",
@@ -55,8 +56,10 @@ PREVIOUS_PREFIX = "previous."
 CHUNK = 16  # samples per vmap chunk: bounds memory of per-sample activations
 
 
-def poisson_sample(rng: np.random.Generator, size: int, rate: float) -> np.ndarray:
-    """Indices of a Poisson subsample: each of ``size`` items kept with probability ``rate``."""
+def poisson_sample(rng: SampleSource, size: int, rate: float) -> np.ndarray:
+    """Indices of a Poisson subsample: each of ``size`` items kept with probability ``rate``.
+
+    ``rng``: a ``numpy.random.Generator`` or ``SecureRandom`` (anything with ``.random``)."""
     return np.flatnonzero(rng.random(size) < rate)
 
 
@@ -94,11 +97,13 @@ def clip_and_noise(
     clip: float,
     noise_multiplier: float,
     expected_batch: float,
-    generator: torch.Generator,
+    generator: NoiseSource,
 ) -> tuple[dict[str, Tensor], float]:
     """Algorithm 1's Gaussian mechanism: clip each sample's joint L2 norm to ``clip``,
     sum, add ``clip * N(0, noise_multiplier^2)`` per coordinate, divide by
-    ``expected_batch``.  Also returns the fraction of samples that were clipped."""
+    ``expected_batch``.  Also returns the fraction of samples that were clipped.
+
+    ``generator``: a seeded ``torch.Generator`` or ``SecureRandom`` (the OS CSPRNG)."""
     names = list(per_sample)
     first = per_sample[names[0]]
     count = first.shape[0]
@@ -115,8 +120,7 @@ def clip_and_noise(
             else torch.zeros(grads.shape[1:], dtype=grads.dtype)
         )
         if noise_multiplier > 0:
-            noise = torch.normal(0.0, noise_multiplier * clip, total.shape, generator=generator)
-            total = total + noise
+            total = total + gaussian(noise_multiplier * clip, total.shape, generator, total.dtype)
         out[name] = total / expected_batch
     return out, clipped_fraction if count else 0.0
 
@@ -132,14 +136,19 @@ def _load(content: RecordDict) -> tuple[DartsSpace, ConfigRecord]:
 
 
 def _words(config: Mapping[str, Any], partition_id: int, phase: str) -> list[int]:
+    """Seed words of a seeded (non-private or insecure) computation; see ``secure_random``."""
     return [int(config["seed"]), int(config["server-round"]), partition_id, len(phase)]
 
 
+def _randomness(config: Mapping[str, Any], words: list[int]) -> tuple[SampleSource, NoiseSource]:
+    return party_randomness(config, words, private=float(config["noise-multiplier"]) > 0)
+
+
 def _batch(
-    dataset: Dataset, config: Mapping[str, Any], words: list[int]
+    dataset: Dataset, config: Mapping[str, Any], sampler: SampleSource
 ) -> tuple[Tensor, Tensor, float]:
     rate = float(config["sample-rate"])
-    indices = poisson_sample(np.random.default_rng(words), len(dataset), rate)
+    indices = poisson_sample(sampler, len(dataset), rate)
     inputs, targets = _gather(dataset, indices)
     return inputs, targets, max(rate * len(dataset), 1e-12)
 
@@ -157,8 +166,8 @@ def _reply(
 def weight_gradient(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
     """Exchange (a): the noised, clipped training gradient G_k of the weights W."""
     space, config = _load(content)
-    words = _words(config, partition_id, "weights")
-    inputs, targets, expected = _batch(data.train, config, words)
+    sampler, noise = _randomness(config, _words(config, partition_id, "weights"))
+    inputs, targets, expected = _batch(data.train, config, sampler)
     named = dict(space.named_parameters())
     wrt = {k: named[k] for k in space.weight_keys()}
     per_sample = (
@@ -171,7 +180,7 @@ def weight_gradient(content: RecordDict, data: ClientData, partition_id: int) ->
         clip=float(config["clip"]),
         noise_multiplier=float(config["noise-multiplier"]),
         expected_batch=expected,
-        generator=seeded_generator(words),
+        generator=noise,
     )
     return _reply(gradient, expected, clipped, float(config["noise-multiplier"]))
 
@@ -180,7 +189,8 @@ def architecture_gradient(content: RecordDict, data: ClientData, partition_id: i
     """Exchange (b): the noised, clipped validation gradient H_k of the alphas A."""
     space, config = _load(content)
     words = _words(config, partition_id, "architecture")
-    inputs, targets, expected = _batch(data.val, config, words)
+    sampler, noise = _randomness(config, words)
+    inputs, targets, expected = _batch(data.val, config, sampler)
     named = dict(space.named_parameters())
     wrt = {k: named[k] for k in DartsSpace.ARCH_KEYS}
     if not len(inputs):
@@ -194,7 +204,7 @@ def architecture_gradient(content: RecordDict, data: ClientData, partition_id: i
         clip=float(config["clip"]),
         noise_multiplier=float(config["noise-multiplier"]),
         expected_batch=expected,
-        generator=seeded_generator(words),
+        generator=noise,
     )
     return _reply(gradient, expected, clipped, float(config["noise-multiplier"]))
 
@@ -221,7 +231,7 @@ def _second_order(
     arch = {k: named[k] for k in DartsSpace.ARCH_KEYS}
     current = {k: named[k] for k in weight_keys}
     xi = float(config["weight-lr"])
-    train_x, train_y, _ = _batch(data.train, config, [*words, 2])
+    train_x, train_y, _ = _batch(data.train, config, _randomness(config, [*words, 2])[0])
     if not len(train_x):
         train_x, train_y = inputs[:0], targets[:0]
 
@@ -288,8 +298,7 @@ def _train_final_private(
     n = len(data.train)
     batch = int(config["batch-size"])
     rate = min(1.0, batch / n)
-    generator = seeded_generator([*words, 7])
-    rng = np.random.default_rng([*words, 7])
+    rng, generator = _randomness(config, [*words, 7])
     named = dict(net.named_parameters())
     for _ in range(final_steps(n, batch, int(config["local-epochs"]))):
         inputs, targets = _gather(data.train, poisson_sample(rng, n, rate))

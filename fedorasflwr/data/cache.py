@@ -5,8 +5,10 @@ must not rebuild its partition every time. A prepared partition is one
 ``torch.save`` file named by a hash of everything that determines its content -
 the spec without ``cache_dir``, the partition id, the number of partitions and
 :data:`FORMAT_VERSION` - written atomically (temporary file + ``os.replace``), so
-concurrent processes never read half a file. This module imports neither
-``datasets`` nor ``flwr_datasets``.
+concurrent processes never read half a file. Every file carries a checksum of its
+content (:func:`.integrity.checksum`): a file whose checksum does not match (a bit
+flipped on disk, a cut copy) is reported and treated as a miss. This module
+imports neither ``datasets`` nor ``flwr_datasets``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from typing import Any
 
 import torch
 
+from .integrity import checksum
 from .spec import DataSpec
 
 __all__ = ["FORMAT_VERSION", "cache_root", "client_path", "server_path", "read", "write"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files carry a checksum
+CHECKSUM = "checksum"
 _LOG = logging.getLogger(__name__)
 # Only these fields shape the server slice: a new partitioner reuses the same file.
 _SERVER_KEYS = ("dataset", "server-fraction", "seq-len", "seed")
@@ -64,7 +68,8 @@ def server_path(spec: DataSpec) -> Path:
 
 
 def read(path: Path) -> dict[str, Any] | None:
-    """The cached payload at ``path``, or ``None`` if absent or unreadable."""
+    """The cached payload at ``path``; ``None`` if absent, or (with a WARNING naming the
+    file and the fault) unreadable, of another format or failing its checksum."""
     if not path.is_file():
         return None
     try:
@@ -73,6 +78,11 @@ def read(path: Path) -> dict[str, Any] | None:
         _LOG.warning("ignoring unreadable data cache file %s: %s", path, err)
         return None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        _LOG.warning("ignoring data cache file %s: not a format-%d payload", path, FORMAT_VERSION)
+        return None
+    stored = payload.pop(CHECKSUM, None)
+    if stored != checksum(payload):
+        _LOG.warning("ignoring data cache file %s: checksum mismatch (corrupt file)", path)
         return None
     return payload
 
@@ -83,7 +93,8 @@ def write(path: Path, payload: dict[str, Any]) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as stream:
-            torch.save({**payload, "format": FORMAT_VERSION}, stream)
+            content = {**payload, "format": FORMAT_VERSION}
+            torch.save({**content, CHECKSUM: checksum(content)}, stream)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

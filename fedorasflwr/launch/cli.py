@@ -11,7 +11,7 @@ from .deployment import Deployment
 from .flwr_cli import FlowerRunError, format_run_config
 from .simulation import run_simulation
 
-__all__ = ["main"]
+__all__ = ["check_overrides", "main"]
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -42,10 +42,36 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_overrides(run_config: str) -> str | None:
+    """Why the ``--run-config`` overrides cannot run (bad syntax, an unknown key), or ``None``.
+
+    The keys are read with Flower's own parser and checked against the app's known keys
+    (:func:`fedorasflwr.config.check_known_keys`), so a typo is named with the closest
+    key before any Flower process starts (Flower would say only "Invalid run configuration").
+    """
+    from click import ClickException
+    from flwr.common.config import parse_config_args
+
+    from ..config import check_known_keys
+
+    try:
+        overrides = parse_config_args([run_config])
+        check_known_keys(overrides)
+    except ClickException as error:
+        return error.format_message()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the process exit code."""
     args = _parse_args(argv)
     run_config = args.run_config or ""
+    problem = check_overrides(run_config)
+    if problem is not None:
+        print(f"error: --run-config: {problem}", file=sys.stderr)
+        return 2
     if "output-dir=" not in run_config:  # one key may not appear twice in a run config
         output = format_run_config({"output-dir": str(args.output_dir.resolve())})
         run_config = f"{output} {run_config}".strip()

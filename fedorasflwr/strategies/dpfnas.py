@@ -24,7 +24,8 @@ Client contract
     arrays: the full ``state_dict`` (W and A; for ``order`` 2 the arch message
     also carries the previous W under ``previous.<key>``).  config: ``method``,
     ``phase``, ``server-round``, ``seed``, ``sample-rate``, ``clip``,
-    ``noise-multiplier``, ``order``, ``weight-lr`` and ``space.<kwarg>``.
+    ``noise-multiplier``, ``order``, ``weight-lr``, ``insecure-reproducible-noise``
+    and ``space.<kwarg>``.
     Reply: ArrayRecord ``arrays`` with exactly the W keys (weights) or the A
     keys (arch), the noised gradient; MetricRecord ``metrics`` with
     ``expected-batch`` (p N_k, public) and, without noise only, ``clipped-fraction``.
@@ -32,7 +33,8 @@ Client contract
     arrays: the derived network's ``state_dict``. config: ``genotype``
     (``Genotype.to_text``), ``space.<kwarg>``, ``local-epochs``,
     ``batch-size``, ``lr``, ``momentum``, ``seed``, ``server-round``,
-    ``noise-multiplier`` and ``clip`` (> 0: local DP-SGD, Poisson batches).
+    ``noise-multiplier`` and ``clip`` (> 0: local DP-SGD, Poisson batches),
+    ``insecure-reproducible-noise``.
     Reply: the trained arrays and ``num-examples``, ``train-loss``; or
     ``num-examples``, ``loss``, ``accuracy`` on the test split.
 """
@@ -52,6 +54,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from ..clients.dpfnas import PREVIOUS_PREFIX, final_steps
+from ..clients.secure_random import INSECURE_KEY
 from ..config import DPFNASSettings
 from ..protocol import (
     ARRAYS,
@@ -89,6 +92,7 @@ class DPFNASResult:
     test_accuracy: float | None = None
     final_privacy: list[dict[str, Any]] = field(default_factory=list)
     ledger: dict[str, Any] = field(default_factory=dict)
+    noise: dict[str, Any] = field(default_factory=dict)
 
 
 class DPFNAS(FederatedNASStrategy):
@@ -101,7 +105,9 @@ class DPFNAS(FederatedNASStrategy):
     settings : DPFNASSettings
         Hyper-parameters (paper values in its docstring).
     seed : int
-        Fixes every client-side sample and noise draw and the final sampling.
+        Fixes the final sampling and, only with ``insecure_reproducible_noise`` (or
+        without noise), the parties' samples and noise; private parties draw those
+        from their OS CSPRNG (``clients/secure_random.py``).
     evaluate_fn : callable, optional
         ``(iteration, arrays) -> MetricRecord``: server-side validation of the
         mixed supernet every ``eval_every`` iterations.
@@ -271,6 +277,7 @@ class DPFNAS(FederatedNASStrategy):
                     "noise-multiplier": self.sigma if phase == WEIGHTS else self.tau,
                     "order": s.order,
                     "weight-lr": s.weight_lr,
+                    INSECURE_KEY: s.insecure_reproducible_noise,
                     **space_to_config(self.space.spec),
                 }
             )
@@ -367,6 +374,9 @@ class DPFNAS(FederatedNASStrategy):
     ) -> DPFNASResult:
         """Search, derive the genotype, train the derived network, test it."""
         log(INFO, "Starting DP-FNAS")
+        noise = self.noise_statement()
+        if self.settings.insecure_reproducible_noise:
+            log(WARNING, "DP-FNAS: %s", noise["statement"])
         self.summary()
         with self.ledger.timed("setup"):
             self.setup(grid)
@@ -423,6 +433,7 @@ class DPFNAS(FederatedNASStrategy):
             stopped=stopped,
             privacy=self.privacy(),
             history=history,
+            noise=noise,
         )
         if self.settings.final_rounds > 0:
             self.train_final(grid, result)
@@ -475,6 +486,7 @@ class DPFNAS(FederatedNASStrategy):
                 "momentum": s.final_momentum,
                 "noise-multiplier": s.final_noise,
                 "clip": s.final_clip,
+                INSECURE_KEY: s.insecure_reproducible_noise,
                 **space_to_config(self.space.spec),
             }
         )
@@ -504,6 +516,35 @@ class DPFNAS(FederatedNASStrategy):
             )
         log(INFO, "DP-FNAS derived network: test accuracy %s", result.test_accuracy)
         result.final_privacy = self.final_privacy()
+
+    def noise_statement(self) -> dict[str, Any]:
+        """Where the parties' DP noise comes from and whether it is private against the server."""
+        s = self.settings
+        if not (self.sigma > 0 or self.tau > 0 or s.final_noise > 0):
+            private, statement = False, f"mode {s.mode!r} adds no noise: no privacy"
+        elif s.insecure_reproducible_noise:
+            private, statement = (
+                False,
+                (
+                    "dpfnas.insecure-reproducible-noise = true: every party seeds its DP noise "
+                    "and Poisson samples from the run seed, the round and its partition id, "
+                    "which the server knows; the server can regenerate and subtract the noise, "
+                    "so this run gives NO privacy against the server (the epsilons are void)"
+                ),
+            )
+        else:
+            private, statement = (
+                True,
+                (
+                    "every party draws its DP noise and Poisson samples from its OS CSPRNG: "
+                    "the server cannot regenerate them"
+                ),
+            )
+        return {
+            "insecure-reproducible-noise": s.insecure_reproducible_noise,
+            "private-against-server": private,
+            "statement": statement,
+        }
 
     def final_privacy(self) -> list[dict[str, Any]]:
         """Per party: epsilon of its training split over the search's W steps *and* the

@@ -32,6 +32,7 @@ def test_simulation_engine_runs_dpfnas(simulation_runner, flwr_home, tmp_path, d
     result = json.loads(results[0].read_text())
     assert result["iterations"] == 1 and result["stopped"] == "completed"
     assert len(result["privacy"]) == 2
+    assert result["noise"]["private-against-server"] is True  # OS-CSPRNG noise by default
     assert all(0 < party["epsilon"] < 100 for party in result["privacy"])
     assert 0.0 <= result["test-accuracy"] <= 1.0
     assert result["ledger"]["weights"]["totals"]["replies"] == 2

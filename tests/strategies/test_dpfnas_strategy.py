@@ -82,10 +82,17 @@ def test_reported_epsilon_is_opacus_for_the_same_mechanism(finished):
     assert result.history[-1]["epsilon"] == max(p.epsilon for p in result.privacy)
 
 
-def test_same_seed_same_search(finished, data_cache):
-    _, _, again = run(tiny_dpfnas(data_cache, **{"dpfnas.final-rounds": 0}))
+def test_same_seed_same_search_only_with_insecure_reproducible_noise(finished, data_cache):
+    """Private noise comes from each party's OS CSPRNG: only the insecure key reproduces it."""
+    insecure = {"dpfnas.final-rounds": 0, "dpfnas.insecure-reproducible-noise": True}
+    _, _, first = run(tiny_dpfnas(data_cache, **insecure))
+    _, _, again = run(tiny_dpfnas(data_cache, **insecure))
     for key in DartsSpace.ARCH_KEYS:
-        np.testing.assert_array_equal(again.arrays[key].numpy(), finished[2].arrays[key].numpy())
+        np.testing.assert_array_equal(again.arrays[key].numpy(), first.arrays[key].numpy())
+    assert any(  # the default (secure) run of the same seed drew other noise
+        not np.array_equal(first.arrays[k].numpy(), finished[2].arrays[k].numpy())
+        for k in DartsSpace.ARCH_KEYS
+    )
 
 
 def test_privacy_target_stops_the_search(data_cache, caplog):
