@@ -230,4 +230,7 @@ def bad_configs(defaults: Mapping[str, Any]) -> list[BadConfig]:
             if key in FREE_TEXT and isinstance(value, str):
                 continue
             out.append(BadConfig(f"{key}: {label}", key, {key: value}))
+        typo = key[:-1]  # "fedoras.rounds" -> "fedoras.round"
+        if typo not in defaults:
+            out.append(BadConfig(f"{key}: misspelt as {typo!r}", typo, {typo: default}))
     return out + SEMANTIC

@@ -32,7 +32,7 @@ def refusal(config, out_dir) -> str:
 def test_the_catalogue_covers_every_key():
     keys = {bad.key for bad in CATALOGUE}
     assert keys >= set(DEFAULTS) - {"output-dir", "data.cache-dir"}
-    assert len(CATALOGUE) > 3 * len(DEFAULTS)
+    assert len(CATALOGUE) > 4 * len(DEFAULTS)
 
 
 def test_every_type_and_range_mutation_is_refused_by_the_parser_naming_the_key():
