@@ -316,8 +316,12 @@ class FedorAS(FederatedNASStrategy):
         sent = self._sent.get(reply.metadata.src_node_id)
         if sent is None:
             return "reply from a node that was not asked"
+        claim = self.claim(reply.metadata.src_node_id, "train", epochs=self.settings.local_epochs)
         reason = check_reply(
-            reply, sent=sent.specs, counts=("num-examples", "train-flops", "option-counts")
+            reply,
+            sent=sent.specs,
+            counts=("num-examples", "train-flops", "option-counts"),
+            bounds={"num-examples": claim, "option-counts": claim},
         )
         if reason is not None:
             return reason
@@ -386,7 +390,7 @@ class FedorAS(FederatedNASStrategy):
             )
             loss_sum += float(metrics["train-loss"]) * n
             examples += n
-        arrays = opa(self._current, updates)
+        arrays = opa(self._current, updates, aggregation=self.aggregation)
         return arrays, MetricRecord(
             {
                 "train-loss": loss_sum / examples,
