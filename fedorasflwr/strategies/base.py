@@ -73,14 +73,17 @@ class NodeProfile:
             cluster=int(record.get("cluster", -1)),
         )
 
-    def bound(self, *splits: str, epochs: int = 1) -> Bound:
+    def bound(self, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
         """The most examples this node can honestly count over ``epochs`` passes of
-        ``splits`` ("train", "val", "test"), as declared in its profile."""
+        ``splits`` ("train", "val", "test"), as declared in its profile; ``per_sample``
+        predictions count per sample (a text window of L characters: L)."""
         sizes = {"train": self.num_train, "val": self.num_val, "test": self.num_test}
-        limit = sum(sizes[s] for s in splits) * epochs
+        limit = sum(sizes[s] for s in splits) * epochs * per_sample
         basis = " + ".join(f"num-{s} {sizes[s]}" for s in splits)
         if epochs != 1:
             basis = f"({basis}) x {epochs} epoch(s)"
+        if per_sample != 1:
+            basis = f"({basis}) x {per_sample} predictions per sample"
         return Bound(limit, f"node declared {basis}")
 
 
@@ -225,12 +228,12 @@ class FederatedNASStrategy(Strategy):
             self._fail(stage, node_id, f"did not reply within {self.reply_timeout:.0f} s")
         return good
 
-    def claim(self, node_id: int, *splits: str, epochs: int = 1) -> Bound:
+    def claim(self, node_id: int, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
         """``NodeProfile.bound`` of ``node_id`` (a node never profiled can claim nothing)."""
         profile = self.profiles.get(node_id)
         if profile is None:
             return Bound(0, f"node {node_id} was never profiled")
-        return profile.bound(*splits, epochs=epochs)
+        return profile.bound(*splits, epochs=epochs, per_sample=per_sample)
 
     def one_reply_per_node(
         self, stage: str, messages: Sequence[Message], replies: Sequence[Message]

@@ -250,6 +250,12 @@ class FedorAS(FederatedNASStrategy):
                 members,
             )
 
+    @property
+    def predictions_per_sample(self) -> int:
+        """Predictions one sample makes (a text window: one per character, ``seq_len``);
+        the unit of the counts of the search's scoring and of the tier tests."""
+        return int(self.space.spec.get("seq_len", 1))
+
     def tier_of_node(self, node_id: int) -> int:
         return self.tier_of_partition[self.profiles[node_id].partition_id]
 

@@ -342,7 +342,11 @@ def test_subnet(
             check_reply(
                 r,
                 counts=("num-examples", "correct", "loss-sum"),
-                bounds={"num-examples": strategy.claim(r.metadata.src_node_id, "test")},
+                bounds={
+                    "num-examples": strategy.claim(
+                        r.metadata.src_node_id, "test", per_sample=strategy.predictions_per_sample
+                    )
+                },
             )
             or _check_test_reply(r)
         ),

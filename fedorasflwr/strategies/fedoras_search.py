@@ -107,7 +107,13 @@ class FederatedPathScorer:
         replies = strategy.accept(
             self.stage,
             strategy.exchange(self.grid, self.stage, messages),
-            lambda r: _check_scores(r, len(paths), strategy.claim(r.metadata.src_node_id, "val")),
+            lambda r: _check_scores(
+                r,
+                len(paths),
+                strategy.claim(
+                    r.metadata.src_node_id, "val", per_sample=strategy.predictions_per_sample
+                ),
+            ),
         )
         strategy.require(self.stage, len(replies), len(messages), at_most_sent=True)
         correct = np.zeros(len(paths))
