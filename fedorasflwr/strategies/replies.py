@@ -170,8 +170,10 @@ def screen_replies(
     Returns the replies kept, in arrival order, and ``(node id, reason)`` for
     each one refused: from a node that was not addressed, of another message
     type than the instruction, or a second (third ...) reply of a node, even if
-    identical.  The first reply of a node is the one that counts, error replies
-    included (a node whose first answer is an error has answered).
+    identical.  The first valid reply of a node is the one that counts.  Error
+    replies are kept as they are, for the caller's failed-reply branch: Flower
+    itself sends some (node or message unavailable) with message type
+    ``"system"`` and the SuperLink as sender.
     """
     expected = {m.metadata.dst_node_id: m.metadata.message_type for m in sent}
     answered: set[int] = set()
@@ -180,7 +182,9 @@ def screen_replies(
     for reply in replies:
         node_id = reply.metadata.src_node_id
         message_type = reply.metadata.message_type
-        if node_id not in expected:
+        if reply.has_error():
+            kept.append(reply)
+        elif node_id not in expected:
             refused.append((node_id, "reply from a node that was not addressed"))
         elif message_type != expected[node_id]:
             refused.append(

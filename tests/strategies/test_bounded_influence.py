@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedorasflwr.config import parse_run_config
@@ -240,3 +240,12 @@ def test_fedavg_rejects_inflated_counts_and_robust_rules_ignore_counts():
     assert mean.tolist() == pytest.approx([2.6, 2.6])  # (2 x 2 + 3 x 3) / 5: partitions 1, 2
     median, _ = train_once(InProcessGrid(demo, {}, 3), aggregation=Aggregation("median"))
     assert median.tolist() == [2.0, 2.0]  # median of 1, 2, 3 whatever the counts
+
+
+def test_screen_leaves_error_replies_to_the_failed_branch():
+    sent = [instruction(1)]
+    system = Message(Error(0, "node unavailable"), reply_to=instruction(1, "train.x"))
+    good = answer(1, value=1)
+    kept, refused = screen_replies(sent, [system, good, good])
+    assert kept == [system, good]
+    assert refused == [(1, "more than one reply in one step (only the first counts)")]
