@@ -6,7 +6,10 @@
   the same clients whatever node ids the engine hands out;
 - one ``exchange`` that sends messages, counts bytes in the ledger, waits,
   and sorts replies into accepted / failed / missing / rejected, logging each
-  dropped reply with the node id and the reason;
+  dropped reply with the node id and the reason (one reply per addressed node,
+  of the type sent: ``one_reply_per_node``); one node per partition id;
+- what each node can honestly count (``NodeProfile.bound``, ``claim``), for the
+  reply checks, and the run's choice of ``aggregation`` (mean or robust);
 - the minimum-replies rule: a step with too few good replies raises
   ``StageFailedError`` with the numbers.
 """
