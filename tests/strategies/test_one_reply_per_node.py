@@ -195,3 +195,14 @@ def test_a_partition_id_declared_twice_refuses_both_nodes(run_config, caplog):
     assert f"partition id 4 declared by nodes {twins[0]}, {twins[1]}: all refused" in caplog.text
     assert "partitions without a node: [4, 5]" in caplog.text
     assert strategy.ledger.stage_totals("profile").rejected == 2
+
+
+def test_a_duplicate_partition_id_leaves_the_aggregate_of_the_other_nodes(run_config):
+    """Nodes 4 and 5 both claim partition 4: the round is bit-identical to one without them."""
+    twins = InProcessGrid(client_app, run_config, NUM_NODES, node_configs={5: {"partition-id": 4}})
+    without = InProcessGrid(client_app, run_config, NUM_NODES)
+    for partition in (4, 5):
+        del without.contexts[without.node_of_partition[partition]]
+    strategy, aggregated = one_round(run_config, twins)
+    assert sorted(p.partition_id for p in strategy.profiles.values()) == [0, 1, 2, 3, 6, 7]
+    assert same_bits(aggregated, one_round(run_config, without)[1])
