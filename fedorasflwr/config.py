@@ -725,6 +725,9 @@ class RunSettings:
     fdnas: FDNASSettings = field(default_factory=FDNASSettings)
     dpfnas: DPFNASSettings = field(default_factory=DPFNASSettings)
     decnas: DecNASSettings = field(default_factory=DecNASSettings)
+    # Robust aggregation, every method (strategies/aggregation.py, ``Aggregation``).
+    aggregation: str = "mean"
+    aggregation_trim: float = 0.2
 
     @property
     def output_path(self) -> Path:
@@ -830,4 +833,9 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         fdnas=FDNASSettings.from_config(cfg),
         dpfnas=DPFNASSettings.from_config(cfg),
         decnas=DecNASSettings.from_config(cfg),
+        # Robust aggregation (one block; the values of ``strategies.aggregation.AGGREGATIONS``).
+        aggregation=_one_of(cfg, "aggregation", "mean", ("mean", "median", "trimmed-mean")),
+        aggregation_trim=_get(
+            cfg, "aggregation-trim", 0.2, float, lambda v: 0.0 <= v < 0.5, "0 <= trim < 0.5"
+        ),
     )

@@ -32,6 +32,7 @@ from .data.groups import even_sizes
 from .evaluation import SupernetEvaluator
 from .search_spaces import SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet, build_prunable
+from .strategies.aggregation import Aggregation
 from .strategies.base import NodeProfile
 from .strategies.cfdnas import CFDNAS
 from .strategies.decnas import DecNAS
@@ -54,6 +55,11 @@ def _check_partitions(settings: RunSettings, profiles: Sequence[NodeProfile]) ->
     if len(counts) != 1:
         raise ValueError(f"nodes disagree on num-partitions: {sorted(counts)}")
     settings.data.check_partitionable(counts.pop())
+
+
+def aggregation_of(settings: RunSettings) -> Aggregation:
+    """The run's choice of aggregation (run config ``aggregation``, ``aggregation-trim``)."""
+    return Aggregation(settings.aggregation, settings.aggregation_trim)
 
 
 def describe_space(space: SearchSpace) -> dict[str, Any]:
@@ -94,6 +100,7 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
         reply_timeout=settings.reply_timeout,
         min_nodes=settings.min_nodes,
     )
+    strategy.aggregation = aggregation_of(settings)
     result = strategy.start(grid, initial, supernet_trained=trained)
     files = []
     if not trained:
@@ -230,6 +237,7 @@ def _run_fdnas(
         reply_timeout=settings.reply_timeout,
         min_nodes=settings.min_nodes,
     )
+    strategy.aggregation = aggregation_of(settings)
     result = strategy.start(grid)
     files = [
         save_checkpoint(
@@ -292,6 +300,7 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         reply_timeout=settings.reply_timeout,
         min_nodes=settings.min_nodes,
     )
+    strategy.aggregation = aggregation_of(settings)
     result = strategy.start(grid)
     files = [
         save_checkpoint(
@@ -364,6 +373,7 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         reply_timeout=settings.reply_timeout,
         min_nodes=settings.min_nodes,
     )
+    strategy.aggregation = aggregation_of(settings)
     result = strategy.start(grid)
     files = []
     for model in result.frontier:

@@ -5,16 +5,30 @@ weighted by the number of samples that actually trained it.  A key moves only
 when more than one update carries it with a positive count (the paper's
 privacy rule); otherwise it keeps its current value.  When every update
 carries every key counted by its example count, OPA is exactly FedAvg.
+
+``Aggregation`` is the run's choice of how one key's updates are combined
+(run config ``aggregation``): the count-weighted ``"mean"`` (OPA / FedAvg), or
+a robust, unweighted coordinate-wise ``"median"`` or ``"trimmed-mean"``
+(Flower's ``FedMedian`` / ``FedTrimmedAvg`` rules, ``aggregate_median`` and
+``aggregate_trimmed_avg``), applied per key over the updates that carry the key
+with a positive count.  Counts then only decide who takes part, not how much:
+one client inflating its counts, or lying about its data size in its profile,
+cannot pull the aggregate further than any other single client.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
-__all__ = ["opa", "weighted_mean"]
+__all__ = ["AGGREGATIONS", "MEAN", "Aggregation", "opa", "weighted_mean"]
+
+#: the values of run config ``aggregation``
+AGGREGATIONS = ("mean", "median", "trimmed-mean")
 
 Counts = Mapping[str, int] | int
 
@@ -38,11 +52,68 @@ def weighted_mean(
     return np.asarray(acc, dtype=dtype)  # 0-d results stay arrays
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """How the updates of one key are combined.
+
+    Parameters
+    ----------
+    rule : str (default: "mean")
+        ``"mean"``: weighted by the counts; ``"median"``: coordinate-wise median;
+        ``"trimmed-mean"``: coordinate-wise mean after cutting ``int(trim * n)``
+        of the ``n`` values at each end (fewer than ``1 / trim`` updates: nothing
+        is cut).  The robust rules ignore the counts.
+    trim : float (default: 0.2)
+        Fraction cut at each end by ``"trimmed-mean"``, ``0 <= trim < 0.5``.
+    """
+
+    rule: str = "mean"
+    trim: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.rule not in AGGREGATIONS:
+            raise ValueError(
+                f"aggregation {self.rule!r}: allowed: one of {', '.join(AGGREGATIONS)}"
+            )
+        if not 0.0 <= self.trim < 0.5:
+            raise ValueError(f"aggregation-trim {self.trim!r}: allowed: 0 <= trim < 0.5")
+
+    @property
+    def robust(self) -> bool:
+        """Whether the counts are ignored (median, trimmed mean)."""
+        return self.rule != "mean"
+
+    def combine(
+        self, arrays: Sequence[np.ndarray], weights: Sequence[float], dtype: np.dtype
+    ) -> np.ndarray:
+        """Combine ``arrays`` (one per update) in float64; cast back to ``dtype``
+        (integers rounded).  ``weights`` are used by ``"mean"`` only."""
+        if self.rule == "mean":
+            return weighted_mean(arrays, weights, dtype)
+        results = [([np.asarray(a, dtype=np.float64)], 1) for a in arrays]
+        if self.rule == "median":
+            (acc,) = aggregate_median(results)
+        else:
+            (acc,) = aggregate_trimmed_avg(results, self.trim)
+        if np.issubdtype(dtype, np.integer):
+            acc = np.rint(acc)
+        return np.asarray(acc, dtype=dtype)
+
+    def describe(self) -> str:
+        """e.g. ``"trimmed-mean (trim 0.2)"``."""
+        return f"{self.rule} (trim {self.trim})" if self.rule == "trimmed-mean" else self.rule
+
+
+#: the default: the count-weighted mean (OPA, FedAvg)
+MEAN = Aggregation()
+
+
 def opa(
     current: ArrayRecord,
     updates: Sequence[tuple[ArrayRecord, Counts]],
     *,
     min_contributors: int = 2,
+    aggregation: Aggregation = MEAN,
 ) -> ArrayRecord:
     """Operator aggregation (OPA) of partial updates.
 
@@ -57,6 +128,9 @@ def opa(
     min_contributors : int (default: 2)
         A key is updated only when at least this many updates carry it with a
         positive count (paper: "more than one client").
+    aggregation : Aggregation (default: the count-weighted mean)
+        How a key's contributors are combined (median / trimmed mean: unweighted,
+        over the same contributors).
 
     Returns
     -------
@@ -93,7 +167,7 @@ def opa(
             result[key] = array
             continue
         base = array.numpy()
-        mean = weighted_mean(
+        mean = aggregation.combine(
             [update.numpy() for update, _ in contributors],
             [count for _, count in contributors],
             base.dtype,

@@ -6,7 +6,10 @@
   the same clients whatever node ids the engine hands out;
 - one ``exchange`` that sends messages, counts bytes in the ledger, waits,
   and sorts replies into accepted / failed / missing / rejected, logging each
-  dropped reply with the node id and the reason;
+  dropped reply with the node id and the reason (one reply per addressed node,
+  of the type sent: ``one_reply_per_node``); one node per partition id;
+- what each node can honestly count (``NodeProfile.bound``, ``claim``), for the
+  reply checks, and the run's choice of ``aggregation`` (mean or robust);
 - the minimum-replies rule: a step with too few good replies raises
   ``StageFailedError`` with the numbers.
 """
@@ -28,7 +31,8 @@ from flwr.supercore import log
 from ..costs import array_record_bytes
 from ..ledger import Ledger
 from ..protocol import ARRAYS, CONFIG, PROFILE, QUERY_PROFILE
-from .replies import error_reason
+from .aggregation import MEAN, Aggregation
+from .replies import Bound, error_reason, screen_replies
 
 __all__ = [
     "FederatedNASStrategy",
@@ -71,6 +75,19 @@ class NodeProfile:
             tier=int(record.get("tier", -1)),
             cluster=int(record.get("cluster", -1)),
         )
+
+    def bound(self, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
+        """The most examples this node can honestly count over ``epochs`` passes of
+        ``splits`` ("train", "val", "test"), as declared in its profile; ``per_sample``
+        predictions count per sample (a text window of L characters: L)."""
+        sizes = {"train": self.num_train, "val": self.num_val, "test": self.num_test}
+        limit = sum(sizes[s] for s in splits) * epochs * per_sample
+        basis = " + ".join(f"num-{s} {sizes[s]}" for s in splits)
+        if epochs != 1:
+            basis = f"({basis}) x {epochs} epoch(s)"
+        if per_sample != 1:
+            basis = f"({basis}) x {per_sample} predictions per sample"
+        return Bound(limit, f"node declared {basis}")
 
 
 def sample_nodes(
@@ -148,10 +165,39 @@ class FederatedNASStrategy(Strategy):
                 profiles[node_id] = NodeProfile.from_reply(reply)
             except (KeyError, TypeError, ValueError) as exc:
                 self._drop("profile", node_id, f"malformed profile: {exc!r}")
+        profiles = self._unique_partitions(profiles)
         self.require("profile", len(profiles), len(messages))
         self.profiles = profiles
         log(INFO, "Profiled %d node(s)", len(profiles))
         return profiles
+
+    def _unique_partitions(self, profiles: dict[int, NodeProfile]) -> dict[int, NodeProfile]:
+        """Refuse every node of a partition id declared more than once, naming them all.
+
+        Which of the nodes tells the truth cannot be known (the first to answer
+        is an accident of the engine, and a liar could answer first), so all of
+        them are dropped, loudly; the partitions no kept node holds are logged.
+        """
+        by_partition: dict[int, list[int]] = {}
+        for node_id, profile in profiles.items():
+            by_partition.setdefault(profile.partition_id, []).append(node_id)
+        kept = dict(profiles)
+        for partition_id, node_ids in sorted(by_partition.items()):
+            if len(node_ids) > 1:
+                names = ", ".join(str(n) for n in sorted(node_ids))
+                for node_id in sorted(node_ids):
+                    self._drop(
+                        "profile",
+                        node_id,
+                        f"partition id {partition_id} declared by nodes {names}: all refused",
+                    )
+                    del kept[node_id]
+        if kept and len(kept) < len(profiles):
+            total = max(p.num_partitions for p in profiles.values())
+            held = {p.partition_id for p in kept.values()}
+            missing = [pid for pid in range(total) if pid not in held]
+            log(WARNING, "[profile] partitions without a node: %s", missing)
+        return kept
 
     # --- messages ----------------------------------------------------------------
 
@@ -170,6 +216,7 @@ class FederatedNASStrategy(Strategy):
             return []
         with self.ledger.timed(stage):
             replies = list(grid.send_and_receive(messages, timeout=self.reply_timeout))
+        replies = self.one_reply_per_node(stage, messages, replies)
         good: list[Message] = []
         for reply in replies:
             node_id = reply.metadata.src_node_id
@@ -183,6 +230,23 @@ class FederatedNASStrategy(Strategy):
         for node_id in sorted(expected):
             self._fail(stage, node_id, f"did not reply within {self.reply_timeout:.0f} s")
         return good
+
+    def claim(self, node_id: int, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
+        """``NodeProfile.bound`` of ``node_id`` (a node never profiled can claim nothing)."""
+        profile = self.profiles.get(node_id)
+        if profile is None:
+            return Bound(0, f"node {node_id} was never profiled")
+        return profile.bound(*splits, epochs=epochs, per_sample=per_sample)
+
+    def one_reply_per_node(
+        self, stage: str, messages: Sequence[Message], replies: Sequence[Message]
+    ) -> list[Message]:
+        """The first reply of each addressed node, of the type sent; every other reply
+        (duplicate, second altered one, wrong type, unaddressed node) is dropped and logged."""
+        kept, refused = screen_replies(messages, replies)
+        for node_id, reason in refused:
+            self._drop(stage, node_id, reason)
+        return kept
 
     def _fail(self, stage: str, node_id: int, reason: str) -> None:
         self.ledger.failed(stage, node_id)
@@ -220,6 +284,10 @@ class FederatedNASStrategy(Strategy):
                 f"out of {sent} message(s) sent; at least {needed} required "
                 f"(run config 'min-replies'). Reasons: {'; '.join(distinct) or 'none given'}"
             )
+
+    #: how every aggregation of this strategy combines a key's updates (run config
+    #: ``aggregation``, ``aggregation-trim``; set by the ServerApp)
+    aggregation: Aggregation = MEAN
 
     # --- server-side validation -------------------------------------------------------
 

@@ -160,8 +160,18 @@ class DecNAS(PrunedModelStages):
         if not updates:
             return None, None
         total = sum(n for _, n in updates)
-        fused = opa(self._current, updates, min_contributors=1)
+        fused = opa(self._current, updates, min_contributors=1, aggregation=self.aggregation)
         return fused, MetricRecord({"num-examples": total, "clients": len(updates)})
+
+    def check_tune_reply(self, reply: Message) -> str | None:
+        """Why a tuning reply is unusable: malformed, or counts beyond the node's splits."""
+        node_id = reply.metadata.src_node_id
+        val = self.claim(node_id, "val")
+        return check_reply(
+            reply,
+            counts=TUNE_COUNTS,
+            bounds={"num-examples": self.claim(node_id, "train"), "num-val": val, "correct": val},
+        )
 
     # --- one iteration ---------------------------------------------------------------------
 
@@ -232,7 +242,7 @@ class DecNAS(PrunedModelStages):
             replies = self.accept(
                 "tune",
                 self.exchange(grid, "tune", messages),
-                lambda r: check_reply(r, counts=TUNE_COUNTS),
+                self.check_tune_reply,
             )
             self.require("tune", len(replies), len(messages))
             totals: dict[int, list[int]] = {}
@@ -296,7 +306,8 @@ class DecNAS(PrunedModelStages):
 
         def check(reply: Message) -> str | None:
             sent = specs[candidate_of[reply.metadata.src_node_id]]
-            reason = check_reply(reply, sent=sent)
+            claim = self.claim(reply.metadata.src_node_id, "train")
+            reason = check_reply(reply, sent=sent, bounds={"num-examples": claim})
             if reason is None and len(reply.content.array_records[ARRAYS]) != len(sent):
                 return "the upload does not carry every key of the candidate"
             return reason

@@ -171,7 +171,13 @@ class PrunedModelStages(FederatedNASStrategy):
         replies = self.accept(
             stage,
             self.exchange(grid, stage, messages),
-            lambda r: check_reply(r, counts=("num-examples", "correct")),
+            lambda r: check_reply(
+                r,
+                counts=("num-examples", "correct"),
+                bounds=dict.fromkeys(
+                    ("num-examples", "correct"), self.claim(r.metadata.src_node_id, split)
+                ),
+            ),
         )
         self.require(stage, len(replies), len(messages))
         correct = sum(int(r.content.metric_records[METRICS]["correct"]) for r in replies)
@@ -194,6 +200,7 @@ class PrunedModelStages(FederatedNASStrategy):
             min_replies=min(self.min_replies, len(nodes)),
             train_message_type=DECNAS_TRAIN,
             fraction_evaluate=0.0,
+            aggregation=self.aggregation,
         )
         with self.ledger.timed(stage):
             result = strategy.start(

@@ -70,7 +70,7 @@ from ..search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
 from .base import FederatedNASStrategy, NodeProfile
 from .fedavg import SeededFedAvg
 from .privacy import PartyPrivacy, composed_epsilon
-from .replies import array_specs, check_reply
+from .replies import Bound, array_specs, check_reply
 
 __all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report"]
 
@@ -149,6 +149,7 @@ class DPFNAS(FederatedNASStrategy):
         self._momentum: dict[str, np.ndarray] = {}
         self._previous: ArrayRecord | None = None
         self._sent: dict[int, dict[str, Any]] = {}
+        self._expected_batch: dict[int, Bound] = {}
         self._phase = WEIGHTS
 
     @property
@@ -218,6 +219,17 @@ class DPFNAS(FederatedNASStrategy):
         b = self.settings.batch_size
         return min(1.0, b / party.num_train), min(1.0, b / party.num_val)
 
+    def expected_batch(self, party: NodeProfile, phase: str) -> Bound:
+        """The ``expected-batch`` a party must report: its sample rate x its declared
+        split size (training split for the weights, validation split for the alphas)."""
+        rate_train, rate_val = self.sample_rates(party)
+        rate, split, n = (
+            (rate_train, "train", party.num_train)
+            if phase == WEIGHTS
+            else (rate_val, "val", party.num_val)
+        )
+        return Bound(max(rate * n, 1e-12), f"sample-rate {rate:.6g} x num-{split} {n}", exact=True)
+
     def privacy(self, extra_steps: int = 0) -> list[PartyPrivacy]:
         """Each party's guarantees after its steps so far (plus ``extra_steps`` each)."""
         report = []
@@ -258,6 +270,7 @@ class DPFNAS(FederatedNASStrategy):
         keys = self.weight_keys if phase == WEIGHTS else self.arch_keys
         specs = array_specs(ArrayRecord({k: arrays[k] for k in keys}))
         self._sent = {}
+        self._expected_batch = {}
         messages = []
         for party in self.parties:
             if party.node_id not in connected:
@@ -265,6 +278,7 @@ class DPFNAS(FederatedNASStrategy):
                 continue
             rate_train, rate_val = self.sample_rates(party)
             self._sent[party.node_id] = specs
+            self._expected_batch[party.node_id] = self.expected_batch(party, phase)
             self.steps[party.partition_id][phase] += 1
             message_config = ConfigRecord(
                 {
@@ -295,7 +309,12 @@ class DPFNAS(FederatedNASStrategy):
         specs = self._sent.get(reply.metadata.src_node_id)
         if specs is None:
             return "reply from a node that was not asked"
-        reason = check_reply(reply, sent=specs, counts=("expected-batch",))
+        reason = check_reply(
+            reply,
+            sent=specs,
+            counts=("expected-batch",),
+            bounds={"expected-batch": self._expected_batch[reply.metadata.src_node_id]},
+        )
         if reason is not None:
             return reason
         returned = set(reply.content.array_records[ARRAYS].keys())
@@ -320,7 +339,18 @@ class DPFNAS(FederatedNASStrategy):
             metrics = reply.content.metric_records[METRICS]
             if "clipped-fraction" in metrics:  # sent by non-private parties only
                 clipped.append(float(metrics["clipped-fraction"]))
-        if self.settings.aggregation == "mean":
+        if self.aggregation.robust:  # robust mean of the parties' gradients (x K for "sum")
+            scale = 1 if self.settings.aggregation == "mean" else len(accepted)
+            total = {
+                k: scale
+                * self.aggregation.combine(
+                    [r.content.array_records[ARRAYS][k].numpy() for r in accepted],
+                    [1.0] * len(accepted),
+                    np.dtype(np.float64),
+                )
+                for k in keys
+            }
+        elif self.settings.aggregation == "mean":
             total = {k: v / len(accepted) for k, v in total.items()}
         gradient = ArrayRecord({k: Array(v.astype(np.float32)) for k, v in total.items()})
         record = MetricRecord({"parties": len(accepted)})
@@ -473,6 +503,7 @@ class DPFNAS(FederatedNASStrategy):
             train_message_type=DPFNAS_TRAIN,
             evaluate_message_type=DPFNAS_EVALUATE,
             min_evaluate_nodes=1,
+            aggregation=self.aggregation,
         )
         config = ConfigRecord(
             {

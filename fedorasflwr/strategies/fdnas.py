@@ -215,7 +215,10 @@ class FDNAS(FederatedNASStrategy):
         """Why a search reply is unusable, or ``None``."""
         if reply.metadata.src_node_id not in self._sent:
             return "reply from a node that was not asked"
-        reason = check_reply(reply, sent=self._specs, counts=SEARCH_COUNTS)
+        claim = self.claim(reply.metadata.src_node_id, "train", "val")
+        reason = check_reply(
+            reply, sent=self._specs, counts=SEARCH_COUNTS, bounds={"num-examples": claim}
+        )
         if reason is not None:
             return reason
         if int(reply.content.metric_records[METRICS]["num-examples"]) < 1:
@@ -242,7 +245,7 @@ class FDNAS(FederatedNASStrategy):
             for key in totals:
                 totals[key] += float(metrics[key]) * n
             examples += n
-        arrays = opa(self._current, updates, min_contributors=1)
+        arrays = opa(self._current, updates, min_contributors=1, aggregation=self.aggregation)
         return arrays, MetricRecord(
             {
                 **{key: value / examples for key, value in totals.items()},
@@ -321,6 +324,7 @@ class FDNAS(FederatedNASStrategy):
             clients_per_round=len(nodes),
             min_replies=min(self.min_replies, len(nodes)),
             train_message_type=FDNAS_TRAIN,
+            aggregation=self.aggregation,
             fraction_evaluate=0.0,
         )
         config = self._net_config(arch)
@@ -404,7 +408,13 @@ class FDNAS(FederatedNASStrategy):
         replies = self.accept(
             stage + "-evaluate",
             replies,
-            lambda r: check_reply(r, counts=("num-examples", "correct", "accuracy")),
+            lambda r: check_reply(
+                r,
+                counts=("num-examples", "correct", "accuracy"),
+                bounds=dict.fromkeys(
+                    ("num-examples", "correct"), self.claim(r.metadata.src_node_id, "test")
+                ),
+            ),
         )
         partition = {p.node_id: p.partition_id for p in nodes}
         accuracy, count = {}, {}

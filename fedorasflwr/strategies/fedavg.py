@@ -11,6 +11,11 @@ Three things differ from ``flwr.serverapp.strategy.FedAvg``, and only these:
   keys differ from the others; here an error, a timeout, a malformed or
   non-finite reply is logged with the node id and the reason, counted in the
   ledger, and left out.  Fewer than ``min_replies`` usable replies stop the stage.
+  So is a second reply of a node, one of another message type, one from a node
+  not addressed, and one whose ``num-examples`` exceeds the node's declared
+  training (train) or test (evaluate) split;
+- **aggregation** can be robust (``aggregation``: coordinate-wise median or
+  trimmed mean instead of the example-weighted mean, see ``aggregation.py``).
 
 Everything else (weighting by ``num-examples``, metric averaging, ``start()``) is
 Flower's own.
@@ -39,8 +44,9 @@ from flwr.supercore import log
 
 from ..costs import array_record_bytes
 from ..ledger import Ledger
+from .aggregation import MEAN, Aggregation, opa
 from .base import NodeProfile, StageFailedError, sample_nodes, stable_hash
-from .replies import ArraySpec, array_specs, check_reply, error_reason
+from .replies import ArraySpec, array_specs, check_reply, error_reason, screen_replies
 
 __all__ = ["SeededFedAvg", "cosine_lr"]
 
@@ -67,6 +73,8 @@ class SeededFedAvg(FedAvg):
     round_config : callable, optional
         ``server_round -> mapping`` merged into each round's training config
         (e.g. a learning-rate schedule, see ``cosine_lr``).
+    aggregation : Aggregation (default: the example-weighted mean, Flower's own)
+        How the replies' arrays are combined (robust: median / trimmed mean).
     **kwargs
         Passed to ``FedAvg`` (``weighted_by_key``, ``arrayrecord_key``, metric
         aggregation functions ...).  ``fraction_evaluate=0`` skips client evaluation.
@@ -84,6 +92,7 @@ class SeededFedAvg(FedAvg):
         train_message_type: str = MessageType.TRAIN,
         evaluate_message_type: str = MessageType.EVALUATE,
         round_config: Callable[[int], Mapping[str, Any]] | None = None,
+        aggregation: Aggregation = MEAN,
         **kwargs: object,
     ) -> None:
         kwargs.setdefault("min_available_nodes", 1)
@@ -99,6 +108,9 @@ class SeededFedAvg(FedAvg):
         self.train_message_type = train_message_type
         self.evaluate_message_type = evaluate_message_type
         self.round_config = round_config
+        self.aggregation = aggregation
+        self._profiles = {p.node_id: p for p in self.nodes}
+        self._sent_messages: list[Message] = []
         self._sent_specs: dict[str, ArraySpec] = {}
         self._expected: set[int] = set()
 
@@ -119,7 +131,8 @@ class SeededFedAvg(FedAvg):
         nbytes = array_record_bytes(arrays) if arrays is not None else 0
         for node_id in node_ids:
             self.ledger.sent(self.stage, node_id, nbytes)
-        return list(self._construct_messages(record, node_ids, message_type))
+        self._sent_messages = list(self._construct_messages(record, node_ids, message_type))
+        return self._sent_messages
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -146,7 +159,7 @@ class SeededFedAvg(FedAvg):
         """Replies fit for Flower's aggregation; the rest are logged, counted and dropped."""
         usable: list[Message] = []
         metric_keys: set[str] | None = None
-        for reply in replies:
+        for reply in self._one_reply_per_node(replies):
             node_id = reply.metadata.src_node_id
             self._expected.discard(node_id)
             if reply.has_error():
@@ -170,11 +183,26 @@ class SeededFedAvg(FedAvg):
         self._expected = set()
         return usable
 
+    def _one_reply_per_node(self, replies: Iterable[Message]) -> list[Message]:
+        """``screen_replies`` against the messages of this round; the rest dropped and logged."""
+        kept, refused = screen_replies(self._sent_messages, replies)
+        for node_id, reason in refused:
+            self.ledger.rejected(self.stage, node_id)
+            log(WARNING, "[%s] dropped reply of node %d: %s", self.stage, node_id, reason)
+        return kept
+
     def _reason(
         self, reply: Message, with_arrays: bool, metric_keys: set[str] | None
     ) -> str | None:
+        profile = self._profiles.get(reply.metadata.src_node_id)
+        if profile is None:
+            return "reply from a node that is not eligible"
+        claim = profile.bound("train" if with_arrays else "test")
         reason = check_reply(
-            reply, sent=self._sent_specs if with_arrays else None, counts=(self.weighted_by_key,)
+            reply,
+            sent=self._sent_specs if with_arrays else None,
+            counts=(self.weighted_by_key,),
+            bounds={self.weighted_by_key: claim},
         )
         if reason is not None:
             return reason
@@ -192,7 +220,8 @@ class SeededFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's FedAvg over the usable replies only."""
+        """Flower's FedAvg over the usable replies only (or, robust, the median /
+        trimmed mean of each key with Flower's FedAvg metrics)."""
         usable = self._usable(replies, with_arrays=True)
         if len(usable) < self.min_replies:
             raise StageFailedError(
@@ -200,7 +229,20 @@ class SeededFedAvg(FedAvg):
                 f"{'y' if len(usable) == 1 else 'ies'}, at least {self.min_replies} required"
             )
         arrays, metrics = super().aggregate_train(server_round, usable)
+        if arrays is not None and self.aggregation.robust:
+            arrays = self._robust(usable)
         return (self._restore_dtypes(arrays) if arrays is not None else None), metrics
+
+    def _robust(self, usable: Sequence[Message]) -> ArrayRecord:
+        """The robust aggregate of ``usable`` (each carries every key sent, checked)."""
+        updates = [
+            (
+                r.content.array_records[self.arrayrecord_key],
+                int(r.content.metric_records["metrics"][self.weighted_by_key]),
+            )
+            for r in usable
+        ]
+        return opa(updates[0][0], updates, min_contributors=1, aggregation=self.aggregation)
 
     def _restore_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
         """Flower's FedAvg returns integer buffers (e.g. BN's ``num_batches_tracked``) as

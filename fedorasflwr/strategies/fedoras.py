@@ -250,6 +250,12 @@ class FedorAS(FederatedNASStrategy):
                 members,
             )
 
+    @property
+    def predictions_per_sample(self) -> int:
+        """Predictions one sample makes (a text window: one per character, ``seq_len``);
+        the unit of the counts of the search's scoring and of the tier tests."""
+        return int(self.space.spec.get("seq_len", 1))
+
     def tier_of_node(self, node_id: int) -> int:
         return self.tier_of_partition[self.profiles[node_id].partition_id]
 
@@ -316,8 +322,12 @@ class FedorAS(FederatedNASStrategy):
         sent = self._sent.get(reply.metadata.src_node_id)
         if sent is None:
             return "reply from a node that was not asked"
+        claim = self.claim(reply.metadata.src_node_id, "train", epochs=self.settings.local_epochs)
         reason = check_reply(
-            reply, sent=sent.specs, counts=("num-examples", "train-flops", "option-counts")
+            reply,
+            sent=sent.specs,
+            counts=("num-examples", "train-flops", "option-counts"),
+            bounds={"num-examples": claim, "option-counts": claim},
         )
         if reason is not None:
             return reason
@@ -386,7 +396,7 @@ class FedorAS(FederatedNASStrategy):
             )
             loss_sum += float(metrics["train-loss"]) * n
             examples += n
-        arrays = opa(self._current, updates)
+        arrays = opa(self._current, updates, aggregation=self.aggregation)
         return arrays, MetricRecord(
             {
                 "train-loss": loss_sum / examples,

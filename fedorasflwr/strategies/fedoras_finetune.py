@@ -225,6 +225,7 @@ def finetune_tier(
             train_message_type=FEDORAS_TRAIN,
             round_config=lambda r: {"lr": lr_at(r)},
             fraction_evaluate=0.0,
+            aggregation=strategy.aggregation,
         )
         log(
             INFO,
@@ -338,7 +339,16 @@ def test_subnet(
         stage,
         strategy.exchange(grid, stage, messages),
         lambda r: (
-            check_reply(r, counts=("num-examples", "correct", "loss-sum")) or _check_test_reply(r)
+            check_reply(
+                r,
+                counts=("num-examples", "correct", "loss-sum"),
+                bounds={
+                    "num-examples": strategy.claim(
+                        r.metadata.src_node_id, "test", per_sample=strategy.predictions_per_sample
+                    )
+                },
+            )
+            or _check_test_reply(r)
         ),
     )
     strategy.require(stage, len(replies), len(messages), at_most_sent=True)

@@ -38,7 +38,7 @@ from ..evaluation import ServerPathScorer
 from ..protocol import ARRAYS, CONFIG, FEDORAS_PATHS, METRICS, space_to_config
 from ..search_spaces import Subspace
 from .base import sample_nodes
-from .replies import check_reply
+from .replies import Bound, check_reply
 
 if TYPE_CHECKING:
     from .fedoras import FedorAS
@@ -107,7 +107,13 @@ class FederatedPathScorer:
         replies = strategy.accept(
             self.stage,
             strategy.exchange(self.grid, self.stage, messages),
-            lambda r: _check_scores(r, len(paths)),
+            lambda r: _check_scores(
+                r,
+                len(paths),
+                strategy.claim(
+                    r.metadata.src_node_id, "val", per_sample=strategy.predictions_per_sample
+                ),
+            ),
         )
         strategy.require(self.stage, len(replies), len(messages), at_most_sent=True)
         correct = np.zeros(len(paths))
@@ -119,8 +125,12 @@ class FederatedPathScorer:
         return (correct / examples).tolist()
 
 
-def _check_scores(reply: Message, num_paths: int) -> str | None:
-    reason = check_reply(reply, counts=("num-examples", "correct", "loss-sum"))
+def _check_scores(reply: Message, num_paths: int, claim: Bound) -> str | None:
+    reason = check_reply(
+        reply,
+        counts=("num-examples", "correct", "loss-sum"),
+        bounds={"num-examples": claim, "correct": claim},
+    )
     if reason is not None:
         return reason
     metrics = reply.content.metric_records[METRICS]

@@ -5,6 +5,14 @@ whose keys are a subset of what was sent, with the same shapes and dtypes and
 finite values, and a ``MetricRecord`` whose required counts are non-negative
 and whose values are finite.  ``check_reply`` returns the reason a reply is
 rejected, or ``None``.
+
+Counts are also bounded by what the node can honestly claim (``Bound``, built
+from its profile and the instruction: ``num-train`` x ``local-epochs`` ...),
+so one client cannot take over a weighted aggregate by inflating them.  The
+profile is itself client-declared: a node that lies there (a huge
+``num-train``) passes the bound; robust aggregation (``aggregation.py``) is the
+answer to that case.  ``screen_replies`` keeps one reply per addressed node, of
+the message type that was sent.
 """
 
 from __future__ import annotations
@@ -18,7 +26,15 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 
 from ..protocol import ARRAYS, METRICS
 
-__all__ = ["ArraySpec", "array_specs", "check_reply", "error_reason"]
+__all__ = [
+    "ArraySpec",
+    "Bound",
+    "array_specs",
+    "check_bounds",
+    "check_reply",
+    "error_reason",
+    "screen_replies",
+]
 
 
 @dataclass(frozen=True)
@@ -27,6 +43,19 @@ class ArraySpec:
 
     shape: tuple[int, ...]
     dtype: str
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The most a count may honestly be, and why (e.g. ``"num-train 120 x 2 epoch(s)"``).
+
+    With ``exact``, the count must equal ``limit`` (to a relative 1e-9), e.g.
+    DP-FNAS's ``expected-batch``, which the server can compute itself.
+    """
+
+    limit: float
+    basis: str
+    exact: bool = False
 
 
 def array_specs(record: ArrayRecord) -> dict[str, ArraySpec]:
@@ -54,6 +83,26 @@ def _check_metrics(metrics: MetricRecord, counts: Iterable[str]) -> str | None:
     return None
 
 
+def check_bounds(metrics: MetricRecord, bounds: Mapping[str, Bound]) -> str | None:
+    """Why a count in ``metrics`` exceeds (or, ``exact``, differs from) its ``Bound``, or ``None``.
+
+    A list metric (e.g. per-option counts, per-path correct predictions) is
+    checked element by element.  A metric named in ``bounds`` must be present.
+    """
+    for name, bound in bounds.items():
+        if name not in metrics:
+            return f"metric {name!r} missing"
+        value = metrics[name]
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if bound.exact:
+                if not math.isclose(float(v), bound.limit, rel_tol=1e-9, abs_tol=1e-12):
+                    return f"metric {name!r} = {v!r}, must be {bound.limit!r} ({bound.basis})"
+            elif v > bound.limit:
+                return f"metric {name!r} = {v!r} exceeds {bound.limit!r} ({bound.basis})"
+    return None
+
+
 def _check_arrays(arrays: ArrayRecord, sent: Mapping[str, ArraySpec], required: bool) -> str | None:
     if required and not arrays:
         return "no arrays returned"
@@ -78,6 +127,7 @@ def check_reply(
     sent: Mapping[str, ArraySpec] | None = None,
     counts: Iterable[str] = ("num-examples",),
     arrays_required: bool = True,
+    bounds: Mapping[str, Bound] | None = None,
 ) -> str | None:
     """Why ``message`` must be dropped, or ``None`` if it is well-formed.
 
@@ -91,12 +141,14 @@ def check_reply(
         Metric names that must be present and non-negative.
     arrays_required : bool
         Whether an empty ``ArrayRecord`` is a reason to drop the reply.
+    bounds : mapping of str to Bound, optional
+        Counts bounded by what the node can honestly claim (see ``check_bounds``).
     """
     content = message.content
     metrics = content.metric_records.get(METRICS)
     if metrics is None:
         return f"no MetricRecord {METRICS!r}"
-    reason = _check_metrics(metrics, counts)
+    reason = _check_metrics(metrics, counts) or check_bounds(metrics, bounds or {})
     if reason is not None:
         return reason
     if sent is None:
@@ -108,3 +160,39 @@ def check_reply(
         return _check_arrays(arrays, sent, arrays_required)
     except (ValueError, TypeError) as exc:  # undecodable array payload
         return f"malformed arrays: {exc}"
+
+
+def screen_replies(
+    sent: Iterable[Message], replies: Iterable[Message]
+) -> tuple[list[Message], list[tuple[int, str]]]:
+    """One reply per addressed node, of the message type that was sent to it.
+
+    Returns the replies kept, in arrival order, and ``(node id, reason)`` for
+    each one refused: from a node that was not addressed, of another message
+    type than the instruction, or a second (third ...) reply of a node, even if
+    identical.  The first valid reply of a node is the one that counts.  Error
+    replies are kept as they are, for the caller's failed-reply branch: Flower
+    itself sends some (node or message unavailable) with message type
+    ``"system"`` and the SuperLink as sender.
+    """
+    expected = {m.metadata.dst_node_id: m.metadata.message_type for m in sent}
+    answered: set[int] = set()
+    kept: list[Message] = []
+    refused: list[tuple[int, str]] = []
+    for reply in replies:
+        node_id = reply.metadata.src_node_id
+        message_type = reply.metadata.message_type
+        if reply.has_error():
+            kept.append(reply)
+        elif node_id not in expected:
+            refused.append((node_id, "reply from a node that was not addressed"))
+        elif message_type != expected[node_id]:
+            refused.append(
+                (node_id, f"reply of type {message_type!r} to a {expected[node_id]!r} instruction")
+            )
+        elif node_id in answered:
+            refused.append((node_id, "more than one reply in one step (only the first counts)"))
+        else:
+            answered.add(node_id)
+            kept.append(reply)
+    return kept, refused

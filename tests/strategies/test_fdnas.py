@@ -75,7 +75,9 @@ def test_averaged_alpha_is_the_data_size_weighted_mean(run_config):
         for i in range(len(messages))
         for key in strategy.space.alpha_keys()
     }
-    sizes = [int(v) for v in rng.integers(10, 500, size=len(messages))]
+    # at most what each node declared (num-train + num-val): more is rejected
+    honest = min(p.num_train + p.num_val for p in strategy.profiles.values())
+    sizes = [int(v) for v in rng.integers(10, honest + 1, size=len(messages))]
     replies = fake_replies(strategy, messages, lambda i, key: alphas[i, key], sizes)
     aggregated, metrics = strategy.aggregate_train(1, replies)
     for key in strategy.space.alpha_keys():
