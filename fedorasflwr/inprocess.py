@@ -19,7 +19,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 __all__ = ["Fault", "InProcessGrid", "error_reply", "replace_content"]
 
-Fault = Callable[[Message], Message | None]  # reply -> altered reply, or None (timed out)
+#: reply -> altered reply, several replies (a node that sends twice), or None (timed out)
+Fault = Callable[[Message], "Message | list[Message] | None"]
 
 
 class InProcessGrid(Grid):
@@ -78,7 +79,9 @@ class InProcessGrid(Grid):
             fault = self.faults.get(node)
             if fault is not None:
                 reply = fault(reply)
-            if reply is not None:
+            if isinstance(reply, list):
+                replies.extend(reply)
+            elif reply is not None:
                 replies.append(reply)
         return replies
 

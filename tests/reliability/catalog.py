@@ -24,7 +24,14 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from fedorasflwr.inprocess import Fault, error_reply, replace_content
 from fedorasflwr.protocol import ARRAYS, METRICS
 
-__all__ = ["ARRAY_FAULTS", "REPLY_FAULTS", "BadConfig", "bad_configs", "reply_fault"]
+__all__ = [
+    "ARRAY_FAULTS",
+    "MULTI_FAULTS",
+    "REPLY_FAULTS",
+    "BadConfig",
+    "bad_configs",
+    "reply_fault",
+]
 
 Mutation = Callable[[RecordDict], RecordDict | None]
 
@@ -113,6 +120,49 @@ def _non_finite_metric(content: RecordDict) -> RecordDict:
     )
 
 
+def _inflated_counts(content: RecordDict) -> RecordDict:
+    """Every metric x 10^6: the counts stay consistent with each other (option counts
+    still sum to num-examples; DP-FNAS's expected batch is a float)."""
+
+    def inflate(_: str, value: Any) -> Any:
+        return [v * 10**6 for v in value] if isinstance(value, list) else value * 10**6
+
+    return _metrics_map(content, inflate)
+
+
+def _scaled_weights(content: RecordDict, factor: float) -> RecordDict:
+    """Every float weight times ``factor``; a reply without weights gets its metrics
+    scaled instead (an altered copy either way)."""
+    if ARRAYS not in content.array_records:
+        return _metrics_map(
+            content, lambda _, v: [x * 2 for x in v] if isinstance(v, list) else v * 2
+        )
+    arrays = _arrays(content)
+    for key, array in arrays.items():
+        values = array.numpy()
+        if values.dtype.kind == "f":
+            arrays[key] = Array((values * factor).astype(values.dtype))
+    return _with(content, arrays=arrays)
+
+
+def _as_other_type(reply: Message, message_type: str, content: RecordDict) -> Message:
+    instruction = Message(
+        RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type=message_type
+    )
+    return Message(content, reply_to=instruction)
+
+
+#: kinds where the node sends more than one reply: honest reply -> all it sends
+#: (the honest one among them is what a correct server keeps)
+MULTI_FAULTS: dict[str, Callable[[Message], list[Message]]] = {
+    "duplicate-reply": lambda r: [r, replace_content(r, r.content)],
+    "altered-second-reply": lambda r: [r, replace_content(r, _scaled_weights(r.content, 1e3))],
+    "wrong-type-first": lambda r: [
+        _as_other_type(r, "query.profile", _scaled_weights(r.content, -3.0)),
+        r,
+    ],
+}
+
 #: kind -> how an honest reply's content is made bad (``None``: no reply at all)
 REPLY_FAULTS: dict[str, Mutation | None] = {
     "nan-weights": lambda c: _set_first_float(c, math.nan),
@@ -124,7 +174,9 @@ REPLY_FAULTS: dict[str, Mutation | None] = {
     "no-metrics": _no_metrics,
     "negative-counts": _negative_counts,
     "non-finite-metric": _non_finite_metric,
+    "inflated-counts": _inflated_counts,
     "client-crash": None,  # handled in reply_fault: an error reply
+    **{kind: None for kind in MULTI_FAULTS},  # handled in reply_fault
 }
 
 
@@ -140,8 +192,9 @@ def reply_fault(
     """An ``InProcessGrid`` fault applying ``REPLY_FAULTS[kind]`` to the replies whose
     message type starts with one of ``message_types`` (other replies pass unchanged).
 
-    With ``silent``, the replies it would alter are not sent at all instead: the run
-    a correct server must reproduce exactly when it drops the altered ones."""
+    With ``silent``, the replies it would alter are not sent at all instead (for the
+    kinds that add replies, only the honest one is sent): the run a correct server
+    must reproduce exactly when it drops what was bad."""
     mutation = REPLY_FAULTS[kind]
 
     def fault(reply: Message) -> Message | None:
@@ -149,6 +202,8 @@ def reply_fault(
             return reply
         if kind in ARRAY_FAULTS and ARRAYS not in reply.content.array_records:
             return reply  # a reply that carries no weights (e.g. DecNAS's tune step)
+        if kind in MULTI_FAULTS:
+            return reply if silent else MULTI_FAULTS[kind](reply)
         if silent:
             return None
         if kind == "client-crash":
