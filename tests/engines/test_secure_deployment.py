@@ -1,5 +1,6 @@
-"""A whole tiny FedorAS run over TLS with authenticated SuperNodes; an unregistered
-SuperNode is refused.  One run, shared by the assertions (engine time is dear)."""
+"""Secure deployment: certificates, keys and launcher flags (fast), and a whole tiny
+FedorAS run over TLS with authenticated SuperNodes where an unregistered SuperNode is
+refused (slow: one run, shared by the assertions, since engine time is dear)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,30 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    load_pem_private_key,
+    load_ssh_public_key,
+)
 
-from fedorasflwr.launch import LOOPBACK, find_pids, make_node_key, make_tls_files
+from fedorasflwr.launch import (
+    LOOPBACK,
+    Deployment,
+    TlsFiles,
+    find_pids,
+    make_node_key,
+    make_tls_files,
+)
+from fedorasflwr.launch.cli import _parse_args
+from fedorasflwr.launch.security import node_key
 from tests.runconfig import tiny_fedoras
-
-pytestmark = pytest.mark.slow
 
 REFUSED = "No SuperNode found with the given public key"
 
@@ -26,6 +44,83 @@ def wait_for_exit(process: subprocess.Popen[bytes], seconds: float) -> int | Non
         return None
 
 
+# ------------------------------------------------------------------ fast: files and flags
+
+
+def test_throwaway_certificate_is_signed_by_the_ca_for_localhost(tmp_path):
+    tls = make_tls_files(tmp_path / "certs")
+    ca = x509.load_pem_x509_certificate(tls.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(tls.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    key = load_pem_private_key(tls.server_key.read_bytes(), None)
+    assert key.public_key() == server.public_key()
+    assert tls.server_key.stat().st_mode & 0o077 == 0  # private: owner only
+
+
+def test_node_key_is_an_openssh_p384_pair(tmp_path):
+    pair = make_node_key(tmp_path, "node-0")
+    public = load_ssh_public_key(pair.public_key.read_bytes())
+    assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp384r1"
+    assert pair.private_key.stat().st_mode & 0o077 == 0
+    again = node_key(pair.private_key, tmp_path / "derived")  # a key the user brings
+    assert again.public_key.read_bytes() == pair.public_key.read_bytes()
+
+
+def test_keys_flower_cannot_use_are_refused_with_the_fix(tmp_path):
+    garbage = tmp_path / "garbage"
+    garbage.write_text("not a key")
+    with pytest.raises(ValueError, match="not an unencrypted OpenSSH private key.*ssh-keygen"):
+        node_key(garbage, tmp_path)
+    edwards = tmp_path / "ed"
+    edwards.write_bytes(
+        ed25519.Ed25519PrivateKey.generate().private_bytes(
+            Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()
+        )
+    )
+    with pytest.raises(ValueError, match="Ed25519PrivateKey; Flower needs an EC key"):
+        node_key(edwards, tmp_path)
+    with pytest.raises(FileNotFoundError, match="TLS server key .*missing"):
+        TlsFiles(garbage, garbage, tmp_path / "missing").check()
+
+
+def test_deployment_refuses_contradictory_security(tmp_path):
+    tls = TlsFiles(tmp_path / "a", tmp_path / "b", tmp_path / "c")
+    with pytest.raises(ValueError, match="insecure=True turns TLS .* off"):
+        Deployment(num_supernodes=2, insecure=True, tls=tls)
+    with pytest.raises(ValueError, match="node_keys has 1 keys for 2 supernodes"):
+        Deployment(num_supernodes=2, node_keys=[tmp_path / "k"])
+    with pytest.raises(ValueError, match="supernode_auth=False"):
+        Deployment(num_supernodes=1, supernode_auth=False, node_keys=[tmp_path / "k"])
+
+
+def test_launcher_security_flags(tmp_path, capsys):
+    files = [str(tmp_path / n) for n in ("ca.crt", "server.pem", "server.key")]
+    args = _parse_args(
+        ["--deployment", "--num-supernodes", "1", "--ca-cert", files[0], "--server-cert"]
+        + [files[1], "--server-key", files[2], "--supernode-key", str(tmp_path / "k")]
+    )
+    assert args.tls == TlsFiles(*map(Path, files)) and args.supernode_key == [tmp_path / "k"]
+    assert not args.insecure and _parse_args(["--deployment"]).tls is None  # throwaway
+    assert _parse_args(["--deployment", "--insecure"]).insecure
+    bad = [
+        (["--insecure"], "need --deployment"),
+        (["--deployment", "--ca-cert", files[0]], "needs --ca-cert, --server-cert and"),
+        (["--deployment", "--insecure", "--no-supernode-auth"], "--insecure turns TLS"),
+        (["--deployment", "--supernode-key", "k"], "1 --supernode-key for --num-supernodes 20"),
+    ]
+    for argv, message in bad:
+        with pytest.raises(SystemExit):
+            _parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ slow: a whole run
+
+
+@pytest.mark.slow
 def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(
     deployment, project_root, tmp_path, data_cache
 ):
