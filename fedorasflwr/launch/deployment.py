@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import astuple
 from pathlib import Path
 from types import TracebackType
 
@@ -96,9 +97,10 @@ class Deployment:
             )
         _check_security(num_supernodes, insecure, tls, supernode_auth, node_keys)
         self.insecure = insecure
-        self.tls = tls
+        # Absolute: Flower's config.toml refuses a relative root-certificates path.
+        self.tls = TlsFiles(*(Path(f).resolve() for f in astuple(tls))) if tls else None
         self.supernode_auth = supernode_auth and not insecure
-        self._given_keys = [Path(k) for k in node_keys] if node_keys else None
+        self._given_keys = [Path(k).resolve() for k in node_keys] if node_keys else None
         self.node_keys: list[NodeKey] = []
         self.node_ids: list[int] = []
         self.num_supernodes = num_supernodes

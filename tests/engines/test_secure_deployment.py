@@ -185,3 +185,15 @@ def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(
     home = engine.flwr_home
     engine.stop()
     assert find_pids(flwr_home=home) == []
+
+
+def test_relative_certificate_and_key_paths_are_made_absolute():
+    # Flower's config.toml refuses a relative root-certificates path (seen: the launcher
+    # failed to register keys when given certs/ca.crt).
+    engine = Deployment(
+        num_supernodes=1,
+        tls=TlsFiles(Path("ca.crt"), Path("server.pem"), Path("server.key")),
+        node_keys=[Path("node-0")],
+    )
+    assert engine.tls is not None and engine.tls.ca_cert == Path.cwd() / "ca.crt"
+    assert engine._given_keys == [Path.cwd() / "node-0"]
