@@ -2,8 +2,11 @@
 
 Every message a strategy sends or receives is counted here, by stage and by
 node: bytes of arrays down and up, training FLOPs reported by the client,
-messages sent, replies received, failed and rejected.  Wall time is kept per
-stage.  The ledger is part of every result.
+messages sent, replies received, failed and rejected.  A failure is booked once,
+to the node the message was sent to, with its kind: the node was lost (the
+SuperLink lost its heartbeat), it did not reply in time (or its reply expired),
+or it replied with an error.  Wall time is kept per stage.  The ledger is part
+of every result.
 """
 
 from __future__ import annotations
@@ -13,9 +16,33 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["Ledger", "NodeCosts"]
+from flwr.app import Message
+from flwr.common.constant import ErrorCode
+
+__all__ = ["FailureKind", "Ledger", "NodeCosts", "failure_kind"]
+
+FailureKind = Literal["lost", "timeout", "error"]
+"""Why a message got no usable reply: node lost, no reply in time, or an error reply."""
+
+_TIMEOUT_CODES = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
+
+
+def failure_kind(reply: Message) -> FailureKind:
+    """The kind of failure an error reply reports.
+
+    Flower 1.41's SuperLink answers for a node it lost (no heartbeat within its
+    patience) with ``NODE_UNAVAILABLE`` and for an expired instruction or reply with
+    ``MESSAGE_UNAVAILABLE`` / ``REPLY_MESSAGE_UNAVAILABLE``; every other code is the
+    node's own error (ClientApp raised, crashed, failed to load ...).
+    """
+    code = reply.error.code
+    if code == ErrorCode.NODE_UNAVAILABLE:
+        return "lost"
+    if code in _TIMEOUT_CODES:
+        return "timeout"
+    return "error"
 
 
 @dataclass
@@ -29,6 +56,9 @@ class NodeCosts:
     replies: int = 0
     failed: int = 0
     rejected: int = 0
+    lost: int = 0
+    timed_out: int = 0
+    error_replies: int = 0
 
 
 class Ledger:
@@ -53,8 +83,22 @@ class Ledger:
         costs.bytes_up += nbytes
         costs.train_flops += train_flops
 
-    def failed(self, stage: str, node_id: int) -> None:
-        self.node(stage, node_id).failed += 1
+    def failed(self, stage: str, node_id: int, kind: FailureKind = "error") -> None:
+        """Book one message of ``stage`` to ``node_id`` that got no usable reply.
+
+        ``failed`` counts every such message; ``lost``, ``timed_out`` and
+        ``error_replies`` split it by ``kind``.
+        """
+        costs = self.node(stage, node_id)
+        costs.failed += 1
+        if kind == "lost":
+            costs.lost += 1
+        elif kind == "timeout":
+            costs.timed_out += 1
+        elif kind == "error":
+            costs.error_replies += 1
+        else:
+            raise ValueError(f"failure kind {kind!r}: allowed: 'lost', 'timeout', 'error'")
 
     def rejected(self, stage: str, node_id: int) -> None:
         self.node(stage, node_id).rejected += 1

@@ -23,8 +23,9 @@ Facts about Flower 1.41 this package relies on:
 
 The package's parts: `processes` (free ports, finding and stopping processes),
 `flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``),
-`simulation` (`run_simulation`), `deployment` (`Deployment`) and `cli`
-(``python -m fedorasflwr.launch``).
+`simulation` (`run_simulation`), `deployment` (`Deployment`), `security` (TLS
+certificates and SuperNode keys: `TlsFiles`, `make_tls_files`, `make_node_key`) and
+`cli` (``python -m fedorasflwr.launch``).
 """
 
 from .cli import main
@@ -35,6 +36,7 @@ from .flwr_cli import SIMULATION_CONNECTION as SIMULATION_CONNECTION
 from .flwr_cli import ConfigValue, FlowerRunError, RunResult, format_run_config
 from .processes import LOOPBACK as LOOPBACK
 from .processes import find_pids, free_port, stop_pids
+from .security import NodeKey, TlsFiles, make_node_key, make_tls_files
 from .simulation import run_simulation
 
 __all__ = [
@@ -42,11 +44,15 @@ __all__ = [
     "ConfigValue",
     "Deployment",
     "FlowerRunError",
+    "NodeKey",
     "RunResult",
+    "TlsFiles",
     "find_pids",
     "format_run_config",
     "free_port",
     "main",
+    "make_node_key",
+    "make_tls_files",
     "run_simulation",
     "stop_pids",
 ]

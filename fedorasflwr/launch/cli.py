@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .deployment import Deployment
 from .flwr_cli import FlowerRunError, format_run_config
+from .security import TlsFiles
 from .simulation import run_simulation
 
 __all__ = ["check_overrides", "main"]
@@ -39,7 +40,56 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--flwr-home", type=Path, default=None, help="default: a temp dir")
     parser.add_argument("--timeout", type=float, default=None, help="seconds")
-    return parser.parse_args(argv)
+    _add_security_args(parser)
+    args = parser.parse_args(argv)
+    _check_security_args(parser, args)
+    return args
+
+
+def _add_security_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "deployment security",
+        "With --deployment the SuperLink serves TLS and admits only SuperNodes whose keys "
+        "are registered; certificates and keys not given are made for localhost and "
+        "thrown away (see docs/deployment.md).",
+    )
+    group.add_argument(
+        "--insecure", action="store_true", help="no TLS and no SuperNode authentication"
+    )
+    group.add_argument("--ca-cert", type=Path, help="CA certificate (PEM) of the SuperLink's")
+    group.add_argument("--server-cert", type=Path, help="the SuperLink's certificate (PEM)")
+    group.add_argument("--server-key", type=Path, help="the SuperLink's private key (PEM)")
+    group.add_argument(
+        "--supernode-key",
+        type=Path,
+        action="append",
+        help="OpenSSH EC private key of one SuperNode (ssh-keygen -t ecdsa -b 384); "
+        "repeat once per SuperNode, in order; its public key is registered",
+    )
+    group.add_argument(
+        "--no-supernode-auth",
+        action="store_true",
+        help="TLS, but admit any SuperNode (no --enable-supernode-auth)",
+    )
+
+
+def _check_security_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    tls = [args.ca_cert, args.server_cert, args.server_key]
+    flags = ("--ca-cert", "--server-cert", "--server-key")
+    given = [flag for flag, path in zip(flags, tls, strict=True) if path is not None]
+    security = given or args.insecure or args.supernode_key or args.no_supernode_auth
+    if security and not args.deployment:
+        parser.error("the deployment security options need --deployment")
+    if given and len(given) != 3:
+        parser.error(f"TLS needs --ca-cert, --server-cert and --server-key; got only {given}")
+    if args.insecure and (given or args.supernode_key or args.no_supernode_auth):
+        parser.error("--insecure turns TLS and SuperNode authentication off: drop the others")
+    if args.supernode_key and args.no_supernode_auth:
+        parser.error("--supernode-key with --no-supernode-auth: pass one or the other")
+    keys = args.supernode_key or []
+    if keys and len(keys) != args.num_supernodes:
+        parser.error(f"{len(keys)} --supernode-key for --num-supernodes {args.num_supernodes}")
+    args.tls = TlsFiles(*tls) if given else None
 
 
 def check_overrides(run_config: str) -> str | None:
@@ -77,7 +127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_config = f"{output} {run_config}".strip()
     try:
         if args.deployment:
-            with Deployment(num_supernodes=args.num_supernodes, flwr_home=args.flwr_home) as dep:
+            with Deployment(
+                num_supernodes=args.num_supernodes,
+                flwr_home=args.flwr_home,
+                insecure=args.insecure,
+                tls=args.tls,
+                supernode_auth=not args.no_supernode_auth,
+                node_keys=args.supernode_key,
+            ) as dep:
                 result = dep.run(args.app_dir, run_config, args.timeout, echo=True)
         else:
             result = run_simulation(

@@ -1,16 +1,23 @@
-"""Run the app on a local deployment engine: one SuperLink and N SuperNodes."""
+"""Run the app on a local deployment engine: one SuperLink and N SuperNodes.
+
+By default the SuperLink serves TLS and admits only registered SuperNodes (their
+public keys registered with ``flwr supernode register``), with throwaway certificates
+and keys made for localhost unless given; ``insecure=True`` turns both off.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import astuple
 from pathlib import Path
 from types import TracebackType
 
@@ -29,6 +36,7 @@ from .flwr_cli import (
     format_run_config,
 )
 from .processes import LOOPBACK, _stop_flower_processes, find_pids, free_port, stop_pids
+from .security import NodeKey, TlsFiles, make_node_key, make_tls_files, node_key
 
 __all__ = ["Deployment"]
 
@@ -56,6 +64,17 @@ class Deployment:
         this host's cores.
     startup_timeout : float, default 60.0
         Seconds to wait for the SuperLink to be healthy and every node online.
+    insecure : bool, default False
+        Plain HTTP and no SuperNode authentication (Flower's ``--insecure``).
+    tls : TlsFiles, optional
+        The SuperLink's CA certificate, certificate and key; default (unless
+        ``insecure``): throwaway ones for 127.0.0.1 under ``<flwr_home>/certs``.
+    supernode_auth : bool, default True
+        Start the SuperLink with ``--enable-supernode-auth`` and register each node's
+        public key before starting it (needs TLS).
+    node_keys : Sequence[Path], optional
+        One OpenSSH EC private key per SuperNode; default: throwaway P-384 keys under
+        ``<flwr_home>/keys``.
     """
 
     def __init__(
@@ -66,12 +85,24 @@ class Deployment:
         flwr_home: Path | None = None,
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 60.0,
+        insecure: bool = False,
+        tls: TlsFiles | None = None,
+        supernode_auth: bool = True,
+        node_keys: Sequence[Path] | None = None,
     ) -> None:
         _check_positive_int("num_supernodes", num_supernodes)
         if node_configs is not None and len(node_configs) != num_supernodes:
             raise ValueError(
                 f"node_configs has {len(node_configs)} entries for {num_supernodes} supernodes"
             )
+        _check_security(num_supernodes, insecure, tls, supernode_auth, node_keys)
+        self.insecure = insecure
+        # Absolute: Flower's config.toml refuses a relative root-certificates path.
+        self.tls = TlsFiles(*(Path(f).resolve() for f in astuple(tls))) if tls else None
+        self.supernode_auth = supernode_auth and not insecure
+        self._given_keys = [Path(k).resolve() for k in node_keys] if node_keys else None
+        self.node_keys: list[NodeKey] = []
+        self.node_ids: list[int] = []
         self.num_supernodes = num_supernodes
         self.node_configs = list(node_configs or [{}] * num_supernodes)
         self._given_home = Path(flwr_home) if flwr_home else None
@@ -80,6 +111,7 @@ class Deployment:
         self.flwr_home = Path()
         self.port = 0
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.supernodes: list[subprocess.Popen[bytes]] = []
         self.log_files: list[Path] = []
 
     def __enter__(self) -> Deployment:
@@ -88,15 +120,20 @@ class Deployment:
         self.flwr_home = self._given_home or Path(tempfile.mkdtemp(prefix="flwr-deploy-"))
         (self.flwr_home / "logs").mkdir(parents=True, exist_ok=True)
         try:
+            self._prepare_security()
             self._start_superlink()
             self._wait(self._superlink_healthy, "the SuperLink to answer /health")
-            _add_connection(
-                self.flwr_home,
-                DEPLOYMENT_CONNECTION,
-                {"address": f"{LOOPBACK}:{self.port}", "insecure": True},
-            )
+            connection: dict[str, object] = {"address": f"{LOOPBACK}:{self.port}"}
+            if self.tls is None:
+                connection["insecure"] = True
+            else:
+                connection["root-certificates"] = str(self.tls.ca_cert)
+            _add_connection(self.flwr_home, DEPLOYMENT_CONNECTION, connection)
+            if self.supernode_auth:
+                self.node_ids = self.register([key.public_key for key in self.node_keys])
             for index in range(self.num_supernodes):
-                self._start_supernode(index)
+                key = self.node_keys[index].private_key if self.supernode_auth else None
+                self.start_supernode(f"supernode-{index}", self._node_config(index), key)
             self._wait(self._nodes_online, f"{self.num_supernodes} SuperNodes to be online")
         except BaseException:
             self.stop()
@@ -141,6 +178,7 @@ class Deployment:
             process.wait()
         _stop_flower_processes(self.flwr_home)
         self.processes.clear()
+        self.supernodes.clear()
         if self._given_home is None:
             shutil.rmtree(self.flwr_home, ignore_errors=True)
         self.port = 0
@@ -155,7 +193,7 @@ class Deployment:
             env["OMP_NUM_THREADS"] = str(share)
         return env
 
-    def _spawn(self, command: list[str], name: str, flwr_home: Path) -> None:
+    def _spawn(self, command: list[str], name: str, flwr_home: Path) -> subprocess.Popen[bytes]:
         log_file = self.flwr_home / "logs" / f"{name}.log"
         with log_file.open("wb") as sink:
             process = subprocess.Popen(
@@ -168,26 +206,89 @@ class Deployment:
             )
         self.processes.append(process)
         self.log_files.append(log_file)
+        return process
 
-    def _start_superlink(self) -> None:
-        command = [_flower_tool("flower-superlink"), "--insecure"]
-        command += ["--disable-runtime-dependency-installation"]
-        command += ["--host", LOOPBACK, "--port", str(self.port)]
-        self._spawn(command, "superlink", self.flwr_home)
+    def register(self, public_keys: Sequence[Path]) -> list[int]:
+        """Register SuperNode public keys: ``flwr supernode register <key.pub>
+        local-deployment``, all at once; returns the node ids the SuperLink gave them."""
+        commands = [
+            [_flower_tool("flwr"), "supernode", "register", str(key), DEPLOYMENT_CONNECTION]
+            + ["--format", "json"]
+            for key in public_keys
+        ]
+        env = self._env(self.flwr_home)
+        running = [
+            subprocess.Popen(
+                c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            for c in commands
+        ]
+        node_ids = []
+        for key, process in zip(public_keys, running, strict=True):
+            output, _ = process.communicate(timeout=self.startup_timeout)
+            try:
+                answer = json.loads(output[output.find("{") :])
+                node_ids.append(int(answer["node-id"]))
+            except (json.JSONDecodeError, KeyError, ValueError):
+                raise FlowerRunError(f"registering {key} failed:\n{output.strip()}") from None
+        return node_ids
 
-    def _start_supernode(self, index: int) -> None:
+    def start_supernode(
+        self, name: str, node_config: Mapping[str, ConfigValue], private_key: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start one ``flower-supernode`` (``FLWR_HOME`` ``<flwr_home>/<name>``, log
+        ``<flwr_home>/logs/<name>.log``) signing in with ``private_key`` if given."""
+        node_home = self.flwr_home / name
+        node_home.mkdir(exist_ok=True)
+        command = [_flower_tool("flower-supernode"), "--superlink", f"{LOOPBACK}:{self.port}"]
+        if self.tls is None:
+            command += ["--insecure"]
+        else:
+            command += ["--root-certificates", str(self.tls.ca_cert)]
+        if private_key is not None:
+            command += ["--auth-supernode-private-key", str(private_key)]
+        command += ["--host", LOOPBACK, "--port", str(free_port())]
+        command += ["--node-config", format_run_config(node_config)]
+        process = self._spawn(command, name, node_home)
+        self.supernodes.append(process)
+        return process
+
+    def _prepare_security(self) -> None:
+        if self.insecure:
+            return
+        if self.tls is None:
+            self.tls = make_tls_files(self.flwr_home / "certs")
+        self.tls.check()
+        if not self.supernode_auth:
+            return
+        keys = self.flwr_home / "keys"
+        if self._given_keys is not None:
+            self.node_keys = [node_key(path, keys) for path in self._given_keys]
+        else:
+            self.node_keys = [
+                make_node_key(keys, f"supernode-{i}") for i in range(self.num_supernodes)
+            ]
+
+    def _node_config(self, index: int) -> dict[str, ConfigValue]:
         node_config: dict[str, ConfigValue] = {
             "partition-id": index,
             "num-partitions": self.num_supernodes,
         }
-        node_config |= dict(self.node_configs[index])
-        node_home = self.flwr_home / f"supernode-{index}"
-        node_home.mkdir(exist_ok=True)
-        command = [_flower_tool("flower-supernode"), "--insecure"]
-        command += ["--superlink", f"{LOOPBACK}:{self.port}"]
-        command += ["--host", LOOPBACK, "--port", str(free_port())]
-        command += ["--node-config", format_run_config(node_config)]
-        self._spawn(command, f"supernode-{index}", node_home)
+        return node_config | dict(self.node_configs[index])
+
+    def _start_superlink(self) -> None:
+        command = [_flower_tool("flower-superlink")]
+        if self.tls is None:
+            command += ["--insecure"]
+        else:
+            command += ["--ssl-ca-certfile", str(self.tls.ca_cert)]
+            command += ["--ssl-certfile", str(self.tls.server_cert)]
+            command += ["--ssl-keyfile", str(self.tls.server_key)]
+        if self.supernode_auth:
+            command += ["--enable-supernode-auth"]
+        command += ["--disable-runtime-dependency-installation"]
+        command += ["--host", LOOPBACK, "--port", str(self.port)]
+        self._spawn(command, "superlink", self.flwr_home)
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -200,13 +301,24 @@ class Deployment:
             time.sleep(0.5)
 
     def _superlink_healthy(self) -> bool:
+        if self.tls is None:
+            url, context = f"http://{LOOPBACK}:{self.port}/health", None
+        else:
+            url = f"https://{LOOPBACK}:{self.port}/health"
+            context = ssl.create_default_context(cafile=str(self.tls.ca_cert))
         try:
-            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.port}/health", timeout=1):
+            with urllib.request.urlopen(url, timeout=1, context=context):
                 return True
         except (urllib.error.URLError, OSError):
             return False
 
     def _nodes_online(self) -> bool:
+        online = [node for node in self.list_nodes() if node.get("status") == "online"]
+        return len(online) >= self.num_supernodes
+
+    def list_nodes(self) -> list[dict[str, object]]:
+        """The SuperLink's node list (``flwr supernode ls --format json``); ``[]`` if
+        it did not answer."""
         command = [_flower_tool("flwr"), "supernode", "ls", DEPLOYMENT_CONNECTION]
         command += ["--format", "json"]
         result = subprocess.run(
@@ -215,5 +327,24 @@ class Deployment:
         try:
             nodes = json.loads(result.stdout[result.stdout.find("{") :]).get("nodes", [])
         except json.JSONDecodeError:
-            return False
-        return sum(node.get("status") == "online" for node in nodes) >= self.num_supernodes
+            return []
+        return list(nodes)
+
+
+def _check_security(
+    num_supernodes: int,
+    insecure: bool,
+    tls: TlsFiles | None,
+    supernode_auth: bool,
+    node_keys: Sequence[Path] | None,
+) -> None:
+    """Refuse contradictory security settings with what is allowed."""
+    if insecure and (tls is not None or node_keys):
+        raise ValueError(
+            "insecure=True turns TLS and SuperNode authentication off: "
+            "do not also pass tls or node_keys"
+        )
+    if node_keys and not supernode_auth:
+        raise ValueError("node_keys given with supernode_auth=False: pass one or the other")
+    if node_keys is not None and len(node_keys) != num_supernodes:
+        raise ValueError(f"node_keys has {len(node_keys)} keys for {num_supernodes} supernodes")

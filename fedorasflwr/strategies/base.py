@@ -29,18 +29,51 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 from ..costs import array_record_bytes
-from ..ledger import Ledger
+from ..ledger import FailureKind, Ledger, failure_kind
 from ..protocol import ARRAYS, CONFIG, PROFILE, QUERY_PROFILE
 from .aggregation import MEAN, Aggregation
 from .replies import Bound, error_reason, screen_replies
 
 __all__ = [
     "FederatedNASStrategy",
+    "answered_node",
+    "destinations",
     "NodeProfile",
     "StageFailedError",
     "sample_nodes",
     "stable_hash",
 ]
+
+
+_KIND_TEXT: dict[FailureKind, str] = {
+    "lost": "lost",
+    "timeout": "timed out",
+    "error": "failed",
+}
+
+
+def destinations(messages: Iterable[Message]) -> dict[str, int]:
+    """Message id -> destination node of sent ``messages``.
+
+    Flower's grids give a message its id when pushing it, so call this after
+    ``send_and_receive``; a grid that assigns no ids (the in-process one) gives ``{}``.
+    """
+    return {
+        m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id
+    }
+
+
+def answered_node(reply: Message, sent_to: dict[str, int]) -> int | None:
+    """The node whose message ``reply`` answers, or None if it answers none of ``sent_to``.
+
+    Matched by ``reply_to_message_id``, not by ``src_node_id``: for a lost node or an
+    expired message, Flower 1.41's SuperLink builds the error reply itself, with its
+    own id (``SUPERLINK_NODE_ID``) as the source.  Without message ids (``sent_to``
+    empty) the reply's source is all there is.
+    """
+    if not sent_to:
+        return reply.metadata.src_node_id
+    return sent_to.get(reply.metadata.reply_to_message_id)
 
 
 class StageFailedError(RuntimeError):
@@ -205,7 +238,9 @@ class FederatedNASStrategy(Strategy):
         """Send ``messages``, count them, and return the replies without error.
 
         Failed replies (client exception, node gone) and missing ones (timed out)
-        are logged with the node id and counted; they never reach the caller.
+        are logged with the node id and counted; they never reach the caller.  A
+        reply is booked to the node its message was sent to (matched by
+        ``reply_to_message_id``): Flower's SuperLink itself answers for a lost node.
         """
         expected = {m.metadata.dst_node_id for m in messages}
         for message in messages:
@@ -217,18 +252,24 @@ class FederatedNASStrategy(Strategy):
         with self.ledger.timed(stage):
             replies = list(grid.send_and_receive(messages, timeout=self.reply_timeout))
         replies = self.one_reply_per_node(stage, messages, replies)
+        sent_to = destinations(messages)
         good: list[Message] = []
         for reply in replies:
-            node_id = reply.metadata.src_node_id
+            node_id = answered_node(reply, sent_to)
+            if node_id is None:
+                log(WARNING, "[%s] ignored a reply to no message of this step", stage)
+                continue
             expected.discard(node_id)
             if reply.has_error():
-                self._fail(stage, node_id, f"failed: {error_reason(reply)}")
+                kind = failure_kind(reply)
+                self._fail(stage, node_id, f"{_KIND_TEXT[kind]}: {error_reason(reply)}", kind)
                 continue
             arrays = reply.content.array_records.get(ARRAYS)
             self.ledger.received(stage, node_id, array_record_bytes(arrays) if arrays else 0)
             good.append(reply)
         for node_id in sorted(expected):
-            self._fail(stage, node_id, f"did not reply within {self.reply_timeout:.0f} s")
+            reason = f"did not reply within {self.reply_timeout:.0f} s"
+            self._fail(stage, node_id, reason, "timeout")
         return good
 
     def claim(self, node_id: int, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
@@ -248,8 +289,8 @@ class FederatedNASStrategy(Strategy):
             self._drop(stage, node_id, reason)
         return kept
 
-    def _fail(self, stage: str, node_id: int, reason: str) -> None:
-        self.ledger.failed(stage, node_id)
+    def _fail(self, stage: str, node_id: int, reason: str, kind: FailureKind) -> None:
+        self.ledger.failed(stage, node_id, kind)
         self._reasons.setdefault(stage, []).append(reason)
         log(WARNING, "[%s] node %d %s", stage, node_id, reason)
 

@@ -43,9 +43,16 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
 from ..costs import array_record_bytes
-from ..ledger import Ledger
+from ..ledger import Ledger, failure_kind
 from .aggregation import MEAN, Aggregation, opa
-from .base import NodeProfile, StageFailedError, sample_nodes, stable_hash
+from .base import (
+    NodeProfile,
+    StageFailedError,
+    answered_node,
+    destinations,
+    sample_nodes,
+    stable_hash,
+)
 from .replies import ArraySpec, array_specs, check_reply, error_reason, screen_replies
 
 __all__ = ["SeededFedAvg", "cosine_lr"]
@@ -110,9 +117,9 @@ class SeededFedAvg(FedAvg):
         self.round_config = round_config
         self.aggregation = aggregation
         self._profiles = {p.node_id: p for p in self.nodes}
-        self._sent_messages: list[Message] = []
         self._sent_specs: dict[str, ArraySpec] = {}
         self._expected: set[int] = set()
+        self._sent: list[Message] = []
 
     def _sample(self, grid: Grid, server_round: int, purpose: str) -> list[int]:
         connected = set(grid.get_node_ids())
@@ -131,8 +138,8 @@ class SeededFedAvg(FedAvg):
         nbytes = array_record_bytes(arrays) if arrays is not None else 0
         for node_id in node_ids:
             self.ledger.sent(self.stage, node_id, nbytes)
-        self._sent_messages = list(self._construct_messages(record, node_ids, message_type))
-        return self._sent_messages
+        self._sent = list(self._construct_messages(record, node_ids, message_type))
+        return self._sent
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -159,11 +166,15 @@ class SeededFedAvg(FedAvg):
         """Replies fit for Flower's aggregation; the rest are logged, counted and dropped."""
         usable: list[Message] = []
         metric_keys: set[str] | None = None
+        sent_to = destinations(self._sent)  # ids are set once the grid pushed them
         for reply in self._one_reply_per_node(replies):
-            node_id = reply.metadata.src_node_id
+            node_id = answered_node(reply, sent_to)
+            if node_id is None:
+                log(WARNING, "[%s] ignored a reply to no message of this round", self.stage)
+                continue
             self._expected.discard(node_id)
             if reply.has_error():
-                self.ledger.failed(self.stage, node_id)
+                self.ledger.failed(self.stage, node_id, failure_kind(reply))
                 log(WARNING, "[%s] node %d failed: %s", self.stage, node_id, error_reason(reply))
                 continue
             arrays = reply.content.array_records.get(self.arrayrecord_key)
@@ -178,14 +189,14 @@ class SeededFedAvg(FedAvg):
             metric_keys = set(metrics.keys())
             usable.append(reply)
         for node_id in sorted(self._expected):
-            self.ledger.failed(self.stage, node_id)
+            self.ledger.failed(self.stage, node_id, "timeout")
             log(WARNING, "[%s] node %d did not reply in time", self.stage, node_id)
         self._expected = set()
         return usable
 
     def _one_reply_per_node(self, replies: Iterable[Message]) -> list[Message]:
         """``screen_replies`` against the messages of this round; the rest dropped and logged."""
-        kept, refused = screen_replies(self._sent_messages, replies)
+        kept, refused = screen_replies(self._sent, replies)
         for node_id, reason in refused:
             self.ledger.rejected(self.stage, node_id)
             log(WARNING, "[%s] dropped reply of node %d: %s", self.stage, node_id, reason)

@@ -1,0 +1,201 @@
+"""Secure deployment: certificates, keys and launcher flags (fast), and a whole tiny
+FedorAS run over TLS with authenticated SuperNodes where an unregistered SuperNode is
+refused (slow: one run, shared by the assertions, since engine time is dear)."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    load_pem_private_key,
+    load_ssh_public_key,
+)
+
+from fedorasflwr.launch import (
+    LOOPBACK,
+    Deployment,
+    TlsFiles,
+    find_pids,
+    make_node_key,
+    make_tls_files,
+)
+from fedorasflwr.launch.cli import _parse_args
+from fedorasflwr.launch.security import node_key
+from tests.runconfig import tiny_fedoras
+
+REFUSED = "No SuperNode found with the given public key"
+
+
+def wait_for_exit(process: subprocess.Popen[bytes], seconds: float) -> int | None:
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+# ------------------------------------------------------------------ fast: files and flags
+
+
+def test_throwaway_certificate_is_signed_by_the_ca_for_localhost(tmp_path):
+    tls = make_tls_files(tmp_path / "certs")
+    ca = x509.load_pem_x509_certificate(tls.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(tls.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    key = load_pem_private_key(tls.server_key.read_bytes(), None)
+    assert key.public_key() == server.public_key()
+    assert tls.server_key.stat().st_mode & 0o077 == 0  # private: owner only
+
+
+def test_node_key_is_an_openssh_p384_pair(tmp_path):
+    pair = make_node_key(tmp_path, "node-0")
+    public = load_ssh_public_key(pair.public_key.read_bytes())
+    assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp384r1"
+    assert pair.private_key.stat().st_mode & 0o077 == 0
+    again = node_key(pair.private_key, tmp_path / "derived")  # a key the user brings
+    assert again.public_key.read_bytes() == pair.public_key.read_bytes()
+
+
+def test_keys_flower_cannot_use_are_refused_with_the_fix(tmp_path):
+    garbage = tmp_path / "garbage"
+    garbage.write_text("not a key")
+    with pytest.raises(ValueError, match="not an unencrypted OpenSSH private key.*ssh-keygen"):
+        node_key(garbage, tmp_path)
+    edwards = tmp_path / "ed"
+    edwards.write_bytes(
+        ed25519.Ed25519PrivateKey.generate().private_bytes(
+            Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()
+        )
+    )
+    with pytest.raises(ValueError, match="Ed25519PrivateKey; Flower needs an EC key"):
+        node_key(edwards, tmp_path)
+    with pytest.raises(FileNotFoundError, match="TLS server key .*missing"):
+        TlsFiles(garbage, garbage, tmp_path / "missing").check()
+
+
+def test_deployment_refuses_contradictory_security(tmp_path):
+    tls = TlsFiles(tmp_path / "a", tmp_path / "b", tmp_path / "c")
+    with pytest.raises(ValueError, match="insecure=True turns TLS .* off"):
+        Deployment(num_supernodes=2, insecure=True, tls=tls)
+    with pytest.raises(ValueError, match="node_keys has 1 keys for 2 supernodes"):
+        Deployment(num_supernodes=2, node_keys=[tmp_path / "k"])
+    with pytest.raises(ValueError, match="supernode_auth=False"):
+        Deployment(num_supernodes=1, supernode_auth=False, node_keys=[tmp_path / "k"])
+
+
+def test_launcher_security_flags(tmp_path, capsys):
+    files = [str(tmp_path / n) for n in ("ca.crt", "server.pem", "server.key")]
+    args = _parse_args(
+        ["--deployment", "--num-supernodes", "1", "--ca-cert", files[0], "--server-cert"]
+        + [files[1], "--server-key", files[2], "--supernode-key", str(tmp_path / "k")]
+    )
+    assert args.tls == TlsFiles(*map(Path, files)) and args.supernode_key == [tmp_path / "k"]
+    assert not args.insecure and _parse_args(["--deployment"]).tls is None  # throwaway
+    assert _parse_args(["--deployment", "--insecure"]).insecure
+    bad = [
+        (["--insecure"], "need --deployment"),
+        (["--deployment", "--ca-cert", files[0]], "needs --ca-cert, --server-cert and"),
+        (["--deployment", "--insecure", "--no-supernode-auth"], "--insecure turns TLS"),
+        (["--deployment", "--supernode-key", "k"], "1 --supernode-key for --num-supernodes 20"),
+    ]
+    for argv, message in bad:
+        with pytest.raises(SystemExit):
+            _parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ slow: a whole run
+
+
+@pytest.mark.slow
+def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(
+    deployment, project_root, tmp_path, data_cache
+):
+    tls = make_tls_files(tmp_path / "certs")
+    keys = [make_node_key(tmp_path / "keys", f"node-{i}") for i in range(2)]
+    engine = deployment(num_supernodes=2, tls=tls, node_keys=[key.private_key for key in keys])
+    superlink = engine.processes[0].args
+    assert "--insecure" not in superlink and "--enable-supernode-auth" in superlink
+    assert superlink[superlink.index("--ssl-certfile") + 1] == str(tls.server_cert)
+    for node in engine.supernodes:
+        assert "--insecure" not in node.args and str(tls.ca_cert) in node.args
+
+    # The port speaks TLS only, with a certificate the CA vouches for.
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f"http://{LOOPBACK}:{engine.port}/health", timeout=5)
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(
+            f"https://{LOOPBACK}:{engine.port}/health",
+            timeout=5,
+            context=ssl.create_default_context(),  # system CAs only
+        )
+
+    # A SuperNode with a key nobody registered: refused at sign-in, it exits.
+    rogue_key = make_node_key(tmp_path / "rogue", "rogue")
+    rogue = engine.start_supernode(
+        "rogue", {"partition-id": 0, "num-partitions": 2}, rogue_key.private_key
+    )
+    assert wait_for_exit(rogue, 90) not in (None, 0)
+    rogue_log = (engine.flwr_home / "logs" / "rogue.log").read_text(errors="replace")
+    assert "Failed to activate SuperNode" in rogue_log
+    superlink_log = (engine.flwr_home / "logs" / "superlink.log").read_text(errors="replace")
+    assert REFUSED in superlink_log
+
+    out = tmp_path / "out"
+    config = tiny_fedoras(
+        data_cache,
+        **{
+            "output-dir": str(out),
+            "fedoras.rounds": 1,
+            "fedoras.clients-per-round": 2,
+            "fedoras.finetune-clients-per-round": 2,
+        },
+    )
+    engine.run(project_root, config, timeout=900)
+
+    registered = set(engine.node_ids)
+    assert len(registered) == 2
+    listed = {int(node["node-id"]): node["status"] for node in engine.list_nodes()}
+    assert set(listed) == registered and set(listed.values()) == {"online"}
+    (result_file,) = out.glob("fedoras-*/result.json")
+    result = json.loads(result_file.read_text())
+    assert [h["round"] for h in result["history"]] == [0, 1]
+    # A model per tier that some client can run: tiers 1 .. the highest held (0-based there).
+    highest = max(result["tier-of-partition"].values())
+    assert [m["tier"] for m in result["models"]] == list(range(1, highest + 2))
+    assert all(0.0 <= m["test"]["accuracy"] <= 1.0 for m in result["models"])
+    ledger = result["ledger"]
+    assert {int(n) for n in ledger["profile"]["nodes"]} == registered
+    for stage in ledger.values():
+        assert {int(n) for n in stage["nodes"]} <= registered
+    assert ledger["supernet"]["totals"]["replies"] == 2
+    assert ledger["supernet"]["totals"]["failed"] == 0
+
+    home = engine.flwr_home
+    engine.stop()
+    assert find_pids(flwr_home=home) == []
+
+
+def test_relative_certificate_and_key_paths_are_made_absolute():
+    # Flower's config.toml refuses a relative root-certificates path (seen: the launcher
+    # failed to register keys when given certs/ca.crt).
+    engine = Deployment(
+        num_supernodes=1,
+        tls=TlsFiles(Path("ca.crt"), Path("server.pem"), Path("server.key")),
+        node_keys=[Path("node-0")],
+    )
+    assert engine.tls is not None and engine.tls.ca_cert == Path.cwd() / "ca.crt"
+    assert engine._given_keys == [Path.cwd() / "node-0"]
