@@ -1,0 +1,162 @@
+"""Runnable trials of the reliability catalogue, shared by ``tests/reliability`` and
+``benchmarks/faults.py``: each returns one row per fault tried, saying how it was handled."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.server_app import RUNNERS
+from tests.reliability.catalog import REPLY_FAULTS, SEMANTIC, bad_configs, reply_fault
+from tests.reliability.conftest import NoTrainingGrid, TrainingStartedError
+from tests.runconfig import pyproject_run_config, tiny_decnas, tiny_fdnas, tiny_fedoras
+
+__all__ = ["METHODS", "config_trial", "reply_trial", "run_config_for"]
+
+KINDS = list(REPLY_FAULTS)
+METHODS = ("fedoras", "fdnas", "decnas", "dpfnas")
+NODES = len(KINDS) + 3  # one node per fault kind, three honest ones
+
+
+def run_config_for(method: str, cache: Path | str) -> dict[str, Any]:
+    """A tiny run config of ``method`` in which every node trains every round."""
+    if method == "fedoras":
+        return tiny_fedoras(
+            cache,
+            **{
+                "fedoras.stop-after": "supernet",
+                "fedoras.clients-per-round": NODES,
+                "fedoras.rounds": 1,
+            },
+        )
+    if method == "fdnas":
+        return tiny_fdnas(cache, **{"fdnas.final-rounds": 0, "fdnas.clients-per-round": NODES})
+    if method == "decnas":
+        return tiny_decnas(cache, **{"decnas.num-groups": 3})
+    if method == "dpfnas":
+        return {
+            **pyproject_run_config(),
+            "method": "dpfnas",
+            "data.cache-dir": str(cache),
+            "data.partitioner": "iid",
+            "space.name": "darts",
+            "space.width": 0.25,
+            "space.layers-per-block": 2,
+            "dpfnas.mode": "fnas",  # no noise: the two runs must agree to the bit
+            "dpfnas.iterations": 1,
+            "dpfnas.batch-size": 8,
+            "dpfnas.eval-every": 0,
+            "dpfnas.final-rounds": 0,
+        }
+    raise ValueError(method)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _run(method: str, config: dict[str, Any], faults, out_dir: Path):
+    settings = parse_run_config(config)
+    grid = InProcessGrid(client_app, config, NODES, faults=faults)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return grid, RUNNERS[method](grid, settings, out_dir)
+
+
+def comparable(document: dict[str, Any]) -> Any:
+    """A result document without wall times, file names and the ledger (which by design
+    differs between a dropped reply and a missing one)."""
+    drop = {"ledger", "files"}
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                k: clean(v)
+                for k, v in value.items()
+                if str(k) not in drop and "seconds" not in str(k)
+            }
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    return json.loads(json.dumps(clean(document), default=str))
+
+
+def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]:
+    """One run of ``method`` in which node i sends the i-th kind of bad reply, and one in
+    which those replies are never sent.  Per kind: whether a WARNING named the node and
+    whether its replies were booked as rejected or failed; plus whether the two runs'
+    results are identical to the bit (the bad replies corrupted nothing)."""
+    config = run_config_for(method, cache)
+    handler = _Records()
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(handler)
+    try:
+        faults = {pid: reply_fault(kind) for pid, kind in enumerate(KINDS)}
+        grid, attacked = _run(method, config, faults, out_dir / "attacked")
+    finally:
+        flwr_logger.removeHandler(handler)
+    quiet_faults = {pid: reply_fault(kind, silent=True) for pid, kind in enumerate(KINDS)}
+    _, quiet = _run(method, config, quiet_faults, out_dir / "quiet")
+    identical = comparable(attacked) == comparable(quiet)
+    stages = attacked.get("ledger", {})
+    rows = []
+    for pid, kind in enumerate(KINDS):
+        node = grid.node_of_partition[pid]
+        booked = sum(
+            stage["nodes"].get(str(node), {}).get(what, 0)
+            for stage in stages.values()
+            for what in ("rejected", "failed")
+        )
+        rows.append(
+            {
+                "method": method,
+                "kind": kind,
+                "node": node,
+                "logged": any(f"node {node}" in line for line in handler.lines),
+                "booked": booked,
+                "corrupted-nothing": identical,
+            }
+        )
+    return {"rows": rows, "identical": identical}
+
+
+def config_trial(cache: Path | str, out_dir: Path) -> list[dict[str, Any]]:
+    """Every bad config of the catalogue: refused with a ValueError naming its key, before
+    any training (the semantic ones go through the method's runner on a grid that stops
+    at the first training instruction)."""
+    defaults = pyproject_run_config()
+    rows = []
+    for index, bad in enumerate(bad_configs(defaults)):
+        config = {**defaults, "data.cache-dir": str(cache), **bad.overrides}
+        outcome, message = "accepted", ""
+        try:
+            settings = parse_run_config(config)
+            if bad in SEMANTIC:
+                grid = NoTrainingGrid(client_app, config, 6)
+                RUNNERS[settings.method](grid, settings, out_dir / str(index))
+        except ValueError as exc:
+            outcome, message = "refused", str(exc)
+        except TrainingStartedError:
+            outcome = "training started"
+        except Exception as exc:  # noqa: BLE001 - an unclean refusal is what we look for
+            outcome, message = f"unclean {type(exc).__name__}", str(exc)
+        rows.append(
+            {
+                "label": bad.label,
+                "key": bad.key,
+                "outcome": outcome,
+                "names-key": bad.key in message,
+                "message": message.splitlines()[0] if message else "",
+            }
+        )
+    return rows
