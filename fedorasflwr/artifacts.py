@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord
 
 __all__ = [
     "check_state",
+    "check_weights",
     "load_checkpoint",
     "plain",
     "plot_history",
@@ -62,11 +63,17 @@ def write_json(path: Path, content: Any) -> Path:
 
 
 def save_checkpoint(
-    path: Path, *, space_spec: Mapping[str, Any], arrays: ArrayRecord, **extra: Any
+    path: Path, *, space_spec: Mapping[str, Any], arrays: ArrayRecord, stage: str, **extra: Any
 ) -> Path:
-    """Save a ``state_dict`` with what rebuilds its module (``build_space(**space_spec)``)."""
+    """Save a ``state_dict`` with what rebuilds its module (``build_space(**space_spec)``)
+    and the ``stage`` that produced it."""
     torch.save(
-        {"space": dict(space_spec), "state_dict": arrays.to_torch_state_dict(), **plain(extra)},
+        {
+            "space": dict(space_spec),
+            "state_dict": arrays.to_torch_state_dict(),
+            "stage": stage,
+            **plain(extra),
+        },
         path,
     )
     return path
@@ -114,18 +121,30 @@ def load_checkpoint(
         or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
     ):
         raise ValueError(f"{where}: 'state_dict' is not a non-empty dict of named tensors")
-    broken = [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
-    if broken:
-        raise ValueError(f"{where}: non-finite (NaN or inf) weights in {_few(broken)}")
+    check_weights(where, state)
     if space is not None and dict(content["space"]) != dict(space):
         raise ValueError(
             f"{where}: holds weights of the space {content['space']}, this run's is {dict(space)}"
         )
     if reference is not None:
+        check_weights(where, state, reference)
+    return content
+
+
+def check_weights(
+    where: str,
+    state: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor] | None = None,
+) -> None:
+    """Raise a ``ValueError`` starting with ``where`` if ``state`` holds a non-finite
+    weight or (given ``reference``) does not fit it (``check_state``)."""
+    broken = [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
+    if broken:
+        raise ValueError(f"{where}: non-finite (NaN or inf) weights in {_few(broken)}")
+    if reference is not None:
         reason = check_state(state, reference)
         if reason is not None:
             raise ValueError(f"{where}: its weights do not fit the space: {reason}")
-    return content
 
 
 def check_state(

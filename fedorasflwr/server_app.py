@@ -235,7 +235,11 @@ def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:
 
 
 def _run_fdnas(
-    strategy_class: type[FDNAS], grid: Grid, settings: RunSettings, out_dir: Path
+    strategy_class: type[FDNAS],
+    grid: Grid,
+    settings: RunSettings,
+    out_dir: Path,
+    progress: Checkpointer | None = None,
 ) -> dict[str, Any]:
     space_settings = replace(settings.space, name="mbconv")
     torch.manual_seed(settings.seed)
@@ -249,7 +253,8 @@ def _run_fdnas(
         reply_timeout=settings.reply_timeout,
         min_nodes=settings.min_nodes,
     )
-    result = strategy.start(grid)
+    strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
+    result = strategy.start(grid, resume=resume_checkpoint(settings, space))
     files = [
         save_checkpoint(
             out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
@@ -277,14 +282,18 @@ def _run_fdnas(
     }
 
 
-def run_fdnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+def run_fdnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
     """FDNAS: federated search on the mbconv space, derive, FedAvg-train the net."""
-    return _run_fdnas(FDNAS, grid, settings, out_dir)
+    return _run_fdnas(FDNAS, grid, settings, out_dir, progress)
 
 
-def run_cfdnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+def run_cfdnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
     """CFDNAS: FDNAS, then per-cluster search and one trained net per cluster."""
-    return _run_fdnas(CFDNAS, grid, settings, out_dir)
+    return _run_fdnas(CFDNAS, grid, settings, out_dir, progress)
 
 
 def run_dpfnas(
@@ -374,7 +383,9 @@ def build_decnas_net(settings: RunSettings) -> PrunableNet:
     )
 
 
-def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+def run_decnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
     """DecNAS: GM_0, NetAdapt iterations with client groups, tuning; frontier and models."""
     net = build_decnas_net(settings)
     strategy = DecNAS(
@@ -385,13 +396,28 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         reply_timeout=settings.reply_timeout,
         min_nodes=settings.min_nodes,
     )
-    result = strategy.start(grid)
+    strategy.on_progress = checkpointer(progress, settings, out_dir, net.spec)
+    resume = None
+    if settings.resume_from:
+        # GM_t's widths differ from GM_0's: the strategy checks each saved GM against its own
+        resume = read_resume(
+            settings.resume_from,
+            method=settings.method,
+            seed=settings.seed,
+            reference=None,
+            space=None,
+        )
+    result = strategy.start(grid, resume=resume)
     files = []
     for model in result.frontier:
         name, extra = f"gm{model.iteration}", {"iteration": model.iteration, "macs": model.macs}
         files.append(
             save_checkpoint(
-                out_dir / f"{name}.pt", space_spec=model.spec, arrays=model.arrays, **extra
+                out_dir / f"{name}.pt",
+                space_spec=model.spec,
+                arrays=model.arrays,
+                stage="iterations",
+                **extra,
             )
         )
         if model.tuned_arrays is not None:
@@ -400,6 +426,7 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
                     out_dir / f"{name}-tuned.pt",
                     space_spec=model.spec,
                     arrays=model.tuned_arrays,
+                    stage="final",
                     **extra,
                 )
             )

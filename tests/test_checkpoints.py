@@ -17,10 +17,17 @@ from flwr.app import Context, Message, RecordDict
 from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.inprocess import InProcessGrid, error_reply
-from fedorasflwr.protocol import CONFIG, DPFNAS_WEIGHTS, FEDORAS_PATHS, FEDORAS_SUPERNET
+from fedorasflwr.protocol import (
+    CONFIG,
+    DECNAS_TUNE,
+    DPFNAS_WEIGHTS,
+    FDNAS_SEARCH,
+    FEDORAS_PATHS,
+    FEDORAS_SUPERNET,
+)
 from fedorasflwr.server_app import main
 from fedorasflwr.strategies.base import StageFailedError
-from tests.runconfig import tiny_fedoras
+from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
 
 NUM_NODES = 12
@@ -255,3 +262,62 @@ def test_a_resumed_private_search_spends_the_same_epsilon(data_cache, tmp_path):
     ]
     assert second["privacy"] == first["privacy"]
     assert all(p["weights"]["steps"] == 3 for p in second["privacy"])
+
+
+# --- FDNAS and DecNAS ------------------------------------------------------------------------
+
+
+def stopped_and_resumed(
+    base: dict[str, Any], root: Path, num_nodes: int, message_type: str, stop: int
+) -> tuple[Path, Path, Path]:
+    """The run never stopped, the run stopped at ``message_type`` of round ``stop``, and
+    that run resumed from its checkpoint."""
+
+    def config(name: str, **extra: Any) -> dict[str, Any]:
+        return {**base, "output-dir": str(root / name), **extra}
+
+    whole = run_main(InProcessGrid(client_app, config("whole"), num_nodes), config("whole"))
+    grid = StoppingGrid(
+        client_app, config("stopped"), num_nodes, message_type=message_type, stop=stop
+    )
+    with pytest.raises(SuperLinkGoneError):
+        run_main(grid, config("stopped"))
+    (stopped,) = (root / "stopped").iterdir()
+    resumed_config = config("resumed", **{"resume-from": str(stopped / "checkpoint.pt")})
+    resumed = run_main(InProcessGrid(client_app, resumed_config, num_nodes), resumed_config)
+    return whole, stopped, resumed
+
+
+def test_a_resumed_fdnas_search_equals_the_uninterrupted_one(data_cache, tmp_path):
+    base = tiny_fdnas(data_cache, **{"fdnas.rounds": 2, "checkpoint-every": 1})
+    whole, stopped, resumed = stopped_and_resumed(base, tmp_path, 10, FDNAS_SEARCH, stop=2)
+    assert result_of(stopped)["status"] | {"error": None} == {
+        "finished": False,
+        "stage": "search",
+        "step": 1,
+        "stage-done": False,
+        "checkpoint": "checkpoint.pt",
+        "error": None,
+    }
+    for name in ("supernet.pt", "fdnas.pt"):
+        assert_same_weights(whole / name, resumed / name)
+    first, second = result_of(whole), result_of(resumed)
+    assert without_seconds(second["search-history"]) == without_seconds(first["search-history"])
+    assert second["nets"] == first["nets"]
+    assert stage_totals(second, "search") == stage_totals(first, "search")
+
+
+def test_a_resumed_decnas_continues_after_its_last_global_model(data_cache, tmp_path):
+    base = tiny_decnas(data_cache, **{"decnas.max-iterations": 2, "checkpoint-every": 1})
+    whole, stopped, resumed = stopped_and_resumed(base, tmp_path, 6, DECNAS_TUNE, stop=2001)
+    checkpoint = load_checkpoint(stopped / "checkpoint.pt")
+    assert (checkpoint["stage"], checkpoint["step"]) == ("iterations", 1)
+    assert [m["iteration"] for m in checkpoint["progress"]["frontier"]] == [0, 1]
+    assert checkpoint["space"] == checkpoint["progress"]["frontier"][-1]["spec"]
+    first, second = result_of(whole), result_of(resumed)
+    assert [m["iteration"] for m in second["frontier"]] == [0, 1, 2]
+    for name in ("gm1.pt", "gm2.pt", "gm2-tuned.pt"):
+        assert_same_weights(whole / name, resumed / name)
+    assert second["frontier"] == first["frontier"]
+    assert second["history"] == first["history"]
+    assert second["groups"] == first["groups"]
