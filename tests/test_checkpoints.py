@@ -321,3 +321,22 @@ def test_a_resumed_decnas_continues_after_its_last_global_model(data_cache, tmp_
     assert second["frontier"] == first["frontier"]
     assert second["history"] == first["history"]
     assert second["groups"] == first["groups"]
+
+
+def test_a_resume_with_other_tiers_is_refused_before_training(data_cache, fedoras_runs, tmp_path):
+    _, stopped, _ = fedoras_runs
+    config = tiny_fedoras(
+        data_cache,
+        **{
+            "fedoras.rounds": 3,
+            "fedoras.num-tiers": 3,
+            "output-dir": str(tmp_path / "out"),
+            "resume-from": str(stopped / "checkpoint.pt"),
+        },
+    )
+    grid = InProcessGrid(client_app, config, NUM_NODES)
+    with pytest.raises(ValueError, match="resume-from.*tiers or tier assignment"):
+        run_main(grid, config)
+    assert not [m for m in grid.sent if m.metadata.message_type == FEDORAS_SUPERNET]
+    (run_dir,) = (tmp_path / "out").iterdir()
+    assert "tiers or tier assignment" in result_of(run_dir)["status"]["error"]

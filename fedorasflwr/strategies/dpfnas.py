@@ -394,9 +394,10 @@ class DPFNAS(FederatedNASStrategy):
                 stopped = str(resume.progress.get("stopped", stopped))
             log(INFO, "DP-FNAS resumed after iteration %d (%s)", done, resume.path)
         self.reached(SEARCH, done)
-        last = done if resume is not None and not resume.within(SEARCH) else None
+        searched = resume is not None and not resume.within(SEARCH)
+        end = done if searched else self.settings.iterations
         target = self.settings.target_epsilon
-        for iteration in range(done + 1, (last or self.settings.iterations) + 1):
+        for iteration in range(done + 1, end + 1):
             if target > 0:
                 upcoming = max(p.epsilon for p in self.privacy(extra_steps=1))
                 if upcoming > target:

@@ -443,16 +443,15 @@ class FedorAS(FederatedNASStrategy):
         if stop_after != "supernet":
             self.reached("search", 0)
             result.searches, result.kendall_tau = self.search(grid, result.arrays)
-            self._reached_stage_end(
-                "search", result, searches=[s.summary() for s in result.searches]
-            )
+            searches = [s.summary() for s in result.searches]
+            self._reached_stage_end("search", len(searches), result, searches=searches)
         if stop_after == "finetune":
             self.reached("finetune", 0)
             result.models = self.finetune(grid, result.arrays, result.searches)
             if self.settings.compare_random_search:
                 result.models += self.random_search(grid, result.models)
             models = [m.summary() for m in result.models]
-            self._reached_stage_end("finetune", result, models=models)
+            self._reached_stage_end("finetune", len(models), result, models=models)
         result.ledger = self.ledger.summary()
         return result
 
@@ -463,18 +462,22 @@ class FedorAS(FederatedNASStrategy):
         }
 
     def _check_resumed_tiers(self, resume: Resume) -> None:
+        """A resumed Stage 1 must see the tiers it was trained with (a Stage-1 file of
+        an earlier version records none)."""
         saved = {k: resume.progress.get(k) for k in ("tiers", "tier-of-partition")}
-        if saved != self._tier_progress():
+        if resume.progress and saved != self._tier_progress():
             raise ValueError(
                 f"run config 'resume-from' = {resume.path!r}: its tiers or tier assignment "
                 f"{saved} differ from this run's {self._tier_progress()}; resume with the "
                 "run config and the nodes of the run that wrote it"
             )
 
-    def _reached_stage_end(self, stage: str, result: FedorASResult, **progress: Any) -> None:
+    def _reached_stage_end(
+        self, stage: str, step: int, result: FedorASResult, **progress: Any
+    ) -> None:
         self.reached(
             stage,
-            len(progress.get("searches", progress.get("models", []))),
+            step,
             result.arrays,
             history=result.history,
             stage_done=True,
