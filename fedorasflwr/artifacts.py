@@ -4,6 +4,7 @@ directory per run under the configured output directory."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass
@@ -15,7 +16,10 @@ import torch
 from flwr.app import ArrayRecord
 
 __all__ = [
+    "check_state",
+    "check_weights",
     "load_checkpoint",
+    "plain",
     "plot_history",
     "plot_points",
     "run_directory",
@@ -32,13 +36,15 @@ def run_directory(base: Path, method: str, run_id: int) -> Path:
     return path
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """``value`` as plain Python: dataclasses and mappings as dicts, tuples as lists,
+    numpy scalars as numbers, paths as strings (tensors and other values as they are)."""
     if is_dataclass(value) and not isinstance(value, type):
-        return _plain(asdict(value))
+        return plain(asdict(value))
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Path):
@@ -47,25 +53,127 @@ def _plain(value: Any) -> Any:
 
 
 def write_json(path: Path, content: Any) -> Path:
-    """Write ``content`` (dataclasses, numpy scalars and tuples allowed) as indented JSON."""
-    path.write_text(json.dumps(_plain(content), indent=2, allow_nan=False))
+    """Write ``content`` (dataclasses, numpy scalars and tuples allowed) as indented JSON,
+    atomically: a reader sees the previous file or the new one, never half of one."""
+    text = json.dumps(plain(content), indent=2, allow_nan=False)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
     return path
 
 
 def save_checkpoint(
-    path: Path, *, space_spec: Mapping[str, Any], arrays: ArrayRecord, **extra: Any
+    path: Path, *, space_spec: Mapping[str, Any], arrays: ArrayRecord, stage: str, **extra: Any
 ) -> Path:
-    """Save a ``state_dict`` with what rebuilds its module (``build_space(**space_spec)``)."""
+    """Save a ``state_dict`` with what rebuilds its module (``build_space(**space_spec)``)
+    and the ``stage`` that produced it."""
     torch.save(
-        {"space": dict(space_spec), "state_dict": arrays.to_torch_state_dict(), **_plain(extra)},
+        {
+            "space": dict(space_spec),
+            "state_dict": arrays.to_torch_state_dict(),
+            "stage": stage,
+            **plain(extra),
+        },
         path,
     )
     return path
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Inverse of ``save_checkpoint``."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+REQUIRED_ENTRIES = ("space", "state_dict", "stage")
+
+
+def load_checkpoint(
+    path: Path | str,
+    *,
+    reference: Mapping[str, torch.Tensor] | None = None,
+    space: Mapping[str, Any] | None = None,
+    key: str | None = None,
+) -> dict[str, Any]:
+    """Read a checkpoint of ``save_checkpoint`` (``torch.load(weights_only=True)``) and
+    check it: a dict with ``space``, ``state_dict`` (named tensors, all finite) and
+    ``stage``; with ``space``, of that space; with ``reference`` (e.g. the space's own
+    ``state_dict()``), the same keys, shapes and dtypes.
+
+    Raises
+    ------
+    ValueError
+        Naming the file (and the run-config ``key`` it came from) and what is wrong.
+    """
+    where = f"checkpoint {str(path)!r}" if key is None else f"run config {key!r} = {str(path)!r}"
+    try:
+        content = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{where}: cannot load it, no such file") from exc
+    except Exception as exc:  # noqa: BLE001 - a corrupt file makes the unpickler raise anything
+        kind = "empty" if _is_empty(path) else "not a loadable checkpoint"
+        raise ValueError(f"{where}: cannot load it, {kind} ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(content, dict):
+        raise ValueError(f"{where}: holds a {type(content).__name__}, not a dict of entries")
+    missing = [name for name in REQUIRED_ENTRIES if name not in content]
+    if missing:
+        raise ValueError(f"{where}: lacks the entries {missing} (has {sorted(map(str, content))})")
+    state = content["state_dict"]
+    if not isinstance(content["space"], dict) or not isinstance(content["stage"], str):
+        raise ValueError(f"{where}: 'space' must be a dict and 'stage' a string")
+    if (
+        not isinstance(state, dict)
+        or not state
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    ):
+        raise ValueError(f"{where}: 'state_dict' is not a non-empty dict of named tensors")
+    check_weights(where, state)
+    if space is not None and dict(content["space"]) != dict(space):
+        raise ValueError(
+            f"{where}: holds weights of the space {content['space']}, this run's is {dict(space)}"
+        )
+    if reference is not None:
+        check_weights(where, state, reference)
+    return content
+
+
+def check_weights(
+    where: str,
+    state: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor] | None = None,
+) -> None:
+    """Raise a ``ValueError`` starting with ``where`` if ``state`` holds a non-finite
+    weight or (given ``reference``) does not fit it (``check_state``)."""
+    broken = [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
+    if broken:
+        raise ValueError(f"{where}: non-finite (NaN or inf) weights in {_few(broken)}")
+    if reference is not None:
+        reason = check_state(state, reference)
+        if reason is not None:
+            raise ValueError(f"{where}: its weights do not fit the space: {reason}")
+
+
+def check_state(
+    state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
+) -> str | None:
+    """What keeps ``state`` from loading where ``reference`` is (missing or unexpected
+    keys, shapes, dtypes), or ``None``."""
+    missing, extra = set(reference) - set(state), set(state) - set(reference)
+    if missing or extra:
+        return f"missing keys {_few(missing)}, unexpected keys {_few(extra)}"
+    for name, tensor in state.items():
+        expected = reference[name]
+        if tensor.shape != expected.shape:
+            return f"{name!r} has shape {tuple(tensor.shape)}, expected {tuple(expected.shape)}"
+        if tensor.dtype != expected.dtype:
+            return f"{name!r} is {tensor.dtype}, expected {expected.dtype}"
+    return None
+
+
+def _few(names: Any) -> str:
+    names = sorted(names)
+    return str(names[:3])[:-1] + (f", ... {len(names)} in all]" if len(names) > 3 else "]")
+
+
+def _is_empty(path: Path | str) -> bool:
+    try:
+        return Path(path).stat().st_size == 0
+    except OSError:
+        return False
 
 
 def plot_history(

@@ -719,6 +719,8 @@ class RunSettings:
     output_dir: str = "outputs"
     reply_timeout: float = 600.0
     min_nodes: int = 2
+    resume_from: str = ""
+    checkpoint_every: int = 0
     data: DataSpec = field(default_factory=DataSpec)
     space: SpaceSettings = field(default_factory=SpaceSettings)
     fedoras: FedorASSettings = field(default_factory=FedorASSettings)
@@ -827,6 +829,10 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         output_dir=_get(cfg, "output-dir", "outputs", str, lambda v: bool(v.strip()), "a path"),
         reply_timeout=_get(cfg, "reply-timeout", 600.0, float, _positive, "seconds > 0"),
         min_nodes=_get(cfg, "min-nodes", 2, int, _positive, ">= 1"),
+        resume_from=_resume_from(cfg, method),
+        checkpoint_every=_get(
+            cfg, "checkpoint-every", 0, int, lambda v: v >= 0, ">= 0 (0: at stage ends only)"
+        ),
         data=DataSpec.from_config(data_cfg),
         space=SpaceSettings.from_config(cfg),
         fedoras=FedorASSettings.from_config(cfg),
@@ -839,3 +845,17 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
             cfg, "aggregation-trim", 0.2, float, lambda v: 0.0 <= v < 0.5, "0 <= trim < 0.5"
         ),
     )
+
+
+def _resume_from(cfg: Mapping[str, Any], method: str) -> str:
+    """Run config ``resume-from``; FedorAS's older ``fedoras.resume-from`` still counts."""
+    path = _get(cfg, "resume-from", "", str).strip()
+    old = _get(cfg, "fedoras.resume-from", "", str).strip()
+    if old and method == "fedoras":
+        if path and path != old:
+            raise ValueError(
+                f"run config 'fedoras.resume-from' = {old!r} and 'resume-from' = {path!r}: "
+                "give only 'resume-from' (the older key is kept for FedorAS Stage-1 files)"
+            )
+        return old
+    return path

@@ -112,6 +112,15 @@ class Ledger:
         finally:
             self._seconds[stage] += time.perf_counter() - start
 
+    def restore(self, summary: dict[str, Any]) -> None:
+        """Add the counters and seconds of an earlier ``summary()`` (a resumed run's)."""
+        for stage, content in summary.items():
+            self._seconds[stage] += float(content.get("seconds", 0.0))
+            for node, counters in content.get("nodes", {}).items():
+                costs = self.node(stage, int(node))
+                for name, value in counters.items():
+                    setattr(costs, name, getattr(costs, name) + int(value))
+
     def stage_totals(self, stage: str) -> NodeCosts:
         total = NodeCosts()
         for costs in self._costs.get(stage, {}).values():

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
-from logging import INFO
+from dataclasses import replace
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,14 @@ from flwr.supercore import log
 from torch.utils.data import DataLoader
 
 from .artifacts import (
+    check_state,
     load_checkpoint,
     plot_history,
     plot_points,
     run_directory,
     save_checkpoint,
-    write_json,
 )
+from .checkpoints import Checkpointer, Resume, read_resume
 from .clients.training import evaluate
 from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
@@ -74,13 +74,45 @@ def describe_space(space: SearchSpace) -> dict[str, Any]:
     }
 
 
-def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
-    """FedorAS, all three stages (or from Stage 2 with ``fedoras.resume-from``);
+def checkpointer(
+    progress: Checkpointer | None,
+    settings: RunSettings,
+    out_dir: Path,
+    space: dict[str, Any],
+    **stage_files: str,
+) -> Checkpointer:
+    """The run's ``Checkpointer`` (a new one if the caller gave none), set to ``space``."""
+    if progress is None:
+        progress = Checkpointer(
+            out_dir, method=settings.method, seed=settings.seed, every=settings.checkpoint_every
+        )
+    progress.space = dict(space)
+    progress.stage_files.update(stage_files)
+    return progress
+
+
+def resume_checkpoint(settings: RunSettings, space: SearchSpace | PrunableNet) -> Resume | None:
+    """The checkpoint of run config ``resume-from`` (``None``: none given), checked
+    against this run's method, seed and space."""
+    if not settings.resume_from:
+        return None
+    return read_resume(
+        settings.resume_from,
+        method=settings.method,
+        seed=settings.seed,
+        reference=space.state_dict(),
+        space=space.spec,
+    )
+
+
+def run_fedoras(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """FedorAS, all three stages (or from a checkpoint, run config ``resume-from``);
     returns the result document and writes checkpoints and plots to ``out_dir``."""
     space = build_supernet(settings)
-    initial, trained = None, False
-    if settings.fedoras.resume_from:
-        initial, trained = resume_supernet(settings.fedoras.resume_from, space), True
+    resume = resume_checkpoint(settings, space)
+    trained = resume is not None and not resume.within("supernet")
     server_data = load_server_data(settings.data)
     evaluator = None
     if len(server_data) >= 2 and not trained:
@@ -101,19 +133,11 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
         min_nodes=settings.min_nodes,
     )
     strategy.aggregation = aggregation_of(settings)
-    result = strategy.start(grid, initial, supernet_trained=trained)
-    files = []
-    if not trained:
-        files.append(
-            save_checkpoint(
-                out_dir / "supernet.pt",
-                space_spec=space.spec,
-                arrays=result.arrays,
-                stage="supernet",
-                rounds=settings.fedoras.rounds,
-                tiers=[asdict(t) for t in result.tiers],
-            )
-        )
+    strategy.on_progress = checkpointer(
+        progress, settings, out_dir, space.spec, supernet="supernet.pt"
+    )
+    result = strategy.start(grid, resume=resume)
+    files: list[Path | None] = [out_dir / "supernet.pt"] if not trained else []
     for model in result.models:
         suffix = "" if model.init == SUPERNET_INIT else f"-{model.init}-init"
         files.append(
@@ -130,7 +154,7 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
     files += fedoras_plots(out_dir, result)
     return {
         "space": describe_space(space),
-        "resumed-from": settings.fedoras.resume_from or None,
+        "resumed-from": settings.resume_from or None,
         "tiers": result.tiers,
         "tier-of-partition": result.tier_of_partition,
         "history": result.history,
@@ -144,25 +168,20 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
 
 def resume_supernet(path: str, space: SearchSpace) -> ArrayRecord:
     """The supernet weights of a Stage-1 checkpoint, checked against the run's space."""
-    try:
-        checkpoint = load_checkpoint(Path(path))
-    except (OSError, RuntimeError, pickle.UnpicklingError) as exc:
+    key = "fedoras.resume-from"
+    checkpoint = load_checkpoint(path, key=key)
+    if checkpoint["stage"] != "supernet" or dict(checkpoint["space"]) != space.spec:
         raise ValueError(
-            f"run config 'fedoras.resume-from' = {path!r}: cannot load it ({exc})"
-        ) from exc
-    if checkpoint.get("stage") != "supernet" or dict(checkpoint.get("space", {})) != space.spec:
-        raise ValueError(
-            f"run config 'fedoras.resume-from' = {path!r}: not a Stage-1 checkpoint of this "
-            f"run's space {space.spec} (it holds {checkpoint.get('stage')!r} of "
-            f"{checkpoint.get('space')})"
+            f"run config {key!r} = {path!r}: not a Stage-1 checkpoint of this "
+            f"run's space {space.spec} (it holds {checkpoint['stage']!r} of "
+            f"{checkpoint['space']})"
         )
-    state = checkpoint["state_dict"]
-    expected = space.state_dict()
-    if set(state) != set(expected) or any(state[k].shape != expected[k].shape for k in state):
+    reason = check_state(checkpoint["state_dict"], space.state_dict())
+    if reason is not None:
         raise ValueError(
-            f"run config 'fedoras.resume-from' = {path!r}: its weights do not fit the space"
+            f"run config {key!r} = {path!r}: its weights do not fit the space: {reason}"
         )
-    return ArrayRecord(state)
+    return ArrayRecord(checkpoint["state_dict"])
 
 
 def fedoras_plots(out_dir: Path, result: FedorASResult) -> list[Path | None]:
@@ -223,7 +242,11 @@ def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:
 
 
 def _run_fdnas(
-    strategy_class: type[FDNAS], grid: Grid, settings: RunSettings, out_dir: Path
+    strategy_class: type[FDNAS],
+    grid: Grid,
+    settings: RunSettings,
+    out_dir: Path,
+    progress: Checkpointer | None = None,
 ) -> dict[str, Any]:
     space_settings = replace(settings.space, name="mbconv")
     torch.manual_seed(settings.seed)
@@ -238,7 +261,8 @@ def _run_fdnas(
         min_nodes=settings.min_nodes,
     )
     strategy.aggregation = aggregation_of(settings)
-    result = strategy.start(grid)
+    strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
+    result = strategy.start(grid, resume=resume_checkpoint(settings, space))
     files = [
         save_checkpoint(
             out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
@@ -266,17 +290,23 @@ def _run_fdnas(
     }
 
 
-def run_fdnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+def run_fdnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
     """FDNAS: federated search on the mbconv space, derive, FedAvg-train the net."""
-    return _run_fdnas(FDNAS, grid, settings, out_dir)
+    return _run_fdnas(FDNAS, grid, settings, out_dir, progress)
 
 
-def run_cfdnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+def run_cfdnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
     """CFDNAS: FDNAS, then per-cluster search and one trained net per cluster."""
-    return _run_fdnas(CFDNAS, grid, settings, out_dir)
+    return _run_fdnas(CFDNAS, grid, settings, out_dir, progress)
 
 
-def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+def run_dpfnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
     """DP-FNAS: private federated DARTS search, derivation, FedAvg training, privacy report."""
     if settings.space.name != "darts":
         log(INFO, "DP-FNAS searches the darts space (run config 'space.name' ignored)")
@@ -301,7 +331,8 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         min_nodes=settings.min_nodes,
     )
     strategy.aggregation = aggregation_of(settings)
-    result = strategy.start(grid)
+    strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
+    result = strategy.start(grid, resume=resume_checkpoint(settings, space))
     files = [
         save_checkpoint(
             out_dir / "supernet.pt",
@@ -362,7 +393,9 @@ def build_decnas_net(settings: RunSettings) -> PrunableNet:
     )
 
 
-def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, Any]:
+def run_decnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
     """DecNAS: GM_0, NetAdapt iterations with client groups, tuning; frontier and models."""
     net = build_decnas_net(settings)
     strategy = DecNAS(
@@ -374,13 +407,28 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         min_nodes=settings.min_nodes,
     )
     strategy.aggregation = aggregation_of(settings)
-    result = strategy.start(grid)
+    strategy.on_progress = checkpointer(progress, settings, out_dir, net.spec)
+    resume = None
+    if settings.resume_from:
+        # GM_t's widths differ from GM_0's: the strategy checks each saved GM against its own
+        resume = read_resume(
+            settings.resume_from,
+            method=settings.method,
+            seed=settings.seed,
+            reference=None,
+            space=None,
+        )
+    result = strategy.start(grid, resume=resume)
     files = []
     for model in result.frontier:
         name, extra = f"gm{model.iteration}", {"iteration": model.iteration, "macs": model.macs}
         files.append(
             save_checkpoint(
-                out_dir / f"{name}.pt", space_spec=model.spec, arrays=model.arrays, **extra
+                out_dir / f"{name}.pt",
+                space_spec=model.spec,
+                arrays=model.arrays,
+                stage="iterations",
+                **extra,
             )
         )
         if model.tuned_arrays is not None:
@@ -389,6 +437,7 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
                     out_dir / f"{name}-tuned.pt",
                     space_spec=model.spec,
                     arrays=model.tuned_arrays,
+                    stage="final",
                     **extra,
                 )
             )
@@ -403,7 +452,7 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
 
 
 #: method name (run config ``method``) -> runner returning the result document.
-RUNNERS: dict[str, Callable[[Grid, RunSettings, Path], dict[str, Any]]] = {
+RUNNERS: dict[str, Callable[[Grid, RunSettings, Path, Checkpointer], dict[str, Any]]] = {
     "fedoras": run_fedoras,
     "fdnas": run_fdnas,
     "cfdnas": run_cfdnas,
@@ -414,20 +463,32 @@ RUNNERS: dict[str, Callable[[Grid, RunSettings, Path], dict[str, Any]]] = {
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Parse the run config (fail before any training), run the method, write artifacts."""
+    """Parse the run config (fail before any training), run the method, write artifacts.
+
+    ``result.json`` is written at every checkpoint (unfinished), when the run fails
+    (with the error, keeping what was finished) and at the end (``status.finished``)."""
     started = time.time()
     settings = parse_run_config(context.run_config)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, "fedorasflwr: method %s, results in %s", settings.method, out_dir)
-    document = RUNNERS[settings.method](grid, settings, out_dir)
-    write_json(
-        out_dir / "result.json",
-        {
+    progress = Checkpointer(
+        out_dir,
+        method=settings.method,
+        seed=settings.seed,
+        every=settings.checkpoint_every,
+        header={
             "method": settings.method,
             "settings": settings,
             "run-id": context.run_id,
-            "seconds": round(time.time() - started, 2),
-            **document,
+            "resumed-from": settings.resume_from or None,
         },
     )
+    try:
+        document = RUNNERS[settings.method](grid, settings, out_dir, progress)
+    except Exception as exc:
+        seconds = round(time.time() - started, 2)
+        progress.write_result(error=exc, seconds=seconds)
+        log(ERROR, "fedorasflwr: run stopped in %s: %r", progress.stage or "setup", exc)
+        raise
+    progress.write_result(document, finished=True, seconds=round(time.time() - started, 2))
     log(INFO, "fedorasflwr: wrote %s", out_dir / "result.json")

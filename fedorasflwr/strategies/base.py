@@ -28,6 +28,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
+from ..checkpoints import Snapshot
 from ..costs import array_record_bytes
 from ..ledger import FailureKind, Ledger, failure_kind
 from ..protocol import ARRAYS, CONFIG, PROFILE, QUERY_PROFILE
@@ -354,6 +355,29 @@ class FederatedNASStrategy(Strategy):
                 entry.update({f"val-{k}": v for k, v in metrics.items()})
                 log(INFO, "%s %d validation: %s", label.capitalize(), step, dict(metrics))
         history.append({label: step, **entry})
+
+    # --- progress: checkpoints and partial results ---------------------------------------
+
+    #: called with every ``Snapshot`` the strategy reaches (the runner's ``Checkpointer``)
+    on_progress: Callable[[Snapshot], None] | None = None
+
+    def reached(
+        self,
+        stage: str,
+        step: int,
+        arrays: ArrayRecord | None = None,
+        *,
+        history: Any = None,
+        stage_done: bool = False,
+        space: dict[str, Any] | None = None,
+        **progress: Any,
+    ) -> None:
+        """Report ``step`` rounds or iterations of ``stage`` done (0 without ``arrays``:
+        the stage begins); ``progress`` is what resuming needs besides the weights."""
+        if self.on_progress is not None:
+            self.on_progress(
+                Snapshot(stage, step, arrays, self.ledger, history, progress, stage_done, space)
+            )
 
     # --- Strategy defaults: no client-side evaluation rounds -------------------------
 

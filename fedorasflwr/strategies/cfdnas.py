@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ..checkpoints import Resume
 from .fdnas import FDNAS, DerivedNet, FDNASResult
 
 __all__ = ["CFDNAS"]
@@ -43,11 +44,15 @@ class CFDNAS(FDNAS):
         self.train_global = train_global
 
     def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None, *, resume: Resume | None = None
     ) -> FDNASResult:
-        """FDNAS search (and net), then search, derive and train per cluster."""
+        """FDNAS search (and net), then search, derive and train per cluster.  ``resume``
+        continues the global search after its last round, or skips a finished one (the
+        clusters' searches and nets start again)."""
         log(INFO, "Starting CFDNAS (%s)", "inherited" if self.inherit else "naive")
         self.summary()
+        if resume is not None:
+            self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
         s = self.settings
@@ -65,14 +70,7 @@ class CFDNAS(FDNAS):
         history: list[dict[str, Any]] = []
         supernet = arrays
         if self.inherit or self.train_global:
-            supernet, history = self.search(
-                grid,
-                arrays,
-                stage="search",
-                partitions=everyone,
-                rounds=s.rounds,
-                target=s.target_flops,
-            )
+            supernet, history = self.global_search(grid, arrays, resume)
         if self.train_global:
             arch = self.derive(supernet)
             net = self.train_net(

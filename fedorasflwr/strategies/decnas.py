@@ -54,12 +54,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ..checkpoints import Resume
 from ..config import DecNASSettings
 from ..protocol import ARRAYS, CONFIG, DECNAS_TUNE, DECNAS_UPLOAD, METRICS
 from ..search_spaces.prunable import PrunableNet, prune_to_budget, resource
 from .aggregation import opa
 from .base import NodeProfile
-from .decnas_stages import DecNASResult, GlobalModel, PrunedModelStages
+from .decnas_stages import FINAL, GM0, ITERATIONS, DecNASResult, GlobalModel, PrunedModelStages
 from .grouping import (
     balance_ratio,
     group_clients,
@@ -393,22 +394,39 @@ class DecNAS(PrunedModelStages):
     # --- the whole method ------------------------------------------------------------------
 
     def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None, *, resume: Resume | None = None
     ) -> DecNASResult:
-        """GM_0 (FedAvg), NetAdapt iterations down to the target, tuning, test, baselines."""
+        """GM_0 (FedAvg), NetAdapt iterations down to the target, tuning, test, baselines.
+
+        ``resume`` (a checkpoint) continues with the iteration after its last GM_t, or,
+        taken when the iterations had ended, with the tuning and tests."""
         s = self.settings
         log(INFO, "Starting DecNAS")
         self.summary()
+        if resume is not None:
+            self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             profiles = self.profile_nodes(grid, ConfigRecord({"method": self.method}))
         if self.validate_profiles is not None:
             self.validate_profiles(list(profiles.values()))
-        arrays = ArrayRecord(self.net.state_dict()) if initial_arrays is None else initial_arrays
-        arrays = self.fedavg(grid, self.net.spec, arrays, s.gm0_rounds, "gm0")
-        gm0 = self.global_model(self.load_net(self.net.spec, arrays), 0, math.nan)
-        gm0.val_accuracy = self.evaluate(grid, gm0, "val", "evaluate")
-        frontier, history, groups = [gm0], [], []
-        for t in range(1, s.max_iterations + 1):
+        searching = True
+        if resume is not None:
+            frontier, groups = self.restore_frontier(resume)
+            history = [dict(h) for h in resume.history]
+            searching = not resume.past(ITERATIONS)
+            log(INFO, "DecNAS resumed after GM_%d (%s)", len(frontier) - 1, resume.path)
+        else:
+            self.reached(GM0, 0)
+            if initial_arrays is None:
+                initial_arrays = ArrayRecord(self.net.state_dict())
+            arrays = self.fedavg(grid, self.net.spec, initial_arrays, s.gm0_rounds, GM0)
+            gm0 = self.global_model(self.load_net(self.net.spec, arrays), 0, math.nan)
+            gm0.val_accuracy = self.evaluate(grid, gm0, "val", "evaluate")
+            frontier, history, groups = [gm0], [], []
+            self._reached_frontier(GM0, s.gm0_rounds, frontier, history, groups, done=True)
+        gm0 = frontier[0]
+        self.reached(ITERATIONS, len(frontier) - 1)
+        for t in range(len(frontier), s.max_iterations + 1 if searching else 0):
             if self.resource_of(frontier[-1]) <= s.target * self.resource_of(gm0):
                 break
             model, entries, summary = self.iteration(grid, t, frontier[-1], gm0)
@@ -417,6 +435,9 @@ class DecNAS(PrunedModelStages):
             if model is None:
                 break
             frontier.append(model)
+            self._reached_frontier(ITERATIONS, t, frontier, history, groups)
+        self._reached_frontier(ITERATIONS, len(frontier) - 1, frontier, history, groups, done=True)
+        self.reached(FINAL, 0)
         self.finish(grid, frontier)
         baseline = self.width_baseline(grid, frontier) if s.width_baseline else []
         return DecNASResult(

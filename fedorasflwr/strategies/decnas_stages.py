@@ -17,6 +17,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from ..artifacts import check_weights
+from ..checkpoints import Resume
 from ..config import DecNASSettings
 from ..protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
 from ..search_spaces.prunable import PrunableNet, build_prunable, resource, width_scaled
@@ -25,6 +27,9 @@ from .fedavg import SeededFedAvg
 from .replies import check_reply
 
 __all__ = ["DecNASResult", "GlobalModel", "PrunedModelStages"]
+
+#: DecNAS's stages as checkpoints name them
+GM0, ITERATIONS, FINAL = "gm0", "iterations", "final"
 
 
 @dataclass
@@ -146,6 +151,70 @@ class PrunedModelStages(FederatedNASStrategy):
             val_accuracy=accuracy,
             **extra,
         )
+
+    def _reached_frontier(
+        self,
+        stage: str,
+        step: int,
+        frontier: list[GlobalModel],
+        history: list[dict[str, Any]],
+        groups: list[dict[str, Any]],
+        *,
+        done: bool = False,
+    ) -> None:
+        """Report progress: the weights are GM_t's (with its spec); every GM travels."""
+        saved = [
+            {
+                "iteration": m.iteration,
+                "spec": m.spec,
+                "state_dict": m.arrays.to_torch_state_dict(),
+                "val-accuracy": m.val_accuracy,
+                "pruned-layer": m.pruned_layer,
+                "budget": m.budget,
+            }
+            for m in frontier
+        ]
+        self.reached(
+            stage,
+            step,
+            frontier[-1].arrays,
+            history=history,
+            stage_done=done,
+            space=frontier[-1].spec,
+            frontier=saved,
+            groups=groups,
+        )
+
+    def restore_frontier(self, resume: Resume) -> tuple[list[GlobalModel], list[dict[str, Any]]]:
+        """GM_0..GM_t and the group summaries of ``resume``, each GM checked against this
+        run's net (same model and image, weights that fit its widths, all finite)."""
+        where = f"run config 'resume-from' = {resume.path!r}"
+        base = {k: v for k, v in self.net.spec.items() if k != "widths"}
+        frontier = []
+        try:
+            saved, groups = list(resume.progress["frontier"]), list(resume.progress["groups"])
+            for index, entry in enumerate(saved):
+                spec, state = dict(entry["spec"]), entry["state_dict"]
+                if {k: v for k, v in spec.items() if k != "widths"} != base:
+                    raise ValueError(f"GM_{index} is a {spec}, this run prunes a {self.net.spec}")
+                if entry["iteration"] != index:
+                    raise ValueError(f"entry {index} is GM_{entry['iteration']}")
+                check_weights(f"GM_{index}", state, build_prunable(**spec).state_dict())
+                net = self.load_net(spec, ArrayRecord(state))
+                frontier.append(
+                    self.global_model(
+                        net,
+                        index,
+                        float(entry["val-accuracy"]),
+                        pruned_layer=entry["pruned-layer"],
+                        budget=entry["budget"],
+                    )
+                )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{where}: its DecNAS frontier is unusable: {exc}") from exc
+        if not frontier:
+            raise ValueError(f"{where}: its DecNAS frontier is empty")
+        return frontier, groups
 
     def resource_of(self, model: GlobalModel) -> int:
         """Res(model): its MACs or parameters, as the settings say."""

@@ -49,10 +49,12 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ..checkpoints import Resume
 from ..clients.dpfnas import PREVIOUS_PREFIX, final_steps
 from ..clients.secure_random import INSECURE_KEY
 from ..config import DPFNASSettings
@@ -75,6 +77,7 @@ from .replies import Bound, array_specs, check_reply
 __all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report"]
 
 WEIGHTS, ARCH, FINAL = "weights", "arch", "final"
+SEARCH = "search"
 
 
 @dataclass
@@ -400,25 +403,41 @@ class DPFNAS(FederatedNASStrategy):
     # --- the whole method ----------------------------------------------------------------
 
     def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None, *, resume: Resume | None = None
     ) -> DPFNASResult:
-        """Search, derive the genotype, train the derived network, test it."""
+        """Search, derive the genotype, train the derived network, test it.
+
+        ``resume`` (a checkpoint) continues the search at the iteration after its last,
+        with the saved server momentum, previous W and accountant steps; taken after the
+        search, it derives and trains the final network again."""
         log(INFO, "Starting DP-FNAS")
         noise = self.noise_statement()
         if self.settings.insecure_reproducible_noise:
             log(WARNING, "DP-FNAS: %s", noise["statement"])
         self.summary()
+        if resume is not None:
+            self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
         arrays = (
             initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
         )
         history: list[dict[str, Any]] = []
-        self._evaluate(0, arrays, history, {})
         stopped = "completed"
         done = 0
+        if resume is None:
+            self._evaluate(0, arrays, history, {})
+        else:
+            arrays, history = resume.arrays, [dict(h) for h in resume.history]
+            done = self.restore_progress(resume)
+            if not resume.within(SEARCH):
+                stopped = str(resume.progress.get("stopped", stopped))
+            log(INFO, "DP-FNAS resumed after iteration %d (%s)", done, resume.path)
+        self.reached(SEARCH, done)
+        searched = resume is not None and not resume.within(SEARCH)
+        end = done if searched else self.settings.iterations
         target = self.settings.target_epsilon
-        for iteration in range(1, self.settings.iterations + 1):
+        for iteration in range(done + 1, end + 1):
             if target > 0:
                 upcoming = max(p.epsilon for p in self.privacy(extra_steps=1))
                 if upcoming > target:
@@ -453,6 +472,11 @@ class DPFNAS(FederatedNASStrategy):
                 entry["mu-arch"],
             )
             self._evaluate(iteration, arrays, history, entry)
+            if iteration < self.settings.iterations:
+                self.reached(SEARCH, done, arrays, history=history, **self.progress(stopped, done))
+        self.reached(
+            SEARCH, done, arrays, history=history, stage_done=True, **self.progress(stopped, done)
+        )
         self.space.load_state_dict(arrays.to_torch_state_dict())
         genotype = self.space.genotype()
         log(INFO, "DP-FNAS genotype: %s", genotype.to_text())
@@ -466,9 +490,54 @@ class DPFNAS(FederatedNASStrategy):
             noise=noise,
         )
         if self.settings.final_rounds > 0:
+            self.reached(FINAL, 0)
             self.train_final(grid, result)
+            self.reached(
+                FINAL,
+                self.settings.final_rounds,
+                arrays,
+                history=history,
+                stage_done=True,
+                final_history=result.final_history,
+                **self.progress(stopped, done),
+            )
         result.ledger = self.ledger.summary()
         return result
+
+    def progress(self, stopped: str, done: int) -> dict[str, Any]:
+        """What resuming the search needs besides W and A: the accountant's steps per party
+        and mechanism, the server momentum, the previous W (order 2), why it stopped."""
+        return {
+            "stopped": stopped,
+            "iterations": done,
+            "steps": {str(pid): dict(steps) for pid, steps in self.steps.items()},
+            "momentum": {k: torch.from_numpy(np.array(v)) for k, v in self._momentum.items()},
+            "previous": None if self._previous is None else self._previous.to_torch_state_dict(),
+        }
+
+    def restore_progress(self, resume: Resume) -> int:
+        """Take the accountant's steps, momentum and previous W from ``resume``; returns
+        the search iterations done."""
+        where = f"run config 'resume-from' = {resume.path!r}"
+        try:
+            steps = {
+                int(pid): {WEIGHTS: int(s[WEIGHTS]), ARCH: int(s[ARCH])}
+                for pid, s in resume.progress["steps"].items()
+            }
+            momentum = {k: v.numpy() for k, v in resume.progress["momentum"].items()}
+            previous = resume.progress["previous"]
+            done = int(resume.progress["iterations"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{where}: its DP-FNAS progress is incomplete ({exc!r})") from exc
+        if set(steps) != set(self.steps):
+            raise ValueError(
+                f"{where}: written for the parties {sorted(steps)}, this run has "
+                f"{sorted(self.steps)}; the accountant cannot carry over"
+            )
+        self.steps = steps
+        self._momentum = momentum
+        self._previous = None if previous is None else ArrayRecord(previous)
+        return done
 
     def _evaluate(
         self,
@@ -492,6 +561,9 @@ class DPFNAS(FederatedNASStrategy):
         """FedAvg of the derived network over the parties; test accuracy from their test splits."""
         s = self.settings
         spec = {k: v for k, v in self.space.spec.items() if k != "name"}
+        # Seeded here: the global torch stream's position depends on what ran before,
+        # which a resumed run does not repeat.
+        torch.manual_seed(int(self.rng("final-init").integers(2**31)))
         net = DerivedNetwork(result.genotype, **spec)
         fedavg = SeededFedAvg(
             nodes=self.parties,

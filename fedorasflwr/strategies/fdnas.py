@@ -51,6 +51,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ..checkpoints import Resume
 from ..config import FDNASSettings
 from ..protocol import (
     ARRAYS,
@@ -71,6 +72,7 @@ from .replies import ArraySpec, array_specs, check_reply
 __all__ = ["FDNAS", "DerivedNet", "FDNASResult"]
 
 SEARCH_COUNTS = ("num-examples", "train-flops")
+SEARCH = "search"
 
 
 class FDNAS(FederatedNASStrategy):
@@ -265,12 +267,21 @@ class FDNAS(FederatedNASStrategy):
         partitions: Iterable[int],
         rounds: int,
         target: float,
+        resume: Resume | None = None,
     ) -> tuple[ArrayRecord, list[dict[str, Any]]]:
-        """``rounds`` FDNAS rounds over ``partitions``; returns the supernet and history."""
+        """``rounds`` FDNAS rounds over ``partitions`` (with ``resume``, those after its
+        last); returns the supernet and history.  Only the global search (stage
+        "search") is checkpointed; a cluster's search is short and starts again."""
         self._stage, self._rounds, self._target = stage, rounds, target
         self._eligible = self.nodes_of(partitions)
         history: list[dict[str, Any]] = []
-        for server_round in range(1, rounds + 1):
+        first = 1
+        if resume is not None and resume.within(stage):
+            arrays, first = resume.arrays, resume.step + 1
+            history = [dict(h) for h in resume.history]
+            log(INFO, "[%s] resumed after round %d (%s)", stage, resume.step, resume.path)
+        self.reached(stage, first - 1)
+        for server_round in range(first, rounds + 1):
             started = time.perf_counter()
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
             replies = self.exchange(grid, stage, messages)
@@ -288,7 +299,43 @@ class FDNAS(FederatedNASStrategy):
             }
             log(INFO, "[%s] round %d/%d: %s", stage, server_round, rounds, entry)
             history.append(entry)
+            self.reached(
+                stage,
+                server_round,
+                arrays if stage == SEARCH else None,
+                history=history,
+                stage_done=server_round == rounds,
+                **self._cluster_progress(),
+            )
         return arrays, history
+
+    def global_search(
+        self, grid: Grid, arrays: ArrayRecord, resume: Resume | None
+    ) -> tuple[ArrayRecord, list[dict[str, Any]]]:
+        """The search on every client; resumed from ``resume`` if it stopped inside it,
+        skipped (its supernet and history taken) if it had ended."""
+        if resume is not None:
+            saved = resume.progress.get("cluster-of-partition")
+            if saved != self._cluster_progress()["cluster-of-partition"]:
+                raise ValueError(
+                    f"run config 'resume-from' = {resume.path!r}: its clusters {saved} differ "
+                    f"from this run's {self._cluster_progress()['cluster-of-partition']}"
+                )
+            if not resume.within(SEARCH):
+                log(INFO, "Search skipped: resuming from a searched supernet (%s)", resume.path)
+                return resume.arrays, [dict(h) for h in resume.history]
+        return self.search(
+            grid,
+            arrays,
+            stage=SEARCH,
+            partitions=sorted(self.cluster_of_partition),
+            rounds=self.settings.rounds,
+            target=self.settings.target_flops,
+            resume=resume,
+        )
+
+    def _cluster_progress(self) -> dict[str, Any]:
+        return {"cluster-of-partition": {str(p): t for p, t in self.cluster_of_partition.items()}}
 
     def derive(self, arrays: ArrayRecord) -> tuple[int, ...]:
         """Argmax alpha per layer of the supernet ``arrays``; with ``max-flops`` below 1,
@@ -315,6 +362,7 @@ class FDNAS(FederatedNASStrategy):
         subnet = self._subnet(arch, supernet)
         nodes = self.nodes_of(partitions)
         stage = f"final-{name}"
+        self.reached(stage, 0)
         fedavg = LocalAccuracyFedAvg(
             partition_of={p.node_id: p.partition_id for p in nodes},
             nodes=nodes,
@@ -428,25 +476,21 @@ class FDNAS(FederatedNASStrategy):
     # --- the whole method ---------------------------------------------------------------
 
     def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None, *, resume: Resume | None = None
     ) -> FDNASResult:
-        """Search on every client, derive, train the derived net with FedAvg, evaluate."""
+        """Search on every client, derive, train the derived net with FedAvg, evaluate.
+        ``resume`` continues the search after its last round (or skips a finished one)."""
         log(INFO, "Starting %s", type(self).__name__)
         self.summary()
+        if resume is not None:
+            self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
         arrays = (
             initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
         )
         everyone = sorted(self.cluster_of_partition)
-        supernet, history = self.search(
-            grid,
-            arrays,
-            stage="search",
-            partitions=everyone,
-            rounds=self.settings.rounds,
-            target=self.settings.target_flops,
-        )
+        supernet, history = self.global_search(grid, arrays, resume)
         arch = self.derive(supernet)
         net = self.train_net(grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone)
         return FDNASResult(

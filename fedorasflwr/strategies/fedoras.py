@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
@@ -46,6 +46,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch.utils.data import TensorDataset
 
+from ..artifacts import plain
+from ..checkpoints import Resume
 from ..config import FEDORAS_STAGES, FedorASSettings
 from ..evaluation import ServerPathScorer
 from ..protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
@@ -414,20 +416,29 @@ class FedorAS(FederatedNASStrategy):
         *,
         supernet_trained: bool = False,
         stop_after: str | None = None,
+        resume: Resume | None = None,
     ) -> FedorASResult:
         """Profile the nodes, build the tiers, and run the stages up to ``stop_after``
         (default: ``settings.stop_after``, run config ``fedoras.stop-after``).
 
         ``initial_arrays`` initialises the supernet; with ``supernet_trained``
         they are a finished Stage 1 (a checkpoint) and the run resumes at the search.
+        ``resume`` (a checkpoint) continues Stage 1 at the round after its last, or,
+        taken after Stage 1, starts again at the search (Stages 2-3 are not resumed
+        mid-way: given the supernet they are deterministic and short).
         """
         stop_after = self.settings.stop_after if stop_after is None else stop_after
         if stop_after not in STAGES:
             raise ValueError(f"stop_after must be one of {STAGES}, got {stop_after!r}")
         log(INFO, "Starting FedorAS")
         self.summary()
+        if resume is not None:
+            self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
+        if resume is not None:
+            self._check_resumed_tiers(resume)
+            initial_arrays, supernet_trained = resume.arrays, not resume.within(STAGE_SUPERNET)
         arrays = (
             initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
         )
@@ -436,24 +447,68 @@ class FedorAS(FederatedNASStrategy):
         )
         if supernet_trained:
             log(INFO, "Stage 1 skipped: resuming from a trained supernet")
+            result.history = list(resume.history) if resume is not None else []
         else:
-            result.arrays, result.history = self.train_supernet(grid, arrays)
+            result.arrays, result.history = self.train_supernet(grid, arrays, resume)
         if stop_after != "supernet":
+            self.reached("search", 0)
             result.searches, result.kendall_tau = self.search(grid, result.arrays)
+            searches = [s.summary() for s in result.searches]
+            self._reached_stage_end("search", len(searches), result, searches=searches)
         if stop_after == "finetune":
+            self.reached("finetune", 0)
             result.models = self.finetune(grid, result.arrays, result.searches)
             if self.settings.compare_random_search:
                 result.models += self.random_search(grid, result.models)
+            models = [m.summary() for m in result.models]
+            self._reached_stage_end("finetune", len(models), result, models=models)
         result.ledger = self.ledger.summary()
         return result
 
+    def _tier_progress(self) -> dict[str, Any]:
+        return {
+            "tiers": plain([asdict(t) for t in self.tiers]),
+            "tier-of-partition": plain(self.tier_of_partition),
+        }
+
+    def _check_resumed_tiers(self, resume: Resume) -> None:
+        """A resumed Stage 1 must see the tiers it was trained with (a Stage-1 file of
+        an earlier version records none)."""
+        saved = {k: resume.progress.get(k) for k in ("tiers", "tier-of-partition")}
+        if resume.progress and saved != self._tier_progress():
+            raise ValueError(
+                f"run config 'resume-from' = {resume.path!r}: its tiers or tier assignment "
+                f"{saved} differ from this run's {self._tier_progress()}; resume with the "
+                "run config and the nodes of the run that wrote it"
+            )
+
+    def _reached_stage_end(
+        self, stage: str, step: int, result: FedorASResult, **progress: Any
+    ) -> None:
+        self.reached(
+            stage,
+            step,
+            result.arrays,
+            history=result.history,
+            stage_done=True,
+            **self._tier_progress(),
+            **progress,
+        )
+
     def train_supernet(
-        self, grid: Grid, arrays: ArrayRecord
+        self, grid: Grid, arrays: ArrayRecord, resume: Resume | None = None
     ) -> tuple[ArrayRecord, list[dict[str, Any]]]:
-        """Stage 1: ``rounds`` rounds of supernet training; the supernet and its history."""
+        """Stage 1: ``rounds`` rounds of supernet training (with ``resume``, those after
+        its last); the supernet and its history."""
         history: list[dict[str, Any]] = []
-        self._evaluate(0, arrays, history, {})
-        for server_round in range(1, self.settings.rounds + 1):
+        first = 1
+        if resume is not None and resume.within(STAGE_SUPERNET):
+            history, first = [dict(h) for h in resume.history], resume.step + 1
+            log(INFO, "Stage 1 resumed after round %d (%s)", resume.step, resume.path)
+        else:
+            self._evaluate(0, arrays, history, {})
+        self.reached(STAGE_SUPERNET, first - 1)
+        for server_round in range(first, self.settings.rounds + 1):
             log(INFO, "[SUPERNET ROUND %d/%d]", server_round, self.settings.rounds)
             started = time.perf_counter()
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
@@ -466,6 +521,14 @@ class FedorAS(FederatedNASStrategy):
                 "seconds": round(time.perf_counter() - started, 4),
             }
             self._evaluate(server_round, arrays, history, entry)
+            self.reached(
+                STAGE_SUPERNET,
+                server_round,
+                arrays,
+                history=history,
+                stage_done=server_round == self.settings.rounds,
+                **self._tier_progress(),
+            )
         return arrays, history
 
     def search(

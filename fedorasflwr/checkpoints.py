@@ -1,0 +1,275 @@
+"""Checkpoints, partial results and resuming: one mechanism for every method.
+
+A strategy reports where it is with ``FederatedNASStrategy.reached`` (a ``Snapshot``:
+stage, rounds or iterations done in it, the weights, its own progress, the history
+and the ledger).  The runner's ``Checkpointer`` turns a snapshot into
+
+- ``checkpoint.pt`` every ``checkpoint-every`` steps and at the end of every stage,
+  written atomically (a temporary file, then ``os.replace``), so a crash while
+  writing leaves the previous checkpoint whole;
+- a partial ``result.json`` beside it, saying where the run stopped and whether
+  it finished (``status``).
+
+A checkpoint holds plain values and tensors only, so ``torch.load(weights_only=True)``
+reads it (``artifacts.load_checkpoint`` also checks it).  Its entries:
+``format``, ``method``, ``seed``, ``space`` (what rebuilds the weights),
+``state_dict``, ``stage``, ``step``, ``stage-done``, ``progress`` (the strategy's
+own state), ``history``, ``ledger``.  Run config ``resume-from`` hands a checkpoint
+back as a ``Resume``; the strategy continues at the next round of its stage.
+
+Randomness needs no saved stream: every generator the strategies and clients use
+is derived afresh from (seed, purpose, round or iteration, partition) by
+``FederatedNASStrategy.rng`` or an equivalent ``default_rng([...])``; none is
+advanced across rounds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord
+
+from .artifacts import load_checkpoint, plain, write_json
+from .ledger import Ledger
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "FORMAT",
+    "Checkpointer",
+    "Resume",
+    "Snapshot",
+    "atomic_save",
+    "finite",
+    "read_resume",
+]
+
+FORMAT = 1
+CHECKPOINT_FILE = "checkpoint.pt"
+RESULT_FILE = "result.json"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Where a strategy is.  ``arrays`` ``None``: a stage has just begun (nothing to save)."""
+
+    stage: str
+    step: int
+    arrays: ArrayRecord | None
+    ledger: Ledger
+    history: Any = None
+    progress: Mapping[str, Any] = field(default_factory=dict)
+    stage_done: bool = False
+    space: Mapping[str, Any] | None = None  # when the weights are not of the run's space
+
+
+@dataclass
+class Resume:
+    """A checkpoint read back: the stage, the steps done in it, and what continues."""
+
+    path: str
+    stage: str
+    step: int
+    stage_done: bool
+    arrays: ArrayRecord
+    progress: dict[str, Any]
+    history: Any
+    ledger: dict[str, Any]
+
+    def within(self, stage: str) -> bool:
+        """Whether the run stopped inside ``stage`` (some steps done, not all)."""
+        return self.stage == stage and not self.stage_done
+
+    def past(self, stage: str) -> bool:
+        """Whether ``stage`` had ended when the checkpoint was written."""
+        return self.stage == stage and self.stage_done
+
+
+def atomic_save(content: Any, path: Path) -> Path:
+    """``torch.save`` to a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    torch.save(content, temporary)
+    os.replace(temporary, path)
+    return path
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (JSON has none)."""
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, Mapping):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+class Checkpointer:
+    """Writes one run's checkpoints and partial ``result.json``.
+
+    Parameters
+    ----------
+    out_dir : Path
+        The run directory.
+    method, seed : str, int
+        Recorded in every checkpoint (a resume must match both).
+    space : mapping, optional
+        ``build_space`` arguments of the weights (unless a snapshot names its own);
+        the runner sets it once it has built the space.
+    every : int
+        Steps between checkpoints (run config ``checkpoint-every``); 0: stage ends only.
+    header : mapping
+        What every ``result.json`` starts with (method, settings, run id).
+    stage_files : mapping
+        Stage -> file name: at that stage's end the checkpoint is also saved
+        under that name (FedorAS: ``{"supernet": "supernet.pt"}``).
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        method: str,
+        seed: int,
+        space: Mapping[str, Any] | None = None,
+        every: int = 0,
+        header: Mapping[str, Any] | None = None,
+        stage_files: Mapping[str, str] | None = None,
+    ) -> None:
+        self.out_dir = Path(out_dir)
+        self.method = method
+        self.seed = seed
+        self.space = dict(space or {})
+        self.every = every
+        self.header = dict(header or {})
+        self.stage_files = dict(stage_files or {})
+        self.stage = ""
+        self.step = 0
+        self.stage_done = False
+        self.written: Path | None = None
+        self._partial: dict[str, Any] = {}
+
+    @property
+    def path(self) -> Path:
+        return self.out_dir / CHECKPOINT_FILE
+
+    def due(self, snapshot: Snapshot) -> bool:
+        """At a stage's end, or every ``every`` steps inside it."""
+        if snapshot.arrays is None:
+            return False
+        return snapshot.stage_done or (
+            self.every > 0 and snapshot.step > 0 and snapshot.step % self.every == 0
+        )
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        """Note where the run is; write a checkpoint and ``result.json`` when due."""
+        self.stage, self.step, self.stage_done = snapshot.stage, snapshot.step, snapshot.stage_done
+        if not self.due(snapshot):
+            return
+        assert snapshot.arrays is not None
+        ledger = snapshot.ledger.summary()
+        history = plain(snapshot.history)
+        content = {
+            "format": FORMAT,
+            "method": self.method,
+            "seed": self.seed,
+            "space": dict(snapshot.space if snapshot.space is not None else self.space),
+            "state_dict": snapshot.arrays.to_torch_state_dict(),
+            "stage": snapshot.stage,
+            "step": snapshot.step,
+            "stage-done": snapshot.stage_done,
+            "progress": plain(snapshot.progress),
+            "history": history,
+            "ledger": ledger,
+        }
+        self.written = atomic_save(content, self.path)
+        name = self.stage_files.get(snapshot.stage)
+        if snapshot.stage_done and name:
+            atomic_save(content, self.out_dir / name)
+        self._partial = {"history": history, "ledger": ledger}
+        self.write_result()
+
+    def status(self, *, finished: bool, error: BaseException | None = None) -> dict[str, Any]:
+        """Where the run stopped: stage, step, whether it finished, the checkpoint, why."""
+        status: dict[str, Any] = {
+            "finished": finished,
+            "stage": self.stage or None,
+            "step": self.step,
+            "stage-done": self.stage_done,
+            "checkpoint": self.written.name if self.written is not None else None,
+        }
+        if error is not None:
+            status["error"] = f"{type(error).__name__}: {error}"
+        return status
+
+    def write_result(
+        self,
+        document: Mapping[str, Any] | None = None,
+        *,
+        finished: bool = False,
+        error: BaseException | None = None,
+        **extra: Any,
+    ) -> Path:
+        """``result.json``: the header, ``status``, and ``document`` (else the last
+        checkpoint's history and ledger)."""
+        body = dict(document) if document is not None else dict(self._partial)
+        return write_json(
+            self.out_dir / RESULT_FILE,
+            finite(
+                plain(
+                    {
+                        **self.header,
+                        "status": self.status(finished=finished, error=error),
+                        **extra,
+                        **body,
+                    }
+                )
+            ),
+        )
+
+
+def read_resume(
+    path: str,
+    *,
+    method: str,
+    seed: int,
+    reference: Mapping[str, torch.Tensor] | None,
+    space: Mapping[str, Any] | None,
+    key: str = "resume-from",
+) -> Resume:
+    """A checkpoint to continue from, checked (``load_checkpoint``) against the run's
+    space, ``method`` and ``seed``.  A checkpoint without ``format`` is a Stage-1
+    ``supernet.pt`` of an earlier version (FedorAS only): a finished Stage 1."""
+    content = load_checkpoint(path, reference=reference, space=space, key=key)
+    where = f"run config {key!r} = {str(path)!r}"
+    if "format" not in content:
+        if method != "fedoras" or content["stage"] != "supernet":
+            raise ValueError(
+                f"{where}: an old-format checkpoint of stage {content['stage']!r}; "
+                "only a FedorAS Stage-1 supernet.pt of that format can be resumed"
+            )
+        content = {**content, "method": method, "seed": seed, "step": 0, "stage-done": True}
+    for name, expected in (("method", method), ("seed", seed)):
+        if content.get(name) != expected:
+            raise ValueError(
+                f"{where}: written by a run with {name} {content.get(name)!r}, this run has "
+                f"{expected!r}; resume with the same {name}"
+            )
+    missing = [k for k in ("step", "stage-done") if k not in content]
+    if missing:
+        raise ValueError(f"{where}: lacks the entries {missing}")
+    return Resume(
+        path=str(path),
+        stage=str(content["stage"]),
+        step=int(content["step"]),
+        stage_done=bool(content["stage-done"]),
+        arrays=ArrayRecord(content["state_dict"]),
+        progress=dict(content.get("progress") or {}),
+        history=content.get("history") or [],
+        ledger=dict(content.get("ledger") or {}),
+    )
