@@ -231,7 +231,7 @@ class BadConfig(tuple):
 
 
 #: keys whose value is a path: any string parses (a missing checkpoint is a SEMANTIC case)
-FREE_TEXT = frozenset({"output-dir", "data.cache-dir", "fedoras.resume-from"})
+FREE_TEXT = frozenset({"output-dir", "data.cache-dir", "resume-from", "fedoras.resume-from"})
 
 
 def _mutations(default: Any) -> Iterator[tuple[str, Any]]:
@@ -264,8 +264,8 @@ SEMANTIC = [
     ),
     BadConfig(
         "resume from a missing file",
-        "fedoras.resume-from",
-        {"fedoras.resume-from": "/nonexistent/supernet.pt"},
+        "resume-from",
+        {"resume-from": "/nonexistent/supernet.pt"},
     ),
     BadConfig(
         "fractions leave no training data",

@@ -1,0 +1,171 @@
+"""The fault benchmark: every fault of the reliability catalogue, tried for real, in one table.
+
+Four kinds of fault, each tried and counted:
+
+- **malformed replies**: every kind in ``tests/reliability/catalog.py`` (NaN / Inf / wrong
+  shape / wrong dtype / unknown key / missing records / negative or inflated counts /
+  a non-finite metric / a crash / a duplicate, a second altered or a wrong-type reply),
+  each sent by its own node in one run of each method on the in-process grid with real
+  clients and data.  "Handled" = dropped with a WARNING naming the node and booked in the
+  ledger; "corrupted nothing" = the run's result equals, to the bit, the run in which
+  those replies were never sent.
+- **bad run configs**: every type and range mutation and a misspelling of every key, plus
+  cross-key mistakes; "handled" = refused with a ``ValueError`` naming the key before any
+  training instruction was sent.
+- **corrupted files** and **process faults**: the cases of the test modules that corrupt
+  partition caches and checkpoints, and that stop a run mid-stage and resume it (the
+  ServerApp's grid dies before round k; the resumed run must equal the uninterrupted one),
+  plus, without ``--quick``, the deployment-engine test that SIGKILLs a SuperNode
+  mid-round.  They run through pytest; each case is one fault tried, "handled" = it passed.
+
+Prints a Markdown table and ``headline: ...``; writes ``benchmarks/results/faults.json``.
+
+    python benchmarks/faults.py            # every method, the engine test too (~10 min)
+    python benchmarks/faults.py --quick    # FedorAS replies, configs, files (CI smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from common import ROOT, report
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: pytest cases per category: (category, test id prefix)
+PYTEST_CASES = [
+    (
+        "corrupted files",
+        "tests/data/test_cache_integrity.py::test_corruption_is_caught_and_rebuilt",
+    ),
+    ("corrupted files", "tests/data/test_cache_integrity.py::test_server_slice_is_checked_too"),
+    ("corrupted files", "tests/data/test_cache_integrity.py::test_text_ids_out_of_the_vocabulary"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_a_missing_file"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_an_empty_file"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_a_file_that_is_not_a_checkpoint"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_a_pickle_weights_only_refuses"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_not_a_dict"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_a_missing_entry"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_a_state_dict_that_is_not_tensors"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_non_finite_weights"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_float64_weights_where"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_missing_and_unexpected_keys"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_a_wrong_shape"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_another_space"),
+    ("corrupted files", "tests/test_checkpoint_files.py::test_a_checkpoint_of_another_method"),
+    ("process faults", "tests/test_checkpoints.py::test_a_resumed_stage1_equals_the_uninterrupted"),
+    ("process faults", "tests/test_checkpoints.py::test_a_resumed_dpfnas_search_equals"),
+    ("process faults", "tests/test_checkpoints.py::test_a_resumed_fdnas_search_equals"),
+    ("process faults", "tests/test_checkpoints.py::test_a_resumed_decnas_continues"),
+    ("process faults", "tests/test_checkpoints.py::test_a_search_failure_keeps_the_supernet"),
+]
+ENGINE_CASES = [
+    ("process faults", "tests/engines/test_lost_node.py"),
+]
+
+
+class _Outcomes:
+    """A pytest plugin keeping each selected case's outcome."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report) -> None:  # noqa: ANN001 - pytest's hook
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.outcomes[report.nodeid] = report.outcome
+
+
+def pytest_rows(cases: list[tuple[str, str]]) -> list[dict]:
+    import pytest
+
+    files = sorted({prefix.split("::")[0] for _, prefix in cases})
+    collector = _Outcomes()
+    pytest.main(
+        ["-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), *files], plugins=[collector]
+    )
+    rows = []
+    for nodeid, outcome in collector.outcomes.items():
+        category = next((c for c, prefix in cases if nodeid.startswith(prefix)), None)
+        if category is not None:
+            rows.append({"category": category, "case": nodeid, "handled": outcome == "passed"})
+    missing = [p for _, p in cases if not any(r["case"].startswith(p) for r in rows)]
+    if missing:
+        raise SystemExit(f"cases not found (renamed?): {missing}")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="FedorAS only, no engine test")
+    args = parser.parse_args()
+
+    from tests.reliability.trials import METHODS, config_trial, reply_trial
+
+    started = time.perf_counter()
+    table: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    with tempfile.TemporaryDirectory() as tmp:
+        cache, out = Path(tmp) / "cache", Path(tmp) / "out"
+        replies = []
+        for method in ("fedoras",) if args.quick else METHODS:
+            trial = reply_trial(method, cache, out / method)
+            replies += trial["rows"]
+        for row in replies:
+            cell = table["malformed replies (" + row["method"] + ")"]
+            cell["tried"] += 1
+            cell["handled"] += row["logged"] and row["booked"] > 0
+            cell["corrupted nothing"] += row["corrupted-nothing"]
+            if row["kind"] == "client-crash":
+                crash = table["process faults"]
+                crash["tried"] += 1
+                crash["handled"] += row["logged"] and row["booked"] > 0
+                crash["corrupted nothing"] += row["corrupted-nothing"]
+        configs = config_trial(cache, out / "configs")
+        cell = table["bad run configs"]
+        for row in configs:
+            cell["tried"] += 1
+            refused = row["outcome"] == "refused" and row["names-key"]
+            cell["handled"] += refused
+            cell["corrupted nothing"] += refused
+    cases = pytest_rows(PYTEST_CASES + ([] if args.quick else ENGINE_CASES))
+    for row in cases:
+        cell = table[row["category"]]
+        cell["tried"] += 1
+        cell["handled"] += row["handled"]
+        cell["corrupted nothing"] += row["handled"]
+
+    print("\n| fault | tried | handled | corrupted nothing |\n| --- | --- | --- | --- |")
+    for name, cell in table.items():
+        print(f"| {name} | {cell['tried']} | {cell['handled']} | {cell['corrupted nothing']} |")
+    unhandled = [r for r in replies if not (r["logged"] and r["booked"] > 0)]
+    unhandled += [r for r in configs if r["outcome"] != "refused" or not r["names-key"]]
+    unhandled += [r for r in cases if not r["handled"]]
+    for row in unhandled:
+        print("not handled:", row)
+    tried = sum(c["tried"] for c in table.values())
+    handled = sum(c["handled"] for c in table.values())
+    summary = {
+        "faults_tried": tried,
+        "faults_handled": handled,
+        "reply_kinds": len({r["kind"] for r in replies}),
+        "methods": len({r["method"] for r in replies}),
+        "configs_tried": len(configs),
+        "all_handled": handled == tried,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    document = {
+        "table": {k: dict(v) for k, v in table.items()},
+        "replies": replies,
+        "configs": [r for r in configs if r["outcome"] != "refused" or not r["names-key"]],
+        "cases": cases,
+    }
+    report("faults", args.quick, summary, document)
+
+
+if __name__ == "__main__":
+    main()
