@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedorasflwr.launch import find_pids, format_run_config
+from fedorasflwr.launch.flwr_cli import _flower_env
 from fedorasflwr.launch.processes import _free_ports, _stop_flower_processes
 from tests.runconfig import ROOT
 
@@ -27,9 +28,12 @@ def test_quick_preset_runs_through_the_launcher_and_stays_listable(tmp_path, dat
     out = tmp_path / "out"
     overrides = format_run_config(SHRINK | {"data.cache-dir": str(data_cache)})
     command = [sys.executable, "-m", "fedorasflwr.launch", "--app-dir", str(ROOT)]
-    command += ["--num-supernodes", "6", "--output-dir", str(out)]
+    command += ["--num-supernodes", "6", "--output-dir", str(out), "--timeout", "600"]
     command += ["--run-config", str(ROOT / PRESET), "--run-config", overrides]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's launcher, not an installed one
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     results = list(out.glob("decnas-*/result.json"))
@@ -46,8 +50,11 @@ def test_quick_preset_runs_through_the_launcher_and_stays_listable(tmp_path, dat
     assert find_pids(flwr_home=home) == []  # the launcher stopped what it started
 
     http, control = _free_ports(2)  # not Flower's default ports: another SuperLink may hold them
-    env = dict(os.environ, FLWR_HOME=str(home), FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http))
-    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control)
+    ports = {
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
+    }
+    env = _flower_env(home, ports)  # FLWR_HOME; the venv's bin on PATH: flwr starts a SuperLink
     flwr = str(Path(sys.executable).parent / "flwr")
     try:
         listed = subprocess.run(
