@@ -92,8 +92,8 @@ def test_launcher_exits_2_on_a_bad_file_before_starting_flower(tmp_path: Path, c
 def test_default_flower_home_is_new_and_under_the_output_dir(tmp_path: Path) -> None:
     args = cli._parse_args([])
     first = cli._flwr_home(args, tmp_path)
-    first.mkdir(parents=True)
     second = cli._flwr_home(args, tmp_path)
+    assert first.is_dir() and second.is_dir()
     assert first.parent == second.parent == tmp_path / "flwr-home"
     assert first != second
     given = cli._flwr_home(cli._parse_args(["--flwr-home", str(tmp_path / "h")]), tmp_path)

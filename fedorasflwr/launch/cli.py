@@ -162,12 +162,15 @@ def _flwr_home(args: argparse.Namespace, output_dir: Path) -> Path:
     if args.flwr_home is not None:
         return Path(args.flwr_home).resolve()
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    home = output_dir / "flwr-home" / stamp
-    suffix = 1
-    while home.exists():
-        suffix += 1
-        home = output_dir / "flwr-home" / f"{stamp}-{suffix}"
-    return home
+    (output_dir / "flwr-home").mkdir(parents=True, exist_ok=True)
+    for suffix in range(1, 1000):
+        home = output_dir / "flwr-home" / (stamp if suffix == 1 else f"{stamp}-{suffix}")
+        try:
+            home.mkdir()  # atomic: two launchers started in the same second get two homes
+        except FileExistsError:
+            continue
+        return home
+    raise FileExistsError(f"no free Flower home under {output_dir / 'flwr-home'}")
 
 
 def _how_to_see(home: Path, run_id: int | None) -> str:
