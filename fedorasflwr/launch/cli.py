@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .deployment import Deployment
-from .flwr_cli import FlowerRunError, format_run_config
+from .flwr_cli import SIMULATION_CONNECTION, ConfigValue, FlowerRunError, format_run_config
 from .security import TlsFiles
 from .simulation import run_simulation
 
-__all__ = ["check_overrides", "main"]
+__all__ = ["check_overrides", "main", "read_run_config"]
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -23,7 +24,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--app-dir", type=Path, default=Path("."), help="default: .")
     parser.add_argument("--num-supernodes", type=int, default=20, help="default: 20")
-    parser.add_argument("--run-config", default=None, help='overrides, e.g. "k=1 s=\\"x\\""')
+    parser.add_argument(
+        "--run-config",
+        action="append",
+        default=None,
+        help='overrides, e.g. "k=1 s=\\"x\\"", or a TOML file such as configs/quick-fedoras.toml; '
+        "repeat to apply several in order (later ones win)",
+    )
     parser.add_argument("--deployment", action="store_true", help="use the deployment engine")
     parser.add_argument(
         "--client-num-cpus",
@@ -38,7 +45,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="where results go (default: ./outputs; made absolute, since the ServerApp "
         "runs in the SuperLink's working directory) unless --run-config sets output-dir",
     )
-    parser.add_argument("--flwr-home", type=Path, default=None, help="default: a temp dir")
+    parser.add_argument(
+        "--flwr-home",
+        type=Path,
+        default=None,
+        help="FLWR_HOME of the run, kept so `flwr ls` / `flwr log` show it afterwards "
+        "(default: a new <output-dir>/flwr-home/<UTC time>; never your own ~/.flwr)",
+    )
     parser.add_argument("--timeout", type=float, default=None, help="seconds")
     _add_security_args(parser)
     args = parser.parse_args(argv)
@@ -95,36 +108,95 @@ def _check_security_args(parser: argparse.ArgumentParser, args: argparse.Namespa
 def check_overrides(run_config: str) -> str | None:
     """Why the ``--run-config`` overrides cannot run (bad syntax, an unknown key), or ``None``.
 
-    The keys are read with Flower's own parser and checked against the app's known keys
-    (:func:`fedorasflwr.config.check_known_keys`), so a typo is named with the closest
-    key before any Flower process starts (Flower would say only "Invalid run configuration").
+    `run_config` is ``"k=v ..."`` or the path of a TOML file (Flower's rule: one that ends
+    in ``.toml``). The keys are read with Flower's own parser and checked against the app's
+    known keys (:func:`fedorasflwr.config.check_known_keys`), so a typo is named with the
+    closest key before any Flower process starts (Flower would say only "Invalid run
+    configuration").
+    """
+    try:
+        read_run_config([run_config])
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def read_run_config(items: Sequence[str]) -> dict[str, ConfigValue]:
+    """Merge ``--run-config`` items (``"k=v ..."`` strings or TOML files), later ones winning.
+
+    Raises
+    ------
+    ValueError
+        For a file that cannot be read or parsed, bad ``k=v`` syntax, a value that is not
+        a str, int, float or bool (Flower's own check), or an unknown key (named with the
+        closest known one).
     """
     from click import ClickException
     from flwr.common.config import parse_config_args
 
     from ..config import check_known_keys
 
-    try:
-        overrides = parse_config_args([run_config])
-        check_known_keys(overrides)
-    except ClickException as error:
-        return error.format_message()
-    except ValueError as error:
-        return str(error)
-    return None
+    merged: dict[str, ConfigValue] = {}
+    for item in items:
+        where = f"file {item}" if item.endswith(".toml") else repr(item)
+        try:
+            values = parse_config_args([item])
+        except ClickException as error:
+            raise ValueError(error.format_message()) from error
+        except OSError as error:
+            raise ValueError(f"cannot read {where}: {error.strerror or error}") from error
+        except ValueError as error:  # bad TOML, or a value that is not str/int/float/bool
+            raise ValueError(f"{where}: {error}") from error
+        try:
+            check_known_keys(values)
+        except ValueError as error:
+            if not item.endswith(".toml"):
+                raise
+            raise ValueError(f"{where}: {error}") from error
+        merged |= values
+    return merged
+
+
+def _flwr_home(args: argparse.Namespace, output_dir: Path) -> Path:
+    """The run's Flower home: the one given, else a new one under the output directory."""
+    if args.flwr_home is not None:
+        return Path(args.flwr_home).resolve()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    (output_dir / "flwr-home").mkdir(parents=True, exist_ok=True)
+    for suffix in range(1, 1000):
+        home = output_dir / "flwr-home" / (stamp if suffix == 1 else f"{stamp}-{suffix}")
+        try:
+            home.mkdir()  # atomic: two launchers started in the same second get two homes
+        except FileExistsError:
+            continue
+        return home
+    raise FileExistsError(f"no free Flower home under {output_dir / 'flwr-home'}")
+
+
+def _how_to_see(home: Path, run_id: int | None) -> str:
+    run = str(run_id) if run_id is not None else "<run-id>"
+    connection = SIMULATION_CONNECTION
+    return (
+        f"Flower home of this run: {home}\n"
+        f"see it with:  FLWR_HOME={home} flwr ls {connection}\n"
+        f"              FLWR_HOME={home} flwr log {run} {connection} --show\n"
+        f'then stop the SuperLink they start:  pkill -f "{home}/local-superlink/"'
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the process exit code."""
     args = _parse_args(argv)
-    run_config = args.run_config or ""
-    problem = check_overrides(run_config)
-    if problem is not None:
-        print(f"error: --run-config: {problem}", file=sys.stderr)
+    try:
+        values = read_run_config(args.run_config or [])
+    except ValueError as error:
+        print(f"error: --run-config: {error}", file=sys.stderr)
         return 2
-    if "output-dir=" not in run_config:  # one key may not appear twice in a run config
-        output = format_run_config({"output-dir": str(args.output_dir.resolve())})
-        run_config = f"{output} {run_config}".strip()
+    # The ServerApp runs in the SuperLink's working directory: make the output dir absolute.
+    output_dir = Path(str(values.get("output-dir", args.output_dir))).resolve()
+    values["output-dir"] = str(output_dir)
+    run_config = format_run_config(values)
+    home = None if args.deployment else _flwr_home(args, output_dir)
     try:
         if args.deployment:
             with Deployment(
@@ -141,16 +213,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.app_dir,
                 num_supernodes=args.num_supernodes,
                 run_config=run_config,
-                flwr_home=args.flwr_home,
+                flwr_home=home,
                 client_num_cpus=args.client_num_cpus,
                 timeout=args.timeout,
                 echo=True,
             )
     except FlowerRunError as error:
         print(f"\nFAILED: {error}", file=sys.stderr)
+        if home is not None:
+            print(_how_to_see(home, None), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\ninterrupted; Flower processes stopped", file=sys.stderr)
         return 130
     print(f"\nrun {result.run_id} {result.status} in {result.wall_time:.1f}s")
+    if home is not None:
+        print(_how_to_see(home, result.run_id))
     return 0
