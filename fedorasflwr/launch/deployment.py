@@ -105,7 +105,7 @@ class Deployment:
         self.node_ids: list[int] = []
         self.num_supernodes = num_supernodes
         self.node_configs = list(node_configs or [{}] * num_supernodes)
-        self._given_home = Path(flwr_home) if flwr_home else None
+        self._given_home = Path(flwr_home).resolve() if flwr_home else None
         self._extra_env = dict(env or {})
         self.startup_timeout = startup_timeout
         self.flwr_home = Path()

@@ -47,6 +47,10 @@ def find_pids(*, cmdline_contains: str | None = None, flwr_home: Path | None = N
     list[int]
         Sorted PIDs, never this process nor one of its ancestors.
     """
+    if cmdline_contains is not None and not cmdline_contains.strip():
+        raise ValueError("find_pids: an empty command-line pattern would match every process")
+    if flwr_home is not None and not flwr_home.is_absolute():
+        raise ValueError(f"find_pids: FLWR_HOME must be an absolute path, got {str(flwr_home)!r}")
     spared = _ancestors(os.getpid())
     found = []
     for entry in Path("/proc").iterdir():
@@ -145,7 +149,12 @@ def _wait_reaped(pids: Iterable[int], timeout: float) -> None:
 
 
 def _stop_flower_processes(flwr_home: Path, *, grace: float = 10.0) -> None:
-    """Stop everything Flower started under `flwr_home`, children spawned late included."""
+    """Stop everything Flower started under `flwr_home`, children spawned late included.
+
+    `flwr_home` must be absolute: a relative or empty one would turn the pattern into
+    ``local-superlink/``, which matches every local SuperLink on the machine."""
+    if not flwr_home.is_absolute() or flwr_home == Path("/"):
+        raise ValueError(f"refusing to stop processes under FLWR_HOME {str(flwr_home)!r}")
     log_dir = str(flwr_home / "local-superlink") + os.sep
     for _ in range(5):
         pids = find_pids(cmdline_contains=log_dir, flwr_home=flwr_home)

@@ -81,7 +81,7 @@ def run_simulation(
     _check_positive_int("num_supernodes", num_supernodes)
     if client_num_cpus is not None:
         _check_positive_int("client_num_cpus", client_num_cpus)
-    home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="flwr-sim-"))
+    home = Path(flwr_home).resolve() if flwr_home else Path(tempfile.mkdtemp(prefix="flwr-sim-"))
     http_port, control_port = _free_ports(2)
     run_env = _flower_env(home, env) | {
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),

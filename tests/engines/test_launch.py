@@ -251,3 +251,16 @@ def test_deployment_rejects_inconsistent_arguments() -> None:
         Deployment(num_supernodes=0)
     with pytest.raises(ValueError, match="node_configs"):
         Deployment(num_supernodes=2, node_configs=[{"tier": 0}])
+
+
+def test_stopping_refuses_a_relative_or_empty_flower_home():
+    # Path("") would make the pattern "local-superlink/": every local SuperLink on the machine
+    from fedorasflwr.launch.processes import _stop_flower_processes
+
+    for home in (Path(""), Path("flwr-home"), Path("/")):
+        with pytest.raises(ValueError, match="refusing to stop"):
+            _stop_flower_processes(home)
+    with pytest.raises(ValueError, match="absolute"):
+        find_pids(flwr_home=Path("relative"))
+    with pytest.raises(ValueError, match="empty"):
+        find_pids(cmdline_contains=" ")
