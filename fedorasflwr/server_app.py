@@ -25,7 +25,7 @@ from .artifacts import (
     save_checkpoint,
     write_json,
 )
-from .clients.training import evaluate
+from .clients.training import evaluate, resolve_device, torch_device, using_device
 from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
@@ -287,8 +287,8 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
 
     def evaluate_supernet(_iteration: int, arrays: Any) -> MetricRecord:
         probe.load_state_dict(arrays.to_torch_state_dict())
-        probe.eval()
-        result = evaluate(probe, DataLoader(server_data, batch_size=256), torch.device("cpu"))
+        probe.to(torch_device()).eval()
+        result = evaluate(probe, DataLoader(server_data, batch_size=256), torch_device())
         return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
 
     strategy = DPFNAS(
@@ -419,7 +419,8 @@ def main(grid: Grid, context: Context) -> None:
     settings = parse_run_config(context.run_config)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, "fedorasflwr: method %s, results in %s", settings.method, out_dir)
-    document = RUNNERS[settings.method](grid, settings, out_dir)
+    with using_device(resolve_device(settings.device)):  # the server's scoring loops
+        document = RUNNERS[settings.method](grid, settings, out_dir)
     write_json(
         out_dir / "result.json",
         {
