@@ -372,3 +372,20 @@ def test_the_guard_catches_a_batch_a_model_or_noise_left_on_the_cpu():
         torch.nn.Conv2d(1, 2, 3)(torch.zeros(2, 1, 8, 8))
     with pytest.raises(AssertionError, match="mixes devices"), DeviceGuard():
         torch.zeros(3, device=META) + torch.from_numpy(np.ones(3, dtype=np.float32))
+
+
+def test_fedoras_server_finetune_curve_runs_on_the_helpers_device():
+    from fedorasflwr.strategies.fedoras_finetune import _server_curve
+
+    torch.manual_seed(0)
+    space = build_space(
+        "cnn_s", width=0.25, num_classes=10, in_channels=1, input_height=28, input_width=28
+    )
+    arch = [0] * len(space.num_options())
+    strategy = SimpleNamespace(space=SimpleNamespace(spec=space.spec))
+    dataset = TensorDataset(*_data().train.tensors)
+    arrays = ArrayRecord(space.subnet(arch).state_dict())
+    with on_meta():
+        curve = _server_curve(strategy, arch, dataset)  # type: ignore[arg-type]
+        assert curve is not None
+        assert set(curve(1, arrays)) == {"val-accuracy", "val-loss"}
