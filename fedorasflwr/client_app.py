@@ -11,11 +11,12 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from .clients import decnas, dpfnas, fdnas, fedoras
+from .clients.training import device_mod
 from .config import parse_run_config
 from .data import ClientData, load_client_data
 from .protocol import PROFILE
 
-app = ClientApp()
+app = ClientApp(mods=[device_mod])  # every handler runs on this node's device
 
 
 def _identity(context: Context) -> tuple[int, int]:

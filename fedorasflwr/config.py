@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .clients.training import check_device_setting
 from .data import DatasetInfo, DataSpec
 
 __all__ = [
@@ -730,6 +731,8 @@ class RunSettings:
     # Robust aggregation, every method (strategies/aggregation.py, ``Aggregation``).
     aggregation: str = "mean"
     aggregation_trim: float = 0.2
+    # Where loops compute (clients/training.py ``torch_device``); a node's config wins.
+    device: str = "auto"
 
     @property
     def output_path(self) -> Path:
@@ -844,6 +847,8 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         aggregation_trim=_get(
             cfg, "aggregation-trim", 0.2, float, lambda v: 0.0 <= v < 0.5, "0 <= trim < 0.5"
         ),
+        # Device of every loop (auto = CUDA when present); a node config 'device' wins there.
+        device=check_device_setting(_get(cfg, "device", "auto", str)),
     )
 
 

@@ -81,7 +81,11 @@ class ServerPathScorer:
         self.calibration = list(inputs.split(batch_size)) if recalibrate else None
         scored = Subset(dataset, order[cut:].tolist())
         self.loader = seeded_loader(scored, batch_size, (seed,), shuffle=False)
-        self.device = torch_device()
+
+    @property
+    def device(self) -> torch.device:
+        """Where scoring runs: the current ``torch_device()`` (read at each call)."""
+        return torch_device()
 
     def load(self, arrays: ArrayRecord) -> None:
         self.space.load_state_dict(arrays.to_torch_state_dict())

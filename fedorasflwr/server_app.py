@@ -25,7 +25,7 @@ from .artifacts import (
     save_checkpoint,
 )
 from .checkpoints import Checkpointer, Resume, read_resume
-from .clients.training import evaluate
+from .clients.training import evaluate, resolve_device, torch_device, using_device
 from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
@@ -317,8 +317,8 @@ def run_dpfnas(
 
     def evaluate_supernet(_iteration: int, arrays: Any) -> MetricRecord:
         probe.load_state_dict(arrays.to_torch_state_dict())
-        probe.eval()
-        result = evaluate(probe, DataLoader(server_data, batch_size=256), torch.device("cpu"))
+        probe.to(torch_device()).eval()
+        result = evaluate(probe, DataLoader(server_data, batch_size=256), torch_device())
         return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
 
     strategy = DPFNAS(
@@ -484,7 +484,8 @@ def main(grid: Grid, context: Context) -> None:
         },
     )
     try:
-        document = RUNNERS[settings.method](grid, settings, out_dir, progress)
+        with using_device(resolve_device(settings.device)):  # the server's scoring loops
+            document = RUNNERS[settings.method](grid, settings, out_dir, progress)
     except Exception as exc:
         seconds = round(time.time() - started, 2)
         progress.write_result(error=exc, seconds=seconds)

@@ -64,10 +64,14 @@ def poisson_sample(rng: SampleSource, size: int, rate: float) -> np.ndarray:
 
 
 def _gather(dataset: Dataset, indices: np.ndarray) -> tuple[Tensor, Tensor]:
+    """The items at ``indices``, stacked and moved to ``torch_device()``."""
+    device = torch_device()
     if len(indices) == 0:
-        return torch.empty(0), torch.empty(0, dtype=torch.long)
+        return torch.empty(0, device=device), torch.empty(0, dtype=torch.long, device=device)
     items = [dataset[int(i)] for i in indices]
-    return torch.stack([x for x, _ in items]), torch.stack([torch.as_tensor(y) for _, y in items])
+    inputs = torch.stack([x for x, _ in items])
+    targets = torch.stack([torch.as_tensor(y) for _, y in items])
+    return inputs.to(device), targets.to(device)
 
 
 def per_sample_gradients(
@@ -117,12 +121,18 @@ def clip_and_noise(
         total = (
             torch.einsum("b,b...->...", factors, grads)
             if count
-            else torch.zeros(grads.shape[1:], dtype=grads.dtype)
+            else torch.zeros(grads.shape[1:], dtype=grads.dtype, device=grads.device)
         )
         if noise_multiplier > 0:
-            total = total + gaussian(noise_multiplier * clip, total.shape, generator, total.dtype)
+            std = noise_multiplier * clip
+            total = total + gaussian(std, total.shape, generator, total.dtype, total.device)
         out[name] = total / expected_batch
     return out, clipped_fraction if count else 0.0
+
+
+def _no_samples(wrt: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Zero samples' per-sample gradients: ``(0, *shape)`` on each tensor's device."""
+    return {k: v.new_zeros((0, *v.shape)) for k, v in wrt.items()}
 
 
 def _load(content: RecordDict) -> tuple[DartsSpace, ConfigRecord]:
@@ -132,7 +142,7 @@ def _load(content: RecordDict) -> tuple[DartsSpace, ConfigRecord]:
         raise ValueError(f"DP-FNAS needs the darts space, got {space.name!r}")
     state = content.array_records[ARRAYS].to_torch_state_dict()
     space.load_state_dict({k: v for k, v in state.items() if not k.startswith(PREVIOUS_PREFIX)})
-    return space, config
+    return space.to(torch_device()), config
 
 
 def _words(config: Mapping[str, Any], partition_id: int, phase: str) -> list[int]:
@@ -171,9 +181,7 @@ def weight_gradient(content: RecordDict, data: ClientData, partition_id: int) ->
     named = dict(space.named_parameters())
     wrt = {k: named[k] for k in space.weight_keys()}
     per_sample = (
-        per_sample_gradients(space, wrt, inputs, targets)
-        if len(inputs)
-        else {k: torch.zeros((0, *v.shape)) for k, v in wrt.items()}
+        per_sample_gradients(space, wrt, inputs, targets) if len(inputs) else _no_samples(wrt)
     )
     gradient, clipped = clip_and_noise(
         per_sample,
@@ -194,7 +202,7 @@ def architecture_gradient(content: RecordDict, data: ClientData, partition_id: i
     named = dict(space.named_parameters())
     wrt = {k: named[k] for k in DartsSpace.ARCH_KEYS}
     if not len(inputs):
-        per_sample = {k: torch.zeros((0, *v.shape)) for k, v in wrt.items()}
+        per_sample = _no_samples(wrt)
     elif int(config["order"]) == 2:
         per_sample = _second_order(space, content, config, inputs, targets, data, words)
     else:
@@ -226,7 +234,8 @@ def _second_order(
     project's) charges H_k to the validation split only."""
     state = content.array_records[ARRAYS].to_torch_state_dict()
     weight_keys = space.weight_keys()
-    previous = {k: state[PREVIOUS_PREFIX + k] for k in weight_keys}
+    device = torch_device()
+    previous = {k: state[PREVIOUS_PREFIX + k].to(device) for k in weight_keys}
     named = {k: v.detach() for k, v in space.named_parameters()}
     arch = {k: named[k] for k in DartsSpace.ARCH_KEYS}
     current = {k: named[k] for k in weight_keys}
@@ -271,7 +280,7 @@ def train_final(content: RecordDict, data: ClientData, partition_id: int) -> Rec
     net, config = _derived(content)
     words = (int(config["seed"]), int(config["server-round"]), partition_id)
     if float(config.get("noise-multiplier", 0.0)) > 0:
-        net.to(torch_device()).train()
+        net.to(torch_device()).train()  # batches (_gather) and noise follow
         optimizer = torch.optim.SGD(
             net.parameters(), lr=float(config["lr"]), momentum=float(config["momentum"])
         )
@@ -305,7 +314,7 @@ def _train_final_private(
         if len(inputs):
             per_sample = per_sample_gradients(net, named, inputs, targets)
         else:
-            per_sample = {k: torch.zeros((0, *v.shape)) for k, v in named.items()}
+            per_sample = _no_samples(named)
         gradient, _ = clip_and_noise(
             per_sample,
             clip=float(config["clip"]),

@@ -60,6 +60,16 @@ def _cycle(loader: DataLoader) -> Iterator[tuple[Tensor, Tensor]]:
         yield from loader
 
 
+def _probabilities(space: MBConvSpace) -> list[np.ndarray]:
+    """``softmax(alpha)`` of every layer on the host, normalised in float64 for numpy.
+
+    All layers' alphas cross to the host in one copy (one sync per step on a GPU)."""
+    alphas = [a.detach() for a in space.arch_parameters()]
+    flat = torch.cat([torch.softmax(a, 0) for a in alphas]).double().cpu().numpy()
+    probs = np.split(flat, np.cumsum([len(a) for a in alphas])[:-1])
+    return [p / p.sum() for p in probs]
+
+
 def _sample_candidates(
     rng: np.random.Generator, probs: np.ndarray
 ) -> tuple[tuple[int, ...], np.ndarray, int]:
@@ -81,11 +91,13 @@ def _alpha_step(
 ) -> tuple[float, int]:
     """Accumulate alpha gradients of one validation batch; return its CE and forward FLOPs."""
     alphas = space.arch_parameters()
-    probs = [torch.softmax(a.detach(), 0).double().numpy() for a in alphas]
-    picks = [_sample_candidates(rng, p / p.sum()) for p in probs]
+    picks = [_sample_candidates(rng, p) for p in _probabilities(space)]
     candidates = [pick[0] for pick in picks]
+    device = alphas[0].device
     gates = [
-        torch.tensor([1.0 if j == active else 0.0 for j in range(2)], requires_grad=True)
+        torch.tensor(
+            [1.0 if j == active else 0.0 for j in range(2)], device=device, requires_grad=True
+        )
         for _, _, active in picks
     ]
     cross_entropy = nn.functional.cross_entropy(
@@ -96,7 +108,7 @@ def _alpha_step(
     with torch.no_grad():
         for alpha, (pair, local, _), gate in zip(alphas, picks, gates, strict=True):
             # dL/dalpha_i = sum_j dL/dg_j p_j (delta_ij - p_i), over the two candidates
-            grad_gate = gate.grad.double().numpy()
+            grad_gate = gate.grad.double().cpu().numpy()
             for i in range(2):
                 value = sum(grad_gate[j] * local[j] * ((i == j) - local[i]) for j in range(2))
                 alpha.grad[pair[i]] += float(value)
@@ -112,7 +124,8 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     space = _load_space(config, content.array_records[ARRAYS])
     words = (int(config["seed"]), int(config["server-round"]), partition_id)
     rng = np.random.default_rng(words)
-    space.train()
+    device = torch_device()
+    space.to(device).train()
     weight_optimizer = torch.optim.SGD(
         space.weight_parameters(),
         lr=float(config["lr"]),
@@ -130,8 +143,8 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     loss_sum, seen, val_sum, val_steps, flops, step = 0.0, 0, 0.0, 0, 0, 0
     for _ in range(int(config["local-epochs"])):
         for inputs, targets in train_loader:
-            probs = [torch.softmax(a.detach(), 0).double().numpy() for a in space.arch_parameters()]
-            path = tuple(int(rng.choice(len(p), p=p / p.sum())) for p in probs)
+            path = tuple(int(rng.choice(len(p), p=p)) for p in _probabilities(space))
+            inputs, targets = inputs.to(device), targets.to(device)
             weight_optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(space(inputs, path), targets)
             loss.backward()
@@ -145,7 +158,9 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
                 alpha_optimizer.zero_grad(set_to_none=False)
                 for alpha in space.arch_parameters():
                     alpha.grad = torch.zeros_like(alpha)
-                val_loss, forward = _alpha_step(space, val_inputs, val_targets, rng, target, beta)
+                val_loss, forward = _alpha_step(
+                    space, val_inputs.to(device), val_targets.to(device), rng, target, beta
+                )
                 alpha_optimizer.step()
                 val_sum += val_loss
                 val_steps += 1

@@ -13,19 +13,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
+from torch.utils.data import Dataset
 
 from ..costs import training_flops
 from ..data import ClientData
 from ..evaluation import score_paths
 from ..protocol import ARRAYS, METRICS, space_from_config
-from ..search_spaces import SearchSpace, build_space
+from ..search_spaces import SearchSpace, Subspace, build_space
 from .training import (
     flatten_logits,
     held_out_metrics,
@@ -36,6 +38,8 @@ from .training import (
 )
 
 __all__ = [
+    "SupernetWork",
+    "supernet_epochs",
     "evaluate_subnet",
     "load_supernet",
     "score_paths_locally",
@@ -57,13 +61,29 @@ def load_supernet(config: Mapping[str, Any], arrays: ArrayRecord) -> SearchSpace
     return space
 
 
-def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
-    """Run the local Stage-1 epochs described by ``content``'s config; return the reply."""
-    config: ConfigRecord = content.config_records["config"]
-    space = load_supernet(config, content.array_records[ARRAYS])
-    subspace = space.subspace_from_mask([int(v) for v in config["subspace-mask"]])
-    max_flops = float(config["max-flops"])
-    words = (int(config["seed"]), int(config["server-round"]), partition_id)
+@dataclass(frozen=True)
+class SupernetWork:
+    """What ``supernet_epochs`` did: samples per option (flat, layer by layer), summed
+    training loss, samples seen and training FLOPs."""
+
+    counts: np.ndarray
+    loss_sum: float
+    examples: int
+    flops: int
+
+
+def supernet_epochs(
+    space: SearchSpace,
+    train: Dataset,
+    config: Mapping[str, Any],
+    words: Sequence[int],
+    subspace: Subspace,
+    max_flops: float,
+) -> SupernetWork:
+    """The Stage-1 loop on ``torch_device()``: per batch one path of ``subspace`` within
+    ``max_flops``, one SGD step on it, and the samples it sent through each option.
+
+    The loss is summed on the device and read once at the end (no host sync per step)."""
     rng = np.random.default_rng(words)
     device = torch_device()
     space.to(device).train()
@@ -74,10 +94,11 @@ def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> 
         weight_decay=float(config["weight-decay"]),
     )
     criterion = nn.CrossEntropyLoss()
-    offsets = np.cumsum([0, *space.num_options()])
-    counts = np.zeros(offsets[-1], dtype=np.int64)
-    loss_sum, examples, flops = 0.0, 0, 0
-    loader = seeded_loader(data.train, int(config["batch-size"]), words)
+    offsets = np.cumsum([0, *space.num_options()])[:-1]
+    counts = np.zeros(sum(space.num_options()), dtype=np.int64)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    examples, flops = 0, 0
+    loader = seeded_loader(train, int(config["batch-size"]), words)
     for _ in range(int(config["local-epochs"])):
         for inputs, targets in loader:
             path = space.sample_path(rng, max_flops=max_flops, subspace=subspace)
@@ -87,24 +108,35 @@ def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> 
             loss.backward()
             optimizer.step()
             batch = int(inputs.shape[0])
-            counts[offsets[:-1] + np.asarray(path)] += batch
-            loss_sum += float(loss.detach()) * batch
+            counts[offsets + np.asarray(path)] += batch
+            loss_sum += loss.detach() * batch
             examples += batch
             flops += training_flops(space.cost(path).flops, batch)
+    return SupernetWork(counts, float(loss_sum), examples, flops)
+
+
+def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Run the local Stage-1 epochs described by ``content``'s config; return the reply."""
+    config: ConfigRecord = content.config_records["config"]
+    space = load_supernet(config, content.array_records[ARRAYS])
+    subspace = space.subspace_from_mask([int(v) for v in config["subspace-mask"]])
+    words = (int(config["seed"]), int(config["server-round"]), partition_id)
+    work = supernet_epochs(space, data.train, config, words, subspace, float(config["max-flops"]))
+    offsets = np.cumsum([0, *space.num_options()])
     keys = set(space.fixed_keys())
     for layer, size in enumerate(space.num_options()):
         for option in range(size):
-            if counts[offsets[layer] + option] > 0:
+            if work.counts[offsets[layer] + option] > 0:
                 keys.update(space.op_keys(layer, option))
     if bool(config.get("return-all", False)):  # plain FedAvg of supernets: send back all
         keys = set(content.array_records[ARRAYS].keys())
     state = {k: v.detach().cpu() for k, v in space.state_dict().items() if k in keys}
     metrics = MetricRecord(
         {
-            "num-examples": examples,
-            "train-loss": loss_sum / max(examples, 1),
-            "train-flops": flops,
-            "option-counts": counts.tolist(),
+            "num-examples": work.examples,
+            "train-loss": work.loss_sum / max(work.examples, 1),
+            "train-flops": work.flops,
+            "option-counts": work.counts.tolist(),
         }
     )
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})

@@ -94,14 +94,22 @@ class SecureRandom:
         angle = 2.0 * math.pi * self.random(pairs)
         return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
 
-    def normal(self, std: float, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
-        """N(0, std^2) of ``shape``: four CSPRNG draws summed and halved (opacus secure mode)."""
+    def normal(
+        self,
+        std: float,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> Tensor:
+        """N(0, std^2) of ``shape`` on ``device``: four CSPRNG draws summed and halved
+        (opacus secure mode), made in float64 on the host, rounded to ``dtype`` there."""
         count = math.prod(shape)
         total = np.zeros(count)
         for _ in range(_DRAWS):
             total += self.standard_normal(count)
         scale = std / math.sqrt(_DRAWS)
-        return torch.from_numpy(total * scale).reshape(tuple(shape)).to(dtype)
+        noise = torch.from_numpy(total * scale).reshape(tuple(shape)).to(dtype)
+        return noise.to(device)
 
 
 NoiseSource = torch.Generator | SecureRandom
@@ -110,11 +118,22 @@ SampleSource = np.random.Generator | SecureRandom
 """Where Poisson-sampling uniforms come from (both have ``.random(size)``)."""
 
 
-def gaussian(std: float, shape: Sequence[int], source: NoiseSource, dtype: torch.dtype) -> Tensor:
-    """N(0, std^2) noise of ``shape`` from ``source``."""
+def gaussian(
+    std: float,
+    shape: Sequence[int],
+    source: NoiseSource,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """N(0, std^2) noise of ``shape`` from ``source``, on ``device`` (the gradient's).
+
+    A seeded ``torch.Generator`` draws on its own device (the CPU, for
+    :func:`party_randomness`'s: the same seed then gives the same noise whatever
+    device trains) and the draw is moved to ``device``; the OS CSPRNG draws on the host."""
     if isinstance(source, SecureRandom):
-        return source.normal(std, shape, dtype)
-    return torch.normal(0.0, std, tuple(shape), generator=source).to(dtype)
+        return source.normal(std, shape, dtype, device)
+    draw = torch.normal(0.0, std, tuple(shape), generator=source, device=source.device)
+    return draw.to(device=device, dtype=dtype)
 
 
 def party_randomness(

@@ -1,18 +1,40 @@
 """Local training and evaluation loops shared by every method's client (and the server's
-own validation): seeded loaders, device choice, loss/accuracy over any logits shape."""
+own validation): seeded loaders, device choice, loss/accuracy over any logits shape.
+
+Device
+------
+Every loop (training, evaluation, per-sample gradients, search, on both sides) asks
+:func:`torch_device` where to compute.  It returns the device set for the current
+call by :func:`using_device` (the ClientApp's :func:`device_mod` sets it per message
+from the node config's ``device``, else the run config's top-level ``device``; the
+ServerApp sets it from the run config), else CUDA when present, else the CPU.
+Settings: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:<index>``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
+import contextvars
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+if TYPE_CHECKING:
+    from flwr.app import Context, Message
+
 __all__ = [
+    "DEVICE_KEY",
+    "check_device_setting",
+    "device_mod",
+    "device_setting",
+    "resolve_device",
+    "using_device",
     "EvalResult",
     "LocalTraining",
     "evaluate",
@@ -27,9 +49,82 @@ __all__ = [
 ]
 
 
+DEVICE_KEY = "device"
+"""Node-config and (top-level) run-config key: ``auto``, ``cpu``, ``cuda`` or ``cuda:<n>``."""
+
+_DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+_CURRENT: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
+    "fedorasflwr_device", default=None
+)
+
+
+def check_device_setting(value: object, where: str = "run config 'device'") -> str:
+    """``value`` if it is a device setting, else ``ValueError`` naming ``where`` and the
+    allowed values (checks the spelling only, not that the device exists)."""
+    if not isinstance(value, str) or not _DEVICE_PATTERN.fullmatch(value):
+        raise ValueError(f"{where} = {value!r}: allowed: auto, cpu, cuda or cuda:<index>")
+    return value
+
+
+def resolve_device(setting: str, where: str = "run config 'device'") -> torch.device:
+    """The ``torch.device`` of a setting: ``auto`` is CUDA when present, else the CPU.
+
+    Raises
+    ------
+    ValueError
+        For an unknown setting, or ``cuda`` on a machine without CUDA (or without
+        that device index).
+    """
+    check_device_setting(setting, where)
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(setting)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{where} = {setting!r}, but CUDA is not available here: use auto or cpu"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"{where} = {setting!r}, but this machine has {torch.cuda.device_count()} "
+                "CUDA device(s)"
+            )
+    return device
+
+
+def device_setting(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> str:
+    """This node's device setting: the node config's ``device`` wins (devices are per
+    node), else the run config's ``device``, else ``auto``."""
+    if DEVICE_KEY in node_config:
+        return check_device_setting(node_config[DEVICE_KEY], "node config 'device'")
+    return check_device_setting(run_config.get(DEVICE_KEY, "auto"))
+
+
+@contextlib.contextmanager
+def using_device(device: torch.device | str) -> Iterator[torch.device]:
+    """Within the block (this thread / task), :func:`torch_device` returns ``device``."""
+    token = _CURRENT.set(torch.device(device))
+    try:
+        yield torch.device(device)
+    finally:
+        _CURRENT.reset(token)
+
+
 def torch_device() -> torch.device:
-    """CUDA when present, else CPU."""
+    """Where every loop computes: the device of the enclosing :func:`using_device`,
+    else CUDA when present, else the CPU."""
+    current = _CURRENT.get()
+    if current is not None:
+        return current
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_mod(msg: Message, context: Context, call_next: Callable[..., Message]) -> Message:
+    """ClientApp mod: handle ``msg`` on this node's device (:func:`device_setting`)."""
+    setting = device_setting(context.node_config, context.run_config)
+    where = "node config 'device'" if DEVICE_KEY in context.node_config else "run config 'device'"
+    with using_device(resolve_device(setting, where)):
+        return call_next(msg, context)
 
 
 def seeded_generator(words: Sequence[int]) -> torch.Generator:

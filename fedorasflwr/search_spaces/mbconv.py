@@ -196,10 +196,12 @@ class MBConvSpace(SearchSpace):
 
     def expected_flops(self) -> Tensor:
         """Expected FLOPs of a path drawn from ``softmax(alpha)`` (differentiable in alpha)."""
-        total = torch.tensor(float(self.fixed_cost.flops))
+        device = self.arch_parameters()[0].device
+        total = torch.tensor(float(self.fixed_cost.flops), device=device)
         for layer, probs in enumerate(self.probabilities()):
             flops = torch.tensor(
-                [float(self.option_cost(layer, o).flops) for o in range(len(probs))]
+                [float(self.option_cost(layer, o).flops) for o in range(len(probs))],
+                device=device,
             )
             total = total + (probs * flops).sum()
         return total
