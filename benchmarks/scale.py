@@ -456,6 +456,22 @@ def summarise_size(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def profiling_only(method: str, num_nodes: int, repeats: int) -> list[float]:
+    """Server seconds of ``profile_nodes`` alone, ``repeats`` times on fresh strategies."""
+    from flwr.app import ConfigRecord
+
+    config = run_config(method_settings(method, False))
+    seconds = []
+    for _ in range(repeats):
+        clock = StandinClock()
+        grid = standin_grid(config, num_nodes, clock)
+        strategy = _build(method, config)
+        started = time.perf_counter()
+        strategy.profile_nodes(grid, ConfigRecord({"method": method}))
+        seconds.append(time.perf_counter() - started - clock.seconds)
+    return seconds
+
+
 # --- part 2: the simulation engine ---------------------------------------------------------------
 
 
@@ -631,6 +647,20 @@ def main(argv: list[str] | None = None) -> int:
         summary["rounds_flat"] = all(summary[f"{m}_round_x"] < 2 for m in METHODS)
         summary["profiling_linear"] = all(summary[f"{m}_profile_growth"] < 1.5 for m in METHODS)
         summary["replies_refused"] = sum(r["rejected"] + r["failed"] for r in rows)
+    if "profiling" in parts:  # one-time profiling alone, repeated (the load is noisy)
+        lines = []
+        for m in METHODS:
+            for n in sizes[-2:]:
+                runs = profiling_only(m, n, 3)
+                lines.append({"method": m, "nodes": n, "profile-s": runs})
+                print(
+                    f"profiling {m} {n} nodes: median {statistics.median(runs):.3f} s, "
+                    f"{1e3 * statistics.median(runs) / n:.3f} ms/node (runs {runs})"
+                )
+        document["profiling"] = lines
+        for m in METHODS:
+            small, large = [statistics.median(r["profile-s"]) for r in lines if r["method"] == m]
+            summary[f"{m}_profiling_only_growth"] = (large / small) / (sizes[-1] / sizes[-2])
     if "engine" in parts and args.quick and args.engine_nodes is None:
         print("Simulation engine: not part of --quick (tests/engines cover the engine)\n")
     elif "engine" in parts:
@@ -683,7 +713,9 @@ def main(argv: list[str] | None = None) -> int:
         summary["decnas_clients"] = costs[-1]["clients"]
     document["load-after"] = _uptime()
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    report("scale", args.quick, summary, document)
+    default = {"sizes", "engine", "decnas"}
+    name = "scale" if parts == default else "scale." + "-".join(sorted(parts))
+    report(name, args.quick, summary, document)
     return 0
 
 

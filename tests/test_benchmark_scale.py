@@ -23,9 +23,7 @@ def test_scale_quick_measures_every_method_at_every_size_with_valid_standins():
         assert row["profile-s"] > 0 and all(s > 0 for s in row["round-s"])
         assert row["rss-peak-mb"] >= row["rss-setup-mb"] > 0
     for method in ("fedoras", "fdnas"):  # 10 clients per round, whatever the nodes
-        assert all(
-            m == 10 for r in rows if r["method"] == method for m in r["messages-per-round"]
-        )
+        assert all(m == 10 for r in rows if r["method"] == method for m in r["messages-per-round"])
     decnas = [r for r in rows if r["method"] == "decnas"]  # every client of the groups in use
     assert decnas[-1]["messages-per-round"][0] > decnas[0]["messages-per-round"][0]
     head = saved["headline"]
