@@ -19,16 +19,20 @@ Three parts, one run:
 2. **The simulation engine with 1,000 SuperNodes**: ``flwr run`` (Flower's simulation
    engine, Ray) of a tiny FedorAS config with ``fedoras.stop-after=supernet``, 10 clients
    per round; its per-round seconds and wall time.
-3. **DecNAS vs naive federated NetAdapt at 1,500 clients and 15 groups** with the paper's
-   round schedule (rounds "2,5,8,10", every 5 iterations), ledger only: stand-in
-   clients holding 20 training samples each report the training FLOPs a real client
-   would (``3 x 2 x MACs x samples``) and upload real-size weights; costs as in
-   ``decnas_cost.py`` (``search_cost``).  Which candidate survives depends on accuracy,
-   which the stand-ins do not have (they report a fixed one per candidate), so the
-   frontier is not a real one; the message and byte counts are.
+3. **DecNAS vs naive federated NetAdapt with 15 groups** and the paper's ConvNet round
+   schedule (rounds "2,5,8,10", every 5 iterations), ledger only: stand-in clients holding
+   20 training samples each report the training FLOPs a real client would
+   (``3 x 2 x MACs x samples``) and upload real-size weights; costs as in
+   ``decnas_cost.py`` (``search_cost``).  Default 15 clients (one per group): with equal
+   clients the ratio does not depend on their number, and the naive design's server time
+   grows with it (``--decnas-clients 1500`` runs the paper's size, for hours).  Which
+   candidate survives depends on accuracy, which the stand-ins do not have (they report a
+   fixed one per candidate), so the frontier is not a real one; the message, byte and
+   FLOP counts are.
 
     python benchmarks/scale.py            # full run (see README for the numbers)
-    python benchmarks/scale.py --quick    # CI smoke run (< 60 s)
+    python benchmarks/scale.py --parts profiling   # profiling alone, 3 repeats
+    python benchmarks/scale.py --quick    # CI smoke run (in one process; < 60 s when idle)
 """
 
 from __future__ import annotations
