@@ -41,8 +41,11 @@ class InProcessGrid(Grid):
         TaskIdentity.run_id = 1
         TaskIdentity.task_id = 0
         TaskIdentity.node_id = SUPERLINK_NODE_ID
-        # node ids deliberately not in partition order (engines hand out random ids)
-        self.node_of_partition = {pid: 10_000 + ((pid * 7919) % 997) for pid in range(num_nodes)}
+        # node ids deliberately not in partition order (engines hand out random ids);
+        # distinct for any number of nodes (blocks of 997, shuffled within a block)
+        self.node_of_partition = {
+            pid: 10_000 + (pid // 997) * 997 + ((pid * 7919) % 997) for pid in range(num_nodes)
+        }
         self.contexts = {
             node: Context(
                 run_id=1,
