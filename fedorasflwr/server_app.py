@@ -30,7 +30,8 @@ from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
 from .evaluation import SupernetEvaluator
-from .search_spaces import SearchSpace, build_space
+from .export import OnnxExports
+from .search_spaces import DerivedNetwork, SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet, build_prunable
 from .strategies.aggregation import Aggregation
 from .strategies.base import NodeProfile
@@ -102,6 +103,7 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
     )
     strategy.aggregation = aggregation_of(settings)
     result = strategy.start(grid, initial, supernet_trained=trained)
+    onnx = OnnxExports(out_dir, settings.data)
     files = []
     if not trained:
         files.append(
@@ -127,6 +129,7 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
                 init=model.init,
             )
         )
+        onnx.add(f"tier-{model.tier + 1}{suffix}", space.subnet(model.arch), model.arrays)
     files += fedoras_plots(out_dir, result)
     return {
         "space": describe_space(space),
@@ -138,7 +141,8 @@ def run_fedoras(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, A
         "kendall-tau": {str(t + 1): tau for t, tau in result.kendall_tau.items()},
         "models": [m.summary() for m in result.models],
         "ledger": result.ledger,
-        "files": [str(p.name) for p in files if p is not None],
+        "onnx": onnx.summary(),
+        "files": [str(p.name) for p in files if p is not None] + onnx.files(),
     }
 
 
@@ -239,6 +243,7 @@ def _run_fdnas(
     )
     strategy.aggregation = aggregation_of(settings)
     result = strategy.start(grid)
+    onnx = OnnxExports(out_dir, settings.data)
     files = [
         save_checkpoint(
             out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
@@ -254,6 +259,7 @@ def _run_fdnas(
                 stage="final",
             )
         )
+        onnx.add(net.name, space.subnet(net.arch), net.arrays)
     return {
         "space": describe_space(space),
         "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
@@ -262,7 +268,8 @@ def _run_fdnas(
         "search-history": result.search_history,
         "cluster-history": result.cluster_history,
         "ledger": result.ledger,
-        "files": [p.name for p in files],
+        "onnx": onnx.summary(),
+        "files": [p.name for p in files] + onnx.files(),
     }
 
 
@@ -302,6 +309,7 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
     )
     strategy.aggregation = aggregation_of(settings)
     result = strategy.start(grid)
+    onnx = OnnxExports(out_dir, settings.data)
     files = [
         save_checkpoint(
             out_dir / "supernet.pt",
@@ -321,6 +329,7 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
                 genotype=result.genotype.to_text(),
             )
         )
+        onnx.add("derived", DerivedNetwork(result.genotype, **space.spec), result.final_arrays)
     plot = plot_history(
         out_dir / "supernet_accuracy.png",
         [{"round": h["iteration"], **h} for h in result.history],
@@ -341,7 +350,8 @@ def run_dpfnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         "history": json_safe(result.history),
         "final-history": result.final_history,
         "ledger": result.ledger,
-        "files": [p.name for p in (*files, plot) if p is not None],
+        "onnx": onnx.summary(),
+        "files": [p.name for p in (*files, plot) if p is not None] + onnx.files(),
     }
 
 
@@ -375,6 +385,7 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
     )
     strategy.aggregation = aggregation_of(settings)
     result = strategy.start(grid)
+    onnx = OnnxExports(out_dir, settings.data)
     files = []
     for model in result.frontier:
         name, extra = f"gm{model.iteration}", {"iteration": model.iteration, "macs": model.macs}
@@ -383,6 +394,7 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
                 out_dir / f"{name}.pt", space_spec=model.spec, arrays=model.arrays, **extra
             )
         )
+        onnx.add(name, build_prunable(**model.spec), model.arrays)
         if model.tuned_arrays is not None:
             files.append(
                 save_checkpoint(
@@ -392,6 +404,7 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
                     **extra,
                 )
             )
+            onnx.add(f"{name}-tuned", build_prunable(**model.spec), model.tuned_arrays)
     plot = plot_points(
         out_dir / "frontier.png",
         result.accuracy_points(),
@@ -399,7 +412,8 @@ def run_decnas(grid: Grid, settings: RunSettings, out_dir: Path) -> dict[str, An
         xlabel="MACs per sample",
         ylabel="test accuracy",
     )
-    return {**result.summary(), "files": [p.name for p in (*files, plot) if p is not None]}
+    files_written = [p.name for p in (*files, plot) if p is not None] + onnx.files()
+    return {**result.summary(), "onnx": onnx.summary(), "files": files_written}
 
 
 #: method name (run config ``method``) -> runner returning the result document.
