@@ -14,7 +14,7 @@ from torch import nn
 from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
-from fedorasflwr.export import INPUT_NAME, OPSET, TOLERANCE, export_onnx
+from fedorasflwr.export import INPUT_NAME, OPSET, TOLERANCE, OnnxExports, export_onnx
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.search_spaces import DerivedNetwork, MixedOp, build_prunable, build_space
 from fedorasflwr.server_app import RUNNERS
@@ -159,6 +159,16 @@ def test_an_export_fault_is_recorded_not_raised(tmp_path, caplog):
     assert not record.valid and record.file is None and record.error
     assert not list(tmp_path.iterdir())
     assert "ONNX export of bad.onnx failed" in caplog.text
+
+
+def test_weights_that_do_not_fit_are_recorded_not_raised(tmp_path, caplog):
+    exports = OnnxExports.__new__(OnnxExports)  # no data set needed for this path
+    exports.out_dir, exports.records = tmp_path, {}
+    exports.inputs, exports.source = torch.randn(4, 3), "synthetic"
+    record = exports.add("m", nn.Linear(3, 2), {"weight": torch.zeros(5, 5)})
+    assert not record.valid and record.file is None and "size mismatch" in record.error
+    assert exports.files() == [] and exports.summary()["m.onnx"]["valid"] is False
+    assert not list(tmp_path.iterdir()) and "do not fit" in caplog.text
 
 
 @pytest.mark.parametrize("kind", ["cnn_s", "cnn_l", "rnn", "mbconv-derived"])
