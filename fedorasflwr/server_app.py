@@ -30,7 +30,8 @@ from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
 from .evaluation import SupernetEvaluator
-from .search_spaces import SearchSpace, build_space
+from .export import OnnxExports
+from .search_spaces import DerivedNetwork, SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet, build_prunable
 from .strategies.aggregation import Aggregation
 from .strategies.base import NodeProfile
@@ -138,6 +139,7 @@ def run_fedoras(
     )
     result = strategy.start(grid, resume=resume)
     files: list[Path | None] = [out_dir / "supernet.pt"] if not trained else []
+    onnx = OnnxExports(out_dir, settings.data)
     for model in result.models:
         suffix = "" if model.init == SUPERNET_INIT else f"-{model.init}-init"
         files.append(
@@ -151,6 +153,7 @@ def run_fedoras(
                 init=model.init,
             )
         )
+        onnx.add(f"tier-{model.tier + 1}{suffix}", space.subnet(model.arch), model.arrays)
     files += fedoras_plots(out_dir, result)
     return {
         "space": describe_space(space),
@@ -162,7 +165,8 @@ def run_fedoras(
         "kendall-tau": {str(t + 1): tau for t, tau in result.kendall_tau.items()},
         "models": [m.summary() for m in result.models],
         "ledger": result.ledger,
-        "files": [str(p.name) for p in files if p is not None],
+        "onnx": onnx.summary(),
+        "files": [str(p.name) for p in files if p is not None] + onnx.files(),
     }
 
 
@@ -263,6 +267,7 @@ def _run_fdnas(
     strategy.aggregation = aggregation_of(settings)
     strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
     result = strategy.start(grid, resume=resume_checkpoint(settings, space))
+    onnx = OnnxExports(out_dir, settings.data)
     files = [
         save_checkpoint(
             out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
@@ -278,6 +283,7 @@ def _run_fdnas(
                 stage="final",
             )
         )
+        onnx.add(net.name, space.subnet(net.arch), net.arrays)
     return {
         "space": describe_space(space),
         "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
@@ -286,7 +292,8 @@ def _run_fdnas(
         "search-history": result.search_history,
         "cluster-history": result.cluster_history,
         "ledger": result.ledger,
-        "files": [p.name for p in files],
+        "onnx": onnx.summary(),
+        "files": [p.name for p in files] + onnx.files(),
     }
 
 
@@ -333,6 +340,7 @@ def run_dpfnas(
     strategy.aggregation = aggregation_of(settings)
     strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
     result = strategy.start(grid, resume=resume_checkpoint(settings, space))
+    onnx = OnnxExports(out_dir, settings.data)
     files = [
         save_checkpoint(
             out_dir / "supernet.pt",
@@ -352,6 +360,7 @@ def run_dpfnas(
                 genotype=result.genotype.to_text(),
             )
         )
+        onnx.add("derived", DerivedNetwork(result.genotype, **space.spec), result.final_arrays)
     plot = plot_history(
         out_dir / "supernet_accuracy.png",
         [{"round": h["iteration"], **h} for h in result.history],
@@ -372,7 +381,8 @@ def run_dpfnas(
         "history": json_safe(result.history),
         "final-history": result.final_history,
         "ledger": result.ledger,
-        "files": [p.name for p in (*files, plot) if p is not None],
+        "onnx": onnx.summary(),
+        "files": [p.name for p in (*files, plot) if p is not None] + onnx.files(),
     }
 
 
@@ -419,6 +429,7 @@ def run_decnas(
             space=None,
         )
     result = strategy.start(grid, resume=resume)
+    onnx = OnnxExports(out_dir, settings.data)
     files = []
     for model in result.frontier:
         name, extra = f"gm{model.iteration}", {"iteration": model.iteration, "macs": model.macs}
@@ -431,6 +442,7 @@ def run_decnas(
                 **extra,
             )
         )
+        onnx.add(name, build_prunable(**model.spec), model.arrays)
         if model.tuned_arrays is not None:
             files.append(
                 save_checkpoint(
@@ -441,6 +453,7 @@ def run_decnas(
                     **extra,
                 )
             )
+            onnx.add(f"{name}-tuned", build_prunable(**model.spec), model.tuned_arrays)
     plot = plot_points(
         out_dir / "frontier.png",
         result.accuracy_points(),
@@ -448,7 +461,8 @@ def run_decnas(
         xlabel="MACs per sample",
         ylabel="test accuracy",
     )
-    return {**result.summary(), "files": [p.name for p in (*files, plot) if p is not None]}
+    files_written = [p.name for p in (*files, plot) if p is not None] + onnx.files()
+    return {**result.summary(), "onnx": onnx.summary(), "files": files_written}
 
 
 #: method name (run config ``method``) -> runner returning the result document.

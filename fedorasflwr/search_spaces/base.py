@@ -89,7 +89,13 @@ class MixedOp(nn.Module):
         self.ops = nn.ModuleDict(dict(zip(self.option_keys, options.values(), strict=True)))
 
     def forward(self, x: Tensor, option: int) -> Tensor:
-        return self.ops[self.option_keys[option]](x)
+        # A loop over the ModuleDict, not ``self.ops[key]``: TorchScript indexes a
+        # ModuleDict only with literals, and a subnet's layer holds its chosen op only.
+        key = self.option_keys[option]
+        for name, op in self.ops.items():
+            if name == key:
+                return op(x)
+        raise ValueError(f"option {option} ({key}) is not held by this layer")
 
 
 class Subnet(nn.Module):
