@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..progress import launcher_env
 from .deployment import Deployment
 from .flwr_cli import FlowerRunError, format_run_config
 from .security import TlsFiles
@@ -40,6 +41,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--flwr-home", type=Path, default=None, help="default: a temp dir")
     parser.add_argument("--timeout", type=float, default=None, help="seconds")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show everything: Flower's DEBUG lines (Ray backend set-up), its FedAvg "
+        "banner per training job and its per-round blocks",
+    )
     _add_security_args(parser)
     args = parser.parse_args(argv)
     _check_security_args(parser, args)
@@ -125,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "output-dir=" not in run_config:  # one key may not appear twice in a run config
         output = format_run_config({"output-dir": str(args.output_dir.resolve())})
         run_config = f"{output} {run_config}".strip()
+    env = launcher_env(args.verbose)
     try:
         if args.deployment:
             with Deployment(
@@ -134,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tls=args.tls,
                 supernode_auth=not args.no_supernode_auth,
                 node_keys=args.supernode_key,
+                env=env,
             ) as dep:
                 result = dep.run(args.app_dir, run_config, args.timeout, echo=True)
         else:
@@ -145,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 client_num_cpus=args.client_num_cpus,
                 timeout=args.timeout,
                 echo=True,
+                env=env,
+                federation_config={"verbose": True} if args.verbose else None,
             )
     except FlowerRunError as error:
         print(f"\nFAILED: {error}", file=sys.stderr)

@@ -19,7 +19,12 @@ from .flwr_cli import (
 )
 from .processes import _free_ports, _stop_flower_processes
 
-__all__ = ["run_simulation"]
+__all__ = ["RAY_TIP_FILTER", "run_simulation"]
+
+#: ``PYTHONWARNINGS`` entry silencing the one FutureWarning ``ray.init`` prints in the
+#: simulation process (a tip about ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``, raised from
+#: ``ray._private.worker``); other warnings, and Ray's GPU behaviour, are unchanged.
+RAY_TIP_FILTER = "ignore::FutureWarning:ray._private.worker"
 
 
 def run_simulation(
@@ -83,7 +88,10 @@ def run_simulation(
         _check_positive_int("client_num_cpus", client_num_cpus)
     home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="flwr-sim-"))
     http_port, control_port = _free_ports(2)
-    run_env = _flower_env(home, env) | {
+    run_env = _flower_env(home, env)
+    warnings = run_env.get("PYTHONWARNINGS", "")
+    run_env["PYTHONWARNINGS"] = ",".join(w for w in (warnings, RAY_TIP_FILTER) if w)
+    run_env |= {
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
     }
