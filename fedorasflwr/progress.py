@@ -131,18 +131,28 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0", "false")
 
 
+#: the format of the root handler ``opacus.utils.module_utils`` adds at import
+_OPACUS_FORMAT = "%(asctime)s:%(levelname)s:%(message)s"
+
+
 def setup_logging(verbose_output: bool | None = None) -> logging.Logger:
-    """Print each ``flwr`` log line once: stop it reaching the root logger's handlers.
+    """Print each ``flwr`` log line once, and DEBUG lines only when verbose.
 
     Flower's logger ``flwr`` prints through its own console handler (level INFO) and
-    also propagates to the root logger. opacus (imported by the DP-FNAS code) calls
+    propagates to the root logger. opacus (imported by the DP-FNAS code) calls
     ``logging.basicConfig`` at import, which gives the root logger a timestamped
-    handler of level NOTSET: every ``flwr`` record, DEBUG included (Ray backend
-    set-up), was printed a second time through it. With `verbose_output` (default:
-    the launcher's ``--verbose``) Flower's own handler shows DEBUG records instead.
+    stderr handler of level NOTSET: every ``flwr`` record, DEBUG included (the Ray
+    backend set-up), was printed a second time through it. That handler is removed
+    (only it: other root handlers, e.g. pytest's, stay). With `verbose_output`
+    (default: the launcher's ``--verbose``) Flower's own handler shows DEBUG records.
     """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        formatter = handler.formatter
+        if type(handler) is logging.StreamHandler and formatter is not None:
+            if formatter._fmt == _OPACUS_FORMAT:  # noqa: SLF001 - no public accessor
+                root.removeHandler(handler)
     logger = logging.getLogger("flwr")
-    logger.propagate = False
     if verbose() if verbose_output is None else verbose_output:
         for handler in logger.handlers:
             if type(handler).__name__ == "ConsoleHandler":
