@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 __all__ = [
     "VERBOSE_ENV",
@@ -24,6 +26,7 @@ __all__ = [
     "fmt",
     "format_seconds",
     "launcher_env",
+    "ProgressEcho",
     "format_bytes",
     "format_metrics",
     "quiet_flower_strategy",
@@ -121,6 +124,84 @@ class StageClock:
         if 0 < done and step < self.total:
             text += f", ETA {format_seconds(elapsed / done * (self.total - step))}"
         return text
+
+
+#: a ``StageClock`` line as the launcher receives it (colour codes removed)
+STEP_LINE = re.compile(
+    r"\[(?P<stage>[^\]]+)\] (?P<label>round|iteration) (?P<step>\d+)/(?P<total>\d+):"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class ProgressEcho:
+    """The launcher's echo of the streamed run log, with a progress bar on a terminal.
+
+    Every line is printed as it comes. When `stream` is a terminal, a ``rich`` bar
+    (stage, steps done, elapsed, ETA) follows the ``StageClock`` lines of the stage
+    in progress, below the log; otherwise (a pipe, ``flwr run --stream`` into a file,
+    CI logs) the lines are written plainly, each once, and the ETA is in the lines.
+    """
+
+    def __init__(self, stream: IO[str] | None = None, *, terminal: bool | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        is_tty = getattr(self.stream, "isatty", lambda: False)()
+        self.terminal = is_tty if terminal is None else terminal
+        self._bar: Any = None
+        self._task: Any = None
+        self._stage: str | None = None
+
+    def __call__(self, line: str) -> None:
+        if not self.terminal:
+            self.stream.write(line)
+            self.stream.flush()
+            return
+        from rich.text import Text
+
+        bar = self._progress()
+        bar.console.print(Text.from_ansi(line.rstrip("\n")), highlight=False)
+        match = STEP_LINE.search(_ANSI.sub("", line))
+        if match is not None:
+            self._advance(match["stage"], int(match["step"]), int(match["total"]))
+
+    def _progress(self) -> Any:
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=True,
+            )
+            self._bar.start()
+        return self._bar
+
+    def _advance(self, stage: str, step: int, total: int) -> None:
+        if stage != self._stage or self._task is None:
+            if self._task is not None:
+                self._bar.remove_task(self._task)
+            self._stage = stage
+            self._task = self._bar.add_task(stage, total=total, completed=step - 1)
+        self._bar.update(self._task, completed=step, total=total)
+
+    def close(self) -> None:
+        """Remove the bar (the log lines stay)."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+            self._task = None
 
 
 # ------------------------------------------------------------------ logging

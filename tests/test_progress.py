@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,8 @@ from flwr.supercore import log
 from fedorasflwr import progress
 from fedorasflwr.launch import cli, simulation
 from fedorasflwr.progress import (
+    STEP_LINE,
+    ProgressEcho,
     StageClock,
     fmt,
     format_bytes,
@@ -328,3 +331,40 @@ def test_ray_tip_filter_is_a_valid_precise_warning_filter() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert "other" in out.stderr and "tip" not in out.stderr
+
+
+# ------------------------------------------------------------------ the launcher's echo
+
+LOG = [
+    "\x1b[92mINFO \x1b[0m:      Starting FedorAS\n",
+    "\x1b[92mINFO \x1b[0m:      [supernet] round 1/4: loss 2.1 | 30.0s, ETA 1m30s\n",
+    "\x1b[92mINFO \x1b[0m:      [supernet] round 2/4: loss 1.9 | 60.0s, ETA 1m00s\n",
+    "\x1b[92mINFO \x1b[0m:      [finetune-T1] round 1/3: loss 1.0 | 5.0s, ETA 10.0s\n",
+]
+
+
+def test_progress_echo_writes_plain_lines_when_not_a_terminal() -> None:
+    out = io.StringIO()
+    echo = ProgressEcho(out)
+    assert not echo.terminal
+    for line in LOG:
+        echo(line)
+    echo.close()
+    assert out.getvalue() == "".join(LOG)  # each line once, unchanged, no bar
+
+
+def test_progress_echo_follows_the_stage_in_progress_on_a_terminal() -> None:
+    out = io.StringIO()
+    echo = ProgressEcho(out, terminal=True)
+    for line in LOG[:3]:
+        echo(line)
+    (task,) = echo._bar.tasks
+    assert (task.description, task.completed, task.total) == ("supernet", 2, 4)
+    echo(LOG[3])
+    (task,) = echo._bar.tasks  # the finished stage's bar is replaced
+    assert (task.description, task.completed, task.total) == ("finetune-T1", 1, 3)
+    echo.close()
+    text = out.getvalue()
+    for line in LOG:  # every line printed once, colour codes rendered by rich
+        assert text.count(STEP_LINE.sub("", line.split(":      ")[1]).strip()) >= 1
+    assert text.count("Starting FedorAS") == 1

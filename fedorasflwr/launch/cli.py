@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..progress import launcher_env
+from ..progress import ProgressEcho, launcher_env
 from .deployment import Deployment
 from .flwr_cli import FlowerRunError, format_run_config
 from .security import TlsFiles
@@ -133,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         output = format_run_config({"output-dir": str(args.output_dir.resolve())})
         run_config = f"{output} {run_config}".strip()
     env = launcher_env(args.verbose)
+    echo = ProgressEcho()
     try:
         if args.deployment:
             with Deployment(
@@ -144,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 node_keys=args.supernode_key,
                 env=env,
             ) as dep:
-                result = dep.run(args.app_dir, run_config, args.timeout, echo=True)
+                result = dep.run(args.app_dir, run_config, args.timeout, echo=echo)  # type: ignore[arg-type]
         else:
             result = run_simulation(
                 args.app_dir,
@@ -153,15 +154,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flwr_home=args.flwr_home,
                 client_num_cpus=args.client_num_cpus,
                 timeout=args.timeout,
-                echo=True,
+                echo=echo,
                 env=env,
                 federation_config={"verbose": True} if args.verbose else None,
             )
     except FlowerRunError as error:
+        echo.close()
         print(f"\nFAILED: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        echo.close()
         print("\ninterrupted; Flower processes stopped", file=sys.stderr)
         return 130
+    echo.close()
     print(f"\nrun {result.run_id} {result.status} in {result.wall_time:.1f}s")
     return 0

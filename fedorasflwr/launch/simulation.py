@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .flwr_cli import (
@@ -37,7 +37,7 @@ def run_simulation(
     federation_config: Mapping[str, ConfigValue] | None = None,
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
-    echo: bool = False,
+    echo: bool | Callable[[str], None] = False,
 ) -> RunResult:
     """Run the Flower app in `app_dir` on the simulation engine, then stop all of Flower.
 
@@ -69,8 +69,9 @@ def run_simulation(
     env : Mapping, optional
         Extra environment variables; the SuperLink, the simulation process and the
         Ray workers inherit them (e.g. ``OMP_NUM_THREADS``).
-    echo : bool, default False
-        Also print the run's log as it streams.
+    echo : bool or callable, default False
+        Also print the run's log as it streams (a callable gets each line, e.g. the
+        launcher's ``ProgressEcho``).
 
     Returns
     -------
