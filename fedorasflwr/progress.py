@@ -113,11 +113,19 @@ class StageClock:
         self.stage, self.total, self.first, self.label = stage, total, first, label
         self.started = time.perf_counter()
 
-    def line(self, step: int, metrics: Mapping[str, Any] | None = None, **extra: Any) -> str:
-        """The progress line of `step` (just finished), with the ETA of the rest."""
+    def line(
+        self,
+        step: int,
+        metrics: Mapping[str, Any] | None = None,
+        keys: Sequence[str] | None = None,
+        **extra: Any,
+    ) -> str:
+        """The progress line of `step` (just finished): its `metrics` (those in `keys`),
+        `extra` numbers, the time so far and the ETA of the rest."""
         elapsed = time.perf_counter() - self.started
         done = step - self.first + 1
-        text = f"[{self.stage}] {self.label} {step}/{self.total}: {format_metrics(metrics)}"
+        shown = format_metrics(metrics, keys)
+        text = f"[{self.stage}] {self.label} {step}/{self.total}: {shown}"
         if extra:
             text += "; " + format_metrics(extra)
         text += f" | {format_seconds(elapsed)}"

@@ -153,7 +153,11 @@ class SeededFedAvg(FedAvg):
         def evaluate_and_log(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
             if server_round > 0 and self._clock is not None:
-                shown = {**dict(self._train_metrics or {}), **dict(metrics or {})}
+                shown = {
+                    k: v
+                    for k, v in {**dict(self._train_metrics or {}), **dict(metrics or {})}.items()
+                    if "flops" not in k and "examples" not in k
+                }
                 log(INFO, "%s", self._clock.line(server_round, shown))
             return metrics
 

@@ -102,6 +102,10 @@ class _Sent:
     specs: dict[str, ArraySpec]
 
 
+#: the numbers of a Stage-1 round's progress line
+ROUND_KEYS = ("clients", "train-loss", "val-accuracy", "val-loss")
+
+
 class FedorAS(FederatedNASStrategy):
     """FedorAS Stage 1: supernet training with tiers, subspaces and OPA.
 
@@ -522,7 +526,7 @@ class FedorAS(FederatedNASStrategy):
                 "seconds": round(time.perf_counter() - started, 4),
             }
             self._evaluate(server_round, arrays, history, entry)
-            log(INFO, "%s", clock.line(server_round, entry))
+            log(INFO, "%s", clock.line(server_round, entry, keys=ROUND_KEYS))
             self.reached(
                 STAGE_SUPERNET,
                 server_round,
@@ -553,7 +557,7 @@ class FedorAS(FederatedNASStrategy):
             ):
                 log(WARNING, "Tier %d: no client to score its paths; not searched", tier.index + 1)
                 continue
-            log(INFO, "[SEARCH] tier %d: %s scoring", tier.index + 1, s.search_scoring)
+            log(DEBUG, "[SEARCH] tier %d: %s scoring", tier.index + 1, s.search_scoring)
             score = TierScorer(
                 self.server_scorer,
                 FederatedPathScorer(self, grid, arrays, tier.index)
