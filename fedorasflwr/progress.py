@@ -364,7 +364,11 @@ def _dpfnas_lines(document: Mapping[str, Any], delta: float | None) -> list[str]
     lines = [
         f"genotype: {document.get('genotype', '-')}",
         f"iterations: {fmt(document.get('iterations'))}"
-        + (f" (stopped: {document['stopped']})" if document.get("stopped") else ""),
+        + (
+            f" ({document['stopped']})"
+            if document.get("stopped", "completed") != "completed"
+            else ""
+        ),
         f"test accuracy of the derived net: {fmt(document.get('test-accuracy'))}",
         f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
         f"{fmt(space.get('max-flops', 0) / 1e6)}",

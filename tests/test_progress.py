@@ -198,6 +198,9 @@ def test_dpfnas_summary_has_privacy_per_party() -> None:
     text = "\n".join(lines)
     assert "genotype: normal=[sep_conv_3x3]" in text
     assert "test accuracy of the derived net: 0.4568" in text
+    assert "iterations: 3\n" in text + "\n"  # completed: no reason shown
+    stopped = summary_lines("dpfnas", {**_dpfnas(), "stopped": "privacy target reached"})
+    assert "iterations: 3 (privacy target reached)" in stopped
     assert "privacy spent (delta 1e-05" in text
     assert _row(lines, "3") == ["3", "1.545", "0.8282", "1.545", "3"]
     assert _row(lines, "4")[1] == "inf"  # no guarantee
