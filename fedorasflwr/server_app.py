@@ -31,6 +31,7 @@ from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
 from .evaluation import SupernetEvaluator
 from .export import OnnxExports
+from .progress import format_seconds, setup_logging, summary_lines
 from .search_spaces import DerivedNetwork, SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet, build_prunable
 from .strategies.aggregation import Aggregation
@@ -482,6 +483,7 @@ def main(grid: Grid, context: Context) -> None:
     ``result.json`` is written at every checkpoint (unfinished), when the run fails
     (with the error, keeping what was finished) and at the end (``status.finished``)."""
     started = time.time()
+    setup_logging()
     settings = parse_run_config(context.run_config)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, "fedorasflwr: method %s, results in %s", settings.method, out_dir)
@@ -505,5 +507,14 @@ def main(grid: Grid, context: Context) -> None:
         progress.write_result(error=exc, seconds=seconds)
         log(ERROR, "fedorasflwr: run stopped in %s: %r", progress.stage or "setup", exc)
         raise
-    progress.write_result(document, finished=True, seconds=round(time.time() - started, 2))
-    log(INFO, "fedorasflwr: wrote %s", out_dir / "result.json")
+    seconds = round(time.time() - started, 2)
+    progress.write_result(document, finished=True, seconds=seconds)
+    delta = settings.dpfnas.delta if settings.method == "dpfnas" else None
+    for line in summary_lines(settings.method, document, delta=delta):
+        log(INFO, "%s", line)
+    log(
+        INFO,
+        "fedorasflwr: finished in %s, wrote %s",
+        format_seconds(seconds),
+        out_dir / "result.json",
+    )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..progress import ProgressEcho, launcher_env
 from .deployment import Deployment
 from .flwr_cli import SIMULATION_CONNECTION, ConfigValue, FlowerRunError, format_run_config
 from .security import TlsFiles
@@ -53,6 +54,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(default: a new <output-dir>/flwr-home/<UTC time>; never your own ~/.flwr)",
     )
     parser.add_argument("--timeout", type=float, default=None, help="seconds")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show everything: Flower's DEBUG lines (Ray backend set-up), its FedAvg "
+        "banner per training job and its per-round blocks",
+    )
     _add_security_args(parser)
     args = parser.parse_args(argv)
     _check_security_args(parser, args)
@@ -197,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     values["output-dir"] = str(output_dir)
     run_config = format_run_config(values)
     home = None if args.deployment else _flwr_home(args, output_dir)
+    env = launcher_env(args.verbose)
+    echo = ProgressEcho()
     try:
         if args.deployment:
             with Deployment(
@@ -206,8 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tls=args.tls,
                 supernode_auth=not args.no_supernode_auth,
                 node_keys=args.supernode_key,
+                env=env,
             ) as dep:
-                result = dep.run(args.app_dir, run_config, args.timeout, echo=True)
+                result = dep.run(args.app_dir, run_config, args.timeout, echo=echo)  # type: ignore[arg-type]
         else:
             result = run_simulation(
                 args.app_dir,
@@ -216,16 +226,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flwr_home=home,
                 client_num_cpus=args.client_num_cpus,
                 timeout=args.timeout,
-                echo=True,
+                echo=echo,
+                env=env,
+                federation_config={"verbose": True} if args.verbose else None,
             )
     except FlowerRunError as error:
+        echo.close()
         print(f"\nFAILED: {error}", file=sys.stderr)
         if home is not None:
             print(_how_to_see(home, None), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        echo.close()
         print("\ninterrupted; Flower processes stopped", file=sys.stderr)
         return 130
+    echo.close()
     print(f"\nrun {result.run_id} {result.status} in {result.wall_time:.1f}s")
     if home is not None:
         print(_how_to_see(home, result.run_id))

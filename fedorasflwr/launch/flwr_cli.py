@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -168,7 +168,10 @@ def _file_tail(path: Path, lines: int = _TAIL_LINES) -> str:
 
 
 def _stream_command(
-    command: Sequence[str], env: Mapping[str, str], timeout: float | None, echo: bool
+    command: Sequence[str],
+    env: Mapping[str, str],
+    timeout: float | None,
+    echo: bool | Callable[[str], None],
 ) -> tuple[int | None, str, float]:
     """Run `command`, collecting (and optionally echoing) its output.
 
@@ -202,9 +205,11 @@ def _stream_command(
     return returncode, "".join(lines), time.monotonic() - start
 
 
-def _collect(stream: IO[str], lines: list[str], echo: bool) -> None:
+def _collect(stream: IO[str], lines: list[str], echo: bool | Callable[[str], None]) -> None:
     for line in stream:
-        if echo:
+        if callable(echo):  # e.g. the launcher's ``ProgressEcho`` (a bar on a terminal)
+            echo(line)
+        elif echo:
             sys.stdout.write(line)
             sys.stdout.flush()
         lines.append(_ANSI_PATTERN.sub("", line))
@@ -237,7 +242,7 @@ def _flwr_run(
     connection: str,
     env: Mapping[str, str],
     timeout: float | None,
-    echo: bool,
+    echo: bool | Callable[[str], None],
     log_files: Sequence[Path] = (),
 ) -> RunResult:
     """Run a ``flwr run ... --stream`` command and check the run finished as completed."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .flwr_cli import (
@@ -19,7 +19,12 @@ from .flwr_cli import (
 )
 from .processes import _free_ports, _stop_flower_processes
 
-__all__ = ["run_simulation"]
+__all__ = ["RAY_TIP_FILTER", "run_simulation"]
+
+#: ``PYTHONWARNINGS`` entry silencing the one FutureWarning ``ray.init`` prints in the
+#: simulation process (a tip about ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``, raised from
+#: ``ray._private.worker``); other warnings, and Ray's GPU behaviour, are unchanged.
+RAY_TIP_FILTER = "ignore::FutureWarning:ray._private.worker"
 
 
 def run_simulation(
@@ -32,7 +37,7 @@ def run_simulation(
     federation_config: Mapping[str, ConfigValue] | None = None,
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
-    echo: bool = False,
+    echo: bool | Callable[[str], None] = False,
 ) -> RunResult:
     """Run the Flower app in `app_dir` on the simulation engine, then stop all of Flower.
 
@@ -64,8 +69,9 @@ def run_simulation(
     env : Mapping, optional
         Extra environment variables; the SuperLink, the simulation process and the
         Ray workers inherit them (e.g. ``OMP_NUM_THREADS``).
-    echo : bool, default False
-        Also print the run's log as it streams.
+    echo : bool or callable, default False
+        Also print the run's log as it streams (a callable gets each line, e.g. the
+        launcher's ``ProgressEcho``).
 
     Returns
     -------
@@ -83,7 +89,10 @@ def run_simulation(
         _check_positive_int("client_num_cpus", client_num_cpus)
     home = Path(flwr_home).resolve() if flwr_home else Path(tempfile.mkdtemp(prefix="flwr-sim-"))
     http_port, control_port = _free_ports(2)
-    run_env = _flower_env(home, env) | {
+    run_env = _flower_env(home, env)
+    warnings = run_env.get("PYTHONWARNINGS", "")
+    run_env["PYTHONWARNINGS"] = ",".join(w for w in (warnings, RAY_TIP_FILTER) if w)
+    run_env |= {
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
     }

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from flwr.supercore import log
 from ..checkpoints import Snapshot
 from ..costs import array_record_bytes
 from ..ledger import FailureKind, Ledger, failure_kind
+from ..progress import format_metrics
 from ..protocol import ARRAYS, CONFIG, PROFILE, QUERY_PROFILE
 from .aggregation import MEAN, Aggregation
 from .replies import Bound, error_reason, screen_replies
@@ -353,7 +354,9 @@ class FederatedNASStrategy(Strategy):
                 metrics = self.evaluate_fn(step, arrays)
             if metrics is not None:
                 entry.update({f"val-{k}": v for k, v in metrics.items()})
-                log(INFO, "%s %d validation: %s", label.capitalize(), step, dict(metrics))
+                log(
+                    DEBUG, "%s %d validation: %s", label.capitalize(), step, format_metrics(metrics)
+                )
         history.append({label: step, **entry})
 
     # --- progress: checkpoints and partial results ---------------------------------------

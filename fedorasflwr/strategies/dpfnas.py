@@ -58,6 +58,7 @@ from ..checkpoints import Resume
 from ..clients.dpfnas import PREVIOUS_PREFIX, final_steps
 from ..clients.secure_random import INSECURE_KEY
 from ..config import DPFNASSettings
+from ..progress import StageClock, fmt
 from ..protocol import (
     ARRAYS,
     CONFIG,
@@ -437,6 +438,7 @@ class DPFNAS(FederatedNASStrategy):
         searched = resume is not None and not resume.within(SEARCH)
         end = done if searched else self.settings.iterations
         target = self.settings.target_epsilon
+        clock = StageClock("DP-FNAS", self.settings.iterations, done + 1, label="iteration")
         for iteration in range(done + 1, end + 1):
             if target > 0:
                 upcoming = max(p.epsilon for p in self.privacy(extra_steps=1))
@@ -460,18 +462,14 @@ class DPFNAS(FederatedNASStrategy):
                     "seconds": round(time.perf_counter() - started, 4),
                 }
             )
+            self._evaluate(iteration, arrays, history, entry)
+            shown = {k: v for k, v in entry.items() if k not in ("iteration", "seconds")}
             log(
                 INFO,
-                "[DP-FNAS %d/%d] worst party: epsilon %.4g (delta %g, %s), mu_W %.4g, mu_A %.4g",
-                iteration,
-                self.settings.iterations,
-                entry["epsilon"],
+                "%s (worst party; delta %g)",
+                clock.line(iteration, shown),
                 self.settings.delta,
-                self.settings.accountant,
-                entry["mu-weights"],
-                entry["mu-arch"],
             )
-            self._evaluate(iteration, arrays, history, entry)
             if iteration < self.settings.iterations:
                 self.reached(SEARCH, done, arrays, history=history, **self.progress(stopped, done))
         self.reached(
@@ -617,7 +615,7 @@ class DPFNAS(FederatedNASStrategy):
             result.test_accuracy = (
                 None if accuracy is None or not math.isfinite(accuracy) else float(accuracy)
             )
-        log(INFO, "DP-FNAS derived network: test accuracy %s", result.test_accuracy)
+        log(INFO, "DP-FNAS derived network: test accuracy %s", fmt(result.test_accuracy))
         result.final_privacy = self.final_privacy()
 
     def noise_statement(self) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from flwr.supercore import log
 
 from ..checkpoints import Resume
 from ..config import FDNASSettings
+from ..progress import StageClock, fmt
 from ..protocol import (
     ARRAYS,
     CONFIG,
@@ -281,6 +282,7 @@ class FDNAS(FederatedNASStrategy):
             history = [dict(h) for h in resume.history]
             log(INFO, "[%s] resumed after round %d (%s)", stage, resume.step, resume.path)
         self.reached(stage, first - 1)
+        clock = StageClock(stage, rounds, first)
         for server_round in range(first, rounds + 1):
             started = time.perf_counter()
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
@@ -297,7 +299,13 @@ class FDNAS(FederatedNASStrategy):
                 "expected-flops": float(self.space.expected_flops().detach()),
                 "seconds": round(time.perf_counter() - started, 4),
             }
-            log(INFO, "[%s] round %d/%d: %s", stage, server_round, rounds, entry)
+            log(
+                INFO,
+                "%s",
+                clock.line(
+                    server_round, metrics, **{"derived-MFLOPs": entry["derived-flops"] / 1e6}
+                ),
+            )
             history.append(entry)
             self.reached(
                 stage,
@@ -403,7 +411,7 @@ class FDNAS(FederatedNASStrategy):
             ]
         accuracy, count = self.evaluate_net(grid, arch, arrays, nodes, stage)
         cost = self.space.cost(arch)
-        return DerivedNet(
+        net = DerivedNet(
             name=name,
             arch=arch,
             option_names=self.space.option_names(arch),
@@ -416,6 +424,17 @@ class FDNAS(FederatedNASStrategy):
             local_accuracy=dict(fedavg.local_accuracy),
             history=history,
         )
+        local = net.mean_local_accuracy()
+        log(
+            INFO,
+            "[%s] %s: averaged accuracy %s, mean local accuracy %s (%s MFLOPs)",
+            stage,
+            name,
+            fmt(net.averaged_accuracy()),
+            fmt(None if math.isnan(local) else local),
+            fmt(net.flops / 1e6),
+        )
+        return net
 
     def _subnet(self, arch: tuple[int, ...], supernet: ArrayRecord) -> torch.nn.Module:
         if self.settings.final_init == "supernet":

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -39,11 +39,12 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from flwr.supercore import log
 
 from ..costs import array_record_bytes
 from ..ledger import Ledger, failure_kind
+from ..progress import StageClock, quiet_flower_strategy
 from .aggregation import MEAN, Aggregation, opa
 from .base import (
     NodeProfile,
@@ -103,7 +104,8 @@ class SeededFedAvg(FedAvg):
         **kwargs: object,
     ) -> None:
         kwargs.setdefault("min_available_nodes", 1)
-        super().__init__(min_train_nodes=min_replies, **kwargs)  # type: ignore[arg-type]
+        with quiet_flower_strategy():  # no "fraction_evaluate is set to 0.0" per job
+            super().__init__(min_train_nodes=min_replies, **kwargs)  # type: ignore[arg-type]
         if not nodes:
             raise ValueError(f"[{stage}] no eligible node to train on")
         self.nodes = list(nodes)
@@ -120,6 +122,55 @@ class SeededFedAvg(FedAvg):
         self._sent_specs: dict[str, ArraySpec] = {}
         self._expected: set[int] = set()
         self._sent: list[Message] = []
+        self._clock: StageClock | None = None
+        self._train_metrics: MetricRecord | None = None
+
+    # --- what a person sees: one line per job and per round, not Flower's banner ----
+
+    def summary(self) -> None:
+        log(
+            INFO,
+            "[%s] FedAvg: %d of %d eligible node(s) per round",
+            self.stage,
+            min(self.clients_per_round, len(self.nodes)),
+            len(self.nodes),
+        )
+
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's ``start``, logging one line per round (train and server metrics, ETA)
+        instead of its banner and per-round blocks (all back with ``--verbose``)."""
+        self._clock = StageClock(self.stage, num_rounds)
+
+        def evaluate_and_log(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+            if server_round > 0 and self._clock is not None:
+                shown = {
+                    k: v
+                    for k, v in {**dict(self._train_metrics or {}), **dict(metrics or {})}.items()
+                    if "flops" not in k and "examples" not in k
+                }
+                log(INFO, "%s", self._clock.line(server_round, shown))
+            return metrics
+
+        with quiet_flower_strategy():
+            return super().start(
+                grid,
+                initial_arrays,
+                num_rounds=num_rounds,
+                timeout=timeout,
+                train_config=train_config,
+                evaluate_config=evaluate_config,
+                evaluate_fn=evaluate_and_log,
+            )
 
     def _sample(self, grid: Grid, server_round: int, purpose: str) -> list[int]:
         connected = set(grid.get_node_ids())
@@ -240,6 +291,7 @@ class SeededFedAvg(FedAvg):
                 f"{'y' if len(usable) == 1 else 'ies'}, at least {self.min_replies} required"
             )
         arrays, metrics = super().aggregate_train(server_round, usable)
+        self._train_metrics = metrics
         if arrays is not None and self.aggregation.robust:
             arrays = self._robust(usable)
         return (self._restore_dtypes(arrays) if arrays is not None else None), metrics

@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -50,6 +50,7 @@ from ..artifacts import plain
 from ..checkpoints import Resume
 from ..config import FEDORAS_STAGES, FedorASSettings
 from ..evaluation import ServerPathScorer
+from ..progress import StageClock
 from ..protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
 from ..search_spaces import SearchSpace, Subspace, build_space
 from .aggregation import opa
@@ -99,6 +100,10 @@ class _Sent:
     tier: int
     subspace: Subspace
     specs: dict[str, ArraySpec]
+
+
+#: the numbers of a Stage-1 round's progress line
+ROUND_KEYS = ("clients", "train-loss", "val-accuracy", "val-loss")
 
 
 class FedorAS(FederatedNASStrategy):
@@ -297,7 +302,7 @@ class FedorAS(FederatedNASStrategy):
                     dst_node_id=profile.node_id,
                 )
             )
-        log(INFO, "configure_train: %d client(s) of %d", len(messages), len(candidates))
+        log(DEBUG, "configure_train: %d client(s) of %d", len(messages), len(candidates))
         return messages
 
     def _client_config(self, server_round: int, tier: Tier, subspace: Subspace) -> dict[str, Any]:
@@ -508,8 +513,8 @@ class FedorAS(FederatedNASStrategy):
         else:
             self._evaluate(0, arrays, history, {})
         self.reached(STAGE_SUPERNET, first - 1)
+        clock = StageClock(STAGE_SUPERNET, self.settings.rounds, first)
         for server_round in range(first, self.settings.rounds + 1):
-            log(INFO, "[SUPERNET ROUND %d/%d]", server_round, self.settings.rounds)
             started = time.perf_counter()
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
             replies = self.exchange(grid, STAGE_SUPERNET, messages)
@@ -521,6 +526,7 @@ class FedorAS(FederatedNASStrategy):
                 "seconds": round(time.perf_counter() - started, 4),
             }
             self._evaluate(server_round, arrays, history, entry)
+            log(INFO, "%s", clock.line(server_round, entry, keys=ROUND_KEYS))
             self.reached(
                 STAGE_SUPERNET,
                 server_round,
@@ -551,7 +557,7 @@ class FedorAS(FederatedNASStrategy):
             ):
                 log(WARNING, "Tier %d: no client to score its paths; not searched", tier.index + 1)
                 continue
-            log(INFO, "[SEARCH] tier %d: %s scoring", tier.index + 1, s.search_scoring)
+            log(DEBUG, "[SEARCH] tier %d: %s scoring", tier.index + 1, s.search_scoring)
             score = TierScorer(
                 self.server_scorer,
                 FederatedPathScorer(self, grid, arrays, tier.index)

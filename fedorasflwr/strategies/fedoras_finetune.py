@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ..clients.training import evaluate, torch_device
 from ..costs import training_flops
+from ..progress import format_metrics
 from ..protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
 from ..search_spaces import build_space
 from .base import NodeProfile
@@ -103,6 +104,10 @@ class TierModel:
             "test": None if self.test is None else vars(self.test),
             "history": self.history,
         }
+
+
+#: the test numbers a fine-tuned model's log line shows
+TEST_KEYS = ("accuracy", "loss", "clients", "client_worst")
 
 
 def eligible_nodes(strategy: FedorAS, tier: int) -> list[NodeProfile]:
@@ -255,7 +260,7 @@ def finetune_tier(
             for r in range(1, num_rounds + 1)
         ]
     model.test = test_subnet(strategy, grid, model.arrays, nodes, config, f"test-{stage}")
-    log(INFO, "[%s] test: %s", stage, vars(model.test))
+    log(INFO, "[%s] test: %s", stage, format_metrics(vars(model.test), TEST_KEYS))
     return model
 
 

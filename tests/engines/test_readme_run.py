@@ -54,6 +54,8 @@ def test_default_search_runs_three_stages_above_chance_and_leaves_nothing_runnin
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert ":INFO:" not in done.stdout  # no second, timestamped copy of each line (opacus)
+    assert "=== fedoras summary ===" in done.stdout
     results = list((tmp_path / "outputs").glob("fedoras-*/result.json"))
     assert len(results) == 1
     result = json.loads(results[0].read_text())

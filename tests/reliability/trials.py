@@ -73,9 +73,10 @@ def _run(method: str, config: dict[str, Any], faults, out_dir: Path):
 
 
 def comparable(document: dict[str, Any]) -> Any:
-    """A result document without wall times, file names and the ledger (which by design
-    differs between a dropped reply and a missing one)."""
-    drop = {"ledger", "files"}
+    """A result document without wall times, file names, the ledger (which by design
+    differs between a dropped reply and a missing one) and the ONNX check (the weights
+    themselves are compared by ``same_weights``)."""
+    drop = {"ledger", "files", "onnx"}
 
     def clean(value: Any) -> Any:
         if isinstance(value, dict):
@@ -91,11 +92,27 @@ def comparable(document: dict[str, Any]) -> Any:
     return json.loads(json.dumps(clean(document), default=str))
 
 
+def same_weights(first: Path, second: Path) -> bool:
+    """Whether the two run directories hold the same weight files, equal to the bit."""
+    import torch
+
+    names = sorted(p.relative_to(first) for p in first.rglob("*.pt"))
+    if names != sorted(p.relative_to(second) for p in second.rglob("*.pt")):
+        return False
+    for name in names:
+        a = torch.load(first / name, weights_only=True)["state_dict"]
+        b = torch.load(second / name, weights_only=True)["state_dict"]
+        if a.keys() != b.keys() or not all(torch.equal(a[k], b[k]) for k in a):
+            return False
+    return True
+
+
 def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]:
     """One run of ``method`` in which node i sends the i-th kind of bad reply, and one in
     which those replies are never sent.  Per kind: whether a WARNING named the node and
     whether its replies were booked as rejected or failed; plus whether the two runs'
-    results are identical to the bit (the bad replies corrupted nothing)."""
+    results and every weight file they wrote are identical to the bit (the bad replies
+    corrupted nothing)."""
     config = run_config_for(method, cache)
     handler = _Records()
     flwr_logger = logging.getLogger("flwr")
@@ -107,7 +124,9 @@ def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]
         flwr_logger.removeHandler(handler)
     quiet_faults = {pid: reply_fault(kind, silent=True) for pid, kind in enumerate(KINDS)}
     _, quiet = _run(method, config, quiet_faults, out_dir / "quiet")
-    identical = comparable(attacked) == comparable(quiet)
+    identical = comparable(attacked) == comparable(quiet) and same_weights(
+        out_dir / "attacked", out_dir / "quiet"
+    )
     stages = attacked.get("ledger", {})
     rows = []
     for pid, kind in enumerate(KINDS):

@@ -1,0 +1,415 @@
+"""What a person sees of a run: compact numbers, one line per round with an ETA, a summary.
+
+- ``fmt`` / ``format_metrics``: every number the strategies log, at 4 significant digits;
+- ``StageClock``: ``round 3/10 ... | 12.3s, ETA 1m30s`` lines for long stages (plain lines:
+  the ServerApp's output is streamed through ``flwr run --stream``, never a terminal);
+- ``setup_logging`` / ``quiet_flower_strategy``: one copy of each line, no third-party
+  DEBUG output and no Flower FedAvg banner per training job, unless ``verbose``;
+- ``summary_lines``: the end-of-run table of every method, from its result document.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import IO, Any
+
+__all__ = [
+    "VERBOSE_ENV",
+    "StageClock",
+    "fmt",
+    "format_seconds",
+    "launcher_env",
+    "ProgressEcho",
+    "format_bytes",
+    "format_metrics",
+    "quiet_flower_strategy",
+    "setup_logging",
+    "summary_lines",
+    "verbose",
+]
+
+#: environment variable the launcher sets for ``--verbose`` (reaches the ServerApp process)
+VERBOSE_ENV = "FEDORASFLWR_VERBOSE"
+_FLOWER_STRATEGY_DIR = os.path.join("flwr", "serverapp", "strategy")
+
+
+# ------------------------------------------------------------------ numbers
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """``value`` for a log line: floats at `digits` significant digits, the rest as is.
+
+    >>> fmt(0.123456789), fmt(12345.678), fmt(3), fmt(None), fmt(1e-7)
+    ('0.1235', '1.235e+04', '3', '-', '1e-07')
+    """
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.{digits}g}"
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return "[" + ", ".join(fmt(v, digits) for v in value) + "]"
+    return str(value)
+
+
+def format_metrics(metrics: Mapping[str, Any] | None, keys: Sequence[str] | None = None) -> str:
+    """``"loss 0.4321, accuracy 0.9"``: the metrics (those in `keys`, in that order) at
+    4 significant digits; ``"-"`` when there are none."""
+    if not metrics:
+        return "-"
+    names = [k for k in keys if k in metrics] if keys is not None else list(metrics)
+    return ", ".join(f"{name} {fmt(metrics[name])}" for name in names) or "-"
+
+
+def format_bytes(count: float | None) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (3 significant digits)."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.3g} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return f"{value:.3g} GiB"  # pragma: no cover - loop always returns
+
+
+def format_seconds(seconds: float) -> str:
+    """``75.2`` -> ``"1m15s"``, ``8.25`` -> ``"8.2s"``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+class StageClock:
+    """Times the steps of one stage and words ``"round 3/10: ... | 4.1s, ETA 28.7s"``.
+
+    Parameters
+    ----------
+    stage : str
+        Name shown in brackets at the start of the line.
+    total : int
+        Steps of the stage (rounds, iterations).
+    first : int (default: 1)
+        The first step this process runs (after a resume: the step after the checkpoint's).
+    label : str (default: "round")
+        What a step is called.
+    """
+
+    def __init__(self, stage: str, total: int, first: int = 1, label: str = "round") -> None:
+        self.stage, self.total, self.first, self.label = stage, total, first, label
+        self.started = time.perf_counter()
+
+    def line(
+        self,
+        step: int,
+        metrics: Mapping[str, Any] | None = None,
+        keys: Sequence[str] | None = None,
+        **extra: Any,
+    ) -> str:
+        """The progress line of `step` (just finished): its `metrics` (those in `keys`),
+        `extra` numbers, the time so far and the ETA of the rest."""
+        elapsed = time.perf_counter() - self.started
+        done = step - self.first + 1
+        shown = format_metrics(metrics, keys)
+        text = f"[{self.stage}] {self.label} {step}/{self.total}: {shown}"
+        if extra:
+            text += "; " + format_metrics(extra)
+        text += f" | {format_seconds(elapsed)}"
+        if 0 < done and step < self.total:
+            text += f", ETA {format_seconds(elapsed / done * (self.total - step))}"
+        return text
+
+
+#: a ``StageClock`` line as the launcher receives it (colour codes removed)
+STEP_LINE = re.compile(
+    r"\[(?P<stage>[^\]]+)\] (?P<label>round|iteration) (?P<step>\d+)/(?P<total>\d+):"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class ProgressEcho:
+    """The launcher's echo of the streamed run log, with a progress bar on a terminal.
+
+    Every line is printed as it comes. When `stream` is a terminal, a ``rich`` bar
+    (stage, steps done, elapsed, ETA) follows the ``StageClock`` lines of the stage
+    in progress, below the log; otherwise (a pipe, ``flwr run --stream`` into a file,
+    CI logs) the lines are written plainly, each once, and the ETA is in the lines.
+    """
+
+    def __init__(self, stream: IO[str] | None = None, *, terminal: bool | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        is_tty = getattr(self.stream, "isatty", lambda: False)()
+        self.terminal = is_tty if terminal is None else terminal
+        self._bar: Any = None
+        self._task: Any = None
+        self._stage: str | None = None
+
+    def __call__(self, line: str) -> None:
+        if not self.terminal:
+            self.stream.write(line)
+            self.stream.flush()
+            return
+        from rich.text import Text
+
+        bar = self._progress()
+        bar.console.print(Text.from_ansi(line.rstrip("\n")), highlight=False)
+        match = STEP_LINE.search(_ANSI.sub("", line))
+        if match is not None:
+            self._advance(match["stage"], int(match["step"]), int(match["total"]))
+
+    def _progress(self) -> Any:
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=True,
+            )
+            self._bar.start()
+        return self._bar
+
+    def _advance(self, stage: str, step: int, total: int) -> None:
+        if stage != self._stage or self._task is None:
+            if self._task is not None:
+                self._bar.remove_task(self._task)
+            self._stage = stage
+            self._task = self._bar.add_task(stage, total=total, completed=step - 1)
+        self._bar.update(self._task, completed=step, total=total)
+
+    def close(self) -> None:
+        """Remove the bar (the log lines stay)."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+            self._task = None
+
+
+# ------------------------------------------------------------------ logging
+
+
+def verbose() -> bool:
+    """Whether the launcher asked for everything (``--verbose``)."""
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0", "false")
+
+
+#: the format of the root handler ``opacus.utils.module_utils`` adds at import
+_OPACUS_FORMAT = "%(asctime)s:%(levelname)s:%(message)s"
+
+
+def setup_logging(verbose_output: bool | None = None) -> logging.Logger:
+    """Print each ``flwr`` log line once, and DEBUG lines only when verbose.
+
+    Flower's logger ``flwr`` prints through its own console handler (level INFO) and
+    propagates to the root logger. opacus (imported by the DP-FNAS code) calls
+    ``logging.basicConfig`` at import, which gives the root logger a timestamped
+    stderr handler of level NOTSET: every ``flwr`` record, DEBUG included (the Ray
+    backend set-up), was printed a second time through it. That handler is removed
+    (only it: other root handlers, e.g. pytest's, stay). With `verbose_output`
+    (default: the launcher's ``--verbose``) Flower's own handler shows DEBUG records.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        formatter = handler.formatter
+        if type(handler) is logging.StreamHandler and formatter is not None:
+            if formatter._fmt == _OPACUS_FORMAT:  # noqa: SLF001 - no public accessor
+                root.removeHandler(handler)
+    logger = logging.getLogger("flwr")
+    if verbose() if verbose_output is None else verbose_output:
+        for handler in logger.handlers:
+            if type(handler).__name__ == "ConsoleHandler":
+                handler.setLevel(logging.DEBUG)
+    return logger
+
+
+def launcher_env(verbose_output: bool) -> dict[str, str]:
+    """Environment the launcher gives every Flower process for ``--verbose`` (or not).
+
+    Verbose: the ServerApp keeps Flower's banners (``FEDORASFLWR_VERBOSE``) and every
+    Flower process logs DEBUG (``FLWR_LOG_LEVEL``). Not verbose: nothing extra.
+    """
+    return {VERBOSE_ENV: "1", "FLWR_LOG_LEVEL": "DEBUG"} if verbose_output else {}
+
+
+class _FlowerStrategyFilter(logging.Filter):
+    """Drops the INFO lines of Flower's own strategy code (the FedAvg banner, its
+    per-round lines) and its ``fraction_evaluate is set to 0.0`` warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _FLOWER_STRATEGY_DIR not in record.pathname:
+            return True
+        if record.levelno <= logging.INFO:
+            return False
+        return "is set to 0.0" not in str(record.msg)
+
+
+@contextmanager
+def quiet_flower_strategy() -> Iterator[None]:
+    """Within: no INFO line and no ``fraction_* is set to 0.0`` warning from Flower's
+    strategy modules (unless ``verbose()``); the project's own lines pass."""
+    if verbose():
+        yield
+        return
+    logger = logging.getLogger("flwr")
+    quiet = _FlowerStrategyFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+# ------------------------------------------------------------------ end-of-run summary
+
+
+def _ledger_bytes(ledger: Mapping[str, Any] | None) -> tuple[int, int]:
+    down = up = 0
+    for stage in (ledger or {}).values():
+        totals = stage.get("totals", {})
+        down += int(totals.get("bytes_down", 0))
+        up += int(totals.get("bytes_up", 0))
+    return down, up
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    cells = [list(header)] + [[fmt(v) if not isinstance(v, str) else v for v in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return [line.rstrip() for line in lines]
+
+
+def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    header = ["tier", "init", "model", "MFLOPs", "params", "search acc", "test acc"]
+    rows = []
+    for m in document.get("models", []):
+        test = m.get("test") or {}
+        rows.append(
+            [
+                f"T{m['tier']}",
+                m.get("init", "-"),
+                "-".join(m.get("options", [])),
+                m["flops"] / 1e6,
+                m.get("params"),
+                m.get("search-accuracy"),
+                test.get("accuracy"),
+            ]
+        )
+    return header, rows
+
+
+def _fdnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    header = ["net", "model", "MFLOPs", "params", "partitions", "avg acc", "local acc"]
+    rows = [
+        [
+            n["name"],
+            "-".join(n.get("options", [])),
+            n["flops"] / 1e6,
+            n.get("params"),
+            len(n.get("partitions", [])),
+            n.get("averaged-accuracy"),
+            n.get("mean-local-accuracy"),
+        ]
+        for n in document.get("nets", [])
+    ]
+    return header, rows
+
+
+def _decnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    header = ["GM", "widths", "MMACs", "params", "val acc", "test acc", "tuned acc"]
+    rows = [
+        [
+            f"GM_{m['iteration']}",
+            "x".join(str(w) for w in m.get("widths", [])),
+            m["macs"] / 1e6,
+            m.get("params"),
+            m.get("search-val-accuracy"),
+            m.get("test-accuracy"),
+            m.get("tuned-test-accuracy"),
+        ]
+        for m in document.get("frontier", [])
+    ]
+    return header, rows
+
+
+def _dpfnas_lines(document: Mapping[str, Any], delta: float | None) -> list[str]:
+    space = document.get("space", {})
+    lines = [
+        f"genotype: {document.get('genotype', '-')}",
+        f"iterations: {fmt(document.get('iterations'))}"
+        + (
+            f" ({document['stopped']})"
+            if document.get("stopped", "completed") != "completed"
+            else ""
+        ),
+        f"test accuracy of the derived net: {fmt(document.get('test-accuracy'))}",
+        f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
+        f"{fmt(space.get('max-flops', 0) / 1e6)}",
+    ]
+    header = ["party", "epsilon", "eps weights", "eps arch", "steps"]
+    rows = [
+        [
+            str(p["partition_id"]),
+            "inf" if p.get("epsilon") is None else p["epsilon"],
+            p["weights"].get("epsilon"),
+            p["architecture"].get("epsilon"),
+            p["weights"].get("steps"),
+        ]
+        for p in document.get("privacy", [])
+    ]
+    if rows:
+        lines.append(f"privacy spent (delta {fmt(delta)}; - or inf: no guarantee):")
+        lines += _table(header, rows)
+    return lines
+
+
+def summary_lines(
+    method: str, document: Mapping[str, Any], *, delta: float | None = None
+) -> list[str]:
+    """The end-of-run summary of `method` from its result document (``server_app`` runners).
+
+    Per tier (FedorAS), net (FDNAS/CFDNAS) or GM (DecNAS): the model, its FLOPs or MACs
+    and parameters, its accuracies; for DP-FNAS the genotype, test accuracy and the
+    privacy spent per party (`delta`: the run's); for all, the bytes moved (ledger).
+    """
+    lines = [f"=== {method} summary ==="]
+    if method == "fedoras":
+        lines += _table(*_fedoras_rows(document))
+    elif method in ("fdnas", "cfdnas"):
+        lines += _table(*_fdnas_rows(document))
+    elif method == "decnas":
+        lines += _table(*_decnas_rows(document))
+    elif method == "dpfnas":
+        lines += _dpfnas_lines(document, delta)
+    else:
+        raise ValueError(f"no summary for method {method!r}")
+    down, up = _ledger_bytes(document.get("ledger"))
+    lines.append(f"bytes moved: {format_bytes(down)} to clients, {format_bytes(up)} from clients")
+    return lines

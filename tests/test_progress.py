@@ -1,0 +1,373 @@
+"""What a person sees: number formatting, progress lines, the end-of-run summary, logging set-up."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from flwr.supercore import log
+
+from fedorasflwr import progress
+from fedorasflwr.launch import cli, simulation
+from fedorasflwr.progress import (
+    STEP_LINE,
+    ProgressEcho,
+    StageClock,
+    fmt,
+    format_bytes,
+    format_metrics,
+    format_seconds,
+    quiet_flower_strategy,
+    setup_logging,
+    summary_lines,
+)
+
+LEDGER = {
+    "train": {"seconds": 1.0, "totals": {"bytes_down": 3 * 1024**2, "bytes_up": 1024**2}},
+    "test": {"seconds": 0.5, "totals": {"bytes_down": 1024**2, "bytes_up": 2048}},
+}
+
+
+# ------------------------------------------------------------------ numbers
+
+
+def test_fmt_keeps_four_significant_digits() -> None:
+    assert fmt(0.123456789) == "0.1235"
+    assert fmt(2.2256641430230997) == "2.226"
+    assert fmt(12345.678) == "1.235e+04"
+    assert fmt(1e-7) == "1e-07"
+    assert fmt(0.5) == "0.5"
+    assert fmt(3) == "3"
+    assert fmt(True) == "True"
+    assert fmt(None) == "-"
+    assert fmt(float("nan")) == "nan"
+    assert fmt([0.33333333, 2]) == "[0.3333, 2]"
+    assert fmt(0.123456789, digits=3) == "0.123"
+
+
+def test_format_metrics_orders_and_selects_keys() -> None:
+    metrics = {"loss": 0.69314718, "accuracy": 0.912345678, "num-examples": 450}
+    assert format_metrics(metrics) == "loss 0.6931, accuracy 0.9123, num-examples 450"
+    assert format_metrics(metrics, ["accuracy", "absent"]) == "accuracy 0.9123"
+    assert format_metrics({}) == "-"
+    assert format_metrics(None) == "-"
+
+
+def test_format_bytes_and_seconds() -> None:
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(3 * 1024**2) == "3 MiB"
+    assert format_bytes(None) == "-"
+    assert format_seconds(8.25) == "8.2s"
+    assert format_seconds(75.2) == "1m15s"
+    assert format_seconds(3 * 3600 + 125) == "3h02m"
+
+
+def test_stage_clock_line_has_metrics_and_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = iter([100.0, 130.0, 160.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
+    clock = StageClock("supernet", 4)
+    line = clock.line(1, {"loss": 1.23456, "accuracy": 0.5}, sent=6)
+    assert line == "[supernet] round 1/4: loss 1.235, accuracy 0.5; sent 6 | 30.0s, ETA 1m30s"
+    assert clock.line(4, {}) == "[supernet] round 4/4: - | 1m00s"  # no ETA at the end
+
+
+def test_stage_clock_eta_after_resume_counts_only_steps_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = iter([0.0, 10.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
+    clock = StageClock("DP-FNAS", 10, first=6, label="iteration")
+    assert clock.line(6, {"epsilon": 1.5}).endswith("10.0s, ETA 40.0s")
+
+
+# ------------------------------------------------------------------ summary tables
+
+
+def _fedoras() -> dict[str, Any]:
+    model = {
+        "tier": 1,
+        "init": "supernet",
+        "options": ["identity", "conv3x3"],
+        "flops": 268368,
+        "params": 1698,
+        "search-accuracy": 0.1575,
+        "test": {"accuracy": 0.23503325942350334, "loss": 2.2},
+    }
+    return {"models": [model, {**model, "tier": 2, "test": None}], "ledger": LEDGER}
+
+
+def _fdnas() -> dict[str, Any]:
+    net = {
+        "name": "cluster-1",
+        "options": ["mbconv_k3_e3", "mbconv_k5_e6"],
+        "flops": 143104,
+        "params": 3068,
+        "partitions": [0, 1, 2],
+        "averaged-accuracy": 0.09555555555555556,
+        "mean-local-accuracy": None,
+    }
+    return {"nets": [net], "ledger": LEDGER}
+
+
+def _decnas() -> dict[str, Any]:
+    gm = {
+        "iteration": 2,
+        "widths": [4, 4, 8, 5],
+        "macs": 371439,
+        "params": 4453,
+        "search-val-accuracy": 0.8333333333333334,
+        "test-accuracy": 0.7911111111111111,
+        "tuned-test-accuracy": 0.9088888888888889,
+    }
+    return {"frontier": [gm], "ledger": LEDGER}
+
+
+def _dpfnas() -> dict[str, Any]:
+    party = {
+        "partition_id": 3,
+        "weights": {"epsilon": 0.8281879762236559, "steps": 3},
+        "architecture": {"epsilon": 1.5454643277438542, "steps": 3},
+        "epsilon": 1.5454643277438542,
+    }
+    unbounded = {**party, "partition_id": 4, "epsilon": None}
+    return {
+        "genotype": "normal=[sep_conv_3x3]",
+        "iterations": 3,
+        "stopped": "completed",
+        "test-accuracy": 0.4567891,
+        "space": {"min-flops": 1_000_000, "max-flops": 2_500_000},
+        "privacy": [party, unbounded],
+        "ledger": LEDGER,
+    }
+
+
+def _row(lines: list[str], first_cell: str) -> list[str]:
+    (row,) = [line.split() for line in lines if line.split()[:1] == [first_cell]]
+    return row
+
+
+def test_fedoras_summary_per_tier() -> None:
+    lines = summary_lines("fedoras", _fedoras())
+    header = lines[1]
+    for column in ("tier", "init", "model", "MFLOPs", "params", "search acc", "test acc"):
+        assert column in header
+    assert _row(lines, "T1") == [
+        "T1",
+        "supernet",
+        "identity-conv3x3",
+        "0.2684",
+        "1698",
+        "0.1575",
+        "0.235",
+    ]
+    assert _row(lines, "T2")[-1] == "-"  # not tested
+    assert lines[-1] == "bytes moved: 4 MiB to clients, 1 MiB from clients"
+
+
+@pytest.mark.parametrize("method", ["fdnas", "cfdnas"])
+def test_fdnas_summary_per_net_shows_final_accuracy(method: str) -> None:
+    lines = summary_lines(method, _fdnas())
+    assert lines[0] == f"=== {method} summary ==="
+    for column in ("net", "model", "MFLOPs", "params", "avg acc", "local acc"):
+        assert column in lines[1]
+    assert _row(lines, "cluster-1") == [
+        "cluster-1",
+        "mbconv_k3_e3-mbconv_k5_e6",
+        "0.1431",
+        "3068",
+        "3",
+        "0.09556",
+        "-",
+    ]
+
+
+def test_decnas_summary_per_gm() -> None:
+    lines = summary_lines("decnas", _decnas())
+    for column in ("GM", "widths", "MMACs", "params", "val acc", "test acc", "tuned acc"):
+        assert column in lines[1]
+    expected = ["GM_2", "4x4x8x5", "0.3714", "4453", "0.8333", "0.7911", "0.9089"]
+    assert _row(lines, "GM_2") == expected
+
+
+def test_dpfnas_summary_has_privacy_per_party() -> None:
+    lines = summary_lines("dpfnas", _dpfnas(), delta=1e-5)
+    text = "\n".join(lines)
+    assert "genotype: normal=[sep_conv_3x3]" in text
+    assert "test accuracy of the derived net: 0.4568" in text
+    assert "iterations: 3\n" in text + "\n"  # completed: no reason shown
+    stopped = summary_lines("dpfnas", {**_dpfnas(), "stopped": "privacy target reached"})
+    assert "iterations: 3 (privacy target reached)" in stopped
+    assert "privacy spent (delta 1e-05" in text
+    assert _row(lines, "3") == ["3", "1.545", "0.8282", "1.545", "3"]
+    assert _row(lines, "4")[1] == "inf"  # no guarantee
+    assert "supernet MFLOPs: 1..2.5" in text
+    assert lines[-1].startswith("bytes moved: 4 MiB")
+
+
+def test_summary_of_unknown_method_is_refused() -> None:
+    with pytest.raises(ValueError, match="no summary for method 'fednas'"):
+        summary_lines("fednas", {})
+
+
+# ------------------------------------------------------------------ logging
+
+
+@pytest.fixture
+def flwr_logger() -> Iterator[logging.Logger]:
+    logger = logging.getLogger("flwr")
+    root = logging.getLogger()
+    saved = (list(root.handlers), list(logger.filters), [(h, h.level) for h in logger.handlers])
+    yield logger
+    root.handlers, logger.filters = saved[0], saved[1]
+    for handler, level in saved[2]:
+        handler.setLevel(level)
+
+
+def _printing_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    """Handlers a ``flwr`` record reaches that print it (pytest's capture excluded)."""
+    found = []
+    while logger is not None:
+        found += [h for h in logger.handlers if not type(h).__module__.startswith("_pytest")]
+        logger = logger.parent if logger.propagate else None  # type: ignore[assignment]
+    return found
+
+
+def test_setup_logging_prints_each_flwr_line_once(
+    flwr_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(progress.VERBOSE_ENV, raising=False)
+    import opacus.utils.module_utils  # noqa: F401  (its import calls logging.basicConfig)
+
+    root = logging.getLogger()
+    opacus_handler = logging.StreamHandler()
+    opacus_handler.setFormatter(logging.Formatter(progress._OPACUS_FORMAT))
+    root.addHandler(opacus_handler)  # as on a fresh process, where basicConfig adds it
+    assert len(_printing_handlers(flwr_logger)) == 2  # the duplicate of every line
+    setup_logging()
+    setup_logging()  # idempotent: no handler added
+    printing = _printing_handlers(flwr_logger)
+    assert [type(h).__name__ for h in printing] == ["ConsoleHandler"]
+    assert printing[0].level == logging.INFO  # DEBUG (Ray backend set-up) hidden
+    assert flwr_logger.propagate  # pytest's caplog still sees flwr records
+
+
+def test_setup_logging_keeps_other_root_handlers(flwr_logger: logging.Logger) -> None:
+    other = logging.StreamHandler()
+    other.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger().addHandler(other)
+    setup_logging(False)
+    assert other in logging.getLogger().handlers
+
+
+def test_verbose_restores_debug(
+    flwr_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(progress.VERBOSE_ENV, "1")
+    setup_logging()
+    printing = _printing_handlers(flwr_logger)
+    assert [h.level for h in printing] == [logging.DEBUG]
+
+
+def test_quiet_flower_strategy_drops_only_flower_strategy_info(
+    flwr_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flwr.serverapp.strategy import FedAvg
+
+    monkeypatch.delenv(progress.VERBOSE_ENV, raising=False)
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    keep = Keep(level=logging.DEBUG)
+    flwr_logger.addHandler(keep)
+    try:
+        with quiet_flower_strategy():
+            FedAvg(fraction_evaluate=0.0).summary()
+            log(logging.INFO, "project line")
+        assert seen == ["project line"]
+        FedAvg(fraction_evaluate=0.0)  # outside: Flower's warning is back
+        assert any("fraction_evaluate is set to 0.0" in m for m in seen)
+        seen.clear()
+        monkeypatch.setenv(progress.VERBOSE_ENV, "1")
+        with quiet_flower_strategy():
+            FedAvg(fraction_evaluate=0.0).summary()
+        assert len(seen) > 3  # --verbose: Flower's banner again
+    finally:
+        flwr_logger.removeHandler(keep)
+    assert not flwr_logger.filters
+
+
+def test_launcher_passes_verbose_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def fake_run_simulation(app_dir: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        raise KeyboardInterrupt  # stop before any Flower process
+
+    monkeypatch.setattr(cli, "run_simulation", fake_run_simulation)
+    assert cli.main(["--num-supernodes", "2"]) == 130
+    assert cli.main(["--num-supernodes", "2", "--verbose"]) == 130
+    quiet, loud = calls
+    assert quiet["env"] == {} and quiet["federation_config"] is None
+    assert loud["env"][progress.VERBOSE_ENV] == "1"
+    assert loud["env"]["FLWR_LOG_LEVEL"] == "DEBUG"
+    assert loud["federation_config"] == {"verbose": True}
+
+
+def test_ray_tip_filter_is_a_valid_precise_warning_filter() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings\n"
+        "warnings.warn_explicit('tip', FutureWarning, 'worker.py', 1, 'ray._private.worker')\n"
+        "warnings.warn_explicit('other', FutureWarning, 'x.py', 1, 'other.module')\n"
+    )
+    env = {"PYTHONWARNINGS": simulation.RAY_TIP_FILTER}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert "other" in out.stderr and "tip" not in out.stderr
+
+
+# ------------------------------------------------------------------ the launcher's echo
+
+LOG = [
+    "\x1b[92mINFO \x1b[0m:      Starting FedorAS\n",
+    "\x1b[92mINFO \x1b[0m:      [supernet] round 1/4: loss 2.1 | 30.0s, ETA 1m30s\n",
+    "\x1b[92mINFO \x1b[0m:      [supernet] round 2/4: loss 1.9 | 60.0s, ETA 1m00s\n",
+    "\x1b[92mINFO \x1b[0m:      [finetune-T1] round 1/3: loss 1.0 | 5.0s, ETA 10.0s\n",
+]
+
+
+def test_progress_echo_writes_plain_lines_when_not_a_terminal() -> None:
+    out = io.StringIO()
+    echo = ProgressEcho(out)
+    assert not echo.terminal
+    for line in LOG:
+        echo(line)
+    echo.close()
+    assert out.getvalue() == "".join(LOG)  # each line once, unchanged, no bar
+
+
+def test_progress_echo_follows_the_stage_in_progress_on_a_terminal() -> None:
+    out = io.StringIO()
+    echo = ProgressEcho(out, terminal=True)
+    for line in LOG[:3]:
+        echo(line)
+    (task,) = echo._bar.tasks
+    assert (task.description, task.completed, task.total) == ("supernet", 2, 4)
+    echo(LOG[3])
+    (task,) = echo._bar.tasks  # the finished stage's bar is replaced
+    assert (task.description, task.completed, task.total) == ("finetune-T1", 1, 3)
+    echo.close()
+    text = out.getvalue()
+    for line in LOG:  # every line printed once, colour codes rendered by rich
+        assert text.count(STEP_LINE.sub("", line.split(":      ")[1]).strip()) >= 1
+    assert text.count("Starting FedorAS") == 1
