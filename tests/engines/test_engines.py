@@ -136,7 +136,7 @@ def test_deployment_engine_runs_the_same_app(deployment, project_root, tmp_path,
     out = tmp_path / "out"
     engine = deployment(num_supernodes=2)
     # One tier: Stages 2 and 3 still run (their handlers, each message in a fresh
-    # ClientApp process), with a quarter of the messages four tiers would send.
+    # ClientApp process), but Stage 3 fine-tunes and tests one tier's model, not four.
     config = {"fedoras.rounds": 1, "fedoras.clients-per-round": 2, "fedoras.num-tiers": 1}
     engine.run(project_root, tiny(out, data_cache, **config), timeout=600)
     result = only_result(out)
