@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from fedorasflwr.launch import ConfigValue, Deployment, RunResult, run_simulation
+from fedorasflwr.launch import (
+    ConfigValue,
+    Deployment,
+    RunResult,
+    find_pids,
+    run_simulation,
+    stop_pids,
+)
 from tests.runconfig import readme_run_command
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -135,12 +142,17 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory) -> ReadmeRun:
     cwd = tmp_path_factory.mktemp("readme-run")
     home = cwd / "flwr-home"
     env = dict(os.environ, FEDORASFLWR_CACHE=str(cwd / "cache"))
-    done = subprocess.run(
-        [sys.executable, *command[1:], "--app-dir", str(PROJECT_ROOT), "--flwr-home", str(home)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEFAULT_TIMEOUT,
-    )
+    argv = [sys.executable, *command[1:], "--app-dir", str(PROJECT_ROOT)]
+    try:
+        done = subprocess.run(
+            [*argv, "--flwr-home", str(home)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DEFAULT_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:  # the killed launcher cannot stop its Flower processes
+        stop_pids(find_pids(flwr_home=home), grace=5.0)
+        raise
     return ReadmeRun(done=done, cwd=cwd, flwr_home=home)
