@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -87,3 +88,15 @@ def tiny_decnas(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
     )
     config.update(overrides)
     return config
+
+
+def readme_bash_blocks() -> list[str]:
+    """The ```bash blocks of README.md, in order: the run command first, the test command next."""
+    return re.findall(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text(), re.S)
+
+
+def readme_run_command() -> str:
+    """The first command of the README: the one that installs and runs the default search."""
+    blocks = readme_bash_blocks()
+    assert blocks, "README.md must open with a bash block holding the run command"
+    return blocks[0].strip()

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from fedorasflwr.launch import ConfigValue, Deployment, RunResult, run_simulation
+from fedorasflwr.launch import (
+    ConfigValue,
+    Deployment,
+    RunResult,
+    find_pids,
+    run_simulation,
+    stop_pids,
+)
+from tests.runconfig import readme_run_command
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 900.0
@@ -55,6 +67,37 @@ def simulation_runner(flwr_home: Path) -> Callable[..., RunResult]:
     return run
 
 
+@pytest.fixture(scope="module")
+def module_simulation_runner(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[..., tuple[RunResult, Path]]:
+    """`simulation_runner` for one run that several tests of a module share (call it from a
+    module-scoped fixture): ``run(num_supernodes=6, ...)`` -> ``(result, flwr_home)``.
+
+    Every call gets a fresh ``FLWR_HOME`` of its own under pytest's temp dirs.
+    """
+
+    def run(
+        *,
+        num_supernodes: int = 4,
+        run_config: Mapping[str, ConfigValue] | str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        **kwargs: object,
+    ) -> tuple[RunResult, Path]:
+        home = tmp_path_factory.mktemp("flwr-home")
+        result = run_simulation(
+            PROJECT_ROOT,
+            num_supernodes=num_supernodes,
+            run_config=run_config,
+            flwr_home=home,
+            timeout=timeout,
+            **kwargs,  # type: ignore[arg-type]
+        )
+        return result, home
+
+    return run
+
+
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
     """Start a local deployment: ``dep = deployment(num_supernodes=2, ...)``; stopped at teardown.
@@ -73,3 +116,43 @@ def deployment(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
     yield start
     for engine in reversed(started):
         engine.stop()
+
+
+@dataclass(frozen=True)
+class ReadmeRun:
+    """The README's run command, run once: its process, working directory and ``FLWR_HOME``."""
+
+    done: subprocess.CompletedProcess[str]
+    cwd: Path
+    flwr_home: Path
+
+
+@pytest.fixture(scope="session")
+def readme_run(tmp_path_factory: pytest.TempPathFactory) -> ReadmeRun:
+    """The README's first command (the default search: 20 simulated clients, all three
+    stages), run once per session as a new user types it, in a fresh working directory.
+
+    The venv and the install of the README's line are ours; the rest must be exactly
+    ``python -m fedorasflwr.launch``, which runs here with this interpreter, a temporary
+    ``FLWR_HOME`` (so that what it leaves running can be found) and a fresh data cache.
+    Several tests assert on this one run: it is the suite's most expensive.
+    """
+    command = readme_run_command().split("&& ")[-1].split()  # the venv and install are ours
+    assert command == ["python", "-m", "fedorasflwr.launch"]
+    cwd = tmp_path_factory.mktemp("readme-run")
+    home = cwd / "flwr-home"
+    env = dict(os.environ, FEDORASFLWR_CACHE=str(cwd / "cache"))
+    argv = [sys.executable, *command[1:], "--app-dir", str(PROJECT_ROOT)]
+    try:
+        done = subprocess.run(
+            [*argv, "--flwr-home", str(home)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DEFAULT_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:  # the killed launcher cannot stop its Flower processes
+        stop_pids(find_pids(flwr_home=home), grace=5.0)
+        raise
+    return ReadmeRun(done=done, cwd=cwd, flwr_home=home)

@@ -1,5 +1,11 @@
 """The app, unchanged, on both real Flower engines: simulation (`flwr run`, Ray) and
-deployment (a `flower-superlink` and `flower-supernode` processes on loopback)."""
+deployment (a `flower-superlink` and `flower-supernode` processes on loopback).
+
+One real run per thing only an engine shows: Stage 1 on the simulation engine equals the
+in-process computation (a tiny run here); all three stages with their exports run on the
+simulation engine (the README's default run, shared with `test_readme_run.py`); a bad run
+config fails the run; the deployment engine runs the app.
+"""
 
 from __future__ import annotations
 
@@ -62,13 +68,19 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
 
 
 def test_simulation_engine_runs_the_three_stages_and_stops_everything(
-    simulation_runner, flwr_home, tmp_path, data_cache
+    simulation_runner, flwr_home, tmp_path, data_cache, readme_run
 ):
+    # Stage 1 on a tiny config: the engine must not change the computation
     out = tmp_path / "out"
     overrides = tiny(
         out,
         data_cache,
-        **{"fedoras.rounds": 2, "fedoras.clients-per-round": 5, "fedoras.local-epochs": 1},
+        **{
+            "fedoras.rounds": 2,
+            "fedoras.clients-per-round": 5,
+            "fedoras.local-epochs": 1,
+            "fedoras.stop-after": "supernet",
+        },
     )
     simulation_runner(num_supernodes=10, client_num_cpus=1, run_config=overrides)
     result = only_result(out)
@@ -79,19 +91,7 @@ def test_simulation_engine_runs_the_three_stages_and_stops_everything(
     assert ledger["totals"]["bytes_down"] > 0 and ledger["totals"]["bytes_up"] > 0
     assert len(result["tier-of-partition"]) == 10
     assert find_pids(flwr_home=flwr_home) == []
-    # Stages 2 and 3: one searched, fine-tuned and exported model per tier
-    assert [m["tier"] for m in result["models"]] == [1, 2, 3, 4]
     run_dir = next(out.glob("fedoras-*"))
-    for model, tier in zip(result["models"], result["tiers"], strict=True):
-        assert tier["low"] < model["flops"] <= tier["high"]
-        assert 0.0 <= model["test"]["accuracy"] <= 1.0
-        exported = load_checkpoint(run_dir / f"tier-{model['tier']}.pt")
-        assert exported["options"] == model["options"]
-        net = build_space(**exported["space"]).subnet(exported["arch"])
-        net.load_state_dict(exported["state_dict"])  # strict: the export rebuilds
-    for plot in ("tiers_accuracy_flops.png", "supernet_accuracy.png", "finetune_curves.png"):
-        assert (run_dir / plot).stat().st_size > 0
-    assert {f"tier-{t}.pt" for t in range(1, 5)} <= set(result["files"])
     engine = load_checkpoint(run_dir / "supernet.pt")["state_dict"]
     expected = in_process_supernet(overrides, num_nodes=10)
     assert engine.keys() == expected.keys()
@@ -100,6 +100,27 @@ def test_simulation_engine_runs_the_three_stages_and_stops_everything(
     # difference (another path, batch or thread count) moves weights by ~1e-2.
     for key, value in expected.items():
         torch.testing.assert_close(engine[key], value, rtol=0, atol=1e-6, msg=key)
+    # Stages 2 and 3 on the same engine: the README's default run (one simulation of all
+    # three stages is enough): one searched, fine-tuned and exported model per tier and init
+    assert readme_run.done.returncode == 0, readme_run.done.stderr[-3000:]
+    out = readme_run.cwd / "outputs"
+    result = only_result(out)
+    run_dir = next(out.glob("fedoras-*"))
+    supernet_init = [m for m in result["models"] if m["init"] == "supernet"]
+    assert [m["tier"] for m in supernet_init] == [1, 2, 3, 4]
+    for model in result["models"]:
+        tier = result["tiers"][model["tier"] - 1]
+        assert tier["low"] < model["flops"] <= tier["high"]
+        assert 0.0 <= model["test"]["accuracy"] <= 1.0
+        suffix = "" if model["init"] == "supernet" else f"-{model['init']}-init"
+        exported = load_checkpoint(run_dir / f"tier-{model['tier']}{suffix}.pt")
+        assert exported["options"] == model["options"]
+        net = build_space(**exported["space"]).subnet(exported["arch"])
+        net.load_state_dict(exported["state_dict"])  # strict: the export rebuilds
+    for plot in ("tiers_accuracy_flops.png", "supernet_accuracy.png", "finetune_curves.png"):
+        assert (run_dir / plot).stat().st_size > 0
+    assert {f"tier-{t}.pt" for t in range(1, 5)} <= set(result["files"])
+    assert find_pids(flwr_home=readme_run.flwr_home) == []
 
 
 def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, data_cache):
@@ -114,11 +135,10 @@ def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, d
 def test_deployment_engine_runs_the_same_app(deployment, project_root, tmp_path, data_cache):
     out = tmp_path / "out"
     engine = deployment(num_supernodes=2)
-    engine.run(
-        project_root,
-        tiny(out, data_cache, **{"fedoras.rounds": 1, "fedoras.clients-per-round": 2}),
-        timeout=600,
-    )
+    # One tier: Stages 2 and 3 still run (their handlers, each message in a fresh
+    # ClientApp process), but Stage 3 fine-tunes and tests one tier's model, not four.
+    config = {"fedoras.rounds": 1, "fedoras.clients-per-round": 2, "fedoras.num-tiers": 1}
+    engine.run(project_root, tiny(out, data_cache, **config), timeout=600)
     result = only_result(out)
     assert [h["round"] for h in result["history"]] == [0, 1]
     assert result["history"][1]["clients"] == 2

@@ -1,4 +1,11 @@
-"""FDNAS and CFDNAS, unchanged, on the simulation engine (`flwr run`, Ray)."""
+"""FDNAS and CFDNAS, unchanged, on the simulation engine (`flwr run`, Ray).
+
+One engine run serves both tests: CFDNAS first runs the whole of FDNAS (the search on
+every client, the derivation, the FedAvg training of the "fdnas" net) with the same
+message types and client handlers, then searches per cluster.  What differs for
+``method = "fdnas"`` is server-side only (the ServerApp's dispatch and `FDNAS.start`), and
+no engine is needed to show that: it runs through the ServerApp's ``main`` in-process.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,17 @@ import json
 from pathlib import Path
 
 import pytest
+from flwr.app import Context, RecordDict
+
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.launch import find_pids
+from fedorasflwr.server_app import main as server_main
+from tests.runconfig import pyproject_run_config
 
 pytestmark = pytest.mark.slow
+
+NUM_NODES = 6
 
 
 def tiny(output_dir: Path, data_cache: Path, method: str) -> dict:
@@ -31,30 +47,45 @@ def only_result(output_dir: Path, method: str) -> dict:
     return json.loads(results[0].read_text())
 
 
-def test_fdnas_runs_on_the_simulation_engine(simulation_runner, tmp_path, data_cache):
-    out = tmp_path / "out"
-    simulation_runner(
-        num_supernodes=6, client_num_cpus=1, run_config=tiny(out, data_cache, "fdnas")
+@pytest.fixture(scope="module")
+def cfdnas_on_engine(module_simulation_runner, tmp_path_factory, data_cache) -> dict:
+    """CFDNAS on 6 simulated SuperNodes: its FDNAS phase and its clusters."""
+    out = tmp_path_factory.mktemp("cfdnas") / "out"
+    _, home = module_simulation_runner(
+        num_supernodes=NUM_NODES, client_num_cpus=1, run_config=tiny(out, data_cache, "cfdnas")
     )
-    result = only_result(out, "fdnas")
-    assert result["search-history"][0]["clients"] == 6
-    (net,) = result["nets"]
-    assert net["name"] == "fdnas" and net["partitions"] == list(range(6))
+    assert find_pids(flwr_home=home) == []
+    return only_result(out, "cfdnas")
+
+
+def test_fdnas_runs_on_the_simulation_engine(cfdnas_on_engine, tmp_path, data_cache):
+    # on the engine: FDNAS's search over every client, derivation and trained net
+    result = cfdnas_on_engine
+    assert result["search-history"][0]["clients"] == NUM_NODES
+    net = result["nets"][0]
+    assert net["name"] == "fdnas" and net["partitions"] == list(range(NUM_NODES))
     assert 0.0 <= net["averaged-accuracy"] <= 1.0
-    assert result["ledger"]["search"]["totals"]["replies"] == 6
-
-
-def test_cfdnas_runs_on_the_simulation_engine(simulation_runner, tmp_path, data_cache):
+    assert result["ledger"]["search"]["totals"]["replies"] == NUM_NODES
+    # method = "fdnas" through the ServerApp's main: exactly that one net
     out = tmp_path / "out"
-    simulation_runner(
-        num_supernodes=6, client_num_cpus=1, run_config=tiny(out, data_cache, "cfdnas")
-    )
-    result = only_result(out, "cfdnas")
+    config = {**pyproject_run_config(), **tiny(out, data_cache, "fdnas")}
+    context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    server_main(InProcessGrid(client_app, config, NUM_NODES), context)
+    result = only_result(out, "fdnas")
+    assert result["search-history"][0]["clients"] == NUM_NODES
+    (net,) = result["nets"]
+    assert net["name"] == "fdnas" and net["partitions"] == list(range(NUM_NODES))
+    assert 0.0 <= net["averaged-accuracy"] <= 1.0
+    assert result["ledger"]["search"]["totals"]["replies"] == NUM_NODES
+
+
+def test_cfdnas_runs_on_the_simulation_engine(cfdnas_on_engine):
+    result = cfdnas_on_engine
     assert [net["name"] for net in result["nets"]] == [
         "fdnas",
         "cluster-0",
         "cluster-1",
         "cluster-2",
     ]
-    assert result["cluster-of-partition"] == {str(p): p // 2 for p in range(6)}
+    assert result["cluster-of-partition"] == {str(p): p // 2 for p in range(NUM_NODES)}
     assert all(len(net["partitions"]) == 2 for net in result["nets"][1:])

@@ -13,6 +13,7 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.costs import array_record_bytes, array_record_elements
 from fedorasflwr.data import load_server_data
+from fedorasflwr.evaluation import SupernetEvaluator
 from fedorasflwr.inprocess import InProcessGrid, error_reply, replace_content
 from fedorasflwr.protocol import ARRAYS, FEDORAS_SUPERNET, METRICS
 from fedorasflwr.server_app import build_supernet
@@ -45,8 +46,23 @@ def supernet_messages(grid):
     return [m for m in grid.sent if m.metadata.message_type == FEDORAS_SUPERNET]
 
 
-def test_rounds_run_and_every_message_fits_the_comm_budget(run_config):
-    strategy, grid, result = run(run_config)
+def validated_run(config):
+    """`run` with the server-side supernet validation of every round."""
+    settings = parse_run_config(config)
+    evaluator = SupernetEvaluator(
+        build_supernet(settings), load_server_data(settings.data), num_paths=2, seed=0
+    )
+    return run(config, evaluate_fn=evaluator)
+
+
+@pytest.fixture(scope="module")
+def stage1(run_config):
+    """One validated Stage-1 run of the tiny config, shared by the tests that only read it."""
+    return validated_run(run_config)
+
+
+def test_rounds_run_and_every_message_fits_the_comm_budget(stage1):
+    strategy, grid, result = stage1
     assert [h["round"] for h in result.history] == [0, 1, 2]
     messages = supernet_messages(grid)
     assert len(messages) == 2 * 6
@@ -68,8 +84,8 @@ def test_rounds_run_and_every_message_fits_the_comm_budget(run_config):
     assert 0.5 - largest_option / strategy.space.total_size - 0.05 < ratio <= 0.5 + 0.02
 
 
-def test_only_sampled_tier_paths_are_trained(run_config):
-    strategy, grid, result = run(run_config)
+def test_only_sampled_tier_paths_are_trained(stage1):
+    strategy, grid, result = stage1
     for message in supernet_messages(grid):
         config = message.content.config_records["config"]
         tier = strategy.tiers[int(config["tier"])]
@@ -79,9 +95,9 @@ def test_only_sampled_tier_paths_are_trained(run_config):
     assert result.ledger["supernet"]["totals"]["train_flops"] > 0
 
 
-def test_same_seed_same_supernet(run_config):
-    _, _, first = run(run_config)
-    _, _, second = run(run_config)
+def test_same_seed_same_supernet(run_config, stage1):
+    _, _, first = stage1
+    _, _, second = validated_run(run_config)
     for key in first.arrays:
         np.testing.assert_array_equal(first.arrays[key].numpy(), second.arrays[key].numpy())
     other = dict(run_config, seed=1)
@@ -149,7 +165,8 @@ def _silent(reply):
 @pytest.mark.parametrize("fault", [_poison, _extra_key, _inflated_counts, _crash, _silent])
 def test_bad_replies_are_dropped_logged_and_never_corrupt_the_supernet(run_config, fault, caplog):
     faults = {pid: fault for pid in range(0, NUM_NODES, 3)}  # a third of the clients misbehave
-    config = dict(run_config, **{"fedoras.clients-per-round": NUM_NODES})  # all sampled
+    # all sampled; one round shows it (a later round aggregates the same way)
+    config = dict(run_config, **{"fedoras.clients-per-round": NUM_NODES, "fedoras.rounds": 1})
     strategy, _, result = run(config, faults=faults)
     bad_nodes = {
         InProcessGrid(client_app, run_config, NUM_NODES).node_of_partition[p] for p in faults
@@ -178,15 +195,8 @@ def test_comm_budget_below_the_smallest_path_is_rejected(run_config):
         make_strategy(config)
 
 
-def test_supernet_validation_is_recorded_each_round(run_config):
-    from fedorasflwr.data import load_server_data
-    from fedorasflwr.evaluation import SupernetEvaluator
-
-    settings = parse_run_config(run_config)
-    evaluator = SupernetEvaluator(
-        build_supernet(settings), load_server_data(settings.data), num_paths=2, seed=0
-    )
-    _, _, result = run(run_config, evaluate_fn=evaluator)
+def test_supernet_validation_is_recorded_each_round(stage1):
+    _, _, result = stage1
     accuracies = [h["val-accuracy"] for h in result.history]
     assert len(accuracies) == 3
     assert all(0.0 <= a <= 1.0 and not math.isnan(a) for a in accuracies)

@@ -213,8 +213,8 @@ def test_stage3_never_sends_a_model_to_a_client_below_its_tier(three_stages):
     assert result.models[0].test.clients == NUM_NODES
 
 
-def test_same_seed_same_search_and_models(run_config):
-    first = run(run_config, stop_after="search")[2]
+def test_same_seed_same_search_and_models(run_config, three_stages):
+    first = three_stages[2]  # the same config, run through Stage 3 after the search
     second = run(run_config, stop_after="search")[2]
     assert [s.best for s in first.searches] == [s.best for s in second.searches]
     assert [s.summary() for s in first.searches] == [s.summary() for s in second.searches]
@@ -368,11 +368,11 @@ def test_fine_tuning_starts_from_the_model_the_search_scored(three_stages):
     assert any(not np.allclose(start[k].numpy(), supernet[k].numpy()) for k in stats)
 
 
-def test_plain_fedavg_of_supernets_returns_and_averages_every_key_sent(run_config):
+def test_plain_fedavg_of_supernets_returns_and_averages_every_key_sent(run_config, three_stages):
     config = {**run_config, "fedoras.aggregation": "fedavg"}
     strategy, grid, result = run(config, stop_after="supernet")
     assert all(h.get("clients", 6) == 6 for h in result.history[1:])
-    opa_result = run(run_config, stop_after="supernet")[2]
+    opa_result = three_stages[2]  # OPA (the default) on the same config: its Stage-1 supernet
     differs = [
         k
         for k in result.arrays.keys()
