@@ -21,7 +21,7 @@ def test_readme_opens_with_the_run_and_test_commands():
     blocks = readme_bash_blocks()
     assert blocks[0].endswith("python -m fedorasflwr.launch")
     assert readme_run_command() == blocks[0].strip()
-    assert blocks[1].endswith('pip install -e ".[test]" && python -m pytest')
+    assert blocks[1].endswith('pip install -e ".[test]" -c constraints.txt && python -m pytest')
     ci = (ROOT / ".ci" / "run").read_text()
     assert blocks[1].split("&& ", 2)[-1] in ci  # CI runs exactly the README's test command
 
