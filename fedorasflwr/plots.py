@@ -393,7 +393,8 @@ def plot_fdnas_nets(
         drawn.append(baseline["accuracy"])
     _legend_outside(ax, handles)
     _pad_y(ax, drawn)
-    ax.set_xmargin(0.2)
+    costs = [n["flops"] / 1e6 for n in nets] + ([baseline["flops"] / 1e6] if baseline else [])
+    ax.set_xlim(0, 1.25 * max(costs))  # from zero: one net alone gets readable ticks
     return _finish(
         fig,
         ax,
@@ -437,7 +438,7 @@ def plot_alpha_entropy(
             [sum(e) / len(e) for _, e in stage],
             marker="os^Dv<>"[index % 7],
             color=c,
-            label=name,
+            label=f"{name} (last {sum(stage[-1][1]) / len(stage[-1][1]):.3f})",
         )
         ax.fill_between(
             rounds,
@@ -449,10 +450,12 @@ def plot_alpha_entropy(
         )
     if len(stages) > 1 and rows[0]:
         ax.axvline(offset + 0.5, color="0.6", linewidth=1)
+    top = max(max(e) for stage in rows for _, e in stage)
     if options:
         uniform = sum(math.log(k) for k in options) / len(options)
         ax.axhline(uniform, color="0.4", linestyle=":", label="undecided (uniform)")
-    ax.set_ylim(bottom=0)
+        top = max(top, uniform)
+    ax.set_ylim(0, 1.12 * top)
     integer_ticks(ax)
     return _finish(
         fig,
