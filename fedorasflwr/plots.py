@@ -169,6 +169,22 @@ def _init_style(init: str) -> tuple[str, str, str, bool]:
     return INITS.get(init, (f"{init} init", ":", "^", False))
 
 
+def _init_handle(init: str) -> Any:
+    """The legend entry of a FedorAS initialisation: its line style and marker, in grey."""
+    from matplotlib.lines import Line2D
+
+    name, style, marker, filled = _init_style(init)
+    return Line2D(
+        [],
+        [],
+        linestyle=style,
+        marker=marker,
+        color="0.3",
+        markerfacecolor="0.3" if filled else "white",
+        label=name,
+    )
+
+
 def plot_tiers(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
     """FedorAS: test accuracy against MFLOPs, one point per tier model labelled T1..Tn,
     filled for supernet init, hollow for random init.  ``models``: the result's
@@ -177,6 +193,7 @@ def plot_tiers(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
     if not tested:
         return None
     fig, ax = _figure()
+    handles: list[Any] = []
     for init in dict.fromkeys(m["init"] for m in tested):
         name, style, marker, filled = _init_style(init)
         points = sorted(
@@ -190,8 +207,8 @@ def plot_tiers(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
             style,
             color="0.6",
             zorder=1,
-            label=name,
         )
+        handles.append(_init_handle(init))
         for x, y, tier in points:
             c = colour(tier - 1)
             ax.scatter(
@@ -205,6 +222,7 @@ def plot_tiers(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
                 facecolors=c if filled else "white",
             )
             _label(ax, x, y, f"T{tier}", c)
+    _legend_outside(ax, handles)
     _pad_y(ax, [m["test"]["accuracy"] for m in tested])
     ax.set_xmargin(0.12)
     return _finish(
@@ -214,6 +232,7 @@ def plot_tiers(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
         title="FedorAS: test accuracy per tier",
         xlabel="MFLOPs per sample",
         ylabel="test accuracy",
+        legend=False,
     )
 
 
@@ -249,19 +268,7 @@ def plot_finetune(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | Non
     tiers = sorted({m["tier"] for m, _ in curves})
     inits = list(dict.fromkeys(m["init"] for m, _ in curves))
     handles = [Line2D([], [], color=colour(t - 1), linewidth=3, label=f"T{t}") for t in tiers]
-    for init in inits:
-        name, style, marker, filled = _init_style(init)
-        handles.append(
-            Line2D(
-                [],
-                [],
-                linestyle=style,
-                marker=marker,
-                color="0.3",
-                markerfacecolor="0.3" if filled else "none",
-                label=name,
-            )
-        )
+    handles += [_init_handle(init) for init in inits]
     _legend_outside(ax, handles)
     integer_ticks(ax)
     return _finish(
