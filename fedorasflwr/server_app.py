@@ -244,7 +244,7 @@ def _run_fdnas(
     strategy.aggregation = aggregation_of(settings)
     strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
     result = strategy.start(grid, resume=resume_checkpoint(settings, space))
-    files = [
+    files: list[Path | None] = [
         save_checkpoint(
             out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
         )
