@@ -90,11 +90,13 @@ def _finish(
 
 
 def _label(ax: Any, x: float, y: float, text: str, color: str, where: str = "above") -> None:
-    """``text`` beside the point ``(x, y)``: ``above`` right, ``below`` right or ``left``
-    (above left)."""
-    offset, align = {"above": ((6, 5), "left"), "below": ((6, -13), "left")}.get(
-        where, ((-6, 5), "right")
-    )
+    """``text`` beside the point ``(x, y)``: ``above`` right, ``below`` right, ``right`` or
+    ``left`` (above left)."""
+    offset, align = {
+        "above": ((6, 5), "left"),
+        "below": ((6, -13), "left"),
+        "right": ((10, -3), "left"),
+    }.get(where, ((-6, 5), "right"))
     ax.annotate(
         text, (x, y), xytext=offset, textcoords="offset points", fontsize=9, color=color, ha=align
     )
@@ -362,13 +364,13 @@ def plot_fdnas_nets(
     for index, net in enumerate(nets):
         c, x = colour(index), net["flops"] / 1e6
         y = net["averaged-accuracy"]
-        ax.scatter(x, y, s=70, color=c, zorder=3)
-        _label(ax, x, y, net["name"], c)
+        ax.scatter(x, y, s=50, color=c, zorder=4)  # on top: an equal local ring stays around it
+        _label(ax, x, y, net["name"], c, "right")
         handles.append(Line2D([], [], marker="o", linestyle="", color=c, label=net["name"]))
         drawn.append(y)
         local = net.get("mean-local-accuracy")
         if local is not None:
-            ax.scatter(x, local, s=70, facecolors="white", edgecolors=c, linewidths=1.5, zorder=3)
+            ax.scatter(x, local, s=150, facecolors="none", edgecolors=c, linewidths=1.5, zorder=3)
             ax.plot([x, x], [y, local], color=c, alpha=0.4, zorder=2)
             drawn.append(local)
     handles.append(Line2D([], [], marker="o", linestyle="", color="0.3", label="averaged"))
@@ -377,9 +379,10 @@ def plot_fdnas_nets(
             [],
             [],
             marker="o",
+            markersize=11,
             linestyle="",
             color="0.3",
-            markerfacecolor="white",
+            markerfacecolor="none",
             label="mean local",
         )
     )
