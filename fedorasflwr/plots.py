@@ -494,11 +494,12 @@ def plot_dpfnas(
     fig, (top, bottom) = _figure(6.5, 5.0, rows=2)
     if epsilon:
         top.plot(*zip(*epsilon, strict=True), marker="o", color=colour(5), label="epsilon")
+        _label(top, *epsilon[-1], f"{epsilon[-1][1]:.3g}", colour(5), "left")
     if target_epsilon > 0:
         top.axhline(target_epsilon, color="0.4", linestyle=":", label="target")
         top.legend(fontsize=9, loc="lower right")
     top.set_ylabel("epsilon (worst party)")
-    top.set_ylim(bottom=0)
+    top.set_ylim(0, 1.2 * max([e for _, e in epsilon] + [target_epsilon, 1e-9]))
     if accuracy:
         bottom.plot(*zip(*accuracy, strict=True), marker="o", color=colour(0))
     else:
