@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
+
+from .plots import plot_history, plot_points  # the plots live in plots.py; kept importable here
 
 __all__ = [
     "check_state",
@@ -174,59 +176,3 @@ def _is_empty(path: Path | str) -> bool:
         return Path(path).stat().st_size == 0
     except OSError:
         return False
-
-
-def plot_history(
-    path: Path, history: Sequence[Mapping[str, Any]], key: str, *, title: str, ylabel: str
-) -> Path | None:
-    """Line plot of ``key`` over rounds; ``None`` if no round has it."""
-    points = [(h["round"], h[key]) for h in history if key in h]
-    if not points:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(*zip(*points, strict=True), marker="o")
-    ax.set_xlabel("round")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def plot_points(
-    path: Path,
-    series: Mapping[str, Sequence[tuple[float, float]]],
-    *,
-    title: str,
-    xlabel: str,
-    ylabel: str,
-) -> Path | None:
-    """One marked line per named series of ``(x, y)`` points (e.g. accuracy against MACs);
-    ``None`` if no series has a point."""
-    series = {name: sorted(points) for name, points in series.items() if points}
-    if not series:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for name, points in series.items():
-        ax.plot(*zip(*points, strict=True), marker="o", label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

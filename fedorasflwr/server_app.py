@@ -16,14 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from torch.utils.data import DataLoader
 
-from .artifacts import (
-    check_state,
-    load_checkpoint,
-    plot_history,
-    plot_points,
-    run_directory,
-    save_checkpoint,
-)
+from .artifacts import check_state, load_checkpoint, run_directory, save_checkpoint
 from .checkpoints import Checkpointer, Resume, read_resume
 from .clients.training import evaluate, resolve_device, torch_device, using_device
 from .config import RunSettings, parse_run_config, space_kwargs
@@ -31,6 +24,15 @@ from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
 from .evaluation import SupernetEvaluator
 from .export import OnnxExports
+from .plots import (
+    plot_alpha_entropy,
+    plot_dpfnas,
+    plot_fdnas_nets,
+    plot_finetune,
+    plot_frontier,
+    plot_history,
+    plot_tiers,
+)
 from .progress import format_seconds, setup_logging, summary_lines
 from .search_spaces import DerivedNetwork, SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet, build_prunable
@@ -192,24 +194,9 @@ def resume_supernet(path: str, space: SearchSpace) -> ArrayRecord:
 def fedoras_plots(out_dir: Path, result: FedorASResult) -> list[Path | None]:
     """Accuracy against FLOPs per tier (FedorAS and rand-init), the supernet's curve,
     and the fine-tuning curves."""
-    series: dict[str, list[tuple[float, float]]] = {}
-    for model in result.models:
-        if model.test is not None:
-            name = {SUPERNET_INIT: "FedorAS", "random": "rand-init"}.get(model.init, model.init)
-            series.setdefault(name, []).append((model.flops / 1e6, model.test.accuracy))
-    curves = {
-        f"T{m.tier + 1} {m.init}": [(h["round"], h["val-accuracy"]) for h in m.history]
-        for m in result.models
-        if any("val-accuracy" in h for h in m.history)
-    }
+    models = [m.summary() for m in result.models]
     return [
-        plot_points(
-            out_dir / "tiers_accuracy_flops.png",
-            series,
-            title="FedorAS: test accuracy per tier",
-            xlabel="MFLOPs",
-            ylabel="test accuracy",
-        ),
+        plot_tiers(out_dir / "tiers_accuracy_flops.png", models),
         plot_history(
             out_dir / "supernet_accuracy.png",
             result.history,
@@ -217,13 +204,7 @@ def fedoras_plots(out_dir: Path, result: FedorASResult) -> list[Path | None]:
             title="Supernet: mean accuracy of random paths",
             ylabel="accuracy",
         ),
-        plot_points(
-            out_dir / "finetune_curves.png",
-            curves,
-            title="Stage 3: fine-tuning (server validation)",
-            xlabel="round",
-            ylabel="accuracy",
-        ),
+        plot_finetune(out_dir / "finetune_curves.png", models),
     ]
 
 
@@ -269,7 +250,7 @@ def _run_fdnas(
     strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
     result = strategy.start(grid, resume=resume_checkpoint(settings, space))
     onnx = OnnxExports(out_dir, settings.data)
-    files = [
+    files: list[Path | None] = [
         save_checkpoint(
             out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
         )
@@ -285,7 +266,7 @@ def _run_fdnas(
             )
         )
         onnx.add(net.name, space.subnet(net.arch), net.arrays)
-    return {
+    document = {
         "space": describe_space(space),
         "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
         "cluster-of-partition": result.cluster_of_partition,
@@ -294,8 +275,23 @@ def _run_fdnas(
         "cluster-history": result.cluster_history,
         "ledger": result.ledger,
         "onnx": onnx.summary(),
-        "files": [p.name for p in files] + onnx.files(),
     }
+    files += fdnas_plots(out_dir, document, strategy_class.__name__)
+    return {**document, "files": [p.name for p in files if p is not None] + onnx.files()}
+
+
+def fdnas_plots(out_dir: Path, document: dict[str, Any], method: str) -> list[Path | None]:
+    """The derived nets' accuracy against FLOPs and the alpha entropy per search round."""
+    return [
+        plot_fdnas_nets(out_dir / "nets_accuracy_flops.png", document["nets"], method=method),
+        plot_alpha_entropy(
+            out_dir / "alpha_entropy.png",
+            document["search-history"],
+            document["cluster-history"],
+            options=[len(c["options"]) for c in document["space"]["choices"]],
+            method=method,
+        ),
+    ]
 
 
 def run_fdnas(
@@ -362,12 +358,8 @@ def run_dpfnas(
             )
         )
         onnx.add("derived", DerivedNetwork(result.genotype, **space.spec), result.final_arrays)
-    plot = plot_history(
-        out_dir / "supernet_accuracy.png",
-        [{"round": h["iteration"], **h} for h in result.history],
-        "val-accuracy",
-        title="DP-FNAS: mixed supernet accuracy (server slice)",
-        ylabel="accuracy",
+    plot = plot_dpfnas(
+        out_dir / "privacy_accuracy.png", result.history, settings.dpfnas.target_epsilon
     )
     return {
         "space": describe_space(space),
@@ -455,13 +447,7 @@ def run_decnas(
                 )
             )
             onnx.add(f"{name}-tuned", build_prunable(**model.spec), model.tuned_arrays)
-    plot = plot_points(
-        out_dir / "frontier.png",
-        result.accuracy_points(),
-        title=f"DecNAS ({settings.decnas.variant}): test accuracy against MACs",
-        xlabel="MACs per sample",
-        ylabel="test accuracy",
-    )
+    plot = plot_frontier(out_dir / "frontier.png", result.summary(), settings.decnas.variant)
     files_written = [p.name for p in (*files, plot) if p is not None] + onnx.files()
     return {**result.summary(), "onnx": onnx.summary(), "files": files_written}
 

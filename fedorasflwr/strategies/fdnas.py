@@ -297,6 +297,7 @@ class FDNAS(FederatedNASStrategy):
                 "derived": list(arch),
                 "derived-flops": self.space.cost(arch).flops,
                 "expected-flops": float(self.space.expected_flops().detach()),
+                "alpha-entropy": self.alpha_entropy(),
                 "seconds": round(time.perf_counter() - started, 4),
             }
             log(
@@ -350,6 +351,14 @@ class FDNAS(FederatedNASStrategy):
         the most probable path within that fraction of the largest path's FLOPs."""
         self.space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         return self.space.derive(self.max_flops)
+
+    def alpha_entropy(self) -> list[float]:
+        """Entropy (nats) of ``softmax(alpha)`` of each searchable layer of the loaded
+        supernet, in layer order: ``ln(options)`` while undecided, 0 once one option wins."""
+        return [
+            round(float(-(p * torch.log(p.clamp_min(1e-12))).sum()), 6)
+            for p in (q.detach() for q in self.space.probabilities())
+        ]
 
     def fresh_supernet(self, *keys: int | str) -> ArrayRecord:
         """A newly initialised supernet (naive-CFDNAS), seeded from the run seed and ``keys``."""

@@ -1,0 +1,159 @@
+"""The plots a run writes: each plot function draws a PNG from a small hand-made result
+(no federated run), and a tiny in-process FDNAS run lists its plots beside result.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, RecordDict
+from PIL import Image
+
+from fedorasflwr.artifacts import plot_history as reexported_plot_history
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.plots import (
+    cost_formatter,
+    plot_alpha_entropy,
+    plot_dpfnas,
+    plot_fdnas_nets,
+    plot_finetune,
+    plot_frontier,
+    plot_history,
+    plot_points,
+    plot_tiers,
+    si,
+)
+from fedorasflwr.server_app import main
+from tests.runconfig import tiny_fdnas
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path: Path | None) -> None:
+    """``path`` is a non-empty PNG image of a plausible plot size."""
+    assert path is not None
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    with Image.open(path) as image:
+        width, height = image.size
+    assert width >= 400 and height >= 250
+
+
+def tier_models() -> list[dict[str, Any]]:
+    """Four tiers, each fine-tuned from the supernet and from a random init."""
+    models = []
+    for tier in range(1, 5):
+        for init, gain in (("supernet", 0.1), ("random", 0.0)):
+            models.append(
+                {
+                    "tier": tier,
+                    "init": init,
+                    "flops": 2_000_000 * tier,
+                    "test": {"accuracy": 0.5 + 0.05 * tier + gain, "loss": 1.0},
+                    "history": [
+                        {"round": r, "val-accuracy": 0.3 + 0.1 * r + gain} for r in (1, 2, 3)
+                    ],
+                }
+            )
+    return models
+
+
+def test_si_units():
+    assert si(1_234_567, "FLOPs") == "1.23MFLOPs"
+    assert si(350_000) == "350K"
+    assert si(12) == "12"
+    assert cost_formatter("")(2_500_000, 0) == "2.5M"
+
+
+def test_generic_plots(tmp_path):
+    history = [{"round": r, "val-accuracy": 0.1 * r} for r in (1, 2, 3)]
+    assert_png(plot_history(tmp_path / "h.png", history, "val-accuracy", title="t", ylabel="y"))
+    assert plot_history(tmp_path / "none.png", history, "loss", title="t", ylabel="y") is None
+    assert reexported_plot_history is plot_history  # artifacts keeps its old import working
+    assert_png(
+        plot_points(tmp_path / "p.png", {"a": [(1, 2), (3, 4)]}, title="t", xlabel="x", ylabel="y")
+    )
+    assert plot_points(tmp_path / "e.png", {"a": []}, title="t", xlabel="x", ylabel="y") is None
+
+
+def test_fedoras_plots(tmp_path):
+    models = tier_models()
+    assert_png(plot_tiers(tmp_path / "tiers.png", models))
+    assert_png(plot_finetune(tmp_path / "curves.png", models))
+    untested = [{**m, "test": None, "history": []} for m in models]
+    assert plot_tiers(tmp_path / "t0.png", untested) is None
+    assert plot_finetune(tmp_path / "c0.png", untested) is None
+
+
+def test_frontier_plot(tmp_path):
+    document = {
+        "frontier": [
+            {
+                "iteration": t,
+                "macs": 400_000 // (t + 1),
+                "test-accuracy": 0.9 - 0.1 * t,
+                "tuned-test-accuracy": None if t == 0 else 0.95 - 0.1 * t,
+            }
+            for t in range(3)
+        ],
+        "width-baseline": [{"macs": 150_000, "test-accuracy": 0.6}],
+    }
+    assert_png(plot_frontier(tmp_path / "frontier.png", document, "decnas"))
+    assert plot_frontier(tmp_path / "none.png", {"frontier": [], "width-baseline": []}) is None
+
+
+def test_fdnas_plots(tmp_path):
+    nets = [
+        {
+            "name": "fdnas",
+            "flops": 300_000,
+            "partitions": [0, 1, 2, 3],
+            "averaged-accuracy": 0.8,
+            "mean-local-accuracy": 0.85,
+        },
+        {
+            "name": "cluster-0",
+            "flops": 200_000,
+            "partitions": [0, 1],
+            "averaged-accuracy": 0.75,
+            "mean-local-accuracy": None,
+        },
+    ]
+    baseline = {"name": "MobileNetV2", "flops": 250_000, "accuracy": 0.7}
+    assert_png(plot_fdnas_nets(tmp_path / "nets.png", nets, baseline))
+    assert plot_fdnas_nets(tmp_path / "n0.png", [{**nets[0], "partitions": []}]) is None
+    history = [{"round": r, "alpha-entropy": [math.log(6) / r, 0.5 / r]} for r in (1, 2, 3)]
+    clusters = {0: history[:2], 1: history[:2]}
+    assert_png(plot_alpha_entropy(tmp_path / "entropy.png", history, clusters, options=[6, 6]))
+    assert plot_alpha_entropy(tmp_path / "e0.png", [{"round": 1}], {}) is None
+
+
+def test_dpfnas_plot(tmp_path):
+    history = [{"iteration": 0, "val-accuracy": 0.1}] + [
+        {"iteration": i, "epsilon": 0.5 * i, "val-accuracy": 0.1 + 0.05 * i} for i in (1, 2, 3)
+    ]
+    assert_png(plot_dpfnas(tmp_path / "dp.png", history, target_epsilon=2.0))
+    no_validation = [{k: v for k, v in h.items() if k != "val-accuracy"} for h in history[1:]]
+    assert_png(plot_dpfnas(tmp_path / "dp2.png", no_validation))
+    assert plot_dpfnas(tmp_path / "none.png", [{"iteration": 0}]) is None
+
+
+def test_fdnas_run_writes_its_plots(data_cache, tmp_path):
+    """A tiny real FDNAS run (ServerApp main, in-process grid): the plots are beside
+    result.json, listed in its ``files``, and every search round records alpha entropies."""
+    config = {**tiny_fdnas(data_cache, **{"fdnas.rounds": 2}), "output-dir": str(tmp_path)}
+    context = Context(run_id=3, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    main(InProcessGrid(client_app, config, 10), context)
+    (run_dir,) = tmp_path.iterdir()
+    result = json.loads((run_dir / "result.json").read_text())
+    for name in ("nets_accuracy_flops.png", "alpha_entropy.png"):
+        assert name in result["files"]
+        assert_png(run_dir / name)
+    layers = len(result["space"]["choices"])
+    for entry in result["search-history"]:
+        entropy = entry["alpha-entropy"]
+        assert len(entropy) == layers
+        bounds = [math.log(len(c["options"])) for c in result["space"]["choices"]]
+        assert all(0 <= e <= b + 1e-6 for e, b in zip(entropy, bounds, strict=True))
