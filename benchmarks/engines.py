@@ -252,8 +252,14 @@ def print_table(results: Mapping[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny config, 2 rounds")
+    parser.add_argument(
+        "--configs", default="tiny,default", help="comma-separated: tiny, default (full run)"
+    )
     args = parser.parse_args(argv)
-    configs = ["tiny"] if args.quick else ["tiny", "default"]
+    configs = ["tiny"] if args.quick else args.configs.split(",")
+    unknown = set(configs) - {"tiny", "default"}
+    if unknown:
+        parser.error(f"--configs: unknown {sorted(unknown)}; allowed: tiny, default")
     bare = bare_torch_import_seconds()
     bare_at_once = bare_torch_import_seconds(at_once=NUM_CLIENTS)
     results: dict[str, Any] = {}
