@@ -7,6 +7,11 @@ from the run config; what to do from the message's ConfigRecord.
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from collections.abc import Callable
+
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -16,7 +21,109 @@ from .config import parse_run_config
 from .data import ClientData, load_client_data
 from .protocol import PROFILE
 
-app = ClientApp(mods=[device_mod])  # every handler runs on this node's device
+#: When set, every handled message appends one JSON line of timestamps to this file
+#: (``benchmarks/engines.py`` reads it); unset, the only cost is one dict lookup.
+TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"
+#: Seconds since the epoch when this module finished importing (timing only).
+_MODULE_LOADED = time.time()
+_MARKS: dict[str, float] = {}
+
+
+def _node_threads(msg: Message, context: Context, call_next: _Handler) -> Message:
+    """Honour the node config's ``num-threads`` (torch intra-op threads for this process).
+
+    Several SuperNodes on one host each start a ClientApp process per message, and
+    torch starts one thread per core in each: ``num-threads`` caps that.
+    """
+    threads = context.node_config.get("num-threads")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(_positive_threads(threads))
+    return call_next(msg, context)
+
+
+def _positive_threads(value: object) -> int:
+    """``value`` as an integer >= 1, or ``ValueError`` naming the key."""
+    try:
+        threads = int(str(value))
+    except ValueError:
+        threads = 0
+    if isinstance(value, bool) or threads < 1:
+        raise ValueError(f"node config num-threads = {value!r} is invalid: an integer >= 1")
+    return threads
+
+
+def _timing(msg: Message, context: Context, call_next: _Handler) -> Message:
+    """With ``$FEDORASFLWR_TIMING_LOG`` set, log where this message's time went."""
+    path = os.environ.get(TIMING_LOG_ENV)
+    if not path:
+        return call_next(msg, context)
+    _MARKS.clear()
+    entered = time.time()
+    reply = call_next(msg, context)
+    done = time.time()
+    serialized = _serialize_seconds(reply)
+    record = {
+        "pid": os.getpid(),
+        "message-type": msg.metadata.message_type,
+        "partition-id": context.node_config.get("partition-id"),
+        "server-round": _server_round(msg),
+        "process-start": _process_start(),
+        "module-loaded": _MODULE_LOADED,
+        "handler-entry": entered,
+        "data-loaded": _MARKS.get("data-loaded", entered),
+        "reply-built": done,
+        "serialize-seconds": serialized,
+        "threads": _torch_threads(),
+    }
+    with open(path, "a", encoding="utf-8") as sink:
+        sink.write(json.dumps(record) + "\n")
+    return reply
+
+
+def _serialize_seconds(reply: Message) -> float:
+    """Seconds to turn the reply's content into protobuf bytes (what Flower sends)."""
+    if reply.has_error():
+        return 0.0
+    from flwr.common.serde import recorddict_to_proto
+
+    started = time.perf_counter()
+    recorddict_to_proto(reply.content).SerializeToString()
+    return time.perf_counter() - started
+
+
+def _server_round(msg: Message) -> int:
+    if msg.has_error() or "config" not in msg.content.config_records:
+        return -1
+    return int(msg.content.config_records["config"].get("server-round", -1))
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _process_start() -> float:
+    """This process's start (epoch seconds, 10 ms resolution) from ``/proc``; or the
+    module's import time where ``/proc`` is missing."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as uptime:
+            now_uptime = float(uptime.read().split()[0])
+        now = time.time()
+        started_uptime = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return _MODULE_LOADED
+    return now - (now_uptime - started_uptime)
+
+
+_Handler = Callable[[Message, Context], Message]
+
+# thread cap, then this node's device for every handler, then the (optional) timing log
+app = ClientApp(mods=[_node_threads, device_mod, _timing])
 
 
 def _identity(context: Context) -> tuple[int, int]:
@@ -33,7 +140,9 @@ def _client_data(context: Context) -> ClientData:
     """This node's partition (cached on disk: deployment starts a process per message)."""
     partition_id, num_partitions = _identity(context)
     spec = parse_run_config(context.run_config).data
-    return load_client_data(spec, partition_id, num_partitions)
+    data = load_client_data(spec, partition_id, num_partitions)
+    _MARKS["data-loaded"] = time.time()
+    return data
 
 
 @app.query("profile")

@@ -53,7 +53,8 @@ class Deployment:
         Number of ``flower-supernode`` processes.
     node_configs : Sequence[Mapping], optional
         Per node, extra ``--node-config`` entries added to ``partition-id=i
-        num-partitions=N``.
+        num-partitions=N num-threads=T`` (T: ``cpu_count // num_supernodes``, at
+        least 1; the ClientApp sets torch's thread count to it).
     flwr_home : Path, optional
         ``FLWR_HOME`` of the SuperLink (each node gets ``<flwr_home>/supernode-<i>``);
         default: a temporary directory, removed on exit.
@@ -189,8 +190,7 @@ class Deployment:
         # whose torch would otherwise start one thread per core: oversubscribed OpenMP
         # threads spin against each other and every training step gets many times slower.
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self._extra_env:
-            share = max(1, (os.cpu_count() or 1) // self.num_supernodes)
-            env["OMP_NUM_THREADS"] = str(share)
+            env["OMP_NUM_THREADS"] = str(threads_per_node(self.num_supernodes))
         return env
 
     def _spawn(self, command: list[str], name: str, flwr_home: Path) -> subprocess.Popen[bytes]:
@@ -273,6 +273,7 @@ class Deployment:
         node_config: dict[str, ConfigValue] = {
             "partition-id": index,
             "num-partitions": self.num_supernodes,
+            "num-threads": threads_per_node(self.num_supernodes),
         }
         return node_config | dict(self.node_configs[index])
 
@@ -329,6 +330,11 @@ class Deployment:
         except json.JSONDecodeError:
             return []
         return list(nodes)
+
+
+def threads_per_node(supernodes_on_host: int) -> int:
+    """torch threads per SuperNode that cannot oversubscribe this host's cores."""
+    return max(1, (os.cpu_count() or 1) // supernodes_on_host)
 
 
 def _check_security(

@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
+from . import cost_cache as _cost_cache
 from . import sampling as _sampling
 from .sampling import Subspace
 
@@ -176,7 +176,7 @@ class SearchSpace(nn.Module):
         memo_key = (type(self).__qualname__, tuple(sorted(self._spec.items())))
         measured = _MEASURED_COSTS.get(memo_key)
         if measured is None:
-            measured = self._measure_costs([m for _, m in mixed])
+            measured = self._cached_or_measured_costs(memo_key, [m for _, m in mixed])
             if len(_MEASURED_COSTS) >= _MEASURED_COSTS_LIMIT:
                 _MEASURED_COSTS.pop(next(iter(_MEASURED_COSTS)))
             _MEASURED_COSTS[memo_key] = measured
@@ -184,6 +184,24 @@ class SearchSpace(nn.Module):
         self._flops = tuple(tuple(c.flops for c in layer) for layer in self._costs)
 
     # ----------------------------------------------------------------- costs
+    def _cached_or_measured_costs(
+        self, memo_key: tuple[Any, ...], mixed: list[MixedOp]
+    ) -> tuple[tuple[tuple[Cost, ...], ...], Cost]:
+        """The cost tables from the disk cache (:mod:`.cost_cache`), else measured and
+        stored: a deployment ClientApp is a fresh process per message."""
+        params = [[_num_params(m.ops[key]) for key in m.option_keys] for m in mixed]
+        cached = _cost_cache.load_costs(memo_key, params, _num_params(self))
+        if cached is not None:
+            layers, fixed = cached
+            return tuple(tuple(Cost(*c) for c in layer) for layer in layers), Cost(*fixed)
+        costs, fixed_cost = self._measure_costs(mixed)
+        tables = (
+            tuple(tuple((c.flops, c.params) for c in layer) for layer in costs),
+            (fixed_cost.flops, fixed_cost.params),
+        )
+        _cost_cache.store_costs(memo_key, tables)
+        return costs, fixed_cost
+
     def _measure_costs(self, mixed: list[MixedOp]) -> tuple[tuple[tuple[Cost, ...], ...], Cost]:
         """Count each option on the input its layer sees, and the fixed rest by difference."""
         seen: dict[int, Tensor] = {}
@@ -506,6 +524,8 @@ def positive_float(name: str, value: Any) -> float:
 
 
 def _count_flops(module: nn.Module, *args: Any) -> int:
+    from torch.utils.flop_counter import FlopCounterMode  # imports triton: only when measuring
+
     with FlopCounterMode(display=False) as counter:
         module(*args)
     return int(counter.get_total_flops())

@@ -1,0 +1,298 @@
+"""FedorAS Stage 1 on the three ways to run it, side by side, and where a deployment
+message's time goes.
+
+One run, same seed, same data cache, 3 clients:
+
+- **inprocess**: strategy and ClientApp in this process through
+  ``fedorasflwr.inprocess.InProcessGrid`` (clients one after the other);
+- **simulation**: ``flwr run`` on the simulation engine (Ray, one CPU per ClientApp);
+- **deployment**: a real SuperLink and 3 SuperNodes on localhost
+  (``fedorasflwr.launch.Deployment``: TLS and SuperNode authentication on), where
+  every message starts a fresh ``flwr-clientapp`` process.
+
+Two configs: **tiny** (width 0.25, 3 clients per round, 1 local epoch: overhead
+dominates) and **default** (the pyproject defaults with ``fedoras.stop-after=supernet``
+and fewer rounds: local training dominates).  Round seconds come from the ServerApp's
+history (configure to aggregate); round 1 pays one-off start-up, so medians use the
+later rounds.
+
+The ClientApp logs timestamps per message when ``$FEDORASFLWR_TIMING_LOG`` is set
+(``fedorasflwr/client_app.py``): process start (from ``/proc``), app module imported,
+handler entry, data loaded, reply built, and the seconds to serialize the reply.  The
+rest of a deployment round (round seconds minus the slowest client's process start to
+reply) is the SuperNode's and ServerApp's polling and transport.  The per-message fixed
+cost (process start until the handler runs) is compared with a bare
+``python -c "import torch"`` timed here.
+
+    python benchmarks/engines.py            # tiny (3 rounds) and default (2 rounds)
+    python benchmarks/engines.py --quick    # tiny only, 2 rounds (CI smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, report, run_config, warm_data_cache
+
+NUM_CLIENTS = 3
+ENGINES = ("inprocess", "simulation", "deployment")
+TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"  # fedorasflwr.client_app.TIMING_LOG_ENV
+
+
+def settings(config: str, quick: bool, output_dir: Path, cache_dir: Path) -> dict[str, Any]:
+    """Run-config overrides of one config."""
+    common = {
+        "output-dir": str(output_dir),
+        "data.cache-dir": str(cache_dir),
+        "min-nodes": NUM_CLIENTS,
+        "fedoras.stop-after": "supernet",
+    }
+    if config == "tiny":
+        return common | {
+            "space.width": 0.25,
+            "fedoras.rounds": 2 if quick else 3,
+            "fedoras.clients-per-round": NUM_CLIENTS,
+            "fedoras.local-epochs": 1,
+            "fedoras.tier-samples": 2000,
+            "fedoras.eval-every": 0,
+        }
+    return common | {"fedoras.rounds": 2}  # the pyproject's 20, shrunk for time
+
+
+def read_history(output_dir: Path) -> list[float]:
+    """Round seconds of Stage 1 from the run's ``result.json`` (round 0 is the start)."""
+    document = json.loads(next(output_dir.glob("*/result.json")).read_text())
+    return [float(h["seconds"]) for h in document["history"][1:]]
+
+
+def read_timings(path: Path) -> list[dict[str, Any]]:
+    """The ClientApp's timing lines (none if it logged nothing)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_inprocess(overrides: dict[str, Any], timing_log: Path) -> float:
+    """The ServerApp's FedorAS runner on an ``InProcessGrid``; writes ``result.json``."""
+    from fedorasflwr.client_app import app
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.inprocess import InProcessGrid
+    from fedorasflwr.server_app import run_fedoras
+
+    config = run_config(overrides)
+    run = parse_run_config(config)
+    out_dir = Path(overrides["output-dir"]) / "inprocess"
+    out_dir.mkdir(parents=True)
+    os.environ[TIMING_LOG_ENV] = str(timing_log)
+    started = time.perf_counter()
+    try:
+        # one torch thread per client, as a Ray actor and a deployment ClientApp here get
+        threads = {pid: {"num-threads": 1} for pid in range(NUM_CLIENTS)}
+        grid = InProcessGrid(app, config, NUM_CLIENTS, node_configs=threads)
+        document = run_fedoras(grid, run, out_dir)
+    finally:
+        del os.environ[TIMING_LOG_ENV]
+    wall = time.perf_counter() - started
+    (out_dir / "result.json").write_text(json.dumps(document, default=str))
+    return wall
+
+
+def run_simulation_engine(overrides: dict[str, Any], timing_log: Path) -> float:
+    from fedorasflwr.launch import run_simulation
+
+    result = run_simulation(
+        ROOT,
+        num_supernodes=NUM_CLIENTS,
+        run_config=overrides,
+        client_num_cpus=1,
+        timeout=3600,
+        env={TIMING_LOG_ENV: str(timing_log)},
+    )
+    return result.wall_time
+
+
+def run_deployment(overrides: dict[str, Any], timing_log: Path) -> float:
+    from fedorasflwr.launch import Deployment
+
+    env = {TIMING_LOG_ENV: str(timing_log)}
+    with Deployment(num_supernodes=NUM_CLIENTS, env=env, startup_timeout=180) as deployment:
+        result = deployment.run(ROOT, run_config=overrides, timeout=3600)
+    return result.wall_time
+
+
+RUNNERS = {
+    "inprocess": run_inprocess,
+    "simulation": run_simulation_engine,
+    "deployment": run_deployment,
+}
+
+
+def warm_cost_cache(config: Mapping[str, Any]) -> None:
+    """Build the supernet once, so its cost tables are in the disk cache for every
+    engine's ClientApps (as they are on a node after its first message)."""
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.server_app import build_supernet
+
+    build_supernet(parse_run_config(config))
+
+
+def bare_torch_import_seconds(repeats: int = 3, at_once: int = 1) -> float:
+    """Median wall seconds of ``python -c "import torch"``, ``at_once`` fresh processes
+    started together (a deployment round starts one ClientApp per node at once)."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        running = [subprocess.Popen([sys.executable, "-c", "import torch"]) for _ in range(at_once)]
+        for process in running:
+            if process.wait() != 0:
+                raise RuntimeError("python -c 'import torch' failed")
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 4) if values else None
+
+
+def breakdown(records: Sequence[Mapping[str, Any]], engine: str) -> dict[str, float | None]:
+    """Median seconds per phase of the training messages (``fedoras_supernet``).
+
+    ``start_to_app_imported``: process start, Python, Flower and the app's imports
+    (deployment only: elsewhere the process outlives the message);
+    ``app_imported_to_handler``: pulling the message and building the context;
+    ``data_load``, ``training`` (local epochs and the reply's arrays), ``serialize``.
+    """
+    train = [r for r in records if r["message-type"].endswith("fedoras_supernet")]
+    phases: dict[str, list[float]] = {
+        "data_load": [r["data-loaded"] - r["handler-entry"] for r in train],
+        "training": [r["reply-built"] - r["data-loaded"] for r in train],
+        "serialize": [r["serialize-seconds"] for r in train],
+    }
+    if engine == "deployment":
+        phases["start_to_app_imported"] = [r["module-loaded"] - r["process-start"] for r in train]
+        phases["app_imported_to_handler"] = [r["handler-entry"] - r["module-loaded"] for r in train]
+        phases["fixed_start_to_handler"] = [r["handler-entry"] - r["process-start"] for r in train]
+    return {name: _median(values) for name, values in phases.items()}
+
+
+def transport_seconds(records: Sequence[Mapping[str, Any]], rounds: Sequence[float]) -> list[float]:
+    """Per deployment round after the first: round seconds minus the slowest client's
+    process start to reply built (what polling, dispatch and transport add)."""
+    by_round: dict[int, float] = {}
+    for r in records:
+        if r["message-type"].endswith("fedoras_supernet"):
+            span = r["reply-built"] - r["process-start"]
+            by_round[r["server-round"]] = max(by_round.get(r["server-round"], 0.0), span)
+    return [
+        round(rounds[i - 1] - by_round[i], 4) for i in range(2, len(rounds) + 1) if i in by_round
+    ]
+
+
+def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
+    """Run one config on every engine; rounds, walls and the ClientApp timings."""
+    cache = tmp / "cache"
+    warm_data_cache([run_config(settings(name, quick, tmp, cache))], NUM_CLIENTS)
+    warm_cost_cache(run_config(settings(name, quick, tmp, cache)))
+    measured: dict[str, Any] = {}
+    for engine in ENGINES:
+        output = tmp / f"{name}-{engine}"
+        timing_log = tmp / f"{name}-{engine}.timing.jsonl"
+        print(f"[{name}] {engine} ...", flush=True)
+        wall = RUNNERS[engine](settings(name, quick, output, cache), timing_log)
+        rounds = read_history(output)
+        records = read_timings(timing_log)
+        later = rounds[1:] or rounds
+        measured[engine] = {
+            "round_seconds": rounds,
+            "median_round_after_first": _median(later),
+            "wall_seconds": round(wall, 2),
+            "breakdown": breakdown(records, engine),
+            "threads": sorted({r["threads"] for r in records}),
+            "messages": len(records),
+        }
+        if engine == "deployment":
+            measured[engine]["transport_seconds"] = transport_seconds(records, rounds)
+            measured[engine]["timings"] = records
+    sim = measured["simulation"]["median_round_after_first"]
+    measured["deployment_over_simulation"] = round(
+        measured["deployment"]["median_round_after_first"] / sim, 3
+    )
+    return measured
+
+
+def print_table(results: Mapping[str, Any]) -> None:
+    print(
+        "| config | engine | round s (all) | median after 1st | wall s | "
+        "data s | training s | serialize s | fixed s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for config, measured in results.items():
+        for engine in ENGINES:
+            m = measured[engine]
+            b = m["breakdown"]
+            shown = ", ".join(f"{r:.2f}" for r in m["round_seconds"])
+            print(
+                f"| {config} | {engine} | {shown} | {m['median_round_after_first']:.2f} | "
+                f"{m['wall_seconds']:.1f} | {b['data_load']} | {b['training']} | "
+                f"{b['serialize']} | {b.get('fixed_start_to_handler', '-')} |"
+            )
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny config, 2 rounds")
+    parser.add_argument(
+        "--configs", default="tiny,default", help="comma-separated: tiny, default (full run)"
+    )
+    args = parser.parse_args(argv)
+    configs = ["tiny"] if args.quick else args.configs.split(",")
+    unknown = set(configs) - {"tiny", "default"}
+    if unknown:
+        parser.error(f"--configs: unknown {sorted(unknown)}; allowed: tiny, default")
+    bare = bare_torch_import_seconds()
+    bare_at_once = bare_torch_import_seconds(at_once=NUM_CLIENTS)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="engines-") as tmp:
+        for name in configs:
+            results[name] = measure_config(name, args.quick, Path(tmp) / name)
+    print_table(results)
+    summary: dict[str, Any] = {}
+    for name, measured in results.items():
+        fixed = measured["deployment"]["breakdown"]["fixed_start_to_handler"]
+        summary[f"{name}_deployment_over_simulation"] = measured["deployment_over_simulation"]
+        summary[f"{name}_deployment_round_s"] = measured["deployment"]["median_round_after_first"]
+        summary[f"{name}_simulation_round_s"] = measured["simulation"]["median_round_after_first"]
+        summary[f"{name}_inprocess_round_s"] = measured["inprocess"]["median_round_after_first"]
+        summary[f"{name}_fixed_over_torch_import"] = round(fixed / bare, 3)
+        summary[f"{name}_fixed_over_torch_import_3_at_once"] = round(fixed / bare_at_once, 3)
+    summary["bare_torch_import_s"] = round(bare, 3)
+    summary["bare_torch_import_3_at_once_s"] = round(bare_at_once, 3)
+    report(
+        "engines",
+        args.quick,
+        summary,
+        {
+            "settings": {c: settings(c, args.quick, Path("-"), Path("-")) for c in configs},
+            "clients": NUM_CLIENTS,
+            "bare_torch_import_seconds": bare,
+            "bare_torch_import_3_at_once_seconds": bare_at_once,
+            "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+            "results": results,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
