@@ -485,16 +485,27 @@ def plot_dpfnas(
 ) -> Path | None:
     """DP-FNAS: the worst party's epsilon (top) and the mixed supernet's validation
     accuracy (bottom) per iteration; ``target_epsilon`` > 0 draws the stopping target."""
-    epsilon = [(h["iteration"], h["epsilon"]) for h in history if h.get("epsilon") is not None]
+    # epsilon is inf without noise (modes fnas / single, or sigma = 0): nothing to draw
+    spent = [(h["iteration"], h["epsilon"]) for h in history if h.get("epsilon") is not None]
+    epsilon = [(i, e) for i, e in spent if math.isfinite(e)]
     accuracy = [
         (h["iteration"], h["val-accuracy"]) for h in history if h.get("val-accuracy") is not None
     ]
-    if not epsilon and not accuracy:
+    if not spent and not accuracy:
         return None
     fig, (top, bottom) = _figure(6.5, 5.0, rows=2)
     if epsilon:
         top.plot(*zip(*epsilon, strict=True), marker="o", color=colour(5), label="epsilon")
         _label(top, *epsilon[-1], f"{epsilon[-1][1]:.3g}", colour(5), "left")
+    elif spent:
+        top.text(
+            0.5,
+            0.5,
+            "no noise: no privacy (epsilon = inf)",
+            ha="center",
+            transform=top.transAxes,
+            color="0.4",
+        )
     if target_epsilon > 0:
         top.axhline(target_epsilon, color="0.4", linestyle=":", label="target")
         top.legend(fontsize=9, loc="lower right")

@@ -157,3 +157,12 @@ def test_fdnas_run_writes_its_plots(data_cache, tmp_path):
         assert len(entropy) == layers
         bounds = [math.log(len(c["options"])) for c in result["space"]["choices"]]
         assert all(0 <= e <= b + 1e-6 for e, b in zip(entropy, bounds, strict=True))
+
+
+def test_dpfnas_plot_of_a_run_without_noise(tmp_path):
+    # modes fnas / single spend epsilon = inf: the plot says so instead of failing
+    from fedorasflwr.plots import plot_dpfnas
+
+    history = [{"iteration": i, "epsilon": math.inf, "val-accuracy": 0.1 * i} for i in range(3)]
+    path = plot_dpfnas(tmp_path / "privacy_accuracy.png", history)
+    assert path is not None and path.stat().st_size > 5000
