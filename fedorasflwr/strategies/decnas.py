@@ -56,6 +56,7 @@ from flwr.supercore import log
 
 from ..checkpoints import Resume
 from ..config import DecNASSettings
+from ..progress import format_metrics
 from ..protocol import ARRAYS, CONFIG, DECNAS_TUNE, DECNAS_UPLOAD, METRICS
 from ..search_spaces.prunable import PrunableNet, prune_to_budget, resource
 from .aggregation import opa
@@ -374,11 +375,11 @@ class DecNAS(PrunedModelStages):
             )
             log(
                 INFO,
-                "[iteration %d round %d] accuracy %s, dropped %s",
+                "[iteration %d round %d] candidate accuracy: %s; dropped %s",
                 t,
                 round_,
-                history[-1]["accuracy"],
-                dropped,
+                format_metrics(history[-1]["accuracy"]),
+                dropped or "-",
             )
         best = rank_candidates({c: ratios[c] for c in pool})[0]
         spec, arrays = pool[best]
