@@ -18,26 +18,10 @@ from fedorasflwr.clients.dpfnas import (
     poisson_sample,
     weight_gradient,
 )
-from fedorasflwr.config import parse_run_config
-from fedorasflwr.data import load_client_data
 from fedorasflwr.protocol import ARRAYS, CONFIG, space_to_config
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.search_spaces.darts import DartsSpace
 from fedorasflwr.strategies.privacy import epsilon, gdp_mu
-from tests.runconfig import pyproject_run_config
-
-
-@pytest.fixture(scope="module")
-def space():
-    torch.manual_seed(0)
-    return build_space("darts", channels=2, cells=2, input_height=28, input_width=28, stem_stride=2)
-
-
-@pytest.fixture(scope="module")
-def client_data(data_cache):
-    config = pyproject_run_config()
-    config.update({"data.cache-dir": str(data_cache), "data.partitioner": "iid"})
-    return load_client_data(parse_run_config(config).data, 0, 60)
 
 
 def batch(data, count):

@@ -22,30 +22,14 @@ from fedorasflwr.clients.dpfnas import (
 from fedorasflwr.clients.secure_random import INSECURE_KEY, SecureRandom
 from fedorasflwr.clients.training import seeded_generator
 from fedorasflwr.config import parse_run_config
-from fedorasflwr.data import load_client_data
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.protocol import ARRAYS, CONFIG, DPFNAS_ARCH, DPFNAS_WEIGHTS, space_to_config
-from fedorasflwr.search_spaces import build_space
 from fedorasflwr.search_spaces.darts import DerivedNetwork
 from fedorasflwr.server_app import build_supernet, run_dpfnas
 from fedorasflwr.strategies.dpfnas import DPFNAS
-from tests.runconfig import pyproject_run_config
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
 
 SIGMA, CLIP = 1.0, 0.5
-
-
-@pytest.fixture(scope="module")
-def space():
-    torch.manual_seed(0)
-    return build_space("darts", channels=2, cells=2, input_height=28, input_width=28, stem_stride=2)
-
-
-@pytest.fixture(scope="module")
-def client_data(data_cache):
-    config = pyproject_run_config()
-    config.update({"data.cache-dir": str(data_cache), "data.partitioner": "iid"})
-    return load_client_data(parse_run_config(config).data, 0, 60)
 
 
 def _content(space, rate=0.5, noise=SIGMA, **extra):
