@@ -112,6 +112,24 @@ class StageClock:
     def __init__(self, stage: str, total: int, first: int = 1, label: str = "round") -> None:
         self.stage, self.total, self.first, self.label = stage, total, first, label
         self.started = time.perf_counter()
+        self._shown = self.started
+
+    def due(self, step: int, every: float = 0.0) -> bool:
+        """Whether `step` (just finished, > 0) gets a line: each step when `every` is 0;
+        otherwise a step before the last, `every` seconds or more after the last line."""
+        if step <= 0:
+            return False
+        if every <= 0:
+            return True
+        now = time.perf_counter()
+        if step < self.total and now - self._shown >= every:
+            self._shown = now
+            return True
+        return False
+
+    def elapsed(self) -> float:
+        """Seconds since the stage started."""
+        return time.perf_counter() - self.started
 
     def line(
         self,
@@ -139,6 +157,15 @@ STEP_LINE = re.compile(
     r"\[(?P<stage>[^\]]+)\] (?P<label>round|iteration) (?P<step>\d+)/(?P<total>\d+):"
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: ``flwr run --stream`` lines that say nothing about this run (back with ``--verbose``):
+#: the log stream's start, the simulation banner, Flower 1.32's default-size warning and
+#: how to resize a federation (the launcher sets the size), Ray's actor teardown, and empty
+#: log records.
+FLOWER_PREAMBLE = re.compile(
+    r"Starting logstream for run_id|Starting Flower Simulation$"
+    r"|default simulated SuperNodes changed|To change federation size"
+    r"|flwr federation simulation-config|Manually terminating ClientAppActor|^INFO\s*:\s*$"
+)
 
 
 class ProgressEcho:
@@ -150,8 +177,15 @@ class ProgressEcho:
     CI logs) the lines are written plainly, each once, and the ETA is in the lines.
     """
 
-    def __init__(self, stream: IO[str] | None = None, *, terminal: bool | None = None) -> None:
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        *,
+        terminal: bool | None = None,
+        verbose_output: bool = False,
+    ) -> None:
         self.stream = stream if stream is not None else sys.stdout
+        self.verbose_output = verbose_output
         is_tty = getattr(self.stream, "isatty", lambda: False)()
         self.terminal = is_tty if terminal is None else terminal
         self._bar: Any = None
@@ -159,6 +193,8 @@ class ProgressEcho:
         self._stage: str | None = None
 
     def __call__(self, line: str) -> None:
+        if not self.verbose_output and FLOWER_PREAMBLE.search(_ANSI.sub("", line)):
+            return
         if not self.terminal:
             self.stream.write(line)
             self.stream.flush()
@@ -373,21 +409,37 @@ def _dpfnas_lines(document: Mapping[str, Any], delta: float | None) -> list[str]
         f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
         f"{fmt(space.get('max-flops', 0) / 1e6)}",
     ]
-    header = ["party", "epsilon", "eps weights", "eps arch", "steps"]
-    rows = [
-        [
-            str(p["partition_id"]),
-            "inf" if p.get("epsilon") is None else p["epsilon"],
-            p["weights"].get("epsilon"),
-            p["architecture"].get("epsilon"),
-            p["weights"].get("steps"),
-        ]
-        for p in document.get("privacy", [])
-    ]
+    header = ["parties", "epsilon", "eps weights", "eps arch", "steps"]
+    # Parties that spent the same (most do: equal batches and steps) share one row.
+    spent: dict[tuple[Any, ...], list[int]] = {}
+    for p in document.get("privacy", []):
+        key = (
+            "inf" if p.get("epsilon") is None else fmt(p["epsilon"]),
+            fmt(p["weights"].get("epsilon")),
+            fmt(p["architecture"].get("epsilon")),
+            fmt(p["weights"].get("steps")),
+        )
+        spent.setdefault(key, []).append(int(p["partition_id"]))
+    rows = [[_id_ranges(ids), *key] for key, ids in spent.items()]
     if rows:
         lines.append(f"privacy spent (delta {fmt(delta)}; - or inf: no guarantee):")
         lines += _table(header, rows)
     return lines
+
+
+def _id_ranges(ids: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``."""
+    ordered = sorted(ids)
+    parts: list[str] = []
+    start = prev = ordered[0]
+    for value in [*ordered[1:], None]:
+        if value is not None and value == prev + 1:
+            prev = value
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if value is not None:
+            start = prev = value
+    return ",".join(parts)
 
 
 def summary_lines(

@@ -204,6 +204,10 @@ def test_dpfnas_summary_has_privacy_per_party() -> None:
     assert "privacy spent (delta 1e-05" in text
     assert _row(lines, "3") == ["3", "1.545", "0.8282", "1.545", "3"]
     assert _row(lines, "4")[1] == "inf"  # no guarantee
+    # parties that spent the same share one row, named by id ranges
+    same = [{**_dpfnas()["privacy"][0], "partition_id": i} for i in (0, 1, 2, 5, 7, 8)]
+    grouped = summary_lines("dpfnas", {**_dpfnas(), "privacy": same})
+    assert _row(grouped, "0-2,5,7-8") == ["0-2,5,7-8", "1.545", "0.8282", "1.545", "3"]
     assert "supernet MFLOPs: 1..2.5" in text
     assert lines[-1].startswith("bytes moved: 4 MiB")
 
@@ -354,6 +358,43 @@ def test_progress_echo_writes_plain_lines_when_not_a_terminal() -> None:
         echo(line)
     echo.close()
     assert out.getvalue() == "".join(LOG)  # each line once, unchanged, no bar
+
+
+PREAMBLE = [
+    "\x1b[92mINFO \x1b[0m:      Starting logstream for run_id `123`\n",
+    "\x1b[92mINFO \x1b[0m:      Starting Flower Simulation\n",
+    "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed\n",
+    "\x1b[92mINFO \x1b[0m:      To change federation size, use the following command:\n",
+    "\x1b[92mINFO \x1b[0m:      \tflwr federation simulation-config @none/default <superlink>\n",
+    "(ClientAppActor pid=1) \x1b[93mWARNING \x1b[0m:   Manually terminating ClientAppActor\n",
+    "\x1b[92mINFO \x1b[0m:      \n",
+]
+
+
+@pytest.mark.parametrize("verbose_output", [False, True])
+def test_progress_echo_drops_flowers_preamble_unless_verbose(verbose_output: bool) -> None:
+    out = io.StringIO()
+    echo = ProgressEcho(out, verbose_output=verbose_output)
+    kept = "\x1b[92mINFO \x1b[0m:      Federation `@none/default` (20 simulated SuperNodes)\n"
+    for line in [*PREAMBLE, kept, *LOG]:
+        echo(line)
+    expected = [*PREAMBLE, kept, *LOG] if verbose_output else [kept, *LOG]
+    assert out.getvalue() == "".join(expected)
+
+
+def test_stage_clock_due_throttles_lines_and_leaves_the_last_to_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr("fedorasflwr.progress.time.perf_counter", lambda: now[0])
+    clock = StageClock("finetune-t1", total=5)
+    assert [clock.due(step) for step in range(0, 6)] == [False] + [True] * 5  # every step
+    shown = []
+    for step, seconds in zip(range(1, 6), (10, 31, 40, 70, 200), strict=True):
+        now[0] = seconds
+        shown.append(clock.due(step, every=30.0))
+    # 31 s and 70 s are >= 30 s after the last line; step 5 (the last) is the caller's
+    assert shown == [False, True, False, True, False]
 
 
 def test_progress_echo_follows_the_stage_in_progress_on_a_terminal() -> None:

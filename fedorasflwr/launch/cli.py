@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_config = format_run_config(values)
     home = None if args.deployment else _flwr_home(args, output_dir)
     env = launcher_env(args.verbose)
-    echo = ProgressEcho()
+    echo = ProgressEcho(verbose_output=args.verbose)
     try:
         if args.deployment:
             with Deployment(

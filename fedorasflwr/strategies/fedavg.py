@@ -83,6 +83,10 @@ class SeededFedAvg(FedAvg):
         (e.g. a learning-rate schedule, see ``cosine_lr``).
     aggregation : Aggregation (default: the example-weighted mean, Flower's own)
         How the replies' arrays are combined (robust: median / trimmed mean).
+    round_lines_every : float (default: 0)
+        0: a line per round and one naming the job. Otherwise a line at most every that
+        many seconds and none for the last round nor the job: the caller words the job in
+        one line when it ends (many short jobs, e.g. FedorAS's fine-tuning, stay readable).
     **kwargs
         Passed to ``FedAvg`` (``weighted_by_key``, ``arrayrecord_key``, metric
         aggregation functions ...).  ``fraction_evaluate=0`` skips client evaluation.
@@ -101,6 +105,7 @@ class SeededFedAvg(FedAvg):
         evaluate_message_type: str = MessageType.EVALUATE,
         round_config: Callable[[int], Mapping[str, Any]] | None = None,
         aggregation: Aggregation = MEAN,
+        round_lines_every: float = 0.0,
         **kwargs: object,
     ) -> None:
         kwargs.setdefault("min_available_nodes", 1)
@@ -118,6 +123,7 @@ class SeededFedAvg(FedAvg):
         self.evaluate_message_type = evaluate_message_type
         self.round_config = round_config
         self.aggregation = aggregation
+        self.round_lines_every = round_lines_every
         self._profiles = {p.node_id: p for p in self.nodes}
         self._sent_specs: dict[str, ArraySpec] = {}
         self._expected: set[int] = set()
@@ -128,6 +134,8 @@ class SeededFedAvg(FedAvg):
     # --- what a person sees: one line per job and per round, not Flower's banner ----
 
     def summary(self) -> None:
+        if self.round_lines_every > 0:
+            return
         log(
             INFO,
             "[%s] FedAvg: %d of %d eligible node(s) per round",
@@ -152,7 +160,7 @@ class SeededFedAvg(FedAvg):
 
         def evaluate_and_log(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
-            if server_round > 0 and self._clock is not None:
+            if self._clock is not None and self._clock.due(server_round, self.round_lines_every):
                 shown = {
                     k: v
                     for k, v in {**dict(self._train_metrics or {}), **dict(metrics or {})}.items()

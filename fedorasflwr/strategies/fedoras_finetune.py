@@ -24,6 +24,7 @@ Client contract
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
@@ -38,7 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ..clients.training import evaluate, torch_device
 from ..costs import training_flops
-from ..progress import format_metrics
+from ..progress import fmt, format_seconds
 from ..protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
 from ..search_spaces import build_space
 from .base import NodeProfile
@@ -194,6 +195,7 @@ def finetune_tier(
 ) -> TierModel:
     """Fine-tune ``arch`` with FedAvg on the tier's eligible clients (``finetune-rounds``
     rounds unless ``rounds`` is given), then test it there."""
+    started = time.perf_counter()
     s = strategy.settings
     space = strategy.space
     num_rounds = s.finetune_rounds if rounds is None else rounds
@@ -231,14 +233,7 @@ def finetune_tier(
             round_config=lambda r: {"lr": lr_at(r)},
             fraction_evaluate=0.0,
             aggregation=strategy.aggregation,
-        )
-        log(
-            INFO,
-            "[%s] %s (%.4g FLOPs) on %d eligible client(s)",
-            stage,
-            "-".join(model.names),
-            model.flops,
-            len(nodes),
+            round_lines_every=30.0,  # one line per job (below), more only for long jobs
         )
         with strategy.ledger.timed(stage):
             outcome = fedavg.start(
@@ -260,7 +255,22 @@ def finetune_tier(
             for r in range(1, num_rounds + 1)
         ]
     model.test = test_subnet(strategy, grid, model.arrays, nodes, config, f"test-{stage}")
-    log(INFO, "[%s] test: %s", stage, format_metrics(vars(model.test), TEST_KEYS))
+    per_round = min(s.finetune_clients_per_round, len(nodes))
+    trained = f"{num_rounds} rounds x {per_round}/{len(nodes)} nodes"
+    last = model.history[-1] if model.history else {}
+    if "val-accuracy" in last:
+        trained += f", val-accuracy {fmt(last['val-accuracy'])}"
+    log(
+        INFO,
+        "[%s] %s %s MFLOPs: %s; test accuracy %s (worst client %s) | %s",
+        stage,
+        "-".join(model.names),
+        fmt(model.flops / 1e6),
+        trained,
+        fmt(model.test.accuracy),
+        fmt(model.test.client_worst),
+        format_seconds(time.perf_counter() - started),
+    )
     return model
 
 

@@ -35,6 +35,10 @@ def test_quick_preset_runs_through_the_launcher_and_stays_listable(tmp_path, dat
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # what a person reads: Flower's preamble filtered, each line once, a short page
+    assert "Starting logstream" not in done.stdout
+    assert done.stdout.count("=== decnas summary ===") == 1
+    assert len(done.stdout.splitlines()) < 60, done.stdout
 
     results = list(out.glob("decnas-*/result.json"))
     assert len(results) == 1
