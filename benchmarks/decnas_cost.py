@@ -24,7 +24,7 @@ tuning (20 FedAvg rounds of GM_T on all clients) are the same for every variant 
 excluded.  Accuracy: GM_t on the clients' pooled test splits (centralised: its own
 test split), after the search, and GM_T after the long-term tuning.
 
-    python benchmarks/decnas_cost.py            # full run (see README for the numbers)
+    python benchmarks/decnas_cost.py            # full run (numbers: benchmarks/README.md)
     python benchmarks/decnas_cost.py --quick    # CI smoke run (< 2 minutes)
 """
 

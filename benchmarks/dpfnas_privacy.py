@@ -26,7 +26,7 @@ At ``space.layers-per-block`` = 2 both cells are reduction cells (DARTS puts
 reductions at 1/3 and 2/3 of the depth), so only the reduction half of the
 genotype is searched and used; the normal half is reported but inert.
 
-    python benchmarks/dpfnas_privacy.py            # full run (see README for the numbers)
+    python benchmarks/dpfnas_privacy.py            # full run (numbers: benchmarks/README.md)
     python benchmarks/dpfnas_privacy.py --quick    # CI smoke run (< 2 minutes)
 """
 

@@ -24,7 +24,7 @@ concerned (paper's double dagger); "local" = mean over those clients of the test
 accuracy after their local epochs in the last FedAvg round (paper's dagger).
 FLOPs = 2 x MACs per sample (``torch.utils.flop_counter``).
 
-    python benchmarks/fdnas_clusters.py            # full run (see README for the numbers)
+    python benchmarks/fdnas_clusters.py            # full run (numbers: benchmarks/README.md)
     python benchmarks/fdnas_clusters.py --quick    # CI smoke run (< 2 minutes)
 """
 

@@ -21,7 +21,7 @@ Markdown table and ``headline: ...``; writes ``benchmarks/results/fedoras_tiers.
 (``.quick.json`` for ``--quick``).  The memory side of the issue (single path against a
 DARTS-style mixed step) is ``benchmarks/fedoras_memory.py``.
 
-    python benchmarks/fedoras_tiers.py            # full run (see README for the numbers)
+    python benchmarks/fedoras_tiers.py            # full run (numbers: benchmarks/README.md)
     python benchmarks/fedoras_tiers.py --quick    # CI smoke run (< 2 minutes)
 
 A test client set of one seed is small (the top tier's model is tested on the ten top-tier

@@ -30,7 +30,7 @@ Three parts, one run:
    fixed one per candidate), so the frontier is not a real one; the message, byte and
    FLOP counts are.
 
-    python benchmarks/scale.py            # full run (see README for the numbers)
+    python benchmarks/scale.py            # full run (numbers: benchmarks/README.md)
     python benchmarks/scale.py --parts profiling   # profiling alone, 3 repeats
     python benchmarks/scale.py --quick    # CI smoke run (in one process; < 60 s when idle)
 """
