@@ -287,7 +287,9 @@ def train_final(content: RecordDict, data: ClientData, partition_id: int) -> Rec
         return _train_final_private(net, optimizer, config, data, list(words))
     done = local_sgd(net, data.train, config, words)
     state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
-    metrics = MetricRecord({"num-examples": done.seen, "train-loss": done.loss})
+    # FedAvg's weight is the node's dataset size (bounded by its profile), not the samples
+    # seen over all local epochs: with final-local-epochs > 1 those exceed the bound.
+    metrics = MetricRecord({"num-examples": len(data.train), "train-loss": done.loss})
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
 
 

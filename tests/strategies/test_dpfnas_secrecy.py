@@ -131,6 +131,30 @@ def test_private_final_training_is_not_reproducible(space, client_data):
     np.testing.assert_array_equal(trained(**{INSECURE_KEY: True}), trained(**{INSECURE_KEY: True}))
 
 
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_final_training_weighs_by_dataset_size_whatever_the_epochs(space, client_data, epochs):
+    # the reply's num-examples is bounded by the profile's num-train: samples seen over
+    # several local epochs (3 x N) were dropped as inflated, every reply of every round
+    genotype = space.genotype()
+    spec = {"channels": 2, "cells": 2, "input_height": 28, "input_width": 28, "stem_stride": 2}
+    net = DerivedNetwork(genotype, **spec)
+    config = ConfigRecord(
+        {
+            "seed": 0,
+            "server-round": 1,
+            "genotype": genotype.to_text(),
+            "local-epochs": epochs,
+            "batch-size": 64,
+            "lr": 0.05,
+            "momentum": 0.0,
+            **space_to_config({"name": "darts", **spec}),
+        }
+    )
+    content = RecordDict({ARRAYS: ArrayRecord(net.state_dict()), CONFIG: config})
+    metrics = train_final(content, client_data, 0).metric_records["metrics"]
+    assert metrics["num-examples"] == len(client_data.train)
+
+
 def test_secure_random_draws():
     source = SecureRandom()
     uniforms = source.random(200_000)
