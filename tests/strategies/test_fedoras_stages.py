@@ -12,10 +12,15 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from fedorasflwr.artifacts import save_checkpoint
 from fedorasflwr.client_app import app as client_app
-from fedorasflwr.clients.training import evaluate
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_server_data
+from fedorasflwr.federation.fedavg import cosine_lr
 from fedorasflwr.inprocess import InProcessGrid, replace_content
+from fedorasflwr.methods.fedoras.finetune import SUPERNET_INIT, initial_subnet
+from fedorasflwr.methods.fedoras.scoring import FederatedPathScorer, covering_subspace
+from fedorasflwr.methods.fedoras.search import kendall_tau, search_tier
+from fedorasflwr.methods.fedoras.strategy import FedorAS
+from fedorasflwr.methods.fedoras.tiers import Tier
 from fedorasflwr.protocol import (
     ARRAYS,
     FEDORAS_EVALUATE,
@@ -26,12 +31,7 @@ from fedorasflwr.protocol import (
 )
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.server_app import build_supernet, resume_supernet
-from fedorasflwr.strategies.fedavg import cosine_lr
-from fedorasflwr.strategies.fedoras import FedorAS
-from fedorasflwr.strategies.fedoras_finetune import SUPERNET_INIT, initial_subnet
-from fedorasflwr.strategies.fedoras_search import FederatedPathScorer, covering_subspace
-from fedorasflwr.strategies.search import kendall_tau, search_tier
-from fedorasflwr.strategies.tiers import Tier
+from fedorasflwr.training import evaluate
 from tests.runconfig import tiny_fedoras
 
 NUM_NODES = 12

@@ -2,8 +2,8 @@
 system heterogeneity", arXiv:2206.11239): the three stages in one ``start``.
 
 Stage 1, federated supernet training (this module), Stage 2, NSGA-II search
-per tier (``search``, ``fedoras_search``), Stage 3, per-tier FedAvg
-fine-tuning on the clients able to run the model (``fedoras_finetune``).
+per tier (``search``, ``scoring``), Stage 3, per-tier FedAvg
+fine-tuning on the clients able to run the model (``finetune``).
 
 Per round the server samples clients, draws for each a subspace of the
 supernet that fits the communication budget B_comm (Eq. 1) and still holds a
@@ -30,7 +30,7 @@ Client contract
     With ``return-all`` (``fedoras.aggregation = "fedavg"``, the comparison
     with plain FedAvg of supernets) the reply holds every key it received.
 
-Stages 2 and 3 are documented in ``fedoras_search`` and ``fedoras_finetune``.
+Stages 2 and 3 are documented in ``scoring`` and ``finetune``.
 """
 
 from __future__ import annotations
@@ -46,16 +46,17 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch.utils.data import TensorDataset
 
-from ..artifacts import plain
-from ..checkpoints import Resume
-from ..config import FEDORAS_STAGES, FedorASSettings
-from ..evaluation import ServerPathScorer
-from ..progress import StageClock
-from ..protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
-from ..search_spaces import SearchSpace, Subspace, build_space
-from .aggregation import opa
-from .base import FederatedNASStrategy, NodeProfile, sample_nodes
-from .fedoras_finetune import (
+from ...artifacts import plain
+from ...checkpoints import Resume
+from ...config import FEDORAS_STAGES, FedorASSettings
+from ...federation.aggregation import opa
+from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
+from ...federation.replies import ArraySpec, array_specs, check_reply
+from ...progress import StageClock
+from ...protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
+from ...search_spaces import SearchSpace, Subspace, build_space
+from .evaluation import ServerPathScorer
+from .finetune import (
     RANDOM_INIT,
     SUPERNET_INIT,
     TierModel,
@@ -63,8 +64,7 @@ from .fedoras_finetune import (
     finetune_tier,
     random_search_tier,
 )
-from .fedoras_search import FederatedPathScorer, TierScorer
-from .replies import ArraySpec, array_specs, check_reply
+from .scoring import FederatedPathScorer, TierScorer
 from .search import TierSearch, kendall_tau, search_tier
 from .tiers import Tier, assign_tiers, compute_tiers
 

@@ -1,6 +1,6 @@
 """FedorAS Stage 2 (paper §3.2): scoring a generation of paths, on the server or federated.
 
-``search_tier`` (``strategies.search``) asks for the accuracy of each new
+``search_tier`` (``search``) asks for the accuracy of each new
 generation; this module answers it in one of two ways:
 
 - **server**: the server-held validation slice, BN statistics recalibrated on
@@ -34,14 +34,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..evaluation import ServerPathScorer
-from ..protocol import ARRAYS, CONFIG, FEDORAS_PATHS, METRICS, space_to_config
-from ..search_spaces import Subspace
-from .base import sample_nodes
-from .replies import Bound, check_reply
+from ...federation.base import sample_nodes
+from ...federation.replies import Bound, check_reply
+from ...protocol import ARRAYS, CONFIG, FEDORAS_PATHS, METRICS, space_to_config
+from ...search_spaces import Subspace
+from .evaluation import ServerPathScorer
 
 if TYPE_CHECKING:
-    from .fedoras import FedorAS
+    from .strategy import FedorAS
 
 __all__ = ["FederatedPathScorer", "TierScorer", "covering_subspace"]
 

@@ -37,19 +37,19 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..clients.training import evaluate, torch_device
-from ..costs import training_flops
-from ..progress import fmt, format_seconds
-from ..protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
-from ..search_spaces import build_space
-from .base import NodeProfile
-from .fedavg import SeededFedAvg, cosine_lr
-from .replies import check_reply
+from ...costs import training_flops
+from ...federation.base import NodeProfile
+from ...federation.fedavg import SeededFedAvg, cosine_lr
+from ...federation.replies import check_reply
+from ...progress import fmt, format_seconds
+from ...protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
+from ...search_spaces import build_space
+from ...training import evaluate, torch_device
 from .search import initial_paths
 from .tiers import Tier
 
 if TYPE_CHECKING:
-    from .fedoras import FedorAS
+    from .strategy import FedorAS
 
 __all__ = [
     "TierModel",
