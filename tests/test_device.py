@@ -387,10 +387,9 @@ def test_fedoras_server_finetune_curve_runs_on_the_helpers_device():
         "cnn_s", width=0.25, num_classes=10, in_channels=1, input_height=28, input_width=28
     )
     arch = [0] * len(space.num_options())
-    strategy = SimpleNamespace(space=SimpleNamespace(spec=space.spec))
     dataset = TensorDataset(*_data().train.tensors)
     arrays = ArrayRecord(space.subnet(arch).state_dict())
     with on_meta():
-        curve = _server_curve(strategy, arch, dataset)  # type: ignore[arg-type]
+        curve = _server_curve(space.spec, arch, dataset)
         assert curve is not None
         assert set(curve(1, arrays)) == {"val-accuracy", "val-loss"}

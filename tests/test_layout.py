@@ -155,12 +155,6 @@ def circles() -> list[list[str]]:
 KNOWN_CIRCLES = [
     # DataSpec is only a type annotation in catalog (under TYPE_CHECKING)
     [f"{ROOT}.data.catalog", f"{ROOT}.data.spec"],
-    # the stage functions take the whole FedorAS (under TYPE_CHECKING)
-    [
-        f"{ROOT}.methods.fedoras.finetune",
-        f"{ROOT}.methods.fedoras.scoring",
-        f"{ROOT}.methods.fedoras.strategy",
-    ],
 ]
 
 
