@@ -151,12 +151,5 @@ def circles() -> list[list[str]]:
     return found
 
 
-#: Circles not broken yet, each to be removed from here when it is.
-KNOWN_CIRCLES = [
-    # DataSpec is only a type annotation in catalog (under TYPE_CHECKING)
-    [f"{ROOT}.data.catalog", f"{ROOT}.data.spec"],
-]
-
-
 def test_no_import_circles() -> None:
-    assert sorted(circles()) == sorted(KNOWN_CIRCLES)
+    assert circles() == []
