@@ -58,14 +58,14 @@ if str(ROOT) not in sys.path:  # this checkout's package, not another installed 
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_server_data
-from fedorasflwr.evaluation import SupernetEvaluator
+from fedorasflwr.federation.aggregation import Aggregation
+from fedorasflwr.federation.base import NodeProfile, StageFailedError
+from fedorasflwr.federation.fedavg import SeededFedAvg
 from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.methods.fedoras.evaluation import SupernetEvaluator
+from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.protocol import ARRAYS, METRICS
 from fedorasflwr.server_app import build_supernet
-from fedorasflwr.strategies.aggregation import Aggregation
-from fedorasflwr.strategies.base import NodeProfile, StageFailedError
-from fedorasflwr.strategies.fedavg import SeededFedAvg
-from fedorasflwr.strategies.fedoras import FedorAS
 
 NUM_CLIENTS = 10
 INFLATION = 10**6

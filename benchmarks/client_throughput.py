@@ -2,7 +2,7 @@
 
 Side by side in one process, same seed, same client partition (mnist5k, Dirichlet):
 
-- **ours**: the client's Stage-1 loop, ``fedorasflwr.clients.fedoras.supernet_epochs``
+- **ours**: the client's Stage-1 loop, ``fedorasflwr.methods.fedoras.client.supernet_epochs``
   (what ``train_supernet`` runs between loading the message and building the reply):
   per batch sample a path within the tier's FLOPs budget, load the batch, take the
   SGD step, count the samples per option and the training FLOPs;
@@ -78,7 +78,7 @@ def ours(content: RecordDict, data: Any) -> tuple[float, int]:
     """Seconds and samples of the client's Stage-1 loop (``supernet_epochs``: path
     sampling, data loading, the steps, option counts and FLOPs), on a freshly loaded
     supernet (loading is not timed, as for the plain loop)."""
-    from fedorasflwr.clients.fedoras import load_supernet, supernet_epochs
+    from fedorasflwr.methods.fedoras.client import load_supernet, supernet_epochs
     from fedorasflwr.protocol import ARRAYS, CONFIG
 
     config = content.config_records[CONFIG]
@@ -93,7 +93,7 @@ def ours(content: RecordDict, data: Any) -> tuple[float, int]:
 def ours_call(content: RecordDict, data: Any) -> tuple[float, int]:
     """Seconds and samples of the whole ``train_supernet`` call (the ClientApp's work:
     building and loading the supernet, the loop, the reply's weights and metrics)."""
-    from fedorasflwr.clients.fedoras import train_supernet
+    from fedorasflwr.methods.fedoras.client import train_supernet
     from fedorasflwr.protocol import METRICS
 
     started = time.perf_counter()
@@ -105,9 +105,9 @@ def ours_call(content: RecordDict, data: Any) -> tuple[float, int]:
 def plain(content: RecordDict, data: Any) -> tuple[float, int]:
     """Seconds and samples of the plain loop: same supernet, batches and paths; the
     optimizer and loader are made inside the timing, as ``supernet_epochs`` makes them."""
-    from fedorasflwr.clients.fedoras import load_supernet
-    from fedorasflwr.clients.training import seeded_loader
+    from fedorasflwr.methods.fedoras.client import load_supernet
     from fedorasflwr.protocol import ARRAYS, CONFIG
+    from fedorasflwr.training import seeded_loader
 
     config = content.config_records[CONFIG]
     space = load_supernet(config, content.array_records[ARRAYS])

@@ -160,8 +160,8 @@ class Augmentation:
         from torch import nn
         from torch.utils.data import DataLoader
 
-        from fedorasflwr.clients.training import evaluate
         from fedorasflwr.search_spaces.darts import DerivedNetwork, Genotype
+        from fedorasflwr.training import evaluate
 
         o = self.options
         torch.manual_seed(seed)

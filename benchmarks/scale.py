@@ -85,8 +85,8 @@ def standin_app(clock: StandinClock) -> Callable[[Any, Any], Any]:
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
-    from fedorasflwr.clients.decnas import STATE_PREFIX, state_key
     from fedorasflwr.costs import training_flops
+    from fedorasflwr.methods.decnas.client import STATE_PREFIX, state_key
     from fedorasflwr.protocol import ARRAYS, CONFIG, METRICS, PROFILE, space_from_config
     from fedorasflwr.search_spaces import build_space
 
@@ -273,11 +273,11 @@ def _build(method: str, config: dict[str, Any]) -> Any:
 
     from fedorasflwr.config import parse_run_config, space_kwargs
     from fedorasflwr.data import dataset_info
+    from fedorasflwr.methods.decnas.strategy import DecNAS
+    from fedorasflwr.methods.fdnas.strategy import FDNAS
+    from fedorasflwr.methods.fedoras.strategy import FedorAS
     from fedorasflwr.search_spaces import build_space
     from fedorasflwr.server_app import build_decnas_net, build_supernet
-    from fedorasflwr.strategies.decnas import DecNAS
-    from fedorasflwr.strategies.fdnas import FDNAS
-    from fedorasflwr.strategies.fedoras import FedorAS
 
     run = parse_run_config(config)
     common = {"seed": run.seed, "min_nodes": run.min_nodes}

@@ -59,8 +59,8 @@ def direct_rounds(overrides: dict, num_clients: int) -> tuple[list[float], float
     from fedorasflwr.client_app import app
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
+    from fedorasflwr.methods.fedoras.strategy import FedorAS
     from fedorasflwr.server_app import build_supernet
-    from fedorasflwr.strategies.fedoras import FedorAS
 
     config = run_config(overrides)
     run = parse_run_config(config)

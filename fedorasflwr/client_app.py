@@ -1,4 +1,4 @@
-"""ClientApp: short handlers that delegate to ``clients.<method>``.
+"""ClientApp: short handlers that delegate to ``methods.<method>.client``.
 
 Identity comes from ``context.node_config`` (``partition-id``,
 ``num-partitions``, optional ``tier`` and ``cluster``); the data settings
@@ -15,11 +15,14 @@ from collections.abc import Callable
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from .clients import decnas, dpfnas, fdnas, fedoras
-from .clients.training import device_mod
 from .config import parse_run_config
 from .data import ClientData, load_client_data
+from .methods.decnas import client as decnas
+from .methods.dpfnas import client as dpfnas
+from .methods.fdnas import client as fdnas
+from .methods.fedoras import client as fedoras
 from .protocol import PROFILE
+from .training import device_mod
 
 #: When set, every handled message appends one JSON line of timestamps to this file
 #: (``benchmarks/engines.py`` reads it); unset, the only cost is one dict lookup.

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .clients.training import check_device_setting
 from .data import DatasetInfo, DataSpec
+from .training import check_device_setting
 
 __all__ = [
     "METHODS",
@@ -728,10 +728,10 @@ class RunSettings:
     fdnas: FDNASSettings = field(default_factory=FDNASSettings)
     dpfnas: DPFNASSettings = field(default_factory=DPFNASSettings)
     decnas: DecNASSettings = field(default_factory=DecNASSettings)
-    # Robust aggregation, every method (strategies/aggregation.py, ``Aggregation``).
+    # Robust aggregation, every method (federation/aggregation.py, ``Aggregation``).
     aggregation: str = "mean"
     aggregation_trim: float = 0.2
-    # Where loops compute (clients/training.py ``torch_device``); a node's config wins.
+    # Where loops compute (training.py ``torch_device``); a node's config wins.
     device: str = "auto"
 
     @property
@@ -842,7 +842,7 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         fdnas=FDNASSettings.from_config(cfg),
         dpfnas=DPFNASSettings.from_config(cfg),
         decnas=DecNASSettings.from_config(cfg),
-        # Robust aggregation (one block; the values of ``strategies.aggregation.AGGREGATIONS``).
+        # Robust aggregation (one block; the values of ``federation.aggregation.AGGREGATIONS``).
         aggregation=_one_of(cfg, "aggregation", "mean", ("mean", "median", "trimmed-mean")),
         aggregation_trim=_get(
             cfg, "aggregation-trim", 0.2, float, lambda v: 0.0 <= v < 0.5, "0 <= trim < 0.5"

@@ -18,12 +18,19 @@ from torch.utils.data import DataLoader
 
 from .artifacts import check_state, load_checkpoint, run_directory, save_checkpoint
 from .checkpoints import Checkpointer, Resume, read_resume
-from .clients.training import evaluate, resolve_device, torch_device, using_device
 from .config import RunSettings, parse_run_config, space_kwargs
 from .data import dataset_info, load_server_data
 from .data.groups import even_sizes
-from .evaluation import SupernetEvaluator
 from .export import OnnxExports
+from .federation.aggregation import Aggregation
+from .federation.base import NodeProfile
+from .methods.decnas.strategy import DecNAS
+from .methods.dpfnas.strategy import DPFNAS, json_safe, privacy_report
+from .methods.fdnas.cfdnas import CFDNAS
+from .methods.fdnas.strategy import FDNAS
+from .methods.fedoras.evaluation import SupernetEvaluator
+from .methods.fedoras.finetune import SUPERNET_INIT
+from .methods.fedoras.strategy import FedorAS, FedorASResult
 from .plots import (
     plot_alpha_entropy,
     plot_dpfnas,
@@ -36,14 +43,7 @@ from .plots import (
 from .progress import format_seconds, setup_logging, summary_lines
 from .search_spaces import DerivedNetwork, SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet, build_prunable
-from .strategies.aggregation import Aggregation
-from .strategies.base import NodeProfile
-from .strategies.cfdnas import CFDNAS
-from .strategies.decnas import DecNAS
-from .strategies.dpfnas import DPFNAS, json_safe, privacy_report
-from .strategies.fdnas import FDNAS
-from .strategies.fedoras import FedorAS, FedorASResult
-from .strategies.fedoras_finetune import SUPERNET_INIT
+from .training import evaluate, resolve_device, torch_device, using_device
 
 app = ServerApp()
 

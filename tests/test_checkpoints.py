@@ -16,6 +16,7 @@ from flwr.app import Context, Message, RecordDict
 
 from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.client_app import app as client_app
+from fedorasflwr.federation.base import StageFailedError
 from fedorasflwr.inprocess import InProcessGrid, error_reply
 from fedorasflwr.protocol import (
     CONFIG,
@@ -26,7 +27,6 @@ from fedorasflwr.protocol import (
     FEDORAS_SUPERNET,
 )
 from fedorasflwr.server_app import main
-from fedorasflwr.strategies.base import StageFailedError
 from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
 

@@ -38,23 +38,28 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.data import TensorDataset
 
 import fedorasflwr.client_app as client_app
-from fedorasflwr.clients import decnas, dpfnas, fdnas, fedoras, training
-from fedorasflwr.clients.secure_random import INSECURE_KEY, SecureRandom, gaussian
-from fedorasflwr.clients.training import (
+from fedorasflwr import training
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.data import ClientData
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.methods.decnas import client as decnas
+from fedorasflwr.methods.dpfnas import client as dpfnas
+from fedorasflwr.methods.dpfnas.contract import INSECURE_KEY
+from fedorasflwr.methods.dpfnas.secure_random import SecureRandom, gaussian
+from fedorasflwr.methods.fdnas import client as fdnas
+from fedorasflwr.methods.fedoras import client as fedoras
+from fedorasflwr.methods.fedoras.evaluation import ServerPathScorer, SupernetEvaluator
+from fedorasflwr.protocol import ARRAYS, CONFIG, METRICS, space_to_config
+from fedorasflwr.search_spaces import build_space
+from fedorasflwr.search_spaces.darts import DerivedNetwork
+from fedorasflwr.search_spaces.prunable import build_prunable
+from fedorasflwr.training import (
     device_mod,
     device_setting,
     resolve_device,
     torch_device,
     using_device,
 )
-from fedorasflwr.config import parse_run_config
-from fedorasflwr.data import ClientData
-from fedorasflwr.evaluation import ServerPathScorer, SupernetEvaluator
-from fedorasflwr.inprocess import InProcessGrid
-from fedorasflwr.protocol import ARRAYS, CONFIG, METRICS, space_to_config
-from fedorasflwr.search_spaces import build_space
-from fedorasflwr.search_spaces.darts import DerivedNetwork
-from fedorasflwr.search_spaces.prunable import build_prunable
 
 aten = torch.ops.aten
 META = torch.device("meta")
@@ -375,17 +380,16 @@ def test_the_guard_catches_a_batch_a_model_or_noise_left_on_the_cpu():
 
 
 def test_fedoras_server_finetune_curve_runs_on_the_helpers_device():
-    from fedorasflwr.strategies.fedoras_finetune import _server_curve
+    from fedorasflwr.methods.fedoras.finetune import _server_curve
 
     torch.manual_seed(0)
     space = build_space(
         "cnn_s", width=0.25, num_classes=10, in_channels=1, input_height=28, input_width=28
     )
     arch = [0] * len(space.num_options())
-    strategy = SimpleNamespace(space=SimpleNamespace(spec=space.spec))
     dataset = TensorDataset(*_data().train.tensors)
     arrays = ArrayRecord(space.subnet(arch).state_dict())
     with on_meta():
-        curve = _server_curve(strategy, arch, dataset)  # type: ignore[arg-type]
+        curve = _server_curve(space.spec, arch, dataset)
         assert curve is not None
         assert set(curve(1, arrays)) == {"val-accuracy", "val-loss"}

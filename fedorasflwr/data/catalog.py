@@ -11,12 +11,9 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .text import OOV_ID, VOCAB, num_windows
-
-if TYPE_CHECKING:
-    from .spec import DataSpec
 
 __all__ = [
     "DATASETS",
@@ -24,6 +21,7 @@ __all__ = [
     "PARTITIONERS",
     "LABELLED_PARTITIONERS",
     "DatasetInfo",
+    "DatasetChoice",
     "DatasetEntry",
     "dataset_entry",
     "dataset_info",
@@ -37,6 +35,19 @@ FOLDER_PREFIX = "folder:"
 PARTITIONERS = ("iid", "dirichlet", "class-groups", "natural")
 LABELLED_PARTITIONERS = ("dirichlet", "class-groups")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+class DatasetChoice(Protocol):
+    """What this module reads of a ``DataSpec`` (``spec`` imports this module, not back)."""
+
+    @property
+    def dataset(self) -> str: ...
+
+    @property
+    def seq_len(self) -> int: ...
+
+    @property
+    def server_fraction(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -176,7 +187,7 @@ def num_classes_of(dataset: str) -> int | None:
     return None if entry is None else entry.num_classes
 
 
-def dataset_info(spec: DataSpec) -> DatasetInfo:
+def dataset_info(spec: DatasetChoice) -> DatasetInfo:
     """Kind, classes and input shape of ``spec.dataset``; reads no samples.
 
     ``mnist5k`` -> image, 10, ``(1, 28, 28)``; ``pydoc-topics`` / ``shakespeare`` ->
@@ -211,7 +222,7 @@ def text_num_windows(dataset: str, seq_len: int) -> dict[str, int] | None:
     return {name: num_windows(length, seq_len) for name, length in _pydoc_topic_lengths()}
 
 
-def num_client_samples(spec: DataSpec) -> int | None:
+def num_client_samples(spec: DatasetChoice) -> int | None:
     """Samples left for the clients once the server slice is removed, when known cheaply.
 
     Exact for pydoc-topics (floor per topic) and for datasets with equal class counts

@@ -1,17 +1,19 @@
-"""Server-side strategies: each a ``flwr.serverapp.strategy.Strategy`` needing only a ``Grid``.
+"""The public strategies, re-exported from ``fedorasflwr.methods`` and ``fedorasflwr.federation``.
+
+Each is a ``flwr.serverapp.strategy.Strategy`` needing only a ``Grid``.
 
 >>> from fedorasflwr.strategies import FedorAS, DecNAS, FDNAS, CFDNAS, DPFNAS, SeededFedAvg
->>> from fedorasflwr.strategies.aggregation import opa
+>>> from fedorasflwr.strategies import opa
 """
 
-from .aggregation import opa
-from .base import FederatedNASStrategy, NodeProfile, StageFailedError
-from .cfdnas import CFDNAS
-from .decnas import DecNAS, DecNASResult
-from .dpfnas import DPFNAS
-from .fdnas import FDNAS
-from .fedavg import SeededFedAvg
-from .fedoras import FedorAS, FedorASResult
+from ..federation.aggregation import opa
+from ..federation.base import FederatedNASStrategy, NodeProfile, StageFailedError
+from ..federation.fedavg import SeededFedAvg
+from ..methods.decnas.strategy import DecNAS, DecNASResult
+from ..methods.dpfnas.strategy import DPFNAS
+from ..methods.fdnas.cfdnas import CFDNAS
+from ..methods.fdnas.strategy import FDNAS
+from ..methods.fedoras.strategy import FedorAS, FedorASResult
 
 __all__ = [
     "CFDNAS",

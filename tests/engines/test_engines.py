@@ -21,9 +21,9 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import FlowerRunError, find_pids
+from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.server_app import build_supernet
-from fedorasflwr.strategies.fedoras import FedorAS
 from tests.runconfig import pyproject_run_config
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fedorasflwr.strategies.aggregation import opa
+from fedorasflwr.federation.aggregation import opa
 
 
 def record(**arrays: np.ndarray) -> ArrayRecord:
@@ -83,9 +83,14 @@ def test_unknown_key_shape_mismatch_and_negative_counts_raise():
 def test_public_api_imports_as_design_says():
     from flwr.serverapp.strategy import Strategy
 
+    from fedorasflwr.clients import decnas, dpfnas, fdnas, fedoras
     from fedorasflwr.search_spaces import SearchSpace, build_space  # noqa: F401
-    from fedorasflwr.strategies import FedorAS
-    from fedorasflwr.strategies.aggregation import opa as public_opa
+    from fedorasflwr.strategies import CFDNAS, DPFNAS, FDNAS, DecNAS, FedorAS
+    from fedorasflwr.strategies import opa as public_opa
 
-    assert issubclass(FedorAS, Strategy)
+    for strategy in (FedorAS, DecNAS, FDNAS, CFDNAS, DPFNAS):
+        assert issubclass(strategy, Strategy)
     assert public_opa is opa
+    clients = {"decnas": decnas, "dpfnas": dpfnas, "fdnas": fdnas, "fedoras": fedoras}
+    for method, client in clients.items():
+        assert client.__name__ == f"fedorasflwr.methods.{method}.client"

@@ -9,12 +9,12 @@ from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedorasflwr.config import parse_run_config
+from fedorasflwr.federation.aggregation import Aggregation, opa
+from fedorasflwr.federation.base import NodeProfile
+from fedorasflwr.federation.fedavg import SeededFedAvg
+from fedorasflwr.federation.replies import Bound, check_bounds, check_reply, screen_replies
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.ledger import Ledger
-from fedorasflwr.strategies.aggregation import Aggregation, opa
-from fedorasflwr.strategies.base import NodeProfile
-from fedorasflwr.strategies.fedavg import SeededFedAvg
-from fedorasflwr.strategies.replies import Bound, check_bounds, check_reply, screen_replies
 
 
 @pytest.fixture(autouse=True)

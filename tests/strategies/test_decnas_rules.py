@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedorasflwr.strategies.grouping import (
+from fedorasflwr.methods.decnas.grouping import (
     balance_ratio,
     group_clients,
     mean_label_distance,
     random_groups,
     schedule_waves,
 )
-from fedorasflwr.strategies.netadapt import (
+from fedorasflwr.methods.decnas.netadapt import (
     budget,
     degradation,
     rank_candidates,

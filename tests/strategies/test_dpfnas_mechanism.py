@@ -12,16 +12,16 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from opacus.accountants import RDPAccountant
 from torch import nn
 
-from fedorasflwr.clients.dpfnas import (
+from fedorasflwr.methods.dpfnas.client import (
     clip_and_noise,
     per_sample_gradients,
     poisson_sample,
     weight_gradient,
 )
+from fedorasflwr.methods.dpfnas.privacy import epsilon, gdp_mu
 from fedorasflwr.protocol import ARRAYS, CONFIG, space_to_config
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.search_spaces.darts import DartsSpace
-from fedorasflwr.strategies.privacy import epsilon, gdp_mu
 
 
 def batch(data, count):
@@ -148,8 +148,8 @@ def test_settings_name_the_bad_key():
 def _second_order_setup(seed=0):
     """A tiny supernet, its W before (``previous``) and after (``current``) one SGD
     step, and a party with 6 training and 3 validation samples (16 x 16 digits)."""
-    from fedorasflwr.clients.dpfnas import PREVIOUS_PREFIX
     from fedorasflwr.data import ClientData
+    from fedorasflwr.methods.dpfnas.contract import PREVIOUS_PREFIX
 
     torch.manual_seed(seed)
     tiny = build_space("darts", channels=2, cells=3, input_height=16, input_width=16)
@@ -181,7 +181,7 @@ def _second_order_setup(seed=0):
 
 
 def _arch_reply(tiny, arrays, data, xi, order):
-    from fedorasflwr.clients.dpfnas import architecture_gradient
+    from fedorasflwr.methods.dpfnas.client import architecture_gradient
 
     config = ConfigRecord(
         {

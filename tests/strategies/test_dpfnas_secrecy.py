@@ -13,20 +13,21 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedorasflwr.client_app import app as client_app
-from fedorasflwr.clients.dpfnas import (
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.methods.dpfnas.client import (
     architecture_gradient,
     poisson_sample,
     train_final,
     weight_gradient,
 )
-from fedorasflwr.clients.secure_random import INSECURE_KEY, SecureRandom
-from fedorasflwr.clients.training import seeded_generator
-from fedorasflwr.config import parse_run_config
-from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.methods.dpfnas.contract import INSECURE_KEY
+from fedorasflwr.methods.dpfnas.secure_random import SecureRandom
+from fedorasflwr.methods.dpfnas.strategy import DPFNAS
 from fedorasflwr.protocol import ARRAYS, CONFIG, DPFNAS_ARCH, DPFNAS_WEIGHTS, space_to_config
 from fedorasflwr.search_spaces.darts import DerivedNetwork
 from fedorasflwr.server_app import build_supernet, run_dpfnas
-from fedorasflwr.strategies.dpfnas import DPFNAS
+from fedorasflwr.training import seeded_generator
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
 
 SIGMA, CLIP = 1.0, 0.5

@@ -10,10 +10,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from torch.utils.data import TensorDataset
 
 from fedorasflwr.client_app import app as client_app
-from fedorasflwr.clients.fdnas import hardware_loss, search_supernet
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import ClientData
 from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.methods.fdnas.client import hardware_loss, search_supernet
 from fedorasflwr.protocol import ARRAYS, CONFIG, FDNAS_SEARCH, METRICS, space_to_config
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.server_app import cluster_tagger, run_cfdnas

@@ -8,10 +8,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from fedorasflwr.federation.base import NodeProfile, StageFailedError
+from fedorasflwr.federation.fedavg import SeededFedAvg
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.ledger import Ledger
-from fedorasflwr.strategies.base import NodeProfile, StageFailedError
-from fedorasflwr.strategies.fedavg import SeededFedAvg
 
 demo = ClientApp()
 

@@ -13,12 +13,12 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.costs import array_record_bytes, array_record_elements
 from fedorasflwr.data import load_server_data
-from fedorasflwr.evaluation import SupernetEvaluator
+from fedorasflwr.federation.base import StageFailedError
 from fedorasflwr.inprocess import InProcessGrid, error_reply, replace_content
+from fedorasflwr.methods.fedoras.evaluation import SupernetEvaluator
+from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.protocol import ARRAYS, FEDORAS_SUPERNET, METRICS
 from fedorasflwr.server_app import build_supernet
-from fedorasflwr.strategies.base import StageFailedError
-from fedorasflwr.strategies.fedoras import FedorAS
 from tests.runconfig import tiny_fedoras
 
 NUM_NODES = 12

@@ -12,10 +12,15 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from fedorasflwr.artifacts import save_checkpoint
 from fedorasflwr.client_app import app as client_app
-from fedorasflwr.clients.training import evaluate
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_server_data
+from fedorasflwr.federation.fedavg import cosine_lr
 from fedorasflwr.inprocess import InProcessGrid, replace_content
+from fedorasflwr.methods.fedoras.finetune import SUPERNET_INIT, initial_subnet
+from fedorasflwr.methods.fedoras.scoring import FederatedPathScorer, covering_subspace
+from fedorasflwr.methods.fedoras.search import kendall_tau, search_tier
+from fedorasflwr.methods.fedoras.strategy import FedorAS
+from fedorasflwr.methods.fedoras.tiers import Tier
 from fedorasflwr.protocol import (
     ARRAYS,
     FEDORAS_EVALUATE,
@@ -26,12 +31,7 @@ from fedorasflwr.protocol import (
 )
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.server_app import build_supernet, resume_supernet
-from fedorasflwr.strategies.fedavg import cosine_lr
-from fedorasflwr.strategies.fedoras import FedorAS
-from fedorasflwr.strategies.fedoras_finetune import SUPERNET_INIT, initial_subnet
-from fedorasflwr.strategies.fedoras_search import FederatedPathScorer, covering_subspace
-from fedorasflwr.strategies.search import kendall_tau, search_tier
-from fedorasflwr.strategies.tiers import Tier
+from fedorasflwr.training import evaluate
 from tests.runconfig import tiny_fedoras
 
 NUM_NODES = 12
@@ -258,7 +258,9 @@ def test_federated_score_is_correct_over_examples_summed_across_clients(run_conf
         return replace_content(reply, RecordDict({METRICS: metrics}))
 
     grid.faults = dict.fromkeys(grid.contexts, fixed)
-    scorer = FederatedPathScorer(strategy, grid, ArrayRecord(strategy.space.state_dict()), 3)
+    scorer = FederatedPathScorer(
+        strategy.stage_context(), grid, ArrayRecord(strategy.space.state_dict()), 3
+    )
     path = tuple(0 for _ in strategy.space.num_options())
     assert settings.fedoras.search_clients == 2
     assert scorer([path]) == [pytest.approx(12 / 30)]
@@ -276,7 +278,7 @@ def test_federated_replies_with_wrong_lengths_are_dropped(run_config, caplog):
     strategy.setup(grid)
     supernet = ArrayRecord(strategy.space.state_dict())
     path = tuple(0 for _ in strategy.space.num_options())
-    honest = FederatedPathScorer(strategy, grid, supernet, 0)([path])[0]
+    honest = FederatedPathScorer(strategy.stage_context(), grid, supernet, 0)([path])[0]
     chosen = [m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == FEDORAS_PATHS]
     assert len(chosen) == 2
 
@@ -285,7 +287,7 @@ def test_federated_replies_with_wrong_lengths_are_dropped(run_config, caplog):
         return replace_content(reply, RecordDict({METRICS: metrics}))
 
     grid.faults = {chosen[0]: short}
-    accuracy = FederatedPathScorer(strategy, grid, supernet, 0)([path])[0]
+    accuracy = FederatedPathScorer(strategy.stage_context(), grid, supernet, 0)([path])[0]
     assert f"dropped reply of node {chosen[0]}: 'correct' must hold one value per path" in (
         caplog.text
     )
@@ -353,7 +355,7 @@ def test_fine_tuning_starts_from_the_model_the_search_scored(three_stages):
     arch = result.searches[-1].best
     scorer.load(supernet)
     scored = scorer([arch])[0]
-    start = initial_subnet(strategy, supernet, arch, SUPERNET_INIT, tier=0)
+    start = initial_subnet(strategy.stage_context(), supernet, arch, SUPERNET_INIT, tier=0)
     net = build_space(**strategy.space.spec).subnet(arch)
     net.load_state_dict(start.to_torch_state_dict())
     again = evaluate(net.eval(), scorer.loader, torch.device("cpu"))

@@ -26,11 +26,11 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
+from fedorasflwr.federation.base import FederatedNASStrategy, NodeProfile
+from fedorasflwr.federation.fedavg import SeededFedAvg
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.ledger import Ledger
 from fedorasflwr.protocol import ARRAYS
-from fedorasflwr.strategies.base import FederatedNASStrategy, NodeProfile
-from fedorasflwr.strategies.fedavg import SeededFedAvg
 
 echo = ClientApp()
 

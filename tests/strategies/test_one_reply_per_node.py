@@ -14,6 +14,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid, replace_content
+from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.protocol import (
     ARRAYS,
     FEDORAS_PATHS,
@@ -22,7 +23,6 @@ from fedorasflwr.protocol import (
     QUERY_PROFILE,
 )
 from fedorasflwr.server_app import build_supernet
-from fedorasflwr.strategies.fedoras import FedorAS
 from tests.runconfig import tiny_fedoras
 
 NUM_NODES = 8

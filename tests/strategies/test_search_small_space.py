@@ -4,8 +4,8 @@ import itertools
 
 import numpy as np
 
-from fedorasflwr.strategies.search import initial_paths, search_tier
-from fedorasflwr.strategies.tiers import Tier
+from fedorasflwr.methods.fedoras.search import initial_paths, search_tier
+from fedorasflwr.methods.fedoras.tiers import Tier
 from tests.search_spaces.test_base import ToySpace
 
 

@@ -5,14 +5,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fedorasflwr.search_spaces import build_space
-from fedorasflwr.strategies.tiers import (
+from fedorasflwr.methods.fedoras.tiers import (
     Tier,
     assign_tiers,
     compute_tiers,
     mass_quantile,
     tier_of_flops,
 )
+from fedorasflwr.search_spaces import build_space
 
 
 def test_mass_quantile_by_hand():

@@ -21,12 +21,12 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from ..costs import training_flops
-from ..data import ClientData
-from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
-from ..search_spaces import Subnet, build_space
-from ..search_spaces.mbconv import MBConvSpace
-from .training import evaluate, seeded_loader, torch_device
+from ...costs import training_flops
+from ...data import ClientData
+from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
+from ...search_spaces import Subnet, build_space
+from ...search_spaces.mbconv import MBConvSpace
+from ...training import evaluate, seeded_loader, torch_device
 
 __all__ = ["evaluate_net", "hardware_loss", "search_supernet", "train_net"]
 

@@ -24,7 +24,7 @@ from pymoo.operators.repair.rounding import RoundingRepair
 from pymoo.problems.static import StaticProblem
 from scipy.stats import kendalltau
 
-from ..search_spaces import SearchSpace
+from ...search_spaces import SearchSpace
 from .tiers import Tier
 
 __all__ = ["Scored", "TierSearch", "initial_paths", "kendall_tau", "search_tier"]

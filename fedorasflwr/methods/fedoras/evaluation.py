@@ -15,14 +15,14 @@ from flwr.app import ArrayRecord, MetricRecord
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from .clients.training import (
+from ...search_spaces import SearchSpace
+from ...training import (
     EvalResult,
     evaluate,
     recalibrate_batchnorm,
     seeded_loader,
     torch_device,
 )
-from .search_spaces import SearchSpace
 
 __all__ = ["ServerPathScorer", "SupernetEvaluator", "score_paths"]
 

@@ -54,14 +54,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from ..checkpoints import Resume
-from ..config import DecNASSettings
-from ..progress import format_metrics
-from ..protocol import ARRAYS, CONFIG, DECNAS_TUNE, DECNAS_UPLOAD, METRICS
-from ..search_spaces.prunable import PrunableNet, prune_to_budget, resource
-from .aggregation import opa
-from .base import NodeProfile
-from .decnas_stages import FINAL, GM0, ITERATIONS, DecNASResult, GlobalModel, PrunedModelStages
+from ...checkpoints import Resume
+from ...config import DecNASSettings
+from ...federation.aggregation import opa
+from ...federation.base import NodeProfile
+from ...federation.replies import array_specs, check_reply
+from ...progress import format_metrics
+from ...protocol import ARRAYS, CONFIG, DECNAS_TUNE, DECNAS_UPLOAD, METRICS
+from ...search_spaces.prunable import PrunableNet, prune_to_budget, resource
 from .grouping import (
     balance_ratio,
     group_clients,
@@ -70,7 +70,7 @@ from .grouping import (
     schedule_waves,
 )
 from .netadapt import budget, degradation, rank_candidates, rounds_for, survivors_after_drop
-from .replies import array_specs, check_reply
+from .stages import FINAL, GM0, ITERATIONS, DecNASResult, GlobalModel, PrunedModelStages
 
 __all__ = ["DecNAS", "DecNASResult", "GlobalModel"]
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,19 +37,17 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..clients.training import evaluate, torch_device
-from ..costs import training_flops
-from ..progress import fmt, format_seconds
-from ..protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
-from ..search_spaces import build_space
-from .base import NodeProfile
-from .fedavg import SeededFedAvg, cosine_lr
-from .replies import check_reply
+from ...costs import training_flops
+from ...federation.base import NodeProfile
+from ...federation.fedavg import SeededFedAvg, cosine_lr
+from ...federation.replies import check_reply
+from ...progress import fmt, format_seconds
+from ...protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
+from ...search_spaces import build_space
+from ...training import evaluate, torch_device
+from .context import StageContext
 from .search import initial_paths
 from .tiers import Tier
-
-if TYPE_CHECKING:
-    from .fedoras import FedorAS
 
 __all__ = [
     "TierModel",
@@ -111,29 +109,24 @@ class TierModel:
 TEST_KEYS = ("accuracy", "loss", "clients", "client_worst")
 
 
-def eligible_nodes(strategy: FedorAS, tier: int) -> list[NodeProfile]:
-    """The profiled nodes of tier ``tier`` and above: those able to run its model."""
-    return [p for p in strategy.profiles.values() if strategy.tier_of_node(p.node_id) >= tier]
-
-
-def _subnet_config(strategy: FedorAS, arch: Sequence[int], init: str) -> dict[str, Any]:
-    s = strategy.settings
+def _subnet_config(context: StageContext, arch: Sequence[int], init: str) -> dict[str, Any]:
+    s = context.settings
     return {
         "method": "fedoras",
         "phase": f"finetune-{init}",
-        "seed": strategy.seed,
+        "seed": context.federation.seed,
         "arch": [int(v) for v in arch],
         "momentum": s.finetune_momentum,
         "weight-decay": s.weight_decay,
         "local-epochs": s.finetune_local_epochs,
         "batch-size": s.finetune_batch_size,
-        "net-flops": int(strategy.space.cost(arch).flops),
-        **space_to_config(strategy.space.spec),
+        "net-flops": int(context.space.cost(arch).flops),
+        **space_to_config(context.space.spec),
     }
 
 
 def initial_subnet(
-    strategy: FedorAS,
+    context: StageContext,
     supernet: ArrayRecord,
     arch: Sequence[int],
     init: str,
@@ -150,24 +143,25 @@ def initial_subnet(
     score far below it.  Clients train in train mode, so only the running statistics
     differ, and the first rounds overwrite them."""
     if init == SUPERNET_INIT:
-        keys = strategy.space.path_keys(arch)
-        scorer = strategy.server_scorer
+        keys = context.space.path_keys(arch)
+        scorer = context.server_scorer
         if scorer is None or scorer.calibration is None:
             return ArrayRecord({k: supernet[k] for k in keys})
         state = scorer.scored_state(supernet, arch)
         return ArrayRecord({k: state[k] for k in keys})
-    torch.manual_seed(int(strategy.rng("rand-init", tier, candidate).integers(2**31)))
-    fresh = build_space(**strategy.space.spec).subnet(arch)
+    torch.manual_seed(int(context.federation.rng("rand-init", tier, candidate).integers(2**31)))
+    fresh = build_space(**context.space.spec).subnet(arch)
     return ArrayRecord(fresh.state_dict())
 
 
 def _server_curve(
-    strategy: FedorAS, arch: Sequence[int], data: TensorDataset | None
+    spec: Mapping[str, Any], arch: Sequence[int], data: TensorDataset | None
 ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
-    """Server-side validation of the subnet after each round (the fine-tuning curve)."""
+    """Server-side validation of the subnet after each round (the fine-tuning curve);
+    ``spec``: the search space's ``build_space`` arguments."""
     if data is None or len(data) == 0:
         return None
-    net = build_space(**strategy.space.spec).subnet(arch)
+    net = build_space(**spec).subnet(arch)
     device = torch_device()
     loader = DataLoader(data, batch_size=256)
 
@@ -181,7 +175,7 @@ def _server_curve(
 
 
 def finetune_tier(
-    strategy: FedorAS,
+    context: StageContext,
     grid: Grid,
     supernet: ArrayRecord,
     tier: int,
@@ -196,13 +190,12 @@ def finetune_tier(
     """Fine-tune ``arch`` with FedAvg on the tier's eligible clients (``finetune-rounds``
     rounds unless ``rounds`` is given), then test it there."""
     started = time.perf_counter()
-    s = strategy.settings
-    space = strategy.space
+    s, space, federation = context.settings, context.space, context.federation
     num_rounds = s.finetune_rounds if rounds is None else rounds
     stage = f"finetune-t{tier + 1}-{init}" + (f"-{candidate}" if init == RANDOM_SEARCH else "")
-    nodes = eligible_nodes(strategy, tier)
-    arrays = initial_subnet(strategy, supernet, arch, init, tier, candidate)
-    config = _subnet_config(strategy, arch, init)
+    nodes = context.eligible(tier)
+    arrays = initial_subnet(context, supernet, arch, init, tier, candidate)
+    config = _subnet_config(context, arch, init)
     cost = space.cost(arch)
     model = TierModel(
         tier=tier,
@@ -224,25 +217,25 @@ def finetune_tier(
 
         fedavg = SeededFedAvg(
             nodes=nodes,
-            seed=strategy.seed,
+            seed=federation.seed,
             stage=stage,
-            ledger=strategy.ledger,
+            ledger=federation.ledger,
             clients_per_round=s.finetune_clients_per_round,
-            min_replies=min(strategy.min_replies, len(nodes)),
+            min_replies=min(federation.min_replies, len(nodes)),
             train_message_type=FEDORAS_TRAIN,
             round_config=lambda r: {"lr": lr_at(r)},
             fraction_evaluate=0.0,
-            aggregation=strategy.aggregation,
+            aggregation=federation.aggregation,
             round_lines_every=30.0,  # one line per job (below), more only for long jobs
         )
-        with strategy.ledger.timed(stage):
+        with federation.ledger.timed(stage):
             outcome = fedavg.start(
                 grid,
                 arrays,
                 num_rounds=num_rounds,
-                timeout=strategy.reply_timeout,
+                timeout=federation.reply_timeout,
                 train_config=ConfigRecord(config),
-                evaluate_fn=_server_curve(strategy, arch, server_data),
+                evaluate_fn=_server_curve(space.spec, arch, server_data),
             )
         model.arrays = outcome.arrays
         model.history = [
@@ -254,7 +247,7 @@ def finetune_tier(
             }
             for r in range(1, num_rounds + 1)
         ]
-    model.test = test_subnet(strategy, grid, model.arrays, nodes, config, f"test-{stage}")
+    model.test = test_subnet(context, grid, model.arrays, nodes, config, f"test-{stage}")
     per_round = min(s.finetune_clients_per_round, len(nodes))
     trained = f"{num_rounds} rounds x {per_round}/{len(nodes)} nodes"
     last = model.history[-1] if model.history else {}
@@ -275,7 +268,7 @@ def finetune_tier(
 
 
 def random_search_tier(
-    strategy: FedorAS,
+    context: StageContext,
     grid: Grid,
     tier: Tier,
     budget: float,
@@ -291,10 +284,10 @@ def random_search_tier(
     server's validation slice after training (without one: the lowest final
     training loss); its test result is the baseline's.
     """
-    s = strategy.settings
-    space = strategy.space
-    nodes = eligible_nodes(strategy, tier.index)
-    rng = strategy.rng("random-search", tier.index)
+    s = context.settings
+    space = context.space
+    nodes = context.eligible(tier.index)
+    rng = context.federation.rng("random-search", tier.index)
     paths = initial_paths(space, tier, rng, s.random_search_paths)
     per_client = np.mean([p.num_train for p in nodes]) * s.finetune_local_epochs
     clients = min(s.finetune_clients_per_round, len(nodes))
@@ -303,7 +296,7 @@ def random_search_tier(
         per_round = clients * training_flops(int(space.cost(path).flops), int(per_client))
         rounds = max(1, int(budget / len(paths) // max(per_round, 1)))
         model = finetune_tier(
-            strategy,
+            context,
             grid,
             ArrayRecord(),
             tier.index,
@@ -329,7 +322,7 @@ def random_search_tier(
 
 
 def test_subnet(
-    strategy: FedorAS,
+    context: StageContext,
     grid: Grid,
     arrays: ArrayRecord,
     nodes: Sequence[NodeProfile],
@@ -337,6 +330,7 @@ def test_subnet(
     stage: str,
 ) -> TierTest:
     """Test ``arrays`` on every connected node of ``nodes`` with test data."""
+    federation = context.federation
     connected = set(grid.get_node_ids())
     targets = sorted(
         (p for p in nodes if p.node_id in connected and p.num_test > 0),
@@ -350,23 +344,23 @@ def test_subnet(
         )
         for p in targets
     ]
-    replies = strategy.accept(
+    replies = federation.accept(
         stage,
-        strategy.exchange(grid, stage, messages),
+        federation.exchange(grid, stage, messages),
         lambda r: (
             check_reply(
                 r,
                 counts=("num-examples", "correct", "loss-sum"),
                 bounds={
-                    "num-examples": strategy.claim(
-                        r.metadata.src_node_id, "test", per_sample=strategy.predictions_per_sample
+                    "num-examples": federation.claim(
+                        r.metadata.src_node_id, "test", per_sample=context.predictions_per_sample
                     )
                 },
             )
             or _check_test_reply(r)
         ),
     )
-    strategy.require(stage, len(replies), len(messages), at_most_sent=True)
+    federation.require(stage, len(replies), len(messages), at_most_sent=True)
     correct = [int(r.content.metric_records[METRICS]["correct"]) for r in replies]
     counts = [int(r.content.metric_records[METRICS]["num-examples"]) for r in replies]
     loss_sum = sum(float(r.content.metric_records[METRICS]["loss-sum"]) for r in replies)
@@ -380,7 +374,7 @@ def test_subnet(
         client_mean=float(per_client.mean()),
         client_std=float(per_client.std()),
         client_worst=float(per_client.min()),
-        perplexity=math.exp(min(loss, 700.0)) if strategy.space.spec["name"] == "rnn" else None,
+        perplexity=math.exp(min(loss, 700.0)) if context.space.spec["name"] == "rnn" else None,
     )
 
 

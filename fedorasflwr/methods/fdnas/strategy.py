@@ -10,8 +10,8 @@ is then trained with FedAvg (``SeededFedAvg``), from scratch or from the
 supernet's weights.
 
 CFDNAS (Algorithm 2), the per-cluster refinement, is in
-``fedorasflwr.strategies.cfdnas``; the derived nets and their FedAvg stage in
-``fedorasflwr.strategies.fdnas_nets``.
+``fedorasflwr.methods.fdnas.cfdnas``; the derived nets and their FedAvg stage in
+``fedorasflwr.methods.fdnas.nets``.
 
 Client contract
 ---------------
@@ -51,10 +51,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from ..checkpoints import Resume
-from ..config import FDNASSettings
-from ..progress import StageClock, fmt
-from ..protocol import (
+from ...checkpoints import Resume
+from ...config import FDNASSettings
+from ...federation.aggregation import opa
+from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
+from ...federation.replies import ArraySpec, array_specs, check_reply
+from ...progress import StageClock, fmt
+from ...protocol import (
     ARRAYS,
     CONFIG,
     FDNAS_EVALUATE,
@@ -63,12 +66,9 @@ from ..protocol import (
     METRICS,
     space_to_config,
 )
-from ..search_spaces import build_space
-from ..search_spaces.mbconv import MBConvSpace
-from .aggregation import opa
-from .base import FederatedNASStrategy, NodeProfile, sample_nodes
-from .fdnas_nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
-from .replies import ArraySpec, array_specs, check_reply
+from ...search_spaces import build_space
+from ...search_spaces.mbconv import MBConvSpace
+from .nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
 
 __all__ = ["FDNAS", "DerivedNet", "FDNASResult"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..search_spaces import SearchSpace
+from ...search_spaces import SearchSpace
 
 __all__ = ["Tier", "assign_tiers", "compute_tiers", "mass_quantile", "tier_of_flops"]
 

@@ -17,11 +17,11 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
-from ..costs import training_flops
-from ..data import ClientData
-from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
-from ..search_spaces.prunable import PrunableNet, build_prunable
-from .training import (
+from ...costs import training_flops
+from ...data import ClientData
+from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
+from ...search_spaces.prunable import PrunableNet, build_prunable
+from ...training import (
     evaluate,
     held_out_metrics,
     local_sgd,

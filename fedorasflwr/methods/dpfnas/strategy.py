@@ -54,12 +54,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from ..checkpoints import Resume
-from ..clients.dpfnas import PREVIOUS_PREFIX, final_steps
-from ..clients.secure_random import INSECURE_KEY
-from ..config import DPFNASSettings
-from ..progress import StageClock, fmt
-from ..protocol import (
+from ...checkpoints import Resume
+from ...config import DPFNASSettings
+from ...federation.base import FederatedNASStrategy, NodeProfile
+from ...federation.fedavg import SeededFedAvg
+from ...federation.replies import Bound, array_specs, check_reply
+from ...progress import StageClock, fmt
+from ...protocol import (
     ARRAYS,
     CONFIG,
     DPFNAS_ARCH,
@@ -69,11 +70,9 @@ from ..protocol import (
     METRICS,
     space_to_config,
 )
-from ..search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
-from .base import FederatedNASStrategy, NodeProfile
-from .fedavg import SeededFedAvg
+from ...search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
+from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .privacy import PartyPrivacy, composed_epsilon
-from .replies import Bound, array_specs, check_reply
 
 __all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report"]
 

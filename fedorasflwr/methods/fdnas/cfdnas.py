@@ -5,7 +5,7 @@ reproducibly from the partition); each cluster inherits w and alpha from the
 FDNAS supernet ("meta-test") and repeats the search inside the cluster with its
 own FLOPs target, giving one net per cluster trained on its cluster's clients.
 *naive-CFDNAS* (``inherit=False``) starts each cluster from a fresh supernet.
-The client contract is FDNAS's (see ``fedorasflwr.strategies.fdnas``).
+The client contract is FDNAS's (see ``fedorasflwr.methods.fdnas.strategy``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from ..checkpoints import Resume
-from .fdnas import FDNAS, DerivedNet, FDNASResult
+from ...checkpoints import Resume
+from .strategy import FDNAS, DerivedNet, FDNASResult
 
 __all__ = ["CFDNAS"]
 

@@ -17,14 +17,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..artifacts import check_weights
-from ..checkpoints import Resume
-from ..config import DecNASSettings
-from ..protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
-from ..search_spaces.prunable import PrunableNet, build_prunable, resource, width_scaled
-from .base import FederatedNASStrategy, NodeProfile
-from .fedavg import SeededFedAvg
-from .replies import check_reply
+from ...artifacts import check_weights
+from ...checkpoints import Resume
+from ...config import DecNASSettings
+from ...federation.base import FederatedNASStrategy, NodeProfile
+from ...federation.fedavg import SeededFedAvg
+from ...federation.replies import check_reply
+from ...protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
+from ...search_spaces.prunable import PrunableNet, build_prunable, resource, width_scaled
 
 __all__ = ["DecNASResult", "GlobalModel", "PrunedModelStages"]
 

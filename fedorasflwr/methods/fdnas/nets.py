@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
-from ..protocol import METRICS
-from .fedavg import SeededFedAvg
-from .replies import check_reply
+from ...federation.fedavg import SeededFedAvg
+from ...federation.replies import check_reply
+from ...protocol import METRICS
 
 __all__ = ["DerivedNet", "FDNASResult", "LocalAccuracyFedAvg"]
 

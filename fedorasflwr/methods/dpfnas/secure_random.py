@@ -57,19 +57,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .training import seeded_generator
+from ...training import seeded_generator
+from .contract import INSECURE_KEY
 
 __all__ = [
-    "INSECURE_KEY",
     "NoiseSource",
     "SampleSource",
     "SecureRandom",
     "gaussian",
     "party_randomness",
 ]
-
-INSECURE_KEY = "insecure-reproducible-noise"
-"""Message-config key (run config ``dpfnas.insecure-reproducible-noise``): seeded DP noise."""
 
 _DRAWS = 4  # opacus' secure mode: 2n draws with n = 2, summed and halved
 _UNIT = 2.0**-53
@@ -79,7 +76,7 @@ class SecureRandom:
     """Uniforms and Gaussians from the OS CSPRNG (``os.urandom``); no seed, no state.
 
     ``random`` has the signature of ``numpy.random.Generator.random`` so it can
-    drive :func:`~fedorasflwr.clients.dpfnas.poisson_sample`.
+    drive :func:`~fedorasflwr.methods.dpfnas.client.poisson_sample`.
     """
 
     def random(self, size: int) -> np.ndarray:

@@ -2,8 +2,8 @@
 system heterogeneity", arXiv:2206.11239): the three stages in one ``start``.
 
 Stage 1, federated supernet training (this module), Stage 2, NSGA-II search
-per tier (``search``, ``fedoras_search``), Stage 3, per-tier FedAvg
-fine-tuning on the clients able to run the model (``fedoras_finetune``).
+per tier (``search``, ``scoring``), Stage 3, per-tier FedAvg
+fine-tuning on the clients able to run the model (``finetune``).
 
 Per round the server samples clients, draws for each a subspace of the
 supernet that fits the communication budget B_comm (Eq. 1) and still holds a
@@ -30,7 +30,7 @@ Client contract
     With ``return-all`` (``fedoras.aggregation = "fedavg"``, the comparison
     with plain FedAvg of supernets) the reply holds every key it received.
 
-Stages 2 and 3 are documented in ``fedoras_search`` and ``fedoras_finetune``.
+Stages 2 and 3 are documented in ``scoring`` and ``finetune``.
 """
 
 from __future__ import annotations
@@ -46,25 +46,19 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch.utils.data import TensorDataset
 
-from ..artifacts import plain
-from ..checkpoints import Resume
-from ..config import FEDORAS_STAGES, FedorASSettings
-from ..evaluation import ServerPathScorer
-from ..progress import StageClock
-from ..protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
-from ..search_spaces import SearchSpace, Subspace, build_space
-from .aggregation import opa
-from .base import FederatedNASStrategy, NodeProfile, sample_nodes
-from .fedoras_finetune import (
-    RANDOM_INIT,
-    SUPERNET_INIT,
-    TierModel,
-    eligible_nodes,
-    finetune_tier,
-    random_search_tier,
-)
-from .fedoras_search import FederatedPathScorer, TierScorer
-from .replies import ArraySpec, array_specs, check_reply
+from ...artifacts import plain
+from ...checkpoints import Resume
+from ...config import FEDORAS_STAGES, FedorASSettings
+from ...federation.aggregation import opa
+from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
+from ...federation.replies import ArraySpec, array_specs, check_reply
+from ...progress import StageClock
+from ...protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
+from ...search_spaces import SearchSpace, Subspace, build_space
+from .context import StageContext
+from .evaluation import ServerPathScorer
+from .finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier, random_search_tier
+from .scoring import FederatedPathScorer, TierScorer
 from .search import TierSearch, kendall_tau, search_tier
 from .tiers import Tier, assign_tiers, compute_tiers
 
@@ -257,14 +251,19 @@ class FedorAS(FederatedNASStrategy):
                 members,
             )
 
-    @property
-    def predictions_per_sample(self) -> int:
-        """Predictions one sample makes (a text window: one per character, ``seq_len``);
-        the unit of the counts of the search's scoring and of the tier tests."""
-        return int(self.space.spec.get("seq_len", 1))
-
     def tier_of_node(self, node_id: int) -> int:
         return self.tier_of_partition[self.profiles[node_id].partition_id]
+
+    def stage_context(self) -> StageContext:
+        """What Stages 2 and 3 use of this run (after ``setup``): see ``context``."""
+        return StageContext(
+            federation=self,
+            space=self.space,
+            settings=self.settings,
+            nodes=dict(self.profiles),
+            tier_of={node_id: self.tier_of_node(node_id) for node_id in self.profiles},
+            server_scorer=self.server_scorer,
+        )
 
     # --- one round -------------------------------------------------------------
 
@@ -550,17 +549,18 @@ class FedorAS(FederatedNASStrategy):
             )
         if self.server_scorer is not None:
             self.server_scorer.load(arrays)
+        context = self.stage_context()
         searches, taus = [], {}
         for tier in self.tiers:
             if s.search_scoring != "server" and not any(
-                p.num_val > 0 for p in eligible_nodes(self, tier.index)
+                p.num_val > 0 for p in context.eligible(tier.index)
             ):
                 log(WARNING, "Tier %d: no client to score its paths; not searched", tier.index + 1)
                 continue
             log(DEBUG, "[SEARCH] tier %d: %s scoring", tier.index + 1, s.search_scoring)
             score = TierScorer(
                 self.server_scorer,
-                FederatedPathScorer(self, grid, arrays, tier.index)
+                FederatedPathScorer(context, grid, arrays, tier.index)
                 if s.search_scoring in ("federated", "both")
                 else None,
             )
@@ -597,9 +597,10 @@ class FedorAS(FederatedNASStrategy):
         """Stage 3: fine-tune each tier's path on that tier's clients and those above
         (and, with ``compare-rand-init``, the same path from a random initialisation)."""
         inits = [SUPERNET_INIT] + ([RANDOM_INIT] if self.settings.compare_rand_init else [])
+        context = self.stage_context()
         models = []
         for outcome in searches:
-            if not eligible_nodes(self, outcome.tier):
+            if not context.eligible(outcome.tier):
                 log(
                     WARNING,
                     "Tier %d: no client can run its model; not fine-tuned",
@@ -609,7 +610,7 @@ class FedorAS(FederatedNASStrategy):
             for init in inits:
                 models.append(
                     finetune_tier(
-                        self,
+                        context,
                         grid,
                         arrays,
                         outcome.tier,
@@ -640,8 +641,9 @@ class FedorAS(FederatedNASStrategy):
             return []
         budget = self.client_compute() / len(tiers)
         log(INFO, "[random search] %.4g client training FLOPs per tier", budget)
+        context = self.stage_context()
         return [
-            random_search_tier(self, grid, self.tiers[t], budget, server_data=self.server_data)
+            random_search_tier(context, grid, self.tiers[t], budget, server_data=self.server_data)
             for t in tiers
         ]
 

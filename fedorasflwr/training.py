@@ -1,5 +1,5 @@
-"""Local training and evaluation loops shared by every method's client (and the server's
-own validation): seeded loaders, device choice, loss/accuracy over any logits shape.
+"""Local training and evaluation loops used by both sides (every method's client and the
+server's own validation): seeded loaders, device choice, loss/accuracy over any logits shape.
 
 Device
 ------

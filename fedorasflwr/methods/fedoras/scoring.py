@@ -1,6 +1,6 @@
 """FedorAS Stage 2 (paper §3.2): scoring a generation of paths, on the server or federated.
 
-``search_tier`` (``strategies.search``) asks for the accuracy of each new
+``search_tier`` (``search``) asks for the accuracy of each new
 generation; this module answers it in one of two ways:
 
 - **server**: the server-held validation slice, BN statistics recalibrated on
@@ -28,20 +28,17 @@ Client contract
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..evaluation import ServerPathScorer
-from ..protocol import ARRAYS, CONFIG, FEDORAS_PATHS, METRICS, space_to_config
-from ..search_spaces import Subspace
-from .base import sample_nodes
-from .replies import Bound, check_reply
-
-if TYPE_CHECKING:
-    from .fedoras import FedorAS
+from ...federation.base import sample_nodes
+from ...federation.replies import Bound, check_reply
+from ...protocol import ARRAYS, CONFIG, FEDORAS_PATHS, METRICS, space_to_config
+from ...search_spaces import Subspace
+from .context import StageContext
+from .evaluation import ServerPathScorer
 
 __all__ = ["FederatedPathScorer", "TierScorer", "covering_subspace"]
 
@@ -56,8 +53,8 @@ def covering_subspace(paths: Sequence[Sequence[int]], num_layers: int) -> Subspa
 class FederatedPathScorer:
     """Scores one tier's generations on sampled eligible clients' validation splits."""
 
-    def __init__(self, strategy: FedorAS, grid: Grid, arrays: ArrayRecord, tier: int) -> None:
-        self.strategy = strategy
+    def __init__(self, context: StageContext, grid: Grid, arrays: ArrayRecord, tier: int) -> None:
+        self.context = context
         self.grid = grid
         self.arrays = arrays
         self.tier = tier
@@ -65,18 +62,14 @@ class FederatedPathScorer:
         self.stage = f"search-t{tier + 1}"
 
     def __call__(self, paths: list[Path]) -> list[float]:
-        strategy, s = self.strategy, self.strategy.settings
-        space = strategy.space
+        context, s = self.context, self.context.settings
+        space, federation = context.space, context.federation
         connected = set(self.grid.get_node_ids())
         eligible = [
-            p
-            for p in strategy.profiles.values()
-            if p.node_id in connected
-            and p.num_val > 0
-            and strategy.tier_of_node(p.node_id) >= self.tier
+            p for p in context.eligible(self.tier) if p.node_id in connected and p.num_val > 0
         ]
         chosen = sample_nodes(
-            strategy.rng("search-clients", self.tier, self.generation), eligible, s.search_clients
+            federation.rng("search-clients", self.tier, self.generation), eligible, s.search_clients
         )
         subspace = covering_subspace(paths, len(space.num_options()))
         sub_arrays = ArrayRecord({k: self.arrays[k] for k in space.subspace_keys(subspace)})
@@ -84,7 +77,7 @@ class FederatedPathScorer:
             {
                 "method": "fedoras",
                 "phase": "search",
-                "seed": strategy.seed,
+                "seed": federation.seed,
                 "server-round": self.generation,
                 "subspace-mask": space.subspace_mask(subspace),
                 "paths": [int(v) for path in paths for v in path],
@@ -104,18 +97,18 @@ class FederatedPathScorer:
             for p in chosen
         ]
         self.generation += 1
-        replies = strategy.accept(
+        replies = federation.accept(
             self.stage,
-            strategy.exchange(self.grid, self.stage, messages),
+            federation.exchange(self.grid, self.stage, messages),
             lambda r: _check_scores(
                 r,
                 len(paths),
-                strategy.claim(
-                    r.metadata.src_node_id, "val", per_sample=strategy.predictions_per_sample
+                federation.claim(
+                    r.metadata.src_node_id, "val", per_sample=context.predictions_per_sample
                 ),
             ),
         )
-        strategy.require(self.stage, len(replies), len(messages), at_most_sent=True)
+        federation.require(self.stage, len(replies), len(messages), at_most_sent=True)
         correct = np.zeros(len(paths))
         examples = 0
         for reply in replies:

@@ -31,27 +31,23 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils.data import Dataset
 
-from ..data import ClientData
-from ..protocol import ARRAYS, CONFIG, METRICS, space_from_config
-from ..search_spaces import build_space
-from ..search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
+from ...data import ClientData
+from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
+from ...search_spaces import build_space
+from ...search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
+from ...training import held_out_metrics, local_sgd, torch_device
+from .contract import PREVIOUS_PREFIX, final_steps
 from .secure_random import NoiseSource, SampleSource, gaussian, party_randomness
-from .training import held_out_metrics, local_sgd, torch_device
 
 __all__ = [
-    "PREVIOUS_PREFIX",
     "architecture_gradient",
     "clip_and_noise",
     "evaluate_final",
-    "final_steps",
     "per_sample_gradients",
     "poisson_sample",
     "train_final",
     "weight_gradient",
 ]
-
-PREVIOUS_PREFIX = "previous."
-"""Second order only: the weights W before the last W step travel under this prefix."""
 
 CHUNK = 16  # samples per vmap chunk: bounds memory of per-sample activations
 
@@ -291,11 +287,6 @@ def train_final(content: RecordDict, data: ClientData, partition_id: int) -> Rec
     # seen over all local epochs: with final-local-epochs > 1 those exceed the bound.
     metrics = MetricRecord({"num-examples": len(data.train), "train-loss": done.loss})
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
-
-
-def final_steps(num_train: int, batch_size: int, local_epochs: int) -> int:
-    """DP-SGD steps of one round of private final training (ceil(N / B) per epoch)."""
-    return local_epochs * -(-num_train // batch_size)
 
 
 def _train_final_private(

@@ -23,12 +23,11 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..costs import training_flops
-from ..data import ClientData
-from ..evaluation import score_paths
-from ..protocol import ARRAYS, METRICS, space_from_config
-from ..search_spaces import SearchSpace, Subspace, build_space
-from .training import (
+from ...costs import training_flops
+from ...data import ClientData
+from ...protocol import ARRAYS, METRICS, space_from_config
+from ...search_spaces import SearchSpace, Subspace, build_space
+from ...training import (
     flatten_logits,
     held_out_metrics,
     local_sgd,
@@ -36,6 +35,7 @@ from .training import (
     seeded_loader,
     torch_device,
 )
+from .evaluation import score_paths
 
 __all__ = [
     "SupernetWork",

@@ -1,0 +1,5 @@
+"""DecNAS.
+
+Server side: ``strategy`` (``DecNAS``), ``stages``, ``netadapt``, ``grouping``.
+Client side: ``client``.
+"""

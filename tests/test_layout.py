@@ -1,0 +1,155 @@
+"""The package's layout rules, checked on its import statements (``ast``, nothing imported).
+
+- a server module (``federation``, a method's modules but ``client.py``, ``server_app``,
+  the ``strategies`` re-exports) reaches no client module (a method's ``client.py``,
+  ``client_app``, the ``clients`` re-exports), directly or through other modules;
+- a method's package reaches no other method's package;
+- no import circles: every import counts, including those inside functions and
+  under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fedorasflwr"
+ROOT = PACKAGE.name
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the package, by dotted name."""
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_package(name: str) -> bool:
+    return modules()[name].name == "__init__.py"
+
+
+@cache
+def imports(name: str) -> frozenset[str]:
+    """The package's modules that module ``name`` imports (any import statement in it)."""
+    known = modules()
+    tree = ast.parse(known[name].read_text(), filename=str(known[name]))
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            # ``from pkg import sub`` imports the module ``pkg.sub`` when there is one
+            targets = [
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source
+                for alias in node.names
+            ]
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != name)
+    return frozenset(found)
+
+
+def reachable(start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in imports(todo.pop()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def _method(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "methods" else None
+
+
+def is_client(name: str) -> bool:
+    return (
+        name.endswith(".client")
+        and _method(name) is not None
+        or name in (f"{ROOT}.client_app", f"{ROOT}.clients")
+    )
+
+
+def is_server(name: str) -> bool:
+    if is_client(name):
+        return False
+    top = name.split(".")[1] if "." in name else ""
+    return top in ("federation", "server_app", "strategies") or _method(name) is not None
+
+
+def test_the_walk_sees_the_layout() -> None:
+    names = set(modules())
+    assert {f"{ROOT}.federation.base", f"{ROOT}.training", f"{ROOT}.server_app"} <= names
+    for method in ("fedoras", "decnas", "fdnas", "dpfnas"):
+        assert f"{ROOT}.methods.{method}.strategy" in names
+        assert is_client(f"{ROOT}.methods.{method}.client")
+    assert f"{ROOT}.methods.fedoras.client" in reachable(f"{ROOT}.client_app")
+    assert f"{ROOT}.methods.fedoras.strategy" in reachable(f"{ROOT}.server_app")
+
+
+def test_no_server_module_reaches_a_client_module() -> None:
+    offences = {
+        name: sorted(filter(is_client, reachable(name))) for name in modules() if is_server(name)
+    }
+    assert {k: v for k, v in offences.items() if v} == {}
+
+
+def test_no_method_reaches_another_method() -> None:
+    offences = {}
+    for name in modules():
+        method = _method(name)
+        others = {m for m in map(_method, reachable(name)) if m not in (None, method)}
+        if method is not None and others:
+            offences[name] = sorted(others)
+    assert offences == {}
+
+
+def circles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for target in imports(name):
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for name in modules():
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_no_import_circles() -> None:
+    assert circles() == []
