@@ -86,8 +86,10 @@ def pytest_rows(cases: list[tuple[str, str]]) -> list[dict]:
 
     files = sorted({prefix.split("::")[0] for _, prefix in cases})
     collector = _Outcomes()
+    # "-n 0": in this process (pyproject's addopts would start pytest-xdist workers)
     pytest.main(
-        ["-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), *files], plugins=[collector]
+        ["-q", "-n", "0", "-p", "no:cacheprovider", "--rootdir", str(ROOT), *files],
+        plugins=[collector],
     )
     rows = []
     for nodeid, outcome in collector.outcomes.items():

@@ -29,7 +29,7 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # longest run does not start last.
 
 #: session-scoped runs shared across modules: the group their users join
-_SHARED_RUNS = {"readme_run": "readme-run"}
+_SHARED_RUNS = {"readme_run": "readme-run", "secure_deployment_run": "secure-deployment"}
 
 
 def _group(item: pytest.Item) -> str | None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import ssl
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,14 +15,18 @@ from pathlib import Path
 import pytest
 
 from fedorasflwr.launch import (
+    LOOPBACK,
     ConfigValue,
     Deployment,
     RunResult,
+    TlsFiles,
     find_pids,
+    make_node_key,
+    make_tls_files,
     run_simulation,
     stop_pids,
 )
-from tests.runconfig import readme_run_command
+from tests.runconfig import readme_run_command, tiny_fedoras
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 900.0
@@ -156,3 +163,105 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory) -> ReadmeRun:
         stop_pids(find_pids(flwr_home=home), grace=5.0)
         raise
     return ReadmeRun(done=done, cwd=cwd, flwr_home=home)
+
+
+@dataclass(frozen=True)
+class SecureDeploymentRun:
+    """One tiny FedorAS run on the deployment engine as `Deployment` starts it by default:
+    TLS with throwaway certificates, SuperNode authentication, and a rogue SuperNode with
+    an unregistered key trying to join. What each test asserts is recorded here."""
+
+    tls: TlsFiles
+    superlink_args: list[str]
+    supernode_args: list[list[str]]
+    http_error: BaseException | None  # plain HTTP to the SuperLink's port
+    https_error: BaseException | None  # HTTPS trusting the system CAs only
+    rogue_exit: int | None  # the rogue SuperNode's exit code (None: still running)
+    rogue_log: str
+    superlink_log: str
+    node_ids: list[int]
+    listed: dict[int, str]  # `flwr supernode ls`: node id -> status
+    run: RunResult
+    result: dict
+    left_running: list[int]  # Flower processes found after stop()
+
+
+def _urlopen_error(url: str, **kwargs: object) -> BaseException | None:
+    try:
+        urllib.request.urlopen(url, timeout=5, **kwargs)  # noqa: S310 - loopback only
+    except Exception as error:  # noqa: BLE001 - the error is what the tests look at
+        return error
+    return None
+
+
+@pytest.fixture(scope="session")
+def secure_deployment_run(
+    tmp_path_factory: pytest.TempPathFactory, data_cache: Path
+) -> SecureDeploymentRun:
+    """The deployment engine's one app run, shared by the deployment test of
+    `test_engines.py` and the security test of `test_secure_deployment.py` (engine time is
+    dear: both ran the same tiny FedorAS on two SuperNodes)."""
+    tmp = tmp_path_factory.mktemp("secure-deployment")
+    tls = make_tls_files(tmp / "certs")
+    keys = [make_node_key(tmp / "keys", f"node-{i}") for i in range(2)]
+    engine = Deployment(
+        num_supernodes=2,
+        flwr_home=tmp / "flwr-home",
+        tls=tls,
+        node_keys=[key.private_key for key in keys],
+    )
+    engine.__enter__()
+    try:
+        superlink = list(engine.processes[0].args)
+        supernodes = [list(node.args) for node in engine.supernodes]
+        http_error = _urlopen_error(f"http://{LOOPBACK}:{engine.port}/health")
+        https_error = _urlopen_error(
+            f"https://{LOOPBACK}:{engine.port}/health", context=ssl.create_default_context()
+        )
+        # A SuperNode with a key nobody registered: refused at sign-in, it exits.
+        rogue_key = make_node_key(tmp / "rogue", "rogue")
+        rogue = engine.start_supernode(
+            "rogue", {"partition-id": 0, "num-partitions": 2}, rogue_key.private_key
+        )
+        try:
+            rogue_exit: int | None = rogue.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            rogue_exit = None
+        logs = engine.flwr_home / "logs"
+        rogue_log = (logs / "rogue.log").read_text(errors="replace")
+        superlink_log = (logs / "superlink.log").read_text(errors="replace")
+        out = tmp / "out"
+        config = tiny_fedoras(
+            data_cache,
+            **{
+                "output-dir": str(out),
+                "fedoras.rounds": 1,
+                "fedoras.clients-per-round": 2,
+                "fedoras.finetune-clients-per-round": 2,
+                # Stages 2 and 3 still run (their handlers, each message in a fresh ClientApp
+                # process), for one tier's model: the engine is under test, not the tiers.
+                "fedoras.num-tiers": 1,
+            },
+        )
+        run = engine.run(PROJECT_ROOT, config, timeout=900)
+        listed = {int(node["node-id"]): node["status"] for node in engine.list_nodes()}
+        (result_file,) = out.glob("fedoras-*/result.json")
+        result = json.loads(result_file.read_text())
+        node_ids = list(engine.node_ids)
+    finally:
+        engine.stop()
+    return SecureDeploymentRun(
+        tls=tls,
+        superlink_args=superlink,
+        supernode_args=supernodes,
+        http_error=http_error,
+        https_error=https_error,
+        rogue_exit=rogue_exit,
+        rogue_log=rogue_log,
+        superlink_log=superlink_log,
+        node_ids=node_ids,
+        listed=listed,
+        run=run,
+        result=result,
+        left_running=find_pids(flwr_home=engine.flwr_home),
+    )

@@ -132,17 +132,14 @@ def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, d
     assert not list(out.glob("*/supernet.pt"))
 
 
-def test_deployment_engine_runs_the_same_app(deployment, project_root, tmp_path, data_cache):
-    out = tmp_path / "out"
-    engine = deployment(num_supernodes=2)
-    # One tier: Stages 2 and 3 still run (their handlers, each message in a fresh
-    # ClientApp process), but Stage 3 fine-tunes and tests one tier's model, not four.
-    config = {"fedoras.rounds": 1, "fedoras.clients-per-round": 2, "fedoras.num-tiers": 1}
-    engine.run(project_root, tiny(out, data_cache, **config), timeout=600)
-    result = only_result(out)
+def test_deployment_engine_runs_the_same_app(secure_deployment_run):
+    # The session's one deployment run (TLS and SuperNode authentication, as `Deployment`
+    # starts by default), shared with test_secure_deployment.py: two SuperNodes, one
+    # Stage-1 round, then Stages 2 and 3 for one tier, each message in a fresh ClientApp.
+    result = secure_deployment_run.result
     assert [h["round"] for h in result["history"]] == [0, 1]
     assert result["history"][1]["clients"] == 2
     assert result["ledger"]["supernet"]["totals"]["replies"] == 2
-    home = engine.flwr_home
-    engine.stop()
-    assert find_pids(flwr_home=home) == []
+    assert [m["tier"] for m in result["models"]] == [1]
+    assert "=== fedoras summary ===" in secure_deployment_run.run.stdout
+    assert secure_deployment_run.left_running == []

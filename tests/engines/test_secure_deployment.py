@@ -1,14 +1,11 @@
 """Secure deployment: certificates, keys and launcher flags (fast), and a whole tiny
 FedorAS run over TLS with authenticated SuperNodes where an unregistered SuperNode is
-refused (slow: one run, shared by the assertions, since engine time is dear)."""
+refused (slow: the session's one deployment run, ``secure_deployment_run`` in
+tests/engines/conftest.py, shared with the deployment test of test_engines.py)."""
 
 from __future__ import annotations
 
-import json
-import ssl
-import subprocess
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,25 +20,15 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from fedorasflwr.launch import (
-    LOOPBACK,
     Deployment,
     TlsFiles,
-    find_pids,
     make_node_key,
     make_tls_files,
 )
 from fedorasflwr.launch.cli import _parse_args
 from fedorasflwr.launch.security import node_key
-from tests.runconfig import tiny_fedoras
 
 REFUSED = "No SuperNode found with the given public key"
-
-
-def wait_for_exit(process: subprocess.Popen[bytes], seconds: float) -> int | None:
-    try:
-        return process.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        return None
 
 
 # ------------------------------------------------------------------ fast: files and flags
@@ -121,57 +108,28 @@ def test_launcher_security_flags(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(
-    deployment, project_root, tmp_path, data_cache
-):
-    tls = make_tls_files(tmp_path / "certs")
-    keys = [make_node_key(tmp_path / "keys", f"node-{i}") for i in range(2)]
-    engine = deployment(num_supernodes=2, tls=tls, node_keys=[key.private_key for key in keys])
-    superlink = engine.processes[0].args
+def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(secure_deployment_run):
+    done = secure_deployment_run  # the session's one deployment run (tests/engines/conftest.py)
+    superlink = done.superlink_args
     assert "--insecure" not in superlink and "--enable-supernode-auth" in superlink
-    assert superlink[superlink.index("--ssl-certfile") + 1] == str(tls.server_cert)
-    for node in engine.supernodes:
-        assert "--insecure" not in node.args and str(tls.ca_cert) in node.args
+    assert superlink[superlink.index("--ssl-certfile") + 1] == str(done.tls.server_cert)
+    for args in done.supernode_args:
+        assert "--insecure" not in args and str(done.tls.ca_cert) in args
 
     # The port speaks TLS only, with a certificate the CA vouches for.
-    with pytest.raises((urllib.error.URLError, ConnectionError)):
-        urllib.request.urlopen(f"http://{LOOPBACK}:{engine.port}/health", timeout=5)
-    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
-        urllib.request.urlopen(
-            f"https://{LOOPBACK}:{engine.port}/health",
-            timeout=5,
-            context=ssl.create_default_context(),  # system CAs only
-        )
+    assert isinstance(done.http_error, (urllib.error.URLError, ConnectionError))
+    assert isinstance(done.https_error, urllib.error.URLError)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(done.https_error)
 
     # A SuperNode with a key nobody registered: refused at sign-in, it exits.
-    rogue_key = make_node_key(tmp_path / "rogue", "rogue")
-    rogue = engine.start_supernode(
-        "rogue", {"partition-id": 0, "num-partitions": 2}, rogue_key.private_key
-    )
-    assert wait_for_exit(rogue, 90) not in (None, 0)
-    rogue_log = (engine.flwr_home / "logs" / "rogue.log").read_text(errors="replace")
-    assert "Failed to activate SuperNode" in rogue_log
-    superlink_log = (engine.flwr_home / "logs" / "superlink.log").read_text(errors="replace")
-    assert REFUSED in superlink_log
+    assert done.rogue_exit not in (None, 0)
+    assert "Failed to activate SuperNode" in done.rogue_log
+    assert REFUSED in done.superlink_log
 
-    out = tmp_path / "out"
-    config = tiny_fedoras(
-        data_cache,
-        **{
-            "output-dir": str(out),
-            "fedoras.rounds": 1,
-            "fedoras.clients-per-round": 2,
-            "fedoras.finetune-clients-per-round": 2,
-        },
-    )
-    engine.run(project_root, config, timeout=900)
-
-    registered = set(engine.node_ids)
+    registered = set(done.node_ids)
     assert len(registered) == 2
-    listed = {int(node["node-id"]): node["status"] for node in engine.list_nodes()}
-    assert set(listed) == registered and set(listed.values()) == {"online"}
-    (result_file,) = out.glob("fedoras-*/result.json")
-    result = json.loads(result_file.read_text())
+    assert set(done.listed) == registered and set(done.listed.values()) == {"online"}
+    result = done.result
     assert [h["round"] for h in result["history"]] == [0, 1]
     # A model per tier that some client can run: tiers 1 .. the highest held (0-based there).
     highest = max(result["tier-of-partition"].values())
@@ -183,10 +141,7 @@ def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(
         assert {int(n) for n in stage["nodes"]} <= registered
     assert ledger["supernet"]["totals"]["replies"] == 2
     assert ledger["supernet"]["totals"]["failed"] == 0
-
-    home = engine.flwr_home
-    engine.stop()
-    assert find_pids(flwr_home=home) == []
+    assert done.left_running == []
 
 
 def test_relative_certificate_and_key_paths_are_made_absolute():
