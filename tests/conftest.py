@@ -46,6 +46,7 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Whole modules move (their module-scoped fixtures stay set up once): a module that
     # uses a shared run first, then modules with engine runs, then the rest.
