@@ -22,37 +22,23 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # --- running the suite on several workers (pytest-xdist, see pyproject's addopts) -------
 #
-# Tests that share an expensive module- or session-scoped run must land on one worker, or
-# each worker would run it again: they get an ``xdist_group`` (the module's name, or the
-# README run's), and ``--dist loadgroup`` keeps a group together. The most expensive
-# groups are handed out first (``--no-loadscope-reorder`` keeps this order), so the
-# longest run does not start last.
+# ``--dist loadfile``: a module runs whole on one worker, so module- and session-scoped runs
+# are made once (a session-scoped run shared by several tests, like the README's default
+# search, has all its tests in one module). Modules are handed out in the order below,
+# kept by ``--no-loadscope-reorder``: the README run first (the suite's longest), then the
+# other modules that run a real engine, then the rest, so the longest does not start last.
+# (pytest-xdist's ``loadgroup`` would allow groups across modules, but with pytest 9.2 its
+# group suffix no longer reaches the node ids, and every worker ran the README search.)
 
-#: session-scoped runs shared across modules: the group their users join
-_SHARED_RUNS = {"readme_run": "readme-run", "secure_deployment_run": "secure-deployment"}
-
-
-def _group(item: pytest.Item) -> str | None:
-    marker = item.get_closest_marker("xdist_group")
-    if marker is not None:
-        return str(marker.kwargs.get("name", marker.args[0] if marker.args else ""))
-    for fixture, group in _SHARED_RUNS.items():
-        if fixture in item.fixturenames:
-            return group
-    fixtures = getattr(item, "_fixtureinfo", None)
-    defs = fixtures.name2fixturedefs if fixtures is not None else {}
-    if any(d and d[-1].scope == "module" for d in defs.values()):
-        return item.module.__name__ if item.module is not None else None
-    return None
+#: session-scoped runs that the order above starts first
+_LONGEST_RUNS = ("readme_run",)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Whole modules move (their module-scoped fixtures stay set up once): a module that
-    # uses a shared run first, then modules with engine runs, then the rest.
     module_cost: dict[str, int] = {}
     for item in items:
-        if any(fixture in item.fixturenames for fixture in _SHARED_RUNS):
+        if any(fixture in item.fixturenames for fixture in _LONGEST_RUNS):
             cost = 0
         else:
             cost = 1 if item.get_closest_marker("slow") else 2
@@ -60,10 +46,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module_cost[module] = min(module_cost.get(module, cost), cost)
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (module_cost[item.nodeid.split("::")[0]], order[id(item)]))
-    for item in items:
-        group = _group(item)
-        if group and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,10 +1,9 @@
-"""The app, unchanged, on both real Flower engines: simulation (`flwr run`, Ray) and
-deployment (a `flower-superlink` and `flower-supernode` processes on loopback).
+"""The app, unchanged, on the simulation engine (`flwr run`, Ray).
 
 One real run per thing only an engine shows: Stage 1 on the simulation engine equals the
-in-process computation (a tiny run here); all three stages with their exports run on the
-simulation engine (the README's default run, shared with `test_readme_run.py`); a bad run
-config fails the run; the deployment engine runs the app.
+in-process computation (a tiny run here); a bad run config fails the run. All three stages
+with their exports: the README's default run (`test_readme_run.py`); the deployment engine:
+`test_secure_deployment.py` (one run, TLS and authenticated SuperNodes, as by default).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import FlowerRunError, find_pids
 from fedorasflwr.methods.fedoras.strategy import FedorAS
-from fedorasflwr.search_spaces import build_space
 from fedorasflwr.server_app import build_supernet
 from tests.runconfig import pyproject_run_config
 
@@ -67,8 +65,8 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
     return strategy.start(grid, stop_after="supernet").arrays.to_torch_state_dict()
 
 
-def test_simulation_engine_runs_the_three_stages_and_stops_everything(
-    simulation_runner, flwr_home, tmp_path, data_cache, readme_run
+def test_simulation_engine_runs_stage1_as_in_process_and_stops_everything(
+    simulation_runner, flwr_home, tmp_path, data_cache
 ):
     # Stage 1 on a tiny config: the engine must not change the computation
     out = tmp_path / "out"
@@ -100,27 +98,6 @@ def test_simulation_engine_runs_the_three_stages_and_stops_everything(
     # difference (another path, batch or thread count) moves weights by ~1e-2.
     for key, value in expected.items():
         torch.testing.assert_close(engine[key], value, rtol=0, atol=1e-6, msg=key)
-    # Stages 2 and 3 on the same engine: the README's default run (one simulation of all
-    # three stages is enough): one searched, fine-tuned and exported model per tier and init
-    assert readme_run.done.returncode == 0, readme_run.done.stderr[-3000:]
-    out = readme_run.cwd / "outputs"
-    result = only_result(out)
-    run_dir = next(out.glob("fedoras-*"))
-    supernet_init = [m for m in result["models"] if m["init"] == "supernet"]
-    assert [m["tier"] for m in supernet_init] == [1, 2, 3, 4]
-    for model in result["models"]:
-        tier = result["tiers"][model["tier"] - 1]
-        assert tier["low"] < model["flops"] <= tier["high"]
-        assert 0.0 <= model["test"]["accuracy"] <= 1.0
-        suffix = "" if model["init"] == "supernet" else f"-{model['init']}-init"
-        exported = load_checkpoint(run_dir / f"tier-{model['tier']}{suffix}.pt")
-        assert exported["options"] == model["options"]
-        net = build_space(**exported["space"]).subnet(exported["arch"])
-        net.load_state_dict(exported["state_dict"])  # strict: the export rebuilds
-    for plot in ("tiers_accuracy_flops.png", "supernet_accuracy.png", "finetune_curves.png"):
-        assert (run_dir / plot).stat().st_size > 0
-    assert {f"tier-{t}.pt" for t in range(1, 5)} <= set(result["files"])
-    assert find_pids(flwr_home=readme_run.flwr_home) == []
 
 
 def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, data_cache):
@@ -130,16 +107,3 @@ def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, d
             num_supernodes=2, run_config=tiny(out, data_cache, **{"fedoras.lr": -1.0})
         )
     assert not list(out.glob("*/supernet.pt"))
-
-
-def test_deployment_engine_runs_the_same_app(secure_deployment_run):
-    # The session's one deployment run (TLS and SuperNode authentication, as `Deployment`
-    # starts by default), shared with test_secure_deployment.py: two SuperNodes, one
-    # Stage-1 round, then Stages 2 and 3 for one tier, each message in a fresh ClientApp.
-    result = secure_deployment_run.result
-    assert [h["round"] for h in result["history"]] == [0, 1]
-    assert result["history"][1]["clients"] == 2
-    assert result["ledger"]["supernet"]["totals"]["replies"] == 2
-    assert [m["tier"] for m in result["models"]] == [1]
-    assert "=== fedoras summary ===" in secure_deployment_run.run.stdout
-    assert secure_deployment_run.left_running == []

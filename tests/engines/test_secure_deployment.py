@@ -154,3 +154,17 @@ def test_relative_certificate_and_key_paths_are_made_absolute():
     )
     assert engine.tls is not None and engine.tls.ca_cert == Path.cwd() / "ca.crt"
     assert engine._given_keys == [Path.cwd() / "node-0"]
+
+
+@pytest.mark.slow
+def test_deployment_engine_runs_the_same_app(secure_deployment_run):
+    # The session's one deployment run (TLS and SuperNode authentication, as `Deployment`
+    # starts by default), shared with the security test above: two SuperNodes, one
+    # Stage-1 round, then Stages 2 and 3 for one tier, each message in a fresh ClientApp.
+    result = secure_deployment_run.result
+    assert [h["round"] for h in result["history"]] == [0, 1]
+    assert result["history"][1]["clients"] == 2
+    assert result["ledger"]["supernet"]["totals"]["replies"] == 2
+    assert [m["tier"] for m in result["models"]] == [1]
+    assert "=== fedoras summary ===" in secure_deployment_run.run.stdout
+    assert secure_deployment_run.left_running == []

@@ -1,0 +1,32 @@
+"""Smoke test of ``benchmarks/fedoras_tiers.py --quick``: it finishes and reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_benchmarks import run_quick
+
+
+@pytest.mark.slow
+def test_fedoras_tiers_quick_reports_every_comparison():
+    saved = run_quick("fedoras_tiers")
+    cases = {(case["name"], case["alpha"]): case for case in saved["cases"]}
+    assert set(cases) == {
+        ("opa", 0.1),
+        ("opa", 1.0),
+        ("fedavg", 0.1),
+        ("budget-1", 0.1),
+        ("budget-1/4", 0.1),
+    }
+    for (name, _alpha), case in cases.items():
+        tiers = case["tiers"]
+        for model in case["models"]:
+            tier = tiers[model["tier"] - 1]
+            assert tier["low"] <= model["flops"] <= tier["high"]
+        inits = {m["init"] for m in case["models"]}
+        assert inits == ({"supernet", "random"} if name == "opa" else {"supernet"})
+        if name == "opa":  # rand-init trains the same architectures
+            arch = {(m["tier"], m["init"]): m["arch"] for m in case["models"]}
+            assert all(arch[(t, "random")] == arch[(t, "supernet")] for t, _ in arch)
+    down = {name: cases[(name, 0.1)]["stage1-bytes-down-per-message"] for name, _ in cases}
+    assert down["budget-1/4"] < down["opa"] < down["budget-1"]
