@@ -37,8 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.data import TensorDataset
 
-import fedorasflwr.client_app as client_app
 from fedorasflwr import training
+from fedorasflwr.clients import make_client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import ClientData
 from fedorasflwr.inprocess import InProcessGrid
@@ -213,16 +213,17 @@ def test_the_client_mod_sets_the_nodes_device(monkeypatch):
 
 
 def test_client_app_runs_fedoras_stage1_on_the_nodes_device(monkeypatch, cnn):
-    """The real ClientApp: its mod reads the node config's ``device`` (over the run
-    config's) and the Stage-1 loop honours it.  "cuda" stands for meta here, so the
-    run config's "cpu" would fail the guard ("computes on cpu")."""
+    """A ClientApp from the factory (this project's is one): its mod reads the node
+    config's ``device`` (over the run config's) and the Stage-1 loop honours it.  "cuda"
+    stands for meta here, so the run config's "cpu" would fail the guard ("computes on
+    cpu")."""
 
     def resolve(setting: str, where: str) -> torch.device:
         return META if setting == "cuda" else torch.device(setting)
 
     monkeypatch.setattr(training, "resolve_device", resolve)
-    monkeypatch.setattr(client_app, "_client_data", lambda context: _data())
-    grid = InProcessGrid(client_app.app, {"device": "cpu"}, 1, node_configs={0: {"device": "cuda"}})
+    app = make_client_app(lambda context: _data())
+    grid = InProcessGrid(app, {"device": "cpu"}, 1, node_configs={0: {"device": "cuda"}})
     node = grid.node_of_partition[0]
     content = _content(cnn.state_dict(), **_fedoras_config(cnn))
     message = Message(content, dst_node_id=node, message_type="train.fedoras_supernet")
