@@ -116,5 +116,7 @@ def load_node_data(context: Context) -> ClientData:
     return data
 
 
-# thread cap, then this node's device for every handler (the factory's), then the timing log
-app = make_client_app(load_node_data, mods=[_timing])
+# thread cap, then this node's device for every handler (the factory's), then the timing log.
+# A simulation worker serves many nodes: it keeps the data of the last 32 it served (a
+# partition is small; on a miss it is read again from the disk cache, not re-partitioned).
+app = make_client_app(load_node_data, mods=[_timing], cache_nodes=32)
