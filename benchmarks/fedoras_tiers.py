@@ -66,6 +66,7 @@ def settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {
             **common,
+            "fedoras.num-tiers": 2,  # every comparison still made, on half the fine-tuning jobs
             "space.width": 0.25,
             "fedoras.rounds": 2,
             "fedoras.clients-per-round": 4,
