@@ -310,3 +310,25 @@ def test_bad_splits_are_refused_naming_the_fault(train: Any, match: str) -> None
     test = TensorDataset(torch.rand(1, 3), torch.tensor([1]))
     with pytest.raises(ValueError, match=match):
         to_client_data((train, [], test), num_classes=4)
+
+
+def test_the_app_pickles_for_the_simulation_engine_after_serving_a_node() -> None:
+    # Flower's Ray backend sends the ClientApp to every actor with cloudpickle: the data
+    # cache's lock failed that ("cannot pickle '_thread.lock' object"), so every message of
+    # every simulation run failed. The copy starts with an empty cache of the same bound.
+    from ray import cloudpickle
+
+    from fedorasflwr.client_app import app as project_app
+
+    load_data = UserData()
+    app = make_client_app(load_data, num_classes=NUM_CLASSES, cache_nodes=3)
+    grid = InProcessGrid(app, {}, 2)
+    profile_of(grid, grid.node_of_partition[0])  # the cache now holds a node's data
+    assert sum(load_data.calls.values()) == 1
+    assert isinstance(cloudpickle.loads(cloudpickle.dumps(project_app)), ClientApp)
+    copy = cloudpickle.loads(cloudpickle.dumps(app))
+    assert isinstance(copy, ClientApp)
+    grid = InProcessGrid(copy, {}, 2)
+    profile = profile_of(grid, grid.node_of_partition[0])
+    assert profile["num-train"] == len(splits(0)[0])
+    assert sum(load_data.calls.values()) == 1  # the copy's loader: the pickled one's calls

@@ -239,6 +239,17 @@ class NodeDataCache:
         self._nodes: OrderedDict[Hashable, NodeData] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, object]:
+        # The simulation engine pickles the ClientApp (with this cache) to each Ray actor:
+        # send the loader and the bound, not the lock or data loaded so far.
+        state = dict(self.__dict__)
+        state.update(_run=None, _nodes=OrderedDict(), _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __call__(self, context: Context) -> NodeData:
         """This node's data: from the cache, else loaded now (``load_data`` called once)."""
         run = (context.run_id, _frozen(context.run_config))
