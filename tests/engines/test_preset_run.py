@@ -1,6 +1,7 @@
 """A quick preset, run the way the README says (``python -m fedorasflwr.launch --run-config
 configs/quick-....toml``), shrunk further with a second ``--run-config``; afterwards the run's
-Flower home is kept and ``flwr ls`` shows the run, and no Flower process is left."""
+Flower home is kept and ``flwr ls`` shows the run, and no Flower process is left. The same
+run is the suite's DecNAS run on the simulation engine (DecNAS's results and exports)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.launch import find_pids, format_run_config
 from fedorasflwr.launch.flwr_cli import _flower_env
 from fedorasflwr.launch.processes import _free_ports, _stop_flower_processes
+from fedorasflwr.search_spaces.prunable import build_prunable
 from tests.runconfig import ROOT
 
 pytestmark = pytest.mark.slow
@@ -24,7 +27,10 @@ PRESET = "configs/quick-decnas.toml"  # the cheapest quick preset
 SHRINK = {"decnas.max-iterations": 1, "decnas.gm0-rounds": 1, "decnas.final-rounds": 1}
 
 
-def test_quick_preset_runs_through_the_launcher_and_stays_listable(tmp_path, data_cache):
+@pytest.fixture(scope="module")
+def preset_run(tmp_path_factory, data_cache):
+    """The quick DecNAS preset through the launcher, once for this module's tests."""
+    tmp_path = tmp_path_factory.mktemp("preset-run")
     out = tmp_path / "out"
     overrides = format_run_config(SHRINK | {"data.cache-dir": str(data_cache)})
     command = [sys.executable, "-m", "fedorasflwr.launch", "--app-dir", str(ROOT)]
@@ -34,6 +40,11 @@ def test_quick_preset_runs_through_the_launcher_and_stays_listable(tmp_path, dat
     done = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
     )
+    return done, out
+
+
+def test_quick_preset_runs_through_the_launcher_and_stays_listable(preset_run):
+    done, out = preset_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # what a person reads: Flower's preamble filtered, each line once, a short page
     assert "Starting logstream" not in done.stdout
@@ -73,3 +84,24 @@ def test_quick_preset_runs_through_the_launcher_and_stays_listable(tmp_path, dat
     runs = json.loads(listed.stdout[listed.stdout.find("{") :])["runs"]
     assert [(str(run["run-id"]), run["status"]) for run in runs] == [(run_id, "finished:completed")]
     assert find_pids(flwr_home=home) == []
+
+
+def test_decnas_runs_on_the_simulation_engine(preset_run):
+    # DecNAS, unchanged, on the simulation engine: the preset's run (one DecNAS engine run
+    # is enough), GM_0 then one pruning iteration of one round, 6 SuperNodes in 3 groups.
+    done, out = preset_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run_dir,) = out.glob("decnas-*")
+    result = json.loads((run_dir / "result.json").read_text())
+    gm0, gm1 = result["frontier"]
+    assert gm1["macs"] <= gm1["budget"] < gm0["macs"]
+    assert 0.0 <= gm1["tuned-test-accuracy"] <= 1.0
+    (entry,) = result["history"]
+    assert len(entry["dropped"]) == 2 and len(entry["survivors"]) == 4
+    assert result["ledger"]["tune"]["totals"]["bytes_up"] == 0
+    assert result["ledger"]["upload"]["totals"]["replies"] > 0
+    assert {"gm0.pt", "gm1.pt", "gm1-tuned.pt", "frontier.png"} <= set(result["files"])
+    checkpoint = load_checkpoint(run_dir / "gm1-tuned.pt")
+    net = build_prunable(**checkpoint["space"])
+    net.load_state_dict(checkpoint["state_dict"])
+    assert list(net.widths) == gm1["widths"]
