@@ -177,6 +177,22 @@ def test_fedoras_search_sends_the_evaluate_config(data_cache):
     assert isinstance(result, Result) and result.searches
     evaluated = configs_of(grid, "evaluate")
     assert evaluated and all(c[EVALUATE_KEY] == "yes" for c in evaluated)
+    # Flower's evaluate hooks score paths of the supernet; an error reply is skipped
+    paths = [result.searches[0].best, result.searches[0].evaluated[-1].path]
+    flat = [int(v) for path in paths for v in path]
+    messages = list(
+        strategy.configure_evaluate(
+            7, result.arrays, ConfigRecord({"tier": 0, "paths": flat}), grid
+        )
+    )
+    assert messages and all(m.metadata.message_type == "evaluate.fedoras_paths" for m in messages)
+    replies = list(grid.send_and_receive(messages, timeout=60))
+    metrics = strategy.aggregate_evaluate(
+        7, [error_reply(replies[0], "injected ClientApp error"), *replies]
+    )
+    assert metrics is not None and metrics["clients"] == len(replies)
+    assert len(metrics["accuracy"]) == 2 and all(0 <= a <= 1 for a in metrics["accuracy"])
+    assert strategy.aggregate_evaluate(7, [error_reply(replies[0], "injected")]) is None
 
 
 def test_decnas_positionally(data_cache):

@@ -59,7 +59,13 @@ from ...search_spaces import SearchSpace, Subspace, build_space
 from .context import StageContext
 from .evaluation import ServerPathScorer
 from .finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier, random_search_tier
-from .scoring import FederatedPathScorer, TierScorer
+from .scoring import (
+    FederatedPathScorer,
+    TierScorer,
+    accepted_scores,
+    path_messages,
+    pooled_scores,
+)
 from .search import TierSearch, kendall_tau, search_tier
 from .tiers import Tier, assign_tiers, compute_tiers
 
@@ -191,6 +197,7 @@ class FedorAS(FederatedNASStrategy):
         self.tier_of_partition: dict[int, int] = {}
         self._current = ArrayRecord()
         self._sent: dict[int, _Sent] = {}
+        self._scoring = ("search-t1", 0)  # (ledger stage, paths) of configure_evaluate
 
     def summary(self) -> None:
         s = self.settings
@@ -422,6 +429,37 @@ class FedorAS(FederatedNASStrategy):
                 "num-examples": examples,
                 "clients": len(accepted),
             }
+        )
+
+    # --- federated evaluation: Stage-2 path scoring ------------------------------------
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Stage 2's federated scoring as Flower's hook (after ``setup``): score the paths
+        ``config["paths"]`` (flat, layer-major) of tier ``config["tier"]`` (0-based) of the
+        supernet ``arrays`` on sampled clients of that tier and above
+        (``evaluate.fedoras_paths``; ``server_round`` is the generation)."""
+        tier = int(config["tier"])
+        values = config["paths"]
+        flat = [int(v) for v in values] if isinstance(values, list) else [int(values)]
+        layers = len(self.space.num_options())
+        paths = [tuple(flat[i : i + layers]) for i in range(0, len(flat), layers)]
+        self._scoring = (f"search-t{tier + 1}", len(paths))
+        return path_messages(self.stage_context(), grid, arrays, tier, paths, server_round)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Each path's accuracy pooled over the accepted scoring replies (error and
+        malformed replies skipped); ``None``: no usable reply."""
+        stage, num_paths = self._scoring
+        accepted = accepted_scores(self.stage_context(), stage, replies, num_paths)
+        if not accepted:
+            return None
+        accuracy, examples = pooled_scores(accepted, num_paths)
+        return MetricRecord(
+            {"accuracy": accuracy, "num-examples": examples, "clients": len(accepted)}
         )
 
     # --- the three stages ---------------------------------------------------------
