@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import DEBUG, INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -140,8 +140,12 @@ def sample_nodes(
     return [ordered[i] for i in sorted(picked)]
 
 
-class FederatedNASStrategy(Strategy):
-    """Base class: reproducible randomness, profiles, exchanges, ledger.
+R = TypeVar("R", bound=Result)
+
+
+class FederatedNASStrategy(Strategy, Generic[R]):
+    """Base class: reproducible randomness, profiles, exchanges, ledger, and Flower's
+    ``start`` (a method implements ``run``, which returns its ``Result`` subclass ``R``).
 
     Parameters
     ----------
@@ -170,7 +174,40 @@ class FederatedNASStrategy(Strategy):
         self.train_metrics: dict[int, MetricRecord] = {}
         self.server_metrics: dict[int, MetricRecord] = {}
 
-    # --- Flower's start parameters ---------------------------------------------------
+    # --- Flower's start ---------------------------------------------------------------
+
+    #: the field of ``self.settings`` that ``start``'s ``num_rounds`` sets: the main
+    #: stage's rounds (FedorAS Stage 1, DecNAS iterations, FDNAS search, DP-FNAS iterations)
+    rounds_setting: ClassVar[str] = ""
+    settings: Any = None
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> R:
+        """Run the method, with ``flwr.serverapp.strategy.Strategy.start``'s parameters.
+
+        ``initial_arrays``: the initial global model (an empty ``ArrayRecord``: the
+        model's own weights); ``num_rounds``: the main stage's rounds (it replaces the
+        setting ``rounds_setting`` names); ``timeout``: the reply timeout of every step;
+        ``train_config`` / ``evaluate_config``: merged into every ``train.*`` /
+        ``evaluate.*`` message's config; ``evaluate_fn(round, arrays)``: called with the
+        global arrays where the method has them. Other stages are configured through the
+        constructor and the settings. Returns the method's ``Result`` subclass."""
+        if self.rounds_setting:
+            self.settings = replace(self.settings, **{self.rounds_setting: int(num_rounds)})
+        self.begin(timeout, train_config, evaluate_config, evaluate_fn)
+        return self.run(grid, initial_arrays)
+
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> R:
+        """The method itself, after ``start`` took Flower's parameters."""
+        raise NotImplementedError
 
     def begin(
         self,

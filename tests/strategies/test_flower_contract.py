@@ -7,6 +7,7 @@ clients, and an error reply handed to ``aggregate_train`` is skipped."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import typing
 from typing import Any
@@ -41,9 +42,18 @@ def test_start_declares_flowers_parameters(cls):
     assert [(p.name, p.kind, p.default) for p in ours.values()] == [
         (p.name, p.kind, p.default) for p in flower.values()
     ]
-    assert issubclass(typing.get_type_hints(cls.start)["return"], Result)
-    assert "start" in cls.__dict__ or cls is CFDNAS  # CFDNAS's own start, checked too
     assert issubclass(cls, Strategy)
+    # one start for all (FederatedNASStrategy's); each method's run returns its Result
+    assert cls.start is FederatedNASStrategy.start and "run" in cls.__dict__
+    assert issubclass(typing.get_type_hints(cls.run)["return"], Result)
+    assert cls.rounds_setting in {f.name for f in dataclasses.fields(cls_settings(cls))}
+
+
+def cls_settings(cls: type) -> type:
+    """The settings class of strategy ``cls`` (the ``settings`` annotation of the first
+    constructor in its MRO that names one: CFDNAS's passes it on to FDNAS's)."""
+    hints = (typing.get_type_hints(c.__init__) for c in cls.__mro__ if "__init__" in c.__dict__)
+    return next(h["settings"] for h in hints if "settings" in h)
 
 
 # --- one run of each strategy as a Flower user starts it --------------------------------

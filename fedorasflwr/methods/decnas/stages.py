@@ -108,7 +108,7 @@ class DecNASResult(Result):
         }
 
 
-class PrunedModelStages(FederatedNASStrategy):
+class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
     """Federated evaluation and FedAvg of pruned models; the base of ``DecNAS``."""
 
     method = "decnas"

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from logging import INFO, WARNING
 from typing import Any
 
@@ -117,6 +116,8 @@ class DecNAS(PrunedModelStages):
         self.validate_profiles = validate_profiles
         self.groups: list[list[NodeProfile]] = []
         self._current = ArrayRecord()
+
+    rounds_setting = "max_iterations"
 
     def summary(self) -> None:
         s = self.settings
@@ -402,16 +403,7 @@ class DecNAS(PrunedModelStages):
 
     # --- the whole method ------------------------------------------------------------------
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> DecNASResult:
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> DecNASResult:
         """GM_0 (FedAvg), NetAdapt iterations down to the target, tuning, test, baselines.
 
         Flower's parameters: ``initial_arrays`` are GM_0's initial weights (an empty
@@ -422,8 +414,6 @@ class DecNAS(PrunedModelStages):
         ``evaluate_fn(t, arrays)`` is called with GM_0 (t = 0) and each new GM_t's
         weights (their widths shrink with t). The constructor's ``resume`` continues
         a checkpointed run."""
-        self.settings = replace(self.settings, max_iterations=int(num_rounds))
-        self.begin(timeout, train_config, evaluate_config, evaluate_fn)
         resume = self.resume
         s = self.settings
         log(INFO, "Starting DecNAS")

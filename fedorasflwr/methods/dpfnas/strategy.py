@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
@@ -100,7 +100,7 @@ class DPFNASResult(Result):
     noise: dict[str, Any] = field(default_factory=dict)
 
 
-class DPFNAS(FederatedNASStrategy):
+class DPFNAS(FederatedNASStrategy[DPFNASResult]):
     """DP-FNAS search (two private exchanges per iteration), derivation and final training.
 
     Parameters
@@ -128,6 +128,8 @@ class DPFNAS(FederatedNASStrategy):
 
     The final training takes its parameters from ``settings`` (``final_rounds``, ...).
     """
+
+    rounds_setting = "iterations"
 
     def __init__(
         self,
@@ -407,16 +409,7 @@ class DPFNAS(FederatedNASStrategy):
 
     # --- the whole method ----------------------------------------------------------------
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> DPFNASResult:
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> DPFNASResult:
         """Search, derive the genotype, train the derived network, test it.
 
         Flower's parameters: ``initial_arrays`` are the initial W and A (an empty
@@ -428,8 +421,6 @@ class DPFNAS(FederatedNASStrategy):
         ``evaluate_fn(iteration, supernet)`` validates the supernet every
         ``settings.eval_every`` iterations and after the last. The constructor's
         ``resume`` continues a checkpointed run."""
-        self.settings = replace(self.settings, iterations=int(num_rounds))
-        self.begin(timeout, train_config, evaluate_config, evaluate_fn)
         resume = self.resume
         log(INFO, "Starting DP-FNAS")
         noise = self.noise_statement()

@@ -10,11 +10,10 @@ The client contract is FDNAS's (see ``fedorasflwr.methods.fdnas.strategy``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from logging import INFO
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -43,16 +42,7 @@ class CFDNAS(FDNAS):
         self.inherit = inherit
         self.train_global = train_global
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> FDNASResult:
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> FDNASResult:
         """FDNAS search (and net), then search, derive and train per cluster.
 
         Flower's parameters as ``FDNAS.start``: ``num_rounds`` is the number of global
@@ -62,9 +52,7 @@ class CFDNAS(FDNAS):
         last round, or skips a finished one (the clusters' searches and nets start
         again)."""
         log(INFO, "CFDNAS: %s", "inherited" if self.inherit else "naive")
-        arrays = self.begin_search(
-            initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn, grid
-        )
+        arrays = self.begin_search(grid, initial_arrays)
         resume = self.resume
         s = self.settings
         clusters = sorted(set(self.cluster_of_partition.values()))

@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from logging import INFO
 from typing import Any
 
@@ -77,7 +76,7 @@ SEARCH_COUNTS = ("num-examples", "train-flops")
 SEARCH = "search"
 
 
-class FDNAS(FederatedNASStrategy):
+class FDNAS(FederatedNASStrategy[FDNASResult]):
     """FDNAS: federated ProxylessNAS search, derivation by argmax, FedAvg training.
 
     Parameters
@@ -103,6 +102,7 @@ class FDNAS(FederatedNASStrategy):
     """
 
     method = "fdnas"
+    rounds_setting = "rounds"
 
     def __init__(
         self,
@@ -546,16 +546,7 @@ class FDNAS(FederatedNASStrategy):
 
     # --- the whole method ---------------------------------------------------------------
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> FDNASResult:
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> FDNASResult:
         """Search on every client, derive, train the derived net with FedAvg, evaluate.
 
         Flower's parameters: ``initial_arrays`` initialise the supernet (w and alpha; an
@@ -564,9 +555,7 @@ class FDNAS(FederatedNASStrategy):
         ``train_config`` / ``evaluate_config`` travel in every ``train.*`` /
         ``evaluate.*`` message; ``evaluate_fn(round, supernet)`` is called after every
         search round. The constructor's ``resume`` continues a checkpointed search."""
-        arrays = self.begin_search(
-            initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn, grid
-        )
+        arrays = self.begin_search(grid, initial_arrays)
         everyone = sorted(self.cluster_of_partition)
         supernet, history = self.global_search(grid, arrays, self.resume)
         arch = self.derive(supernet)
@@ -582,20 +571,9 @@ class FDNAS(FederatedNASStrategy):
         self.contract_result(result, supernet)
         return result
 
-    def begin_search(
-        self,
-        initial_arrays: ArrayRecord,
-        num_rounds: int,
-        timeout: float,
-        train_config: ConfigRecord | None,
-        evaluate_config: ConfigRecord | None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
-        grid: Grid,
-    ) -> ArrayRecord:
-        """What FDNAS and CFDNAS do first: take ``start``'s parameters, profile the nodes
-        and tag their clusters; the initial supernet."""
-        self.settings = replace(self.settings, rounds=int(num_rounds))
-        self.begin(timeout, train_config, evaluate_config, evaluate_fn)
+    def begin_search(self, grid: Grid, initial_arrays: ArrayRecord) -> ArrayRecord:
+        """What FDNAS and CFDNAS do first: profile the nodes and tag their clusters;
+        the initial supernet."""
         log(INFO, "Starting %s", type(self).__name__)
         self.summary()
         if self.resume is not None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from logging import DEBUG, INFO, WARNING
 from typing import Any
 
@@ -107,7 +107,7 @@ class _Sent:
 ROUND_KEYS = ("clients", "train-loss", "val-accuracy", "val-loss")
 
 
-class FedorAS(FederatedNASStrategy):
+class FedorAS(FederatedNASStrategy[FedorASResult]):
     """FedorAS Stage 1: supernet training with tiers, subspaces and OPA.
 
     Parameters
@@ -198,6 +198,8 @@ class FedorAS(FederatedNASStrategy):
         self._current = ArrayRecord()
         self._sent: dict[int, _Sent] = {}
         self._scoring = ("search-t1", 0)  # (ledger stage, paths) of configure_evaluate
+
+    rounds_setting = "rounds"
 
     def summary(self) -> None:
         s = self.settings
@@ -464,16 +466,7 @@ class FedorAS(FederatedNASStrategy):
 
     # --- the three stages ---------------------------------------------------------
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> FedorASResult:
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> FedorASResult:
         """Profile the nodes, build the tiers, and run the stages up to
         ``settings.stop_after`` (run config ``fedoras.stop-after``).
 
@@ -486,8 +479,6 @@ class FedorAS(FederatedNASStrategy):
         the Stage-1 supernet every ``settings.eval_every`` rounds and after the last.
         The constructor's ``resume`` continues a checkpointed run.
         """
-        self.settings = replace(self.settings, rounds=int(num_rounds))
-        self.begin(timeout, train_config, evaluate_config, evaluate_fn)
         stop_after = self.settings.stop_after
         resume, supernet_trained = self.resume, self.supernet_trained
         log(INFO, "Starting FedorAS")
