@@ -13,7 +13,6 @@ import typing
 from typing import Any
 
 import pytest
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -23,10 +22,11 @@ from fedorasflwr.data import load_server_data
 from fedorasflwr.federation.base import FederatedNASStrategy
 from fedorasflwr.inprocess import InProcessGrid, error_reply
 from fedorasflwr.protocol import CONFIG
-from fedorasflwr.search_spaces import build_space
-from fedorasflwr.server_app import build_decnas_net, build_supernet, cluster_tagger
+from fedorasflwr.server_app import build_decnas_net, build_supernet
 from fedorasflwr.strategies import CFDNAS, DPFNAS, FDNAS, DecNAS, FedorAS
-from tests.runconfig import pyproject_run_config, tiny_decnas, tiny_fdnas, tiny_fedoras
+from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
+from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
+from tests.strategies.test_fdnas import make_strategy as fdnas_strategy
 
 PUBLIC = (FedorAS, DecNAS, FDNAS, CFDNAS, DPFNAS)
 TRAIN_KEY, EVALUATE_KEY = "user-train-key", "user-evaluate-key"
@@ -241,22 +241,9 @@ def test_decnas_positionally(data_cache):
     assert result.summary()["frontier"]
 
 
-def fdnas_strategy(config: dict[str, Any], cls: type[FDNAS], **kwargs: Any) -> FDNAS:
-    settings = parse_run_config(config)
-    torch.manual_seed(settings.seed)
-    space = build_space("mbconv", width=0.25, layers_per_stage=1)
-    return cls(
-        space=space,
-        settings=settings.fdnas,
-        seed=settings.seed,
-        cluster_of=cluster_tagger(settings),
-        **kwargs,
-    )
-
-
 def test_fdnas_by_keyword(data_cache):
     config = tiny_fdnas(data_cache, **{"fdnas.final-rounds": 0})
-    strategy = fdnas_strategy(config, FDNAS)
+    strategy = fdnas_strategy(config, cls=FDNAS)
     injected = inject_errors(strategy)
     grid = InProcessGrid(client_app, config, 10)
     recorder = Recorder()
@@ -285,7 +272,7 @@ def test_fdnas_by_keyword(data_cache):
 
 def test_cfdnas_by_keyword(data_cache):
     config = tiny_fdnas(data_cache, **{"fdnas.final-rounds": 0})
-    strategy = fdnas_strategy(config, CFDNAS, train_global=False)
+    strategy = fdnas_strategy(config, cls=CFDNAS, train_global=False)
     injected = inject_errors(strategy)
     grid = InProcessGrid(client_app, config, 10)
     recorder = Recorder()
@@ -313,29 +300,8 @@ def test_cfdnas_by_keyword(data_cache):
     assert all(len(h) == 1 for h in result.cluster_history.values())  # fdnas.cluster-rounds
 
 
-def tiny_dpfnas(cache_dir: Any, **overrides: Any) -> dict[str, Any]:
-    config = pyproject_run_config()
-    config.update(
-        {
-            "method": "dpfnas",
-            "data.cache-dir": str(cache_dir),
-            "data.partitioner": "iid",
-            "space.name": "darts",
-            "space.width": 0.25,
-            "space.layers-per-block": 2,
-            "dpfnas.iterations": 3,
-            "dpfnas.batch-size": 8,
-            "dpfnas.eval-every": 1,
-            "dpfnas.final-rounds": 1,
-            "min-nodes": 1,
-            **overrides,
-        }
-    )
-    return config
-
-
 def test_dpfnas_by_keyword(data_cache):
-    config = tiny_dpfnas(data_cache)
+    config = tiny_dpfnas(data_cache, **{"dpfnas.iterations": 3, "dpfnas.eval-every": 1})
     settings = parse_run_config(config)
     space = build_supernet(settings)
     strategy = DPFNAS(space=space, settings=settings.dpfnas, seed=settings.seed)
