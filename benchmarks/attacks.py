@@ -280,7 +280,8 @@ def accuracy_cost(cache: Path, rounds: int) -> list[dict[str, Any]]:
         strategy = make_strategy(config, evaluate=True)
         strategy.aggregation = rule
         start = time.perf_counter()
-        result = strategy.start(grid, stop_after="supernet")
+        strategy.settings = dataclasses.replace(strategy.settings, stop_after="supernet")
+        result = strategy.start(grid, ArrayRecord(), num_rounds=rounds)
         last = result.history[-1]
         rows.append(
             {

@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    from flwr.app import ArrayRecord
+
     from fedorasflwr.client_app import app
     from fedorasflwr.inprocess import InProcessGrid
 
@@ -122,12 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         config = run_config(settings(args.quick, Path(tmp) / "cache"))
         decnas = make(config)
         grid = InProcessGrid(app, config, clients)
-        result = decnas.start(grid)
+        result = decnas.start(grid, ArrayRecord(), decnas.settings.max_iterations)
         rows.append(summarise("DecNAS", result))
         gm0 = result.frontier[0].arrays
         for variant in VARIANTS:
             cfg = {**config, "decnas.variant": variant, "decnas.gm0-rounds": 0}
-            other = make(cfg).start(InProcessGrid(app, cfg, clients), initial_arrays=gm0)
+            other_strategy = make(cfg)
+            other = other_strategy.start(
+                InProcessGrid(app, cfg, clients), gm0, other_strategy.settings.max_iterations
+            )
             rows.append(summarise(variant, other))
         central_cfg = {
             **config,
@@ -135,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             "decnas.gm0-rounds": 0,
             "data.partitioner": "iid",
         }
-        central = make(central_cfg, min_nodes=1).start(
-            InProcessGrid(app, central_cfg, 1), initial_arrays=gm0
+        central_strategy = make(central_cfg, min_nodes=1)
+        central = central_strategy.start(
+            InProcessGrid(app, central_cfg, 1), gm0, central_strategy.settings.max_iterations
         )
         rows.append(summarise("centralised NetAdapt", central))
         frontier = result.frontier

@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    from flwr.app import ArrayRecord
+
     from fedorasflwr.client_app import app
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.strategies import CFDNAS, FDNAS
@@ -157,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             return InProcessGrid(app, cfg, num)
 
         cfdnas = make(CFDNAS, config)
-        result = cfdnas.start(grid())
+        result = cfdnas.start(grid(), ArrayRecord(), cfdnas.settings.rounds)
         fdnas_net, cluster_nets = result.nets[0], result.nets[1:]
         naive = make(CFDNAS, config, inherit=False, train_global=False)
-        naive_nets = naive.start(grid()).nets
+        naive_nets = naive.start(grid(), ArrayRecord(), naive.settings.rounds).nets
 
         fixed = make(FDNAS, config)
         fixed.setup(g := grid())
@@ -179,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             fdnas=replace(cfdnas.settings, clients_per_round=1, min_replies=1),
             min_nodes=1,
         )
-        central_result = central.start(grid(1, central_config))
+        central_result = central.start(
+            grid(1, central_config), ArrayRecord(), central.settings.rounds
+        )
         central_net = central_result.nets[0]
 
     search = search_flops(result.ledger, "search")

@@ -352,7 +352,12 @@ def measure(method: str, num_nodes: int, quick: bool, profile_to: str = "") -> d
         profiler.enable()
     started = time.perf_counter()
     if method == "fedoras":
-        result = strategy.start(grid, stop_after="supernet")
+        from dataclasses import replace
+
+        from flwr.app import ArrayRecord
+
+        strategy.settings = replace(strategy.settings, stop_after="supernet")
+        result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.rounds)
         rounds = _history_rounds(result.history, calls.of("exchange"), "supernet")
     elif method == "fdnas":
         strategy.setup(grid)
@@ -369,7 +374,9 @@ def measure(method: str, num_nodes: int, quick: bool, profile_to: str = "") -> d
         )
         rounds = _history_rounds(history, calls.of("exchange"), "search")
     else:
-        strategy.start(grid)
+        from flwr.app import ArrayRecord
+
+        strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.max_iterations)
         rounds = _decnas_rounds(calls)
     total = time.perf_counter() - started
     if profiler is not None:
@@ -551,6 +558,7 @@ def decnas_cost_settings(quick: bool, cache_dir: Path) -> dict[str, Any]:
 def decnas_vs_naive(quick: bool, clients: int) -> dict[str, Any]:
     """DecNAS and the naive design on ``clients`` stand-ins: the ledger's client costs."""
     from decnas_cost import make, search_cost
+    from flwr.app import ArrayRecord
 
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -562,7 +570,11 @@ def decnas_vs_naive(quick: bool, clients: int) -> dict[str, Any]:
             strategy = make(config)
             calls = Calls(clock)
             calls.wrap(strategy, "exchange", lambda g, stage, m: {"stage": stage, "n": len(m)})
-            result = strategy.start(standin_grid(config, clients, clock))
+            result = strategy.start(
+                standin_grid(config, clients, clock),
+                ArrayRecord(),
+                num_rounds=strategy.settings.max_iterations,
+            )
             uploads = [e for e in calls.of("exchange") if e["stage"] == "upload"]
             rows[variant] = {
                 **search_cost(result.ledger),

@@ -66,7 +66,10 @@ def direct_rounds(overrides: dict, num_clients: int) -> tuple[list[float], float
     run = parse_run_config(config)
     started = time.perf_counter()
     strategy = FedorAS(space=build_supernet(run), settings=run.fedoras, seed=run.seed)
-    result = strategy.start(InProcessGrid(app, config, num_clients))
+    from flwr.app import ArrayRecord
+
+    grid = InProcessGrid(app, config, num_clients)
+    result = strategy.start(grid, ArrayRecord(), num_rounds=run.fedoras.rounds)
     return [h["seconds"] for h in result.history[1:]], time.perf_counter() - started
 
 

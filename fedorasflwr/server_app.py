@@ -130,17 +130,22 @@ def run_fedoras(
         space=space,
         settings=settings.fedoras,
         seed=settings.seed,
-        evaluate_fn=evaluator,
         validate_profiles=lambda profiles: _check_partitions(settings, profiles),
         server_data=server_data if len(server_data) else None,
-        reply_timeout=settings.reply_timeout,
+        resume=resume,
         min_nodes=settings.min_nodes,
     )
     strategy.aggregation = aggregation_of(settings)
     strategy.on_progress = checkpointer(
         progress, settings, out_dir, space.spec, supernet="supernet.pt"
     )
-    result = strategy.start(grid, resume=resume)
+    result = strategy.start(
+        grid,
+        ArrayRecord(space.state_dict()),
+        num_rounds=settings.fedoras.rounds,
+        timeout=settings.reply_timeout,
+        evaluate_fn=evaluator,
+    )
     files: list[Path | None] = [out_dir / "supernet.pt"] if not trained else []
     onnx = OnnxExports(out_dir, settings.data)
     for model in result.models:
@@ -243,12 +248,17 @@ def _run_fdnas(
         seed=settings.seed,
         cluster_of=cluster_tagger(settings),
         validate_profiles=lambda profiles: _check_partitions(settings, profiles),
-        reply_timeout=settings.reply_timeout,
+        resume=resume_checkpoint(settings, space),
         min_nodes=settings.min_nodes,
     )
     strategy.aggregation = aggregation_of(settings)
     strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
-    result = strategy.start(grid, resume=resume_checkpoint(settings, space))
+    result = strategy.start(
+        grid,
+        ArrayRecord(space.state_dict()),
+        num_rounds=settings.fdnas.rounds,
+        timeout=settings.reply_timeout,
+    )
     onnx = OnnxExports(out_dir, settings.data)
     files: list[Path | None] = [
         save_checkpoint(
@@ -329,14 +339,19 @@ def run_dpfnas(
         space=space,  # type: ignore[arg-type]
         settings=settings.dpfnas,
         seed=settings.seed,
-        evaluate_fn=evaluate_supernet if len(server_data) else None,
         validate_profiles=lambda profiles: _check_partitions(settings, profiles),
-        reply_timeout=settings.reply_timeout,
+        resume=resume_checkpoint(settings, space),
         min_nodes=settings.min_nodes,
     )
     strategy.aggregation = aggregation_of(settings)
     strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
-    result = strategy.start(grid, resume=resume_checkpoint(settings, space))
+    result = strategy.start(
+        grid,
+        ArrayRecord(space.state_dict()),
+        num_rounds=settings.dpfnas.iterations,
+        timeout=settings.reply_timeout,
+        evaluate_fn=evaluate_supernet if len(server_data) else None,
+    )
     onnx = OnnxExports(out_dir, settings.data)
     files = [
         save_checkpoint(
@@ -401,16 +416,6 @@ def run_decnas(
 ) -> dict[str, Any]:
     """DecNAS: GM_0, NetAdapt iterations with client groups, tuning; frontier and models."""
     net = build_decnas_net(settings)
-    strategy = DecNAS(
-        net=net,
-        settings=settings.decnas,
-        seed=settings.seed,
-        validate_profiles=lambda profiles: _check_partitions(settings, profiles),
-        reply_timeout=settings.reply_timeout,
-        min_nodes=settings.min_nodes,
-    )
-    strategy.aggregation = aggregation_of(settings)
-    strategy.on_progress = checkpointer(progress, settings, out_dir, net.spec)
     resume = None
     if settings.resume_from:
         # GM_t's widths differ from GM_0's: the strategy checks each saved GM against its own
@@ -421,7 +426,22 @@ def run_decnas(
             reference=None,
             space=None,
         )
-    result = strategy.start(grid, resume=resume)
+    strategy = DecNAS(
+        net=net,
+        settings=settings.decnas,
+        seed=settings.seed,
+        validate_profiles=lambda profiles: _check_partitions(settings, profiles),
+        resume=resume,
+        min_nodes=settings.min_nodes,
+    )
+    strategy.aggregation = aggregation_of(settings)
+    strategy.on_progress = checkpointer(progress, settings, out_dir, net.spec)
+    result = strategy.start(
+        grid,
+        ArrayRecord(net.state_dict()),
+        num_rounds=settings.decnas.max_iterations,
+        timeout=settings.reply_timeout,
+    )
     onnx = OnnxExports(out_dir, settings.data)
     files = []
     for model in result.frontier:

@@ -11,21 +11,25 @@
 - what each node can honestly count (``NodeProfile.bound``, ``claim``), for the
   reply checks, and the run's choice of ``aggregation`` (mean or robust);
 - the minimum-replies rule: a step with too few good replies raises
-  ``StageFailedError`` with the numbers.
+  ``StageFailedError`` with the numbers;
+- what Flower's ``Strategy.start`` hands over (``begin``): the reply timeout, the
+  caller's ``train_config`` / ``evaluate_config`` (merged under every ``train.*`` /
+  ``evaluate.*`` message's own config) and ``evaluate_fn``, and the records a
+  ``flwr.serverapp.strategy.Result`` carries (``contract_result``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from logging import DEBUG, INFO, WARNING
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from ..checkpoints import Snapshot
@@ -136,8 +140,12 @@ def sample_nodes(
     return [ordered[i] for i in sorted(picked)]
 
 
-class FederatedNASStrategy(Strategy):
-    """Base class: reproducible randomness, profiles, exchanges, ledger.
+R = TypeVar("R", bound=Result)
+
+
+class FederatedNASStrategy(Strategy, Generic[R]):
+    """Base class: reproducible randomness, profiles, exchanges, ledger, and Flower's
+    ``start`` (a method implements ``run``, which returns its ``Result`` subclass ``R``).
 
     Parameters
     ----------
@@ -161,6 +169,86 @@ class FederatedNASStrategy(Strategy):
         self.ledger = Ledger()
         self.profiles: dict[int, NodeProfile] = {}
         self._reasons: dict[str, list[str]] = {}
+        self.user_train_config: dict[str, Any] = {}
+        self.user_evaluate_config: dict[str, Any] = {}
+        self.train_metrics: dict[int, MetricRecord] = {}
+        self.server_metrics: dict[int, MetricRecord] = {}
+
+    # --- Flower's start ---------------------------------------------------------------
+
+    #: the field of ``self.settings`` that ``start``'s ``num_rounds`` sets: the main
+    #: stage's rounds (FedorAS Stage 1, DecNAS iterations, FDNAS search, DP-FNAS iterations)
+    rounds_setting: ClassVar[str] = ""
+    settings: Any = None
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> R:
+        """Run the method, with ``flwr.serverapp.strategy.Strategy.start``'s parameters.
+
+        ``initial_arrays``: the initial global model (an empty ``ArrayRecord``: the
+        model's own weights); ``num_rounds``: the main stage's rounds (it replaces the
+        setting ``rounds_setting`` names); ``timeout``: the reply timeout of every step;
+        ``train_config`` / ``evaluate_config``: merged into every ``train.*`` /
+        ``evaluate.*`` message's config; ``evaluate_fn(round, arrays)``: called with the
+        global arrays where the method has them. Other stages are configured through the
+        constructor and the settings. Returns the method's ``Result`` subclass."""
+        if self.rounds_setting:
+            self.settings = replace(self.settings, **{self.rounds_setting: int(num_rounds)})
+        self.begin(timeout, train_config, evaluate_config, evaluate_fn)
+        return self.run(grid, initial_arrays)
+
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> R:
+        """The method itself, after ``start`` took Flower's parameters."""
+        raise NotImplementedError
+
+    def begin(
+        self,
+        timeout: float,
+        train_config: ConfigRecord | None,
+        evaluate_config: ConfigRecord | None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+    ) -> None:
+        """Take what Flower's ``start`` passes besides the grid, the arrays and the rounds:
+        ``timeout`` becomes the reply timeout of every step (and of waiting for nodes);
+        ``train_config`` / ``evaluate_config`` travel in every ``train.*`` / ``evaluate.*``
+        message under the strategy's own keys (which win on a clash); ``evaluate_fn``,
+        when given, replaces the one the constructor got."""
+        self.reply_timeout = float(timeout)
+        self.user_train_config = dict(train_config or {})
+        self.user_evaluate_config = dict(evaluate_config or {})
+        if evaluate_fn is not None:
+            self.evaluate_fn = evaluate_fn
+        self.train_metrics, self.server_metrics = {}, {}
+
+    def user_config(self, message_type: str) -> dict[str, Any]:
+        """The caller's ``train_config`` for ``train.*`` messages, its ``evaluate_config``
+        for ``evaluate.*`` ones, nothing for the others."""
+        category = message_type.split(".", 1)[0]
+        if category == "train":
+            return self.user_train_config
+        if category == "evaluate":
+            return self.user_evaluate_config
+        return {}
+
+    def with_user_config(self, message_type: str, config: Mapping[str, Any]) -> ConfigRecord:
+        """``config`` over the caller's config for ``message_type`` (for the FedAvg stages,
+        whose messages Flower's ``start`` builds)."""
+        return ConfigRecord({**self.user_config(message_type), **dict(config)})
+
+    def contract_result(self, result: Result, arrays: ArrayRecord) -> None:
+        """Fill the fields of Flower's ``Result``: the final global ``arrays``, the main
+        stage's aggregated training metrics and ``evaluate_fn``'s metrics per round."""
+        result.arrays = arrays
+        result.train_metrics_clientapp = dict(self.train_metrics)
+        result.evaluate_metrics_serverapp = dict(self.server_metrics)
 
     def rng(self, *keys: int | str) -> np.random.Generator:
         """A generator fixed by the seed and ``keys`` (e.g. purpose, round, partition id)."""
@@ -246,6 +334,10 @@ class FederatedNASStrategy(Strategy):
         """
         expected = {m.metadata.dst_node_id for m in messages}
         for message in messages:
+            extra = self.user_config(message.metadata.message_type)
+            if extra and CONFIG in message.content.config_records:
+                own = message.content.config_records[CONFIG]
+                message.content[CONFIG] = ConfigRecord({**extra, **dict(own)})
             arrays = message.content.array_records.get(ARRAYS)
             nbytes = array_record_bytes(arrays) if arrays is not None else 0
             self.ledger.sent(stage, message.metadata.dst_node_id, nbytes)
@@ -299,9 +391,15 @@ class FederatedNASStrategy(Strategy):
     def accept(
         self, stage: str, replies: Iterable[Message], check: Callable[[Message], str | None]
     ) -> list[Message]:
-        """Replies for which ``check`` finds nothing wrong; the others are dropped and logged."""
+        """Replies for which ``check`` finds nothing wrong; the others are dropped and logged.
+        An error reply (Flower's ``msg.has_error()``) is skipped and booked as a failure,
+        as Flower's FedAvg skips it."""
         accepted = []
         for reply in replies:
+            if reply.has_error():
+                node_id = reply.metadata.src_node_id
+                self._fail(stage, node_id, f"failed: {error_reason(reply)}", failure_kind(reply))
+                continue
             reason = check(reply)
             if reason is None:
                 accepted.append(reply)
@@ -353,6 +451,7 @@ class FederatedNASStrategy(Strategy):
             with self.ledger.timed("evaluate"):
                 metrics = self.evaluate_fn(step, arrays)
             if metrics is not None:
+                self.server_metrics[step] = metrics
                 entry.update({f"val-{k}": v for k, v in metrics.items()})
                 log(
                     DEBUG, "%s %d validation: %s", label.capitalize(), step, format_metrics(metrics)
@@ -387,11 +486,13 @@ class FederatedNASStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """No evaluation messages (a method that evaluates federatedly overrides this)."""
         return []
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
+        """Nothing to aggregate (error replies, if any, are skipped)."""
         return None
 
 

@@ -144,7 +144,7 @@ class SeededFedAvg(FedAvg):
             len(self.nodes),
         )
 
-    def start(  # type: ignore[override]
+    def start(
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,

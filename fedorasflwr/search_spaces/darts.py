@@ -297,7 +297,7 @@ class DartsSpace(SearchSpace):
     ARCH_KEYS = ("net.alpha_normal", "net.alpha_reduce")
     """``state_dict`` keys of the architecture variables A; every other key is a weight (W)."""
 
-    def forward(self, x: Tensor, arch: Sequence[int] | None = None) -> Tensor:  # type: ignore[override]
+    def forward(self, x: Tensor, arch: Sequence[int] | None = None) -> Tensor:
         """Mixed forward (softmax of the alphas) without ``arch``; one path with it."""
         if arch is None:
             return self.net(x)

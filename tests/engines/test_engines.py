@@ -9,10 +9,12 @@ with their exports: the README's default run (`test_readme_run.py`); the deploym
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from flwr.app import ArrayRecord
 
 from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.client_app import app as client_app
@@ -61,8 +63,10 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
         seed=settings.seed,
         server_data=load_server_data(settings.data),
     )
+    strategy.settings = replace(strategy.settings, stop_after="supernet")
     grid = InProcessGrid(client_app, config, num_nodes)
-    return strategy.start(grid, stop_after="supernet").arrays.to_torch_state_dict()
+    result = strategy.start(grid, ArrayRecord(), num_rounds=settings.fedoras.rounds)
+    return result.arrays.to_torch_state_dict()
 
 
 def test_simulation_engine_runs_stage1_as_in_process_and_stops_everything(

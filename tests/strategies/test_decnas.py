@@ -24,6 +24,10 @@ def make_strategy(config):
     return DecNAS(net=net, settings=settings.decnas, seed=settings.seed)
 
 
+def start(strategy, grid):
+    return strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.max_iterations)
+
+
 def test_only_survivors_groups_upload_weights(data_cache):
     # one client per group: each of the 6 ConvNet candidates is tuned by exactly one node
     config = tiny_decnas(
@@ -31,7 +35,7 @@ def test_only_survivors_groups_upload_weights(data_cache):
     )
     strategy = make_strategy(config)
     grid = InProcessGrid(client_app, config, NUM_NODES)
-    result = strategy.start(grid)
+    result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.max_iterations)
     (entry,) = result.history
     assert len(entry["accuracy"]) == 6
     assert len(entry["dropped"]) == 2  # ceil(0.33 x 6)
@@ -83,7 +87,7 @@ def test_a_failed_upload_is_dropped_and_the_search_goes_on(data_cache):
 
     strategy = make_strategy(config)
     grid = InProcessGrid(client_app, config, NUM_NODES, faults={0: fail_uploads})
-    result = strategy.start(grid)
+    result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.max_iterations)
     assert result.ledger["upload"]["totals"]["failed"] >= 1
     assert len(result.frontier) == 2
 
@@ -91,7 +95,7 @@ def test_a_failed_upload_is_dropped_and_the_search_goes_on(data_cache):
 def test_same_seed_same_frontier(data_cache):
     config = tiny_decnas(data_cache)
     runs = [
-        make_strategy(config).start(InProcessGrid(client_app, config, NUM_NODES)) for _ in range(2)
+        start(make_strategy(config), InProcessGrid(client_app, config, NUM_NODES)) for _ in range(2)
     ]
     first, second = ([m.summary() for m in r.frontier] for r in runs)
     assert first == second

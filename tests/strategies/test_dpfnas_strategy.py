@@ -46,7 +46,7 @@ def run(config, num_nodes=2, faults=None):
     settings = parse_run_config(config)
     grid = InProcessGrid(client_app, config, num_nodes, faults=faults)
     strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=settings.seed)
-    return strategy, grid, strategy.start(grid)
+    return strategy, grid, strategy.start(grid, ArrayRecord(), settings.dpfnas.iterations)
 
 
 @pytest.fixture(scope="module")

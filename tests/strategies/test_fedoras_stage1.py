@@ -4,6 +4,7 @@ tiny space; plus faults a real federation produces."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -39,7 +40,8 @@ def make_strategy(config, **overrides):
 def run(config, faults=None, **overrides):
     grid = InProcessGrid(client_app, config, NUM_NODES, faults=faults)
     strategy = make_strategy(config, **overrides)
-    return strategy, grid, strategy.start(grid, stop_after="supernet")
+    strategy.settings = replace(strategy.settings, stop_after="supernet")
+    return strategy, grid, strategy.start(grid, ArrayRecord(), strategy.settings.rounds)
 
 
 def supernet_messages(grid):
@@ -207,7 +209,7 @@ def test_an_impossible_partition_stops_before_training_with_the_clients_reason(d
     config = tiny_fedoras(data_cache, **{"data.server-fraction": 0.995})
     grid = InProcessGrid(client_app, config, NUM_NODES)
     with pytest.raises(StageFailedError, match=r"\[profile\] 0 usable replies.*Reasons: .*data\."):
-        make_strategy(config).start(grid)
+        make_strategy(config).start(grid, ArrayRecord())
     assert not supernet_messages(grid)
 
 

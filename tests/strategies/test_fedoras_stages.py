@@ -4,6 +4,7 @@ path scoring, tier-restricted fine-tuning, rand-init, OPA vs FedAvg, resume."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -50,10 +51,12 @@ def make_strategy(config, **overrides):
     )
 
 
-def run(config, faults=None, **start):
+def run(config, faults=None, stop_after="finetune", initial_arrays=None, **overrides):
     grid = InProcessGrid(client_app, config, NUM_NODES, faults=faults)
-    strategy = make_strategy(config)
-    return strategy, grid, strategy.start(grid, **start)
+    strategy = make_strategy(config, **overrides)
+    strategy.settings = replace(strategy.settings, stop_after=stop_after)
+    arrays = ArrayRecord() if initial_arrays is None else initial_arrays
+    return strategy, grid, strategy.start(grid, arrays, num_rounds=strategy.settings.rounds)
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +307,7 @@ def test_stop_after_supernet_needs_no_server_slice_and_runs_stage1_only(run_conf
     config = {**run_config, "fedoras.stop-after": "supernet"}
     strategy = make_strategy(config, server_data=None)
     grid = InProcessGrid(client_app, config, NUM_NODES)
-    result = strategy.start(grid)
+    result = strategy.start(grid, ArrayRecord(), num_rounds=config["fedoras.rounds"])
     assert len(result.history) == config["fedoras.rounds"] + 1
     assert result.searches == [] and result.models == []
     with pytest.raises(ValueError, match="search-scoring.*stop-after"):

@@ -10,12 +10,14 @@ validation or test splits.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 
 from ...artifacts import check_weights
 from ...checkpoints import Resume
@@ -68,14 +70,16 @@ class GlobalModel:
         }
 
 
-@dataclass
-class DecNASResult:
-    """What ``DecNAS.start`` returns: the frontier GM_0..GM_T, histories, baselines, ledger."""
+@dataclass(kw_only=True, repr=False)
+class DecNASResult(Result):
+    """What ``DecNAS.start`` returns: Flower's ``Result`` (``arrays``: the last GM_T;
+    per iteration t the chosen GM_t's validation accuracy and cost, and ``evaluate_fn``'s
+    metrics of GM_t), the frontier GM_0..GM_T, histories, baselines, ledger."""
 
-    frontier: list[GlobalModel]
-    history: list[dict[str, Any]]
-    groups: list[dict[str, Any]]
-    ledger: dict[str, Any]
+    frontier: list[GlobalModel] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    ledger: dict[str, Any] = field(default_factory=dict)
     width_baseline: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -104,7 +108,7 @@ class DecNASResult:
         }
 
 
-class PrunedModelStages(FederatedNASStrategy):
+class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
     """Federated evaluation and FedAvg of pruned models; the base of ``DecNAS``."""
 
     method = "decnas"
@@ -113,6 +117,7 @@ class PrunedModelStages(FederatedNASStrategy):
         super().__init__(min_replies=settings.min_replies, **kwargs)
         self.net = net
         self.settings = settings
+        self._evaluation = ("evaluate", "val")  # (ledger stage, split) of the evaluation
 
     def train_config(self, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """The ConfigRecord content every DecNAS message about the model ``spec`` carries."""
@@ -228,18 +233,37 @@ class PrunedModelStages(FederatedNASStrategy):
 
     def evaluate(self, grid: Grid, model: GlobalModel, split: str, stage: str) -> float:
         """Accuracy of ``model`` pooled over every connected client's ``split`` (val/test)."""
+        self._evaluation = (stage, split)
         config = ConfigRecord(self.train_config(model.spec, split=split))
-        messages = [
+        messages = list(self.configure_evaluate(model.iteration, model.arrays, config, grid))
+        replies = self.exchange(grid, stage, messages)
+        metrics = self.aggregate_evaluate(model.iteration, replies)
+        self.require(stage, int(metrics["clients"]) if metrics else 0, len(messages))
+        return float(metrics["accuracy"]) if metrics else math.nan
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The model ``arrays`` to every connected client; ``config`` carries its spec
+        (``space.<kwarg>``) and the ``split`` to score, "val" or "test"."""
+        return [
             Message(
-                RecordDict({ARRAYS: model.arrays, CONFIG: config}),
+                RecordDict({ARRAYS: arrays, CONFIG: config}),
                 message_type=DECNAS_EVALUATE,
                 dst_node_id=p.node_id,
             )
             for p in self.connected(grid)
         ]
-        replies = self.accept(
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Accuracy pooled over the accepted replies (``correct`` / ``num-examples``);
+        error and malformed replies are skipped. ``None``: no usable reply."""
+        stage, split = self._evaluation
+        accepted = self.accept(
             stage,
-            self.exchange(grid, stage, messages),
+            replies,
             lambda r: check_reply(
                 r,
                 counts=("num-examples", "correct"),
@@ -248,10 +272,18 @@ class PrunedModelStages(FederatedNASStrategy):
                 ),
             ),
         )
-        self.require(stage, len(replies), len(messages))
-        correct = sum(int(r.content.metric_records[METRICS]["correct"]) for r in replies)
-        count = sum(int(r.content.metric_records[METRICS]["num-examples"]) for r in replies)
-        return correct / max(count, 1)
+        if not accepted:
+            return None
+        correct = sum(int(r.content.metric_records[METRICS]["correct"]) for r in accepted)
+        count = sum(int(r.content.metric_records[METRICS]["num-examples"]) for r in accepted)
+        return MetricRecord(
+            {
+                "accuracy": correct / max(count, 1),
+                "correct": correct,
+                "num-examples": count,
+                "clients": len(accepted),
+            }
+        )
 
     def fedavg(
         self, grid: Grid, spec: dict[str, Any], arrays: ArrayRecord, rounds: int, stage: str
@@ -277,7 +309,7 @@ class PrunedModelStages(FederatedNASStrategy):
                 arrays,
                 num_rounds=rounds,
                 timeout=self.reply_timeout,
-                train_config=ConfigRecord(self.train_config(spec)),
+                train_config=self.with_user_config(DECNAS_TRAIN, self.train_config(spec)),
             )
         return result.arrays
 

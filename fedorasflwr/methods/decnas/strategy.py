@@ -91,8 +91,14 @@ class DecNAS(PrunedModelStages):
         Fixes client sampling, scheduling and fresh initialisations.
     validate_profiles : callable, optional
         Called with the node profiles before any training; raise to stop.
-    reply_timeout, min_nodes
+    resume : Resume, optional
+        A checkpoint: the run continues with the iteration after its last GM_t, or,
+        taken when the iterations had ended, with the tuning and tests.
+    min_nodes
         See ``FederatedNASStrategy``.
+
+    GM_0's FedAvg rounds, the tuning and the baselines take their parameters from
+    ``settings`` (``gm0_rounds``, ``final_rounds``, ``width_baseline``, ...).
     """
 
     def __init__(
@@ -102,15 +108,16 @@ class DecNAS(PrunedModelStages):
         settings: DecNASSettings,
         seed: int,
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
-        reply_timeout: float = 600.0,
+        resume: Resume | None = None,
         min_nodes: int = 2,
     ) -> None:
-        super().__init__(
-            net=net, settings=settings, seed=seed, reply_timeout=reply_timeout, min_nodes=min_nodes
-        )
+        super().__init__(net=net, settings=settings, seed=seed, min_nodes=min_nodes)
+        self.resume = resume
         self.validate_profiles = validate_profiles
         self.groups: list[list[NodeProfile]] = []
         self._current = ArrayRecord()
+
+    rounds_setting = "max_iterations"
 
     def summary(self) -> None:
         s = self.settings
@@ -151,7 +158,9 @@ class DecNAS(PrunedModelStages):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Model fusion of one survivor's uploads (accepted replies): the mean weighted by
-        training count, ``PM + sum(n_s grad_s) / sum(n_s)`` (§4.3)."""
+        training count, ``PM + sum(n_s grad_s) / sum(n_s)`` (§4.3). Error replies are
+        skipped (booked as failures), as Flower's FedAvg skips them."""
+        replies = self.accept("upload", replies, lambda _reply: None)
         updates = [
             (
                 r.content.array_records[ARRAYS],
@@ -394,13 +403,18 @@ class DecNAS(PrunedModelStages):
 
     # --- the whole method ------------------------------------------------------------------
 
-    def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None, *, resume: Resume | None = None
-    ) -> DecNASResult:
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> DecNASResult:
         """GM_0 (FedAvg), NetAdapt iterations down to the target, tuning, test, baselines.
 
-        ``resume`` (a checkpoint) continues with the iteration after its last GM_t, or,
-        taken when the iterations had ended, with the tuning and tests."""
+        Flower's parameters: ``initial_arrays`` are GM_0's initial weights (an empty
+        ``ArrayRecord``: the net's own); ``num_rounds`` is the most NetAdapt iterations
+        (``settings.max_iterations`` is replaced by it; the search stops earlier at the
+        target); ``timeout`` the reply timeout of every step; ``train_config`` /
+        ``evaluate_config`` travel in every ``train.*`` / ``evaluate.*`` message;
+        ``evaluate_fn(t, arrays)`` is called with GM_0 (t = 0) and each new GM_t's
+        weights (their widths shrink with t). The constructor's ``resume`` continues
+        a checkpointed run."""
+        resume = self.resume
         s = self.settings
         log(INFO, "Starting DecNAS")
         self.summary()
@@ -418,11 +432,12 @@ class DecNAS(PrunedModelStages):
             log(INFO, "DecNAS resumed after GM_%d (%s)", len(frontier) - 1, resume.path)
         else:
             self.reached(GM0, 0)
-            if initial_arrays is None:
+            if not len(initial_arrays):
                 initial_arrays = ArrayRecord(self.net.state_dict())
             arrays = self.fedavg(grid, self.net.spec, initial_arrays, s.gm0_rounds, GM0)
             gm0 = self.global_model(self.load_net(self.net.spec, arrays), 0, math.nan)
             gm0.val_accuracy = self.evaluate(grid, gm0, "val", "evaluate")
+            self._record_iteration(gm0)
             frontier, history, groups = [gm0], [], []
             self._reached_frontier(GM0, s.gm0_rounds, frontier, history, groups, done=True)
         gm0 = frontier[0]
@@ -436,15 +451,30 @@ class DecNAS(PrunedModelStages):
             if model is None:
                 break
             frontier.append(model)
+            self._record_iteration(model)
             self._reached_frontier(ITERATIONS, t, frontier, history, groups)
         self._reached_frontier(ITERATIONS, len(frontier) - 1, frontier, history, groups, done=True)
         self.reached(FINAL, 0)
         self.finish(grid, frontier)
         baseline = self.width_baseline(grid, frontier) if s.width_baseline else []
-        return DecNASResult(
+        result = DecNASResult(
             frontier=frontier,
             history=history,
             groups=groups,
             ledger=self.ledger.summary(),
             width_baseline=baseline,
         )
+        self.contract_result(result, frontier[-1].arrays)
+        return result
+
+    def _record_iteration(self, model: GlobalModel) -> None:
+        """GM_t's numbers as the iteration's training metrics; ``evaluate_fn`` on GM_t."""
+        metrics = {"macs": model.macs, "params": model.params}
+        if not math.isnan(model.val_accuracy):
+            metrics["val-accuracy"] = model.val_accuracy
+        self.train_metrics[model.iteration] = MetricRecord(metrics)
+        if self.evaluate_fn is not None:
+            with self.ledger.timed("evaluate"):
+                evaluated = self.evaluate_fn(model.iteration, model.arrays)
+            if evaluated is not None:
+                self.server_metrics[model.iteration] = evaluated

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from ...checkpoints import Resume
@@ -80,11 +81,12 @@ WEIGHTS, ARCH, FINAL = "weights", "arch", "final"
 SEARCH = "search"
 
 
-@dataclass
-class DPFNASResult:
-    """What ``DPFNAS.start`` returns."""
+@dataclass(kw_only=True, repr=False)
+class DPFNASResult(Result):
+    """What ``DPFNAS.start`` returns: Flower's ``Result`` (``arrays``: the searched
+    supernet W and A; per search iteration the aggregated gradient metrics and
+    ``evaluate_fn``'s), the genotype, the privacy report and the final network."""
 
-    arrays: ArrayRecord
     genotype: Genotype
     iterations: int
     stopped: str
@@ -98,7 +100,7 @@ class DPFNASResult:
     noise: dict[str, Any] = field(default_factory=dict)
 
 
-class DPFNAS(FederatedNASStrategy):
+class DPFNAS(FederatedNASStrategy[DPFNASResult]):
     """DP-FNAS search (two private exchanges per iteration), derivation and final training.
 
     Parameters
@@ -113,12 +115,21 @@ class DPFNAS(FederatedNASStrategy):
         from their OS CSPRNG (``clients/secure_random.py``).
     evaluate_fn : callable, optional
         ``(iteration, arrays) -> MetricRecord``: server-side validation of the
-        mixed supernet every ``eval_every`` iterations.
+        mixed supernet every ``eval_every`` iterations (``start``'s ``evaluate_fn``,
+        when given, replaces it).
     validate_profiles : callable, optional
         Called with the profiles before any work; raise to stop.
-    reply_timeout, min_nodes
+    resume : Resume, optional
+        A checkpoint: the search continues at the iteration after its last, with the
+        saved server momentum, previous W and accountant steps; taken after the
+        search, the final network is derived and trained again.
+    min_nodes
         See ``FederatedNASStrategy``.
+
+    The final training takes its parameters from ``settings`` (``final_rounds``, ...).
     """
+
+    rounds_setting = "iterations"
 
     def __init__(
         self,
@@ -128,15 +139,11 @@ class DPFNAS(FederatedNASStrategy):
         seed: int,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
-        reply_timeout: float = 600.0,
+        resume: Resume | None = None,
         min_nodes: int = 1,
     ) -> None:
-        super().__init__(
-            seed=seed,
-            min_replies=settings.min_replies,
-            reply_timeout=reply_timeout,
-            min_nodes=min_nodes,
-        )
+        super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
+        self.resume = resume
         if not isinstance(space, DartsSpace):
             raise ValueError(
                 f"DP-FNAS needs the darts space (run config 'space.name'), got {space.name!r}"
@@ -402,14 +409,19 @@ class DPFNAS(FederatedNASStrategy):
 
     # --- the whole method ----------------------------------------------------------------
 
-    def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None, *, resume: Resume | None = None
-    ) -> DPFNASResult:
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> DPFNASResult:
         """Search, derive the genotype, train the derived network, test it.
 
-        ``resume`` (a checkpoint) continues the search at the iteration after its last,
-        with the saved server momentum, previous W and accountant steps; taken after the
-        search, it derives and trains the final network again."""
+        Flower's parameters: ``initial_arrays`` are the initial W and A (an empty
+        ``ArrayRecord``: the space's own); ``num_rounds`` is the number of search
+        iterations, two private exchanges each (``settings.iterations`` is replaced by
+        it; a privacy target may stop earlier); ``timeout`` the reply timeout;
+        ``train_config`` / ``evaluate_config`` travel in every ``train.*`` /
+        ``evaluate.*`` message (the strategy's own keys, e.g. the noise, win);
+        ``evaluate_fn(iteration, supernet)`` validates the supernet every
+        ``settings.eval_every`` iterations and after the last. The constructor's
+        ``resume`` continues a checkpointed run."""
+        resume = self.resume
         log(INFO, "Starting DP-FNAS")
         noise = self.noise_statement()
         if self.settings.insecure_reproducible_noise:
@@ -419,9 +431,7 @@ class DPFNAS(FederatedNASStrategy):
             self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
-        arrays = (
-            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
-        )
+        arrays = initial_arrays if len(initial_arrays) else ArrayRecord(self.space.state_dict())
         history: list[dict[str, Any]] = []
         stopped = "completed"
         done = 0
@@ -451,6 +461,13 @@ class DPFNAS(FederatedNASStrategy):
                     break
             started = time.perf_counter()
             arrays, entry = self.iterate(grid, iteration, arrays)
+            self.train_metrics[iteration] = MetricRecord(
+                {
+                    k: v
+                    for k, v in entry.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
+            )
             done = iteration
             report = self.privacy()
             entry.update(
@@ -486,6 +503,7 @@ class DPFNAS(FederatedNASStrategy):
             history=history,
             noise=noise,
         )
+        self.contract_result(result, arrays)
         if self.settings.final_rounds > 0:
             self.reached(FINAL, 0)
             self.train_final(grid, result)
@@ -596,8 +614,8 @@ class DPFNAS(FederatedNASStrategy):
                 ArrayRecord(net.state_dict()),
                 num_rounds=s.final_rounds,
                 timeout=self.reply_timeout,
-                train_config=config,
-                evaluate_config=ConfigRecord(dict(config)),
+                train_config=self.with_user_config(DPFNAS_TRAIN, config),
+                evaluate_config=self.with_user_config(DPFNAS_EVALUATE, config),
             )
         result.final_arrays = outcome.arrays
         evaluated = outcome.evaluate_metrics_clientapp

@@ -17,7 +17,6 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from ...checkpoints import Resume
 from .strategy import FDNAS, DerivedNet, FDNASResult
 
 __all__ = ["CFDNAS"]
@@ -43,18 +42,18 @@ class CFDNAS(FDNAS):
         self.inherit = inherit
         self.train_global = train_global
 
-    def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None, *, resume: Resume | None = None
-    ) -> FDNASResult:
-        """FDNAS search (and net), then search, derive and train per cluster.  ``resume``
-        continues the global search after its last round, or skips a finished one (the
-        clusters' searches and nets start again)."""
-        log(INFO, "Starting CFDNAS (%s)", "inherited" if self.inherit else "naive")
-        self.summary()
-        if resume is not None:
-            self.ledger.restore(resume.ledger)
-        with self.ledger.timed("setup"):
-            self.setup(grid)
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> FDNASResult:
+        """FDNAS search (and net), then search, derive and train per cluster.
+
+        Flower's parameters as ``FDNAS.start``: ``num_rounds`` is the number of global
+        search rounds (naive-CFDNAS without ``train_global`` runs none); each cluster
+        searches ``settings.cluster_rounds`` rounds; ``evaluate_fn`` sees the global
+        supernet. The constructor's ``resume`` continues the global search after its
+        last round, or skips a finished one (the clusters' searches and nets start
+        again)."""
+        log(INFO, "CFDNAS: %s", "inherited" if self.inherit else "naive")
+        arrays = self.begin_search(grid, initial_arrays)
+        resume = self.resume
         s = self.settings
         clusters = sorted(set(self.cluster_of_partition.values()))
         if len(s.cluster_target_flops) > 1 and len(s.cluster_target_flops) != len(clusters):
@@ -63,9 +62,6 @@ class CFDNAS(FDNAS):
                 f"values for {len(clusters)} clusters {clusters}: give one, or one per cluster"
             )
         everyone = sorted(self.cluster_of_partition)
-        arrays = (
-            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
-        )
         nets: list[DerivedNet] = []
         history: list[dict[str, Any]] = []
         supernet = arrays
@@ -99,7 +95,7 @@ class CFDNAS(FDNAS):
                     partitions=sorted(members),
                 )
             )
-        return FDNASResult(
+        result = FDNASResult(
             supernet=supernet,
             nets=nets,
             cluster_of_partition=dict(self.cluster_of_partition),
@@ -107,3 +103,5 @@ class CFDNAS(FDNAS):
             cluster_history=cluster_history,
             ledger=self.ledger.summary(),
         )
+        self.contract_result(result, supernet)
+        return result

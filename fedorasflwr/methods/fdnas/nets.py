@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message
+from flwr.serverapp.strategy import Result
 
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
@@ -72,16 +73,18 @@ class DerivedNet:
         }
 
 
-@dataclass
-class FDNASResult:
-    """What ``FDNAS.start`` / ``CFDNAS.start`` return."""
+@dataclass(kw_only=True, repr=False)
+class FDNASResult(Result):
+    """What ``FDNAS.start`` / ``CFDNAS.start`` return: Flower's ``Result`` (``arrays``:
+    the searched supernet, as ``supernet``; per global search round the aggregated
+    training metrics and ``evaluate_fn``'s), the derived nets, clusters and histories."""
 
-    supernet: ArrayRecord
-    nets: list[DerivedNet]
-    cluster_of_partition: dict[int, int]
-    search_history: list[dict[str, Any]]
-    cluster_history: dict[int, list[dict[str, Any]]]
-    ledger: dict[str, Any]
+    supernet: ArrayRecord = field(default_factory=ArrayRecord)
+    nets: list[DerivedNet] = field(default_factory=list)
+    cluster_of_partition: dict[int, int] = field(default_factory=dict)
+    search_history: list[dict[str, Any]] = field(default_factory=list)
+    cluster_history: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    ledger: dict[str, Any] = field(default_factory=dict)
 
 
 class LocalAccuracyFedAvg(SeededFedAvg):

@@ -76,7 +76,7 @@ SEARCH_COUNTS = ("num-examples", "train-flops")
 SEARCH = "search"
 
 
-class FDNAS(FederatedNASStrategy):
+class FDNAS(FederatedNASStrategy[FDNASResult]):
     """FDNAS: federated ProxylessNAS search, derivation by argmax, FedAvg training.
 
     Parameters
@@ -91,11 +91,18 @@ class FDNAS(FederatedNASStrategy):
         ``NodeProfile -> int``: the tag of a node that declares none (CFDNAS).
     validate_profiles : callable, optional
         Called with the node profiles before any training; raise to stop.
-    reply_timeout, min_nodes
+    resume : Resume, optional
+        A checkpoint: the search continues after its last round (a finished search
+        is skipped; the nets are trained again).
+    min_nodes
         See ``FederatedNASStrategy``.
+
+    The final training (and CFDNAS's cluster searches) take their parameters from
+    ``settings`` (``final_rounds``, ``cluster_rounds``, ...).
     """
 
     method = "fdnas"
+    rounds_setting = "rounds"
 
     def __init__(
         self,
@@ -105,15 +112,11 @@ class FDNAS(FederatedNASStrategy):
         seed: int,
         cluster_of: Callable[[NodeProfile], int] | None = None,
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
-        reply_timeout: float = 600.0,
+        resume: Resume | None = None,
         min_nodes: int = 2,
     ) -> None:
-        super().__init__(
-            seed=seed,
-            min_replies=settings.min_replies,
-            reply_timeout=reply_timeout,
-            min_nodes=min_nodes,
-        )
+        super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
+        self.resume = resume
         self.max_flops = settings.max_flops * space.max_flops()  # absolute bound
         if self.max_flops < space.min_flops():
             raise ValueError(
@@ -133,6 +136,8 @@ class FDNAS(FederatedNASStrategy):
         self._eligible: list[NodeProfile] = []
         self._rounds = 1
         self._target = 1.0
+        self._evaluating: tuple[str, dict[int, int]] = ("evaluate", {})  # stage, node -> pid
+        self.evaluated: tuple[dict[int, float], dict[int, int]] = ({}, {})
 
     def summary(self) -> None:
         s = self.settings
@@ -281,6 +286,8 @@ class FDNAS(FederatedNASStrategy):
             arrays, first = resume.arrays, resume.step + 1
             history = [dict(h) for h in resume.history]
             log(INFO, "[%s] resumed after round %d (%s)", stage, resume.step, resume.path)
+        if stage == SEARCH and first == 1:
+            self._record_round(0, arrays, None)  # as Flower's start: before the first round
         self.reached(stage, first - 1)
         clock = StageClock(stage, rounds, first)
         for server_round in range(first, rounds + 1):
@@ -289,6 +296,8 @@ class FDNAS(FederatedNASStrategy):
             replies = self.exchange(grid, stage, messages)
             new_arrays, metrics = self.aggregate_train(server_round, replies)
             arrays = new_arrays if new_arrays is not None else arrays
+            if stage == SEARCH:
+                self._record_round(server_round, arrays, metrics)
             arch = self.derive(arrays)
             entry = {
                 "round": server_round,
@@ -317,6 +326,18 @@ class FDNAS(FederatedNASStrategy):
                 **self._cluster_progress(),
             )
         return arrays, history
+
+    def _record_round(
+        self, server_round: int, arrays: ArrayRecord, metrics: MetricRecord | None
+    ) -> None:
+        """A global search round's training metrics; ``evaluate_fn`` on the supernet."""
+        if metrics is not None:
+            self.train_metrics[server_round] = metrics
+        if self.evaluate_fn is not None:
+            with self.ledger.timed("evaluate"):
+                evaluated = self.evaluate_fn(server_round, arrays)
+            if evaluated is not None:
+                self.server_metrics[server_round] = evaluated
 
     def global_search(
         self, grid: Grid, arrays: ArrayRecord, resume: Resume | None
@@ -412,7 +433,7 @@ class FDNAS(FederatedNASStrategy):
                     arrays,
                     num_rounds=s.final_rounds,
                     timeout=self.reply_timeout,
-                    train_config=ConfigRecord(config),
+                    train_config=self.with_user_config(FDNAS_TRAIN, config),
                 )
             arrays = result.arrays
             history = [
@@ -472,17 +493,35 @@ class FDNAS(FederatedNASStrategy):
     ) -> tuple[dict[int, float], dict[int, int]]:
         """Test accuracy and test count of the net on each node's test split."""
         config = ConfigRecord({**self._net_config(arch), "phase": "evaluate"})
-        messages = [
+        self._evaluating = (stage + "-evaluate", {p.node_id: p.partition_id for p in nodes})
+        messages = list(self.configure_evaluate(0, arrays, config, grid))
+        replies = self.exchange(grid, stage + "-evaluate", messages)
+        self.aggregate_evaluate(0, replies)
+        return self.evaluated
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The derived net's ``arrays`` to each node being evaluated (``evaluate_net``);
+        ``config`` carries its ``arch`` and ``space.<kwarg>``."""
+        return [
             Message(
                 content=RecordDict({ARRAYS: arrays, CONFIG: config}),
                 message_type=FDNAS_EVALUATE,
-                dst_node_id=p.node_id,
+                dst_node_id=node_id,
             )
-            for p in nodes
+            for node_id in self._evaluating[1]
         ]
-        replies = self.exchange(grid, stage + "-evaluate", messages)
-        replies = self.accept(
-            stage + "-evaluate",
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Per partition test accuracy and count of the accepted replies (kept in
+        ``evaluated``); returns the pooled accuracy. Error and malformed replies are
+        skipped. ``None``: no usable reply."""
+        stage, partition = self._evaluating
+        accepted = self.accept(
+            stage,
             replies,
             lambda r: check_reply(
                 r,
@@ -492,36 +531,36 @@ class FDNAS(FederatedNASStrategy):
                 ),
             ),
         )
-        partition = {p.node_id: p.partition_id for p in nodes}
         accuracy, count = {}, {}
-        for reply in replies:
+        for reply in accepted:
             metrics = reply.content.metric_records[METRICS]
             pid = partition[reply.metadata.src_node_id]
             accuracy[pid] = float(metrics["accuracy"])
             count[pid] = int(metrics["num-examples"])
-        return accuracy, count
+        self.evaluated = (accuracy, count)
+        if not accepted:
+            return None
+        total = sum(count.values())
+        pooled = sum(accuracy[p] * count[p] for p in count) / max(total, 1)
+        return MetricRecord({"accuracy": pooled, "num-examples": total, "clients": len(accepted)})
 
     # --- the whole method ---------------------------------------------------------------
 
-    def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None, *, resume: Resume | None = None
-    ) -> FDNASResult:
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> FDNASResult:
         """Search on every client, derive, train the derived net with FedAvg, evaluate.
-        ``resume`` continues the search after its last round (or skips a finished one)."""
-        log(INFO, "Starting %s", type(self).__name__)
-        self.summary()
-        if resume is not None:
-            self.ledger.restore(resume.ledger)
-        with self.ledger.timed("setup"):
-            self.setup(grid)
-        arrays = (
-            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
-        )
+
+        Flower's parameters: ``initial_arrays`` initialise the supernet (w and alpha; an
+        empty ``ArrayRecord``: the space's own); ``num_rounds`` is the number of search
+        rounds (``settings.rounds`` is replaced by it); ``timeout`` the reply timeout;
+        ``train_config`` / ``evaluate_config`` travel in every ``train.*`` /
+        ``evaluate.*`` message; ``evaluate_fn(round, supernet)`` is called after every
+        search round. The constructor's ``resume`` continues a checkpointed search."""
+        arrays = self.begin_search(grid, initial_arrays)
         everyone = sorted(self.cluster_of_partition)
-        supernet, history = self.global_search(grid, arrays, resume)
+        supernet, history = self.global_search(grid, arrays, self.resume)
         arch = self.derive(supernet)
         net = self.train_net(grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone)
-        return FDNASResult(
+        result = FDNASResult(
             supernet=supernet,
             nets=[net],
             cluster_of_partition=dict(self.cluster_of_partition),
@@ -529,3 +568,16 @@ class FDNAS(FederatedNASStrategy):
             cluster_history={},
             ledger=self.ledger.summary(),
         )
+        self.contract_result(result, supernet)
+        return result
+
+    def begin_search(self, grid: Grid, initial_arrays: ArrayRecord) -> ArrayRecord:
+        """What FDNAS and CFDNAS do first: profile the nodes and tag their clusters;
+        the initial supernet."""
+        log(INFO, "Starting %s", type(self).__name__)
+        self.summary()
+        if self.resume is not None:
+            self.ledger.restore(self.resume.ledger)
+        with self.ledger.timed("setup"):
+            self.setup(grid)
+        return initial_arrays if len(initial_arrays) else ArrayRecord(self.space.state_dict())

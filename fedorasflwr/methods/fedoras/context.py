@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from ...config import FedorASSettings
@@ -59,6 +59,8 @@ class Federation(Protocol):
     def require(
         self, stage: str, accepted: int, sent: int, *, at_most_sent: bool = False
     ) -> None: ...
+
+    def with_user_config(self, message_type: str, config: Mapping[str, Any]) -> ConfigRecord: ...
 
 
 @dataclass(frozen=True)

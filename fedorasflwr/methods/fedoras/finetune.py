@@ -234,7 +234,7 @@ def finetune_tier(
                 arrays,
                 num_rounds=num_rounds,
                 timeout=federation.reply_timeout,
-                train_config=ConfigRecord(config),
+                train_config=federation.with_user_config(FEDORAS_TRAIN, config),
                 evaluate_fn=_server_curve(space.spec, arch, server_data),
             )
         model.arrays = outcome.arrays

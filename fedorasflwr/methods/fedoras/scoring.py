@@ -27,7 +27,7 @@ Client contract
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
@@ -40,7 +40,14 @@ from ...search_spaces import Subspace
 from .context import StageContext
 from .evaluation import ServerPathScorer
 
-__all__ = ["FederatedPathScorer", "TierScorer", "covering_subspace"]
+__all__ = [
+    "FederatedPathScorer",
+    "TierScorer",
+    "accepted_scores",
+    "covering_subspace",
+    "path_messages",
+    "pooled_scores",
+]
 
 Path = tuple[int, ...]
 
@@ -48,6 +55,78 @@ Path = tuple[int, ...]
 def covering_subspace(paths: Sequence[Sequence[int]], num_layers: int) -> Subspace:
     """The smallest subspace holding every path: per layer, the options some path uses."""
     return tuple(tuple(sorted({int(p[layer]) for p in paths})) for layer in range(num_layers))
+
+
+def path_messages(
+    context: StageContext,
+    grid: Grid,
+    arrays: ArrayRecord,
+    tier: int,
+    paths: Sequence[Path],
+    generation: int,
+) -> list[Message]:
+    """The ``evaluate.fedoras_paths`` messages scoring ``paths`` (generation ``generation``)
+    on ``search-clients`` sampled connected clients of ``tier`` and above with a
+    validation split: the covering subspace of the supernet ``arrays`` to each."""
+    s, space, federation = context.settings, context.space, context.federation
+    connected = set(grid.get_node_ids())
+    eligible = [p for p in context.eligible(tier) if p.node_id in connected and p.num_val > 0]
+    chosen = sample_nodes(
+        federation.rng("search-clients", tier, generation), eligible, s.search_clients
+    )
+    subspace = covering_subspace(paths, len(space.num_options()))
+    sub_arrays = ArrayRecord({k: arrays[k] for k in space.subspace_keys(subspace)})
+    config = ConfigRecord(
+        {
+            "method": "fedoras",
+            "phase": "search",
+            "seed": federation.seed,
+            "server-round": generation,
+            "subspace-mask": space.subspace_mask(subspace),
+            "paths": [int(v) for path in paths for v in path],
+            "batch-size": s.batch_size,
+            "calibration-batches": (s.search_calibration_batches if s.search_recalibrate_bn else 0),
+            **space_to_config(space.spec),
+        }
+    )
+    return [
+        Message(
+            RecordDict({ARRAYS: sub_arrays, CONFIG: config}),
+            message_type=FEDORAS_PATHS,
+            dst_node_id=p.node_id,
+        )
+        for p in chosen
+    ]
+
+
+def accepted_scores(
+    context: StageContext, stage: str, replies: Iterable[Message], num_paths: int
+) -> list[Message]:
+    """The path-scoring replies fit to pool (error and malformed ones skipped, logged)."""
+    federation = context.federation
+    return federation.accept(
+        stage,
+        replies,
+        lambda r: _check_scores(
+            r,
+            num_paths,
+            federation.claim(
+                r.metadata.src_node_id, "val", per_sample=context.predictions_per_sample
+            ),
+        ),
+    )
+
+
+def pooled_scores(replies: Sequence[Message], num_paths: int) -> tuple[list[float], int]:
+    """Each path's accuracy over ``replies`` (correct predictions summed / examples
+    summed), and the examples."""
+    correct = np.zeros(num_paths)
+    examples = 0
+    for reply in replies:
+        metrics = reply.content.metric_records[METRICS]
+        correct += np.asarray(metrics["correct"], dtype=float)
+        examples += int(metrics["num-examples"])
+    return (correct / max(examples, 1)).tolist(), examples
 
 
 class FederatedPathScorer:
@@ -62,60 +141,19 @@ class FederatedPathScorer:
         self.stage = f"search-t{tier + 1}"
 
     def __call__(self, paths: list[Path]) -> list[float]:
-        context, s = self.context, self.context.settings
-        space, federation = context.space, context.federation
-        connected = set(self.grid.get_node_ids())
-        eligible = [
-            p for p in context.eligible(self.tier) if p.node_id in connected and p.num_val > 0
-        ]
-        chosen = sample_nodes(
-            federation.rng("search-clients", self.tier, self.generation), eligible, s.search_clients
+        federation = self.context.federation
+        messages = path_messages(
+            self.context, self.grid, self.arrays, self.tier, paths, self.generation
         )
-        subspace = covering_subspace(paths, len(space.num_options()))
-        sub_arrays = ArrayRecord({k: self.arrays[k] for k in space.subspace_keys(subspace)})
-        config = ConfigRecord(
-            {
-                "method": "fedoras",
-                "phase": "search",
-                "seed": federation.seed,
-                "server-round": self.generation,
-                "subspace-mask": space.subspace_mask(subspace),
-                "paths": [int(v) for path in paths for v in path],
-                "batch-size": s.batch_size,
-                "calibration-batches": (
-                    s.search_calibration_batches if s.search_recalibrate_bn else 0
-                ),
-                **space_to_config(space.spec),
-            }
-        )
-        messages = [
-            Message(
-                RecordDict({ARRAYS: sub_arrays, CONFIG: config}),
-                message_type=FEDORAS_PATHS,
-                dst_node_id=p.node_id,
-            )
-            for p in chosen
-        ]
         self.generation += 1
-        replies = federation.accept(
+        replies = accepted_scores(
+            self.context,
             self.stage,
             federation.exchange(self.grid, self.stage, messages),
-            lambda r: _check_scores(
-                r,
-                len(paths),
-                federation.claim(
-                    r.metadata.src_node_id, "val", per_sample=context.predictions_per_sample
-                ),
-            ),
+            len(paths),
         )
         federation.require(self.stage, len(replies), len(messages), at_most_sent=True)
-        correct = np.zeros(len(paths))
-        examples = 0
-        for reply in replies:
-            metrics = reply.content.metric_records[METRICS]
-            correct += np.asarray(metrics["correct"], dtype=float)
-            examples += int(metrics["num-examples"])
-        return (correct / examples).tolist()
+        return pooled_scores(replies, len(paths))[0]
 
 
 def _check_scores(reply: Message, num_paths: int, claim: Bound) -> str | None:

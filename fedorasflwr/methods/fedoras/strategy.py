@@ -43,6 +43,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 from torch.utils.data import TensorDataset
 
@@ -58,7 +59,13 @@ from ...search_spaces import SearchSpace, Subspace, build_space
 from .context import StageContext
 from .evaluation import ServerPathScorer
 from .finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier, random_search_tier
-from .scoring import FederatedPathScorer, TierScorer
+from .scoring import (
+    FederatedPathScorer,
+    TierScorer,
+    accepted_scores,
+    path_messages,
+    pooled_scores,
+)
 from .search import TierSearch, kendall_tau, search_tier
 from .tiers import Tier, assign_tiers, compute_tiers
 
@@ -69,15 +76,15 @@ STAGE_SUPERNET = "supernet"
 STAGES = FEDORAS_STAGES
 
 
-@dataclass
-class FedorASResult:
-    """What ``FedorAS.start`` returns: the supernet, the tiers, and per tier the
-    search's outcome and the fine-tuned models (``init`` "supernet", and "random"
-    for the rand-init comparison)."""
+@dataclass(kw_only=True, repr=False)
+class FedorASResult(Result):
+    """What ``FedorAS.start`` returns: Flower's ``Result`` (``arrays``: the Stage-1
+    supernet; per Stage-1 round the aggregated training metrics and ``evaluate_fn``'s),
+    the tiers, and per tier the search's outcome and the fine-tuned models (``init``
+    "supernet", and "random" for the rand-init comparison)."""
 
-    arrays: ArrayRecord
-    tiers: list[Tier]
-    tier_of_partition: dict[int, int]
+    tiers: list[Tier] = field(default_factory=list)
+    tier_of_partition: dict[int, int] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     ledger: dict[str, Any] = field(default_factory=dict)
     searches: list[TierSearch] = field(default_factory=list)
@@ -100,7 +107,7 @@ class _Sent:
 ROUND_KEYS = ("clients", "train-loss", "val-accuracy", "val-loss")
 
 
-class FedorAS(FederatedNASStrategy):
+class FedorAS(FederatedNASStrategy[FedorASResult]):
     """FedorAS Stage 1: supernet training with tiers, subspaces and OPA.
 
     Parameters
@@ -113,7 +120,8 @@ class FedorAS(FederatedNASStrategy):
         Fixes tiers, client sampling, subspaces and client-side path sampling.
     evaluate_fn : callable, optional
         ``(round, arrays) -> MetricRecord``: server-side validation of the
-        supernet (accuracy over random paths), every ``eval_every`` rounds.
+        supernet (accuracy over random paths), every ``eval_every`` rounds
+        (``start``'s ``evaluate_fn``, when given, replaces it).
     validate_profiles : callable, optional
         Called with the node profiles before any training; raise to stop
         (e.g. a data partition that cannot exist).
@@ -121,8 +129,17 @@ class FedorAS(FederatedNASStrategy):
         The server-held validation slice: scores paths in Stage 2 (required
         unless ``search-scoring`` is "federated") and draws the Stage-3
         fine-tuning curves.
-    reply_timeout, min_nodes
+    resume : Resume, optional
+        A checkpoint: Stage 1 continues at the round after its last, or, taken after
+        Stage 1, the run starts again at the search (Stages 2-3 are not resumed
+        mid-way: given the supernet they are deterministic and short).
+    supernet_trained : bool (default: False)
+        ``start``'s ``initial_arrays`` are a finished Stage 1: the run begins at the search.
+    min_nodes
         See ``FederatedNASStrategy``.
+
+    The stages ``start`` runs end at ``settings.stop_after`` (run config
+    ``fedoras.stop-after``); Stages 2 and 3 take their parameters from ``settings``.
     """
 
     def __init__(
@@ -134,15 +151,17 @@ class FedorAS(FederatedNASStrategy):
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
         server_data: TensorDataset | None = None,
-        reply_timeout: float = 600.0,
+        resume: Resume | None = None,
+        supernet_trained: bool = False,
         min_nodes: int = 2,
     ) -> None:
-        super().__init__(
-            seed=seed,
-            min_replies=settings.min_replies,
-            reply_timeout=reply_timeout,
-            min_nodes=min_nodes,
-        )
+        super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
+        if settings.stop_after not in STAGES:
+            raise ValueError(
+                f"settings.stop_after must be one of {STAGES}, got {settings.stop_after!r}"
+            )
+        self.resume = resume
+        self.supernet_trained = supernet_trained
         self.space = space
         self.settings = settings
         self.evaluate_fn = evaluate_fn
@@ -178,6 +197,9 @@ class FedorAS(FederatedNASStrategy):
         self.tier_of_partition: dict[int, int] = {}
         self._current = ArrayRecord()
         self._sent: dict[int, _Sent] = {}
+        self._scoring = ("search-t1", 0)  # (ledger stage, paths) of configure_evaluate
+
+    rounds_setting = "rounds"
 
     def summary(self) -> None:
         s = self.settings
@@ -411,49 +433,71 @@ class FedorAS(FederatedNASStrategy):
             }
         )
 
+    # --- federated evaluation: Stage-2 path scoring ------------------------------------
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Stage 2's federated scoring as Flower's hook (after ``setup``): score the paths
+        ``config["paths"]`` (flat, layer-major) of tier ``config["tier"]`` (0-based) of the
+        supernet ``arrays`` on sampled clients of that tier and above
+        (``evaluate.fedoras_paths``; ``server_round`` is the generation)."""
+        tier = int(config["tier"])
+        values = config["paths"]
+        flat = [int(v) for v in values] if isinstance(values, list) else [int(values)]
+        layers = len(self.space.num_options())
+        paths = [tuple(flat[i : i + layers]) for i in range(0, len(flat), layers)]
+        self._scoring = (f"search-t{tier + 1}", len(paths))
+        return path_messages(self.stage_context(), grid, arrays, tier, paths, server_round)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Each path's accuracy pooled over the accepted scoring replies (error and
+        malformed replies skipped); ``None``: no usable reply."""
+        stage, num_paths = self._scoring
+        accepted = accepted_scores(self.stage_context(), stage, replies, num_paths)
+        if not accepted:
+            return None
+        accuracy, examples = pooled_scores(accepted, num_paths)
+        return MetricRecord(
+            {"accuracy": accuracy, "num-examples": examples, "clients": len(accepted)}
+        )
+
     # --- the three stages ---------------------------------------------------------
 
-    def start(  # type: ignore[override]
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        *,
-        supernet_trained: bool = False,
-        stop_after: str | None = None,
-        resume: Resume | None = None,
-    ) -> FedorASResult:
-        """Profile the nodes, build the tiers, and run the stages up to ``stop_after``
-        (default: ``settings.stop_after``, run config ``fedoras.stop-after``).
+    def run(self, grid: Grid, initial_arrays: ArrayRecord) -> FedorASResult:
+        """Profile the nodes, build the tiers, and run the stages up to
+        ``settings.stop_after`` (run config ``fedoras.stop-after``).
 
-        ``initial_arrays`` initialises the supernet; with ``supernet_trained``
-        they are a finished Stage 1 (a checkpoint) and the run resumes at the search.
-        ``resume`` (a checkpoint) continues Stage 1 at the round after its last, or,
-        taken after Stage 1, starts again at the search (Stages 2-3 are not resumed
-        mid-way: given the supernet they are deterministic and short).
+        Flower's parameters: ``initial_arrays`` initialise the supernet (an empty
+        ``ArrayRecord``: the space's own weights; with the constructor's
+        ``supernet_trained``, a finished Stage 1); ``num_rounds`` is the number of
+        Stage-1 rounds (``settings.rounds`` is replaced by it); ``timeout`` the reply
+        timeout of every step; ``train_config`` / ``evaluate_config`` travel in every
+        ``train.*`` / ``evaluate.*`` message; ``evaluate_fn(round, supernet)`` validates
+        the Stage-1 supernet every ``settings.eval_every`` rounds and after the last.
+        The constructor's ``resume`` continues a checkpointed run.
         """
-        stop_after = self.settings.stop_after if stop_after is None else stop_after
-        if stop_after not in STAGES:
-            raise ValueError(f"stop_after must be one of {STAGES}, got {stop_after!r}")
+        stop_after = self.settings.stop_after
+        resume, supernet_trained = self.resume, self.supernet_trained
         log(INFO, "Starting FedorAS")
         self.summary()
         if resume is not None:
             self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
+        arrays = initial_arrays if len(initial_arrays) else ArrayRecord(self.space.state_dict())
         if resume is not None:
             self._check_resumed_tiers(resume)
-            initial_arrays, supernet_trained = resume.arrays, not resume.within(STAGE_SUPERNET)
-        arrays = (
-            initial_arrays if initial_arrays is not None else ArrayRecord(self.space.state_dict())
-        )
-        result = FedorASResult(
-            arrays=arrays, tiers=self.tiers, tier_of_partition=dict(self.tier_of_partition)
-        )
+            arrays, supernet_trained = resume.arrays, not resume.within(STAGE_SUPERNET)
+        result = FedorASResult(tiers=self.tiers, tier_of_partition=dict(self.tier_of_partition))
         if supernet_trained:
             log(INFO, "Stage 1 skipped: resuming from a trained supernet")
             result.history = list(resume.history) if resume is not None else []
         else:
-            result.arrays, result.history = self.train_supernet(grid, arrays, resume)
+            arrays, result.history = self.train_supernet(grid, arrays, resume)
+        self.contract_result(result, arrays)
         if stop_after != "supernet":
             self.reached("search", 0)
             result.searches, result.kendall_tau = self.search(grid, result.arrays)
@@ -519,6 +563,8 @@ class FedorAS(FederatedNASStrategy):
             replies = self.exchange(grid, STAGE_SUPERNET, messages)
             new_arrays, metrics = self.aggregate_train(server_round, replies)
             arrays = new_arrays if new_arrays is not None else arrays
+            if metrics is not None:
+                self.train_metrics[server_round] = metrics
             entry = {
                 "sent": len(messages),
                 **dict(metrics or {}),
