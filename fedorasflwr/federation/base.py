@@ -180,6 +180,8 @@ class FederatedNASStrategy(Strategy, Generic[R]):
     #: stage's rounds (FedorAS Stage 1, DecNAS iterations, FDNAS search, DP-FNAS iterations)
     rounds_setting: ClassVar[str] = ""
     settings: Any = None
+    #: called with the profiles ``profile_nodes`` kept (raises to stop the run)
+    validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None
 
     def start(
         self,
@@ -292,6 +294,8 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         self.require("profile", len(profiles), len(messages))
         self.profiles = profiles
         log(INFO, "Profiled %d node(s)", len(profiles))
+        if self.validate_profiles is not None:  # e.g. the runner's check of the partitions
+            self.validate_profiles(list(profiles.values()))
         return profiles
 
     def _unique_partitions(self, profiles: dict[int, NodeProfile]) -> dict[int, NodeProfile]:

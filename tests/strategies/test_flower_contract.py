@@ -344,3 +344,25 @@ def test_the_strategys_keys_win_over_train_config(data_cache):
     strategy.start(grid, ArrayRecord(), num_rounds=1, train_config=ConfigRecord({"lr": 99.0}))
     trained = configs_of(grid, "train")
     assert trained and all(c["lr"] == settings.fedoras.lr for c in trained)
+
+
+def test_validate_profiles_sees_the_kept_profiles_and_can_stop_the_run(data_cache):
+    # profile_nodes hands the profiles to the constructor's validate_profiles (every method:
+    # the runners check num-partitions there); raising stops the run before any training
+    config = tiny_decnas(data_cache)
+    settings = parse_run_config(config)
+    seen: list[list[int]] = []
+
+    def refuse(profiles):
+        seen.append(sorted(p.partition_id for p in profiles))
+        raise ValueError("not the partitions this run expects")
+
+    net = build_decnas_net(settings)
+    strategy = DecNAS(
+        net=net, settings=settings.decnas, seed=settings.seed, validate_profiles=refuse
+    )
+    grid = InProcessGrid(client_app, config, 6)
+    with pytest.raises(ValueError, match="not the partitions this run expects"):
+        strategy.start(grid, ArrayRecord(net.state_dict()), num_rounds=1)
+    assert seen == [list(range(6))]
+    assert configs_of(grid, "train") == []

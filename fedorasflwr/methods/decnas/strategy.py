@@ -421,9 +421,7 @@ class DecNAS(PrunedModelStages):
         if resume is not None:
             self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
-            profiles = self.profile_nodes(grid, ConfigRecord({"method": self.method}))
-        if self.validate_profiles is not None:
-            self.validate_profiles(list(profiles.values()))
+            self.profile_nodes(grid, ConfigRecord({"method": self.method}))
         searching = True
         if resume is not None:
             frontier, groups = self.restore_frontier(resume)

@@ -188,8 +188,6 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
     def setup(self, grid: Grid) -> None:
         """Profile the nodes; every node is a party (only the first in mode "single")."""
         profiles = self.profile_nodes(grid, ConfigRecord({"method": "dpfnas"}))
-        if self.validate_profiles is not None:
-            self.validate_profiles(list(profiles.values()))
         parties = sorted(profiles.values(), key=lambda p: (p.partition_id, p.node_id))
         if self.settings.mode == "single":
             if len(parties) > 1:

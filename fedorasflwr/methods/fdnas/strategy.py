@@ -164,8 +164,6 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     def setup(self, grid: Grid) -> None:
         """Profile the nodes and tag each with its cluster."""
         profiles = self.profile_nodes(grid, ConfigRecord({"method": self.method}))
-        if self.validate_profiles is not None:
-            self.validate_profiles(list(profiles.values()))
         for profile in profiles.values():
             tag = profile.cluster
             if tag < 0:

@@ -231,8 +231,6 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
     def setup(self, grid: Grid) -> None:
         """Profile the nodes, define the tiers and put every node in one."""
         profiles = self.profile_nodes(grid, ConfigRecord({"method": "fedoras"}))
-        if self.validate_profiles is not None:
-            self.validate_profiles(list(profiles.values()))
         s = self.settings
         self.tiers = compute_tiers(
             self.space,
