@@ -160,11 +160,23 @@ def _batch(
 
 
 def _reply(
-    gradient: Mapping[str, Tensor], expected_batch: float, clipped: float, noise: float
+    per_sample: Mapping[str, Tensor],
+    config: Mapping[str, Any],
+    expected_batch: float,
+    noise: NoiseSource,
 ) -> RecordDict:
+    """Clip and noise the per-sample gradients (both exchanges), then the reply."""
+    multiplier = float(config["noise-multiplier"])
+    gradient, clipped = clip_and_noise(
+        per_sample,
+        clip=float(config["clip"]),
+        noise_multiplier=multiplier,
+        expected_batch=expected_batch,
+        generator=noise,
+    )
     arrays = ArrayRecord({k: v.detach().cpu().contiguous() for k, v in gradient.items()})
     metrics = MetricRecord({"expected-batch": expected_batch})
-    if noise == 0:  # the clipped fraction depends on the data: never sent from a private party
+    if multiplier == 0:  # the clipped fraction depends on the data: never sent from a private party
         metrics["clipped-fraction"] = clipped
     return RecordDict({ARRAYS: arrays, METRICS: metrics})
 
@@ -179,14 +191,7 @@ def weight_gradient(content: RecordDict, data: ClientData, partition_id: int) ->
     per_sample = (
         per_sample_gradients(space, wrt, inputs, targets) if len(inputs) else _no_samples(wrt)
     )
-    gradient, clipped = clip_and_noise(
-        per_sample,
-        clip=float(config["clip"]),
-        noise_multiplier=float(config["noise-multiplier"]),
-        expected_batch=expected,
-        generator=noise,
-    )
-    return _reply(gradient, expected, clipped, float(config["noise-multiplier"]))
+    return _reply(per_sample, config, expected, noise)
 
 
 def architecture_gradient(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
@@ -203,14 +208,7 @@ def architecture_gradient(content: RecordDict, data: ClientData, partition_id: i
         per_sample = _second_order(space, content, config, inputs, targets, data, words)
     else:
         per_sample = per_sample_gradients(space, wrt, inputs, targets)
-    gradient, clipped = clip_and_noise(
-        per_sample,
-        clip=float(config["clip"]),
-        noise_multiplier=float(config["noise-multiplier"]),
-        expected_batch=expected,
-        generator=noise,
-    )
-    return _reply(gradient, expected, clipped, float(config["noise-multiplier"]))
+    return _reply(per_sample, config, expected, noise)
 
 
 def _second_order(
