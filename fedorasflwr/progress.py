@@ -127,10 +127,6 @@ class StageClock:
             return True
         return False
 
-    def elapsed(self) -> float:
-        """Seconds since the stage started."""
-        return time.perf_counter() - self.started
-
     def line(
         self,
         step: int,
