@@ -1,7 +1,8 @@
 """Search spaces: supernets with labelled choices, per-option costs and keys.
 
 ``build_space(name, **kwargs)`` builds a registered space (``cnn_l``, ``cnn_s``,
-``rnn``, ``mbconv``); ``build_space(**space.spec)`` rebuilds the same structure.
+``rnn``, ``mbconv``, ``darts``) or any ``SearchSpace`` subclass by its import path
+(``"mypkg.space:MySpace"``); ``build_space(**space.spec)`` rebuilds the same structure.
 ``build_prunable("convnet" | "mobilenet", ...)`` builds a DecNAS prunable net.
 """
 
@@ -14,6 +15,8 @@ from .base import (
     Subnet,
     Subspace,
     build_space,
+    class_path,
+    import_class,
     register_space,
 )
 from .cnn import CNNLargeSpace, CNNSmallSpace, cnn_l, cnn_s
@@ -40,8 +43,10 @@ __all__ = [
     "Subspace",
     "build_prunable",
     "build_space",
+    "class_path",
     "cnn_l",
     "cnn_s",
+    "import_class",
     "mbconv",
     "register_space",
     "rnn",

@@ -19,6 +19,7 @@ elements, parameters **and** buffers: what a message carrying them costs.
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import math
 import operator
@@ -43,6 +44,8 @@ __all__ = [
     "Subnet",
     "Subspace",
     "build_space",
+    "class_path",
+    "import_class",
     "register_space",
 ]
 
@@ -147,7 +150,7 @@ class SearchSpace(nn.Module):
         self.net = net
         self.input_shape = tuple(int(d) for d in input_shape)
         self.input_dtype = input_dtype
-        self._spec: dict[str, int | float | str] = {"name": self.name, **spec}
+        self._spec: dict[str, int | float | str] = {"name": space_name(type(self)), **spec}
         mixed = [(path, m) for path, m in net.named_modules() if isinstance(m, MixedOp)]
         if not mixed:
             raise ValueError(f"{type(self).__name__} has no searchable layer (MixedOp)")
@@ -310,8 +313,15 @@ class SearchSpace(nn.Module):
     # ------------------------------------------------------------- structure
     @property
     def spec(self) -> dict[str, int | float | str]:
-        """Flat constructor arguments plus ``"name"``: ``build_space(**spec)`` rebuilds it."""
+        """Flat constructor arguments plus ``"name"``: ``build_space(**spec)`` rebuilds it.
+
+        ``"name"`` is the registered name of a built-in space, else the class's import path
+        (``"mypkg.space:MySpace"``), which a client imports itself."""
         return dict(self._spec)
+
+    def fresh(self) -> SearchSpace:
+        """A newly initialised space of the same structure (the current RNG's weights)."""
+        return type(self)(**{k: v for k, v in self._spec.items() if k != "name"})
 
     def num_options(self) -> tuple[int, ...]:
         """Number of options per searchable layer."""
@@ -540,7 +550,10 @@ SPACES: dict[str, type[SearchSpace]] = {}
 
 
 def register_space(cls: type[SearchSpace]) -> type[SearchSpace]:
-    """Class decorator adding a search space to :data:`SPACES` under ``cls.name``."""
+    """Class decorator adding a search space to :data:`SPACES` under ``cls.name``.
+
+    Only needed for a short name in run configs: any space importable by its module path
+    is rebuilt by clients without registering (:func:`build_space`)."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a non-empty class attribute 'name'")
     if SPACES.get(cls.name, cls) is not cls:
@@ -549,11 +562,57 @@ def register_space(cls: type[SearchSpace]) -> type[SearchSpace]:
     return cls
 
 
+def space_name(cls: type[SearchSpace]) -> str:
+    """The ``"name"`` in a space's ``spec``: its registered name, else its import path."""
+    return cls.name if cls.name and SPACES.get(cls.name) is cls else class_path(cls)
+
+
+def class_path(cls: type) -> str:
+    """``"module:QualName"``, the path :func:`import_class` imports ``cls`` back from."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def import_class(path: str, base: type) -> type:
+    """The class at ``path`` (``"pkg.module:Class"``), checked to subclass ``base``.
+
+    Raises ``ValueError`` naming the path and what went wrong: a malformed path, a module
+    that does not import, a missing attribute, a class defined inside a function, or one
+    that is not a ``base``."""
+    module_name, sep, qualname = path.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ValueError(f"{path!r} is not an import path of the form 'pkg.module:Class'")
+    if "<locals>" in qualname:
+        raise ValueError(
+            f"{path!r} is defined inside a function; clients can only import a class defined "
+            "at the top level of a module"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"cannot import module {module_name!r} of {path!r}: {err}") from err
+    for part in qualname.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"module {module_name!r} has no {qualname!r} (from {path!r})")
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, base)):
+        raise ValueError(f"{path!r} is not a subclass of {base.__module__}.{base.__qualname__}")
+    return obj
+
+
 def build_space(name: str, **kwargs: Any) -> SearchSpace:
-    """Build a registered search space, e.g. ``build_space("cnn_l", num_classes=10)``."""
-    if name not in SPACES:
-        raise ValueError(f"unknown search space {name!r}; valid: {', '.join(sorted(SPACES))}")
-    cls = SPACES[name]
+    """Build a search space from its ``spec``: ``build_space(**space.spec)``.
+
+    ``name`` is a registered name (``build_space("cnn_l", num_classes=10)``) or an import
+    path (``build_space("mypkg.space:MySpace", width=2)``)."""
+    if name in SPACES:
+        cls: type[SearchSpace] = SPACES[name]
+    elif ":" in name:
+        cls = import_class(name, SearchSpace)
+    else:
+        raise ValueError(
+            f"unknown search space {name!r}; valid: {', '.join(sorted(SPACES))}, or the import "
+            "path of a SearchSpace subclass ('pkg.module:Class')"
+        )
     valid = list(inspect.signature(cls).parameters)
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:

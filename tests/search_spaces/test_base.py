@@ -54,7 +54,7 @@ def test_choices_are_labelled_in_forward_order(toy):
         LayerChoice("b", ("lin.bn", "stack")),
     )
     assert toy.num_options() == (2, 2)
-    assert toy.spec == {"name": "toy"}
+    assert toy.spec == {"name": "tests.search_spaces.test_base:ToySpace"}
 
 
 def test_costs_match_hand_computed_values(toy):
@@ -227,3 +227,29 @@ def test_forward_has_no_hidden_path_state(toy):
     first = toy(x, (0, 1))
     toy(x, (1, 0))
     torch.testing.assert_close(toy(x, (0, 1)), first)
+
+
+def test_an_unregistered_space_is_rebuilt_from_its_import_path(toy):
+    from fedorasflwr.search_spaces import build_space
+
+    rebuilt = build_space(**toy.spec)
+    assert type(rebuilt) is ToySpace and rebuilt.spec == toy.spec
+    assert build_space("cnn_s", num_classes=10).spec["name"] == "cnn_s"  # built-ins keep short names
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nope", "unknown search space 'nope'"),
+        ("no_such_module_xyz:Space", "cannot import module 'no_such_module_xyz'"),
+        ("tests.search_spaces.test_base:Missing", "has no 'Missing'"),
+        ("tests.search_spaces.test_base:ToyNet", "is not a subclass of"),
+        ("tests.search_spaces.test_base:f.<locals>.S", "defined inside a function"),
+        (":ToySpace", "not an import path"),
+    ],
+)
+def test_a_bad_space_path_is_refused_with_what_went_wrong(name, message):
+    from fedorasflwr.search_spaces import build_space
+
+    with pytest.raises(ValueError, match=message):
+        build_space(name)

@@ -66,7 +66,6 @@ from ...protocol import (
     METRICS,
     space_to_config,
 )
-from ...search_spaces import build_space
 from ...search_spaces.mbconv import MBConvSpace
 from .nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
 
@@ -382,7 +381,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     def fresh_supernet(self, *keys: int | str) -> ArrayRecord:
         """A newly initialised supernet (naive-CFDNAS), seeded from the run seed and ``keys``."""
         torch.manual_seed(int(self.rng("fresh", *keys).integers(2**31)))
-        return ArrayRecord(build_space(**self.space.spec).state_dict())
+        return ArrayRecord(self.space.fresh().state_dict())
 
     def train_net(
         self,
@@ -469,7 +468,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             self.space.load_state_dict(supernet.to_torch_state_dict(), strict=True)
             return self.space.subnet(arch)
         torch.manual_seed(int(self.rng("scratch", *arch).integers(2**31)))
-        return build_space(**self.space.spec).subnet(arch)
+        return self.space.fresh().subnet(arch)
 
     def _net_config(self, arch: Sequence[int]) -> dict[str, Any]:
         return {

@@ -55,7 +55,7 @@ from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...progress import StageClock
 from ...protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
-from ...search_spaces import SearchSpace, Subspace, build_space
+from ...search_spaces import SearchSpace, Subspace
 from .context import StageContext
 from .evaluation import ServerPathScorer
 from .finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier, random_search_tier
@@ -188,7 +188,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                     'or use "federated"'
                 )
             self.server_scorer = ServerPathScorer(
-                build_space(**space.spec),
+                space.fresh(),
                 server_data,
                 seed=seed,
                 recalibrate=settings.search_recalibrate_bn,
