@@ -72,6 +72,7 @@ from ...protocol import (
     space_to_config,
 )
 from ...search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
+from ...seeding import seed_torch
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .privacy import PartyPrivacy, composed_epsilon
 
@@ -576,7 +577,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         spec = {k: v for k, v in self.space.spec.items() if k != "name"}
         # Seeded here: the global torch stream's position depends on what ran before,
         # which a resumed run does not repeat.
-        torch.manual_seed(int(self.rng("final-init").integers(2**31)))
+        seed_torch(self.seed, "final-init")
         net = DerivedNetwork(result.genotype, **spec)
         fedavg = SeededFedAvg(
             nodes=self.parties,
