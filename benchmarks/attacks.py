@@ -65,7 +65,7 @@ from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.fedoras.evaluation import SupernetEvaluator
 from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.protocol import ARRAYS, METRICS
-from fedorasflwr.server_app import build_supernet
+from fedorasflwr.runs import build_supernet
 
 NUM_CLIENTS = 10
 INFLATION = 10**6

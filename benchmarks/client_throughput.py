@@ -147,7 +147,7 @@ def measure(quick: bool, cache: Path) -> dict[str, Any]:
     config = run_config(settings(quick, cache))  # first: puts this checkout on sys.path
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.data import load_client_data
-    from fedorasflwr.server_app import build_supernet
+    from fedorasflwr.runs import build_supernet
 
     warm_data_cache([config], NUM_CLIENTS)
     run = parse_run_config(config)

@@ -73,8 +73,8 @@ def settings(quick: bool, cache_dir: Path) -> dict[str, Any]:
 def make(config: dict[str, Any], **kwargs: Any) -> Any:
 
     from fedorasflwr.config import parse_run_config
+    from fedorasflwr.methods.decnas.runner import build_decnas_net
     from fedorasflwr.methods.decnas.strategy import DecNAS
-    from fedorasflwr.server_app import build_decnas_net
 
     run = parse_run_config(config)
     net = build_decnas_net(run)

@@ -93,7 +93,7 @@ def search_row(base: dict[str, Any], mode: str, parties: int, variance: float) -
     from fedorasflwr.client_app import app
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
-    from fedorasflwr.server_app import run_dpfnas
+    from fedorasflwr.methods.dpfnas.runner import run_dpfnas
 
     noise = math.sqrt(variance)
     config = {
@@ -131,7 +131,7 @@ class Augmentation:
 
         from fedorasflwr.config import parse_run_config
         from fedorasflwr.data import load_client_data, load_server_data
-        from fedorasflwr.server_app import build_supernet
+        from fedorasflwr.runs import build_supernet
 
         run = parse_run_config({**base, "min-nodes": 1})
         self.spec = {k: v for k, v in build_supernet(run).spec.items() if k != "name"}

@@ -87,7 +87,7 @@ def run_inprocess(overrides: dict[str, Any], timing_log: Path) -> float:
     from fedorasflwr.client_app import app
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
-    from fedorasflwr.server_app import run_fedoras
+    from fedorasflwr.methods.fedoras.runner import run_fedoras
 
     config = run_config(overrides)
     run = parse_run_config(config)
@@ -141,7 +141,7 @@ def warm_cost_cache(config: Mapping[str, Any]) -> None:
     """Build the supernet once, so its cost tables are in the disk cache for every
     engine's ClientApps (as they are on a node after its first message)."""
     from fedorasflwr.config import parse_run_config
-    from fedorasflwr.server_app import build_supernet
+    from fedorasflwr.runs import build_supernet
 
     build_supernet(parse_run_config(config))
 

@@ -109,8 +109,8 @@ def make(cls: type, config: dict[str, Any], **kwargs: Any) -> Any:
 
     from fedorasflwr.config import parse_run_config, space_kwargs
     from fedorasflwr.data import dataset_info
+    from fedorasflwr.methods.fdnas.runner import cluster_tagger
     from fedorasflwr.search_spaces import build_space
-    from fedorasflwr.server_app import cluster_tagger
 
     run = parse_run_config(config)
     torch.manual_seed(run.seed)

@@ -177,7 +177,7 @@ def run_case(config: dict[str, Any], clients: int, out_dir: str) -> dict[str, An
     from fedorasflwr.client_app import app
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
-    from fedorasflwr.server_app import run_fedoras
+    from fedorasflwr.methods.fedoras.runner import run_fedoras
 
     started = time.perf_counter()
     Path(out_dir).mkdir(parents=True, exist_ok=True)

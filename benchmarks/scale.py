@@ -273,11 +273,12 @@ def _build(method: str, config: dict[str, Any]) -> Any:
 
     from fedorasflwr.config import parse_run_config, space_kwargs
     from fedorasflwr.data import dataset_info
+    from fedorasflwr.methods.decnas.runner import build_decnas_net
     from fedorasflwr.methods.decnas.strategy import DecNAS
     from fedorasflwr.methods.fdnas.strategy import FDNAS
     from fedorasflwr.methods.fedoras.strategy import FedorAS
+    from fedorasflwr.runs import build_supernet
     from fedorasflwr.search_spaces import build_space
-    from fedorasflwr.server_app import build_decnas_net, build_supernet
 
     run = parse_run_config(config)
     common = {"seed": run.seed, "min_nodes": run.min_nodes}

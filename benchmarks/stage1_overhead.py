@@ -60,7 +60,7 @@ def direct_rounds(overrides: dict, num_clients: int) -> tuple[list[float], float
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.methods.fedoras.strategy import FedorAS
-    from fedorasflwr.server_app import build_supernet
+    from fedorasflwr.runs import build_supernet
 
     config = run_config(overrides)
     run = parse_run_config(config)

@@ -17,7 +17,7 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.export import INPUT_NAME, OPSET, TOLERANCE, OnnxExports, export_onnx
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.search_spaces import DerivedNetwork, MixedOp, build_prunable, build_space
-from fedorasflwr.server_app import RUNNERS
+from fedorasflwr.server_app import runner
 from tests.runconfig import tiny_decnas
 
 # torch 2.14 deprecates torch.jit.* itself (FutureWarning "`torch.jit.trace` is deprecated");
@@ -229,7 +229,7 @@ def test_a_run_writes_checked_onnx_files(data_cache, tmp_path):
     config = tiny_decnas(data_cache)
     settings = parse_run_config(config)
     grid = InProcessGrid(client_app, config, 6)
-    document = RUNNERS["decnas"](grid, settings, tmp_path)
+    document = runner("decnas")(grid, settings, tmp_path)
     checkpoints = sorted(p for p in document["files"] if p.endswith(".pt"))
     onnx_files = sorted(p for p in document["files"] if p.endswith(".onnx"))
     assert checkpoints and onnx_files == sorted(p.replace(".pt", ".onnx") for p in checkpoints)

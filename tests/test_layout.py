@@ -1,6 +1,6 @@
 """The package's layout rules, checked on its import statements (``ast``, nothing imported).
 
-- a server module (``federation``, a method's modules but ``client.py``, ``server_app``,
+- a server module (``federation``, ``runs``, a method's modules but ``client.py``, ``server_app``,
   the ``strategies`` re-exports) reaches no client module (a method's ``client.py``,
   ``client_app``, the ``clients`` re-exports), directly or through other modules;
 - a method's package reaches no other method's package;
@@ -89,7 +89,7 @@ def is_server(name: str) -> bool:
     if is_client(name):
         return False
     top = name.split(".")[1] if "." in name else ""
-    return top in ("federation", "server_app", "strategies") or _method(name) is not None
+    return top in ("federation", "runs", "server_app", "strategies") or _method(name) is not None
 
 
 def test_the_walk_sees_the_layout() -> None:
@@ -99,7 +99,19 @@ def test_the_walk_sees_the_layout() -> None:
         assert f"{ROOT}.methods.{method}.strategy" in names
         assert is_client(f"{ROOT}.methods.{method}.client")
     assert f"{ROOT}.methods.fedoras.client" in reachable(f"{ROOT}.client_app")
-    assert f"{ROOT}.methods.fedoras.strategy" in reachable(f"{ROOT}.server_app")
+    assert f"{ROOT}.methods.fedoras.strategy" in reachable(f"{ROOT}.methods.fedoras.runner")
+
+
+def test_the_server_app_is_a_thin_dispatcher() -> None:
+    """server_app imports no method: it names each method's runner by import path, a
+    server module of that method, imported when the method runs."""
+    from fedorasflwr.server_app import RUNNERS
+
+    assert [m for m in reachable(f"{ROOT}.server_app") if _method(m)] == []
+    for method, path in RUNNERS.items():
+        module = path.partition(":")[0]
+        assert module in modules() and is_server(module), (method, path)
+        assert _method(module) == ("fdnas" if method == "cfdnas" else method)
 
 
 def test_no_server_module_reaches_a_client_module() -> None:

@@ -23,7 +23,7 @@ from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import FlowerRunError, find_pids
 from fedorasflwr.methods.fedoras.strategy import FedorAS
-from fedorasflwr.server_app import build_supernet
+from fedorasflwr.runs import build_supernet
 from tests.runconfig import pyproject_run_config
 
 pytestmark = pytest.mark.slow

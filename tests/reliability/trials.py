@@ -11,7 +11,7 @@ from typing import Any
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid
-from fedorasflwr.server_app import RUNNERS
+from fedorasflwr.server_app import runner
 from tests.reliability.catalog import REPLY_FAULTS, SEMANTIC, bad_configs, reply_fault
 from tests.reliability.conftest import NoTrainingGrid, TrainingStartedError
 from tests.runconfig import pyproject_run_config, tiny_decnas, tiny_fdnas, tiny_fedoras
@@ -69,7 +69,7 @@ def _run(method: str, config: dict[str, Any], faults, out_dir: Path):
     settings = parse_run_config(config)
     grid = InProcessGrid(client_app, config, NODES, faults=faults)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return grid, RUNNERS[method](grid, settings, out_dir)
+    return grid, runner(method)(grid, settings, out_dir)
 
 
 def comparable(document: dict[str, Any]) -> Any:
@@ -162,7 +162,7 @@ def config_trial(cache: Path | str, out_dir: Path) -> list[dict[str, Any]]:
             settings = parse_run_config(config)
             if bad in SEMANTIC:
                 grid = NoTrainingGrid(client_app, config, 6)
-                RUNNERS[settings.method](grid, settings, out_dir / str(index))
+                runner(settings.method)(grid, settings, out_dir / str(index))
         except ValueError as exc:
             outcome, message = "refused", str(exc)
         except TrainingStartedError:

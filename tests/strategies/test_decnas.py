@@ -10,9 +10,9 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid, error_reply
+from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.methods.decnas.strategy import DecNAS
 from fedorasflwr.protocol import ARRAYS, DECNAS_UPLOAD, METRICS
-from fedorasflwr.server_app import build_decnas_net
 from tests.runconfig import tiny_decnas
 
 NUM_NODES = 6

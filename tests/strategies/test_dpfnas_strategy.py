@@ -16,8 +16,8 @@ from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.methods.dpfnas.privacy import epsilon
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
 from fedorasflwr.protocol import ARRAYS, DPFNAS_WEIGHTS, METRICS
+from fedorasflwr.runs import build_supernet
 from fedorasflwr.search_spaces.darts import DartsSpace, Genotype
-from fedorasflwr.server_app import build_supernet
 from tests.runconfig import pyproject_run_config
 
 

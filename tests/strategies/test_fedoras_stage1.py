@@ -19,7 +19,7 @@ from fedorasflwr.inprocess import InProcessGrid, error_reply, replace_content
 from fedorasflwr.methods.fedoras.evaluation import SupernetEvaluator
 from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.protocol import ARRAYS, FEDORAS_SUPERNET, METRICS
-from fedorasflwr.server_app import build_supernet
+from fedorasflwr.runs import build_supernet
 from tests.runconfig import tiny_fedoras
 
 NUM_NODES = 12

@@ -18,6 +18,7 @@ from fedorasflwr.data import load_server_data
 from fedorasflwr.federation.fedavg import cosine_lr
 from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.methods.fedoras.finetune import SUPERNET_INIT, initial_subnet
+from fedorasflwr.methods.fedoras.runner import resume_supernet
 from fedorasflwr.methods.fedoras.scoring import FederatedPathScorer, covering_subspace
 from fedorasflwr.methods.fedoras.search import kendall_tau, search_tier
 from fedorasflwr.methods.fedoras.strategy import FedorAS
@@ -30,8 +31,8 @@ from fedorasflwr.protocol import (
     FEDORAS_TRAIN,
     METRICS,
 )
+from fedorasflwr.runs import build_supernet
 from fedorasflwr.search_spaces import build_space
-from fedorasflwr.server_app import build_supernet, resume_supernet
 from fedorasflwr.training import evaluate
 from tests.runconfig import tiny_fedoras
 

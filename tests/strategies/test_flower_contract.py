@@ -21,8 +21,9 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_server_data
 from fedorasflwr.federation.base import FederatedNASStrategy
 from fedorasflwr.inprocess import InProcessGrid, error_reply
+from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.protocol import CONFIG
-from fedorasflwr.server_app import build_decnas_net, build_supernet
+from fedorasflwr.runs import build_supernet
 from fedorasflwr.strategies import CFDNAS, DPFNAS, FDNAS, DecNAS, FedorAS
 from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas

@@ -22,7 +22,7 @@ from fedorasflwr.protocol import (
     METRICS,
     QUERY_PROFILE,
 )
-from fedorasflwr.server_app import build_supernet
+from fedorasflwr.runs import build_supernet
 from tests.runconfig import tiny_fedoras
 
 NUM_NODES = 8

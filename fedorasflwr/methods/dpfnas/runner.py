@@ -1,0 +1,111 @@
+"""DP-FNAS's runner: run config -> darts space, ``DPFNAS.start``, derived net, privacy report."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, MetricRecord
+from flwr.serverapp import Grid
+from flwr.supercore import log
+from torch.utils.data import DataLoader
+
+from ...artifacts import save_checkpoint
+from ...checkpoints import Checkpointer
+from ...config import RunSettings
+from ...data import load_server_data
+from ...export import OnnxExports
+from ...plots import (
+    plot_dpfnas,
+)
+from ...runs import (
+    aggregation_of,
+    build_supernet,
+    check_partitions,
+    checkpointer,
+    describe_space,
+    resume_checkpoint,
+)
+from ...search_spaces import DerivedNetwork
+from ...training import evaluate, torch_device
+from .strategy import DPFNAS, json_safe, privacy_report
+
+__all__ = ["run_dpfnas"]
+
+
+def run_dpfnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """DP-FNAS: private federated DARTS search, derivation, FedAvg training, privacy report."""
+    if settings.space.name != "darts":
+        log(INFO, "DP-FNAS searches the darts space (run config 'space.name' ignored)")
+        settings = replace(settings, space=replace(settings.space, name="darts"))
+    space = build_supernet(settings)
+    server_data = load_server_data(settings.data)
+    probe = build_supernet(settings)
+
+    def evaluate_supernet(_iteration: int, arrays: Any) -> MetricRecord:
+        probe.load_state_dict(arrays.to_torch_state_dict())
+        probe.to(torch_device()).eval()
+        result = evaluate(probe, DataLoader(server_data, batch_size=256), torch_device())
+        return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
+
+    strategy = DPFNAS(
+        space=space,  # type: ignore[arg-type]
+        settings=settings.dpfnas,
+        seed=settings.seed,
+        validate_profiles=lambda profiles: check_partitions(settings, profiles),
+        resume=resume_checkpoint(settings, space),
+        min_nodes=settings.min_nodes,
+    )
+    strategy.aggregation = aggregation_of(settings)
+    strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
+    result = strategy.start(
+        grid,
+        ArrayRecord(space.state_dict()),
+        num_rounds=settings.dpfnas.iterations,
+        timeout=settings.reply_timeout,
+        evaluate_fn=evaluate_supernet if len(server_data) else None,
+    )
+    onnx = OnnxExports(out_dir, settings.data)
+    files = [
+        save_checkpoint(
+            out_dir / "supernet.pt",
+            space_spec=space.spec,
+            arrays=result.arrays,
+            stage="search",
+            genotype=result.genotype.to_text(),
+        )
+    ]
+    if result.final_arrays is not None:
+        files.append(
+            save_checkpoint(
+                out_dir / "derived.pt",
+                space_spec=space.spec,
+                arrays=result.final_arrays,
+                stage="final",
+                genotype=result.genotype.to_text(),
+            )
+        )
+        onnx.add("derived", DerivedNetwork(result.genotype, **space.spec), result.final_arrays)
+    plot = plot_dpfnas(
+        out_dir / "privacy_accuracy.png", result.history, settings.dpfnas.target_epsilon
+    )
+    return {
+        "space": describe_space(space),
+        "mode": settings.dpfnas.mode,
+        "genotype": result.genotype.to_text(),
+        "iterations": result.iterations,
+        "stopped": result.stopped,
+        "privacy": privacy_report(result.privacy),
+        "noise": result.noise,
+        "test-accuracy": result.test_accuracy,
+        "final-privacy": json_safe(result.final_privacy),
+        "history": json_safe(result.history),
+        "final-history": result.final_history,
+        "ledger": result.ledger,
+        "onnx": onnx.summary(),
+        "files": [p.name for p in (*files, plot) if p is not None] + onnx.files(),
+    }

@@ -1,0 +1,142 @@
+"""FDNAS's and CFDNAS's runner: run config -> mbconv space, the strategy, nets, plots, ONNX."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord
+from flwr.serverapp import Grid
+
+from ...artifacts import save_checkpoint
+from ...checkpoints import Checkpointer
+from ...config import RunSettings, space_kwargs
+from ...data import dataset_info
+from ...data.groups import even_sizes
+from ...export import OnnxExports
+from ...federation.base import NodeProfile
+from ...plots import (
+    plot_alpha_entropy,
+    plot_fdnas_nets,
+)
+from ...runs import (
+    aggregation_of,
+    check_partitions,
+    checkpointer,
+    describe_space,
+    resume_checkpoint,
+)
+from ...search_spaces import build_space
+from ...seeding import seed_torch
+from .cfdnas import CFDNAS
+from .strategy import FDNAS
+
+__all__ = ["cluster_tagger", "fdnas_plots", "run_cfdnas", "run_fdnas"]
+
+
+def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:
+    """The CFDNAS tag of a node that declares no ``cluster``, from its partition id.
+
+    With the class-groups partitioner: the node's class group (the paper's data tag);
+    otherwise ``fdnas.num-clusters`` contiguous ranges of partition ids.
+    """
+    spec = settings.data
+
+    def tag(profile: NodeProfile) -> int:
+        pid, total = profile.partition_id, profile.num_partitions
+        if spec.partitioner == "class-groups":
+            groups = len(spec.class_group_layout())
+            ends = np.cumsum(even_sizes(total, min(groups, total)))
+            return int(np.searchsorted(ends, pid, side="right"))
+        return pid * min(settings.fdnas.num_clusters, total) // total
+
+    return tag
+
+
+def _run_fdnas(
+    strategy_class: type[FDNAS],
+    grid: Grid,
+    settings: RunSettings,
+    out_dir: Path,
+    progress: Checkpointer | None = None,
+) -> dict[str, Any]:
+    space_settings = replace(settings.space, name="mbconv")
+    seed_torch(settings.seed, "init")
+    space = build_space(**space_kwargs(space_settings, dataset_info(settings.data)))
+    strategy = strategy_class(
+        space=space,
+        settings=settings.fdnas,
+        seed=settings.seed,
+        cluster_of=cluster_tagger(settings),
+        validate_profiles=lambda profiles: check_partitions(settings, profiles),
+        resume=resume_checkpoint(settings, space),
+        min_nodes=settings.min_nodes,
+    )
+    strategy.aggregation = aggregation_of(settings)
+    strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
+    result = strategy.start(
+        grid,
+        ArrayRecord(space.state_dict()),
+        num_rounds=settings.fdnas.train.rounds,
+        timeout=settings.reply_timeout,
+    )
+    onnx = OnnxExports(out_dir, settings.data)
+    files: list[Path | None] = [
+        save_checkpoint(
+            out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
+        )
+    ]
+    for net in result.nets:
+        files.append(
+            save_checkpoint(
+                out_dir / f"{net.name}.pt",
+                space_spec=space.spec,
+                arrays=net.arrays,
+                arch=list(net.arch),
+                stage="final",
+            )
+        )
+        onnx.add(net.name, space.subnet(net.arch), net.arrays)
+    document = {
+        "space": describe_space(space),
+        "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
+        "cluster-of-partition": result.cluster_of_partition,
+        "nets": [net.summary() for net in result.nets],
+        "search-history": result.search_history,
+        "cluster-history": result.cluster_history,
+        "ledger": result.ledger,
+        "onnx": onnx.summary(),
+    }
+    files += fdnas_plots(out_dir, document, strategy_class.__name__)
+    return {**document, "files": [p.name for p in files if p is not None] + onnx.files()}
+
+
+def fdnas_plots(out_dir: Path, document: dict[str, Any], method: str) -> list[Path | None]:
+    """The derived nets' accuracy against FLOPs and the alpha entropy per search round."""
+    return [
+        plot_fdnas_nets(out_dir / "nets_accuracy_flops.png", document["nets"], method=method),
+        plot_alpha_entropy(
+            out_dir / "alpha_entropy.png",
+            document["search-history"],
+            document["cluster-history"],
+            options=[len(c["options"]) for c in document["space"]["choices"]],
+            method=method,
+        ),
+    ]
+
+
+def run_fdnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """FDNAS: federated search on the mbconv space, derive, FedAvg-train the net."""
+    return _run_fdnas(FDNAS, grid, settings, out_dir, progress)
+
+
+def run_cfdnas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """CFDNAS: FDNAS, then per-cluster search and one trained net per cluster."""
+    return _run_fdnas(CFDNAS, grid, settings, out_dir, progress)
