@@ -87,14 +87,17 @@ def _problem(space: SearchSpace, samples: int) -> str | None:
         with torch.no_grad():
             batch = space(inputs)
             alone = space(inputs[:1])
-        if batch.dim() != 2 or batch.shape[0] != samples:
-            return f"forward(x) must give logits (batch, classes), got {tuple(batch.shape)}"
-        targets = torch.arange(samples) % batch.shape[1]
+    except Exception as err:  # noqa: BLE001 - any failure is the reason to refuse
+        return f"the mixed forward(x) fails: {type(err).__name__}: {err}"
+    if batch.dim() != 2 or batch.shape[0] != samples:
+        return f"forward(x) must give logits (batch, classes), got {tuple(batch.shape)}"
+    if not torch.allclose(batch[:1], alone, rtol=1e-4, atol=1e-5):
+        return "a sample's output depends on the other samples of its batch (BatchNorm?)"
+    targets = torch.arange(samples) % batch.shape[1]
+    try:
         fast = per_sample_gradients(space, params, inputs, targets)
     except Exception as err:  # noqa: BLE001 - any failure is the reason to refuse
         return f"the per-sample gradients fail: {type(err).__name__}: {err}"
-    if not torch.allclose(batch[:1], alone, rtol=1e-4, atol=1e-5):
-        return "a sample's output depends on the other samples of its batch (BatchNorm?)"
     bad = [name for name, value in fast.items() if not torch.isfinite(value).all()]
     if bad:
         return f"the per-sample gradients of {bad} are not finite"
