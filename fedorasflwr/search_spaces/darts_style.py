@@ -67,7 +67,7 @@ def require_darts_style(space: Any, method: str = "DP-FNAS") -> None:
     missing = [
         m
         for m in DARTS_STYLE_API
-        if not hasattr(type(space), m) or (m != "arch_keys" and not callable(getattr(space, m)))
+        if not hasattr(space, m) or (m != "arch_keys" and not callable(getattr(space, m)))
     ]
     if missing:
         raise ValueError(

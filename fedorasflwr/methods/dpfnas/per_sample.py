@@ -76,13 +76,15 @@ def _problem(space: SearchSpace, samples: int) -> str | None:
     errors = ModuleValidator.validate(space, strict=False)
     if errors:
         return "opacus ModuleValidator: " + "; ".join(dict.fromkeys(str(e) for e in errors))
+    params = dict(space.named_parameters())
+    device = next(iter(params.values())).device
     generator = torch.Generator().manual_seed(0)
     shape = (samples, *space.input_shape)
     if space.input_dtype.is_floating_point:
         inputs = torch.randn(shape, generator=generator).to(space.input_dtype)
     else:
         inputs = torch.randint(0, 2, shape, generator=generator, dtype=space.input_dtype)
-    params = dict(space.named_parameters())
+    inputs = inputs.to(device)
     try:
         with torch.no_grad():
             batch = space(inputs)
@@ -93,7 +95,7 @@ def _problem(space: SearchSpace, samples: int) -> str | None:
         return f"forward(x) must give logits (batch, classes), got {tuple(batch.shape)}"
     if not torch.allclose(batch[:1], alone, rtol=1e-4, atol=1e-5):
         return "a sample's output depends on the other samples of its batch (BatchNorm?)"
-    targets = torch.arange(samples) % batch.shape[1]
+    targets = torch.arange(samples, device=device) % batch.shape[1]
     try:
         fast = per_sample_gradients(space, params, inputs, targets)
     except Exception as err:  # noqa: BLE001 - any failure is the reason to refuse
