@@ -19,7 +19,7 @@ back as a ``Resume``; the strategy continues at the next round of its stage.
 
 Randomness needs no saved stream: every generator the strategies and clients use
 is derived afresh from (seed, purpose, round or iteration, partition) by
-``FederatedNASStrategy.rng`` or an equivalent ``default_rng([...])``; none is
+``FederatedNASStrategy.rng`` or another stream of :mod:`fedorasflwr.seeding`; none is
 advanced across rounds.
 """
 

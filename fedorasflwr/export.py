@@ -28,6 +28,7 @@ from flwr.app import ArrayRecord
 from torch import Tensor, nn
 
 from .data import DataSpec, dataset_info, load_server_data
+from .seeding import torch_stream
 
 __all__ = [
     "INPUT_NAME",
@@ -105,7 +106,7 @@ def example_inputs(spec: DataSpec, count: int = SAMPLES) -> tuple[Tensor, str]:
     if len(server):
         return server.tensors[0][:count].clone(), "server-slice"
     info = dataset_info(spec)
-    generator = torch.Generator().manual_seed(spec.seed)
+    generator = torch_stream(spec.seed, "export-inputs")
     shape = (count, *info.input_shape)
     if info.kind == "text":
         return torch.randint(0, info.num_classes, shape, generator=generator), "synthetic"

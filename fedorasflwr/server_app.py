@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
@@ -43,6 +42,7 @@ from .plots import (
 from .progress import format_seconds, setup_logging, summary_lines
 from .search_spaces import DerivedNetwork, SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet, build_prunable
+from .seeding import seed_torch
 from .training import evaluate, resolve_device, torch_device, using_device
 
 app = ServerApp()
@@ -50,7 +50,7 @@ app = ServerApp()
 
 def build_supernet(settings: RunSettings) -> SearchSpace:
     """The run's search space, initialised from the run seed."""
-    torch.manual_seed(settings.seed)
+    seed_torch(settings.seed, "init")
     return build_space(**space_kwargs(settings.space, dataset_info(settings.data)))
 
 
@@ -240,7 +240,7 @@ def _run_fdnas(
     progress: Checkpointer | None = None,
 ) -> dict[str, Any]:
     space_settings = replace(settings.space, name="mbconv")
-    torch.manual_seed(settings.seed)
+    seed_torch(settings.seed, "init")
     space = build_space(**space_kwargs(space_settings, dataset_info(settings.data)))
     strategy = strategy_class(
         space=space,
@@ -399,7 +399,7 @@ def build_decnas_net(settings: RunSettings) -> PrunableNet:
     info = dataset_info(settings.data)
     if info.kind != "image":
         raise ValueError(f"DecNAS prunes image nets; 'data.dataset' = {info.name!r} is {info.kind}")
-    torch.manual_seed(settings.seed)
+    seed_torch(settings.seed, "init")
     channels, height, width = info.input_shape
     return build_prunable(
         settings.decnas.model,

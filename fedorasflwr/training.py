@@ -25,6 +25,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from .seeding import torch_generator
+
 if TYPE_CHECKING:
     from flwr.app import Context, Message
 
@@ -42,7 +44,7 @@ __all__ = [
     "flatten_logits",
     "recalibrate_batchnorm",
     "reply_state",
-    "seeded_generator",
+    "ordered_loader",
     "seeded_loader",
     "held_out_metrics",
     "torch_device",
@@ -127,21 +129,17 @@ def device_mod(msg: Message, context: Context, call_next: Callable[..., Message]
         return call_next(msg, context)
 
 
-def seeded_generator(words: Sequence[int]) -> torch.Generator:
-    """A ``torch.Generator`` fixed by a few integers (seed, round, partition id, ...)."""
-    seed = 0
-    for word in words:
-        seed = (seed * 1_000_003 + int(word)) % (2**63 - 1)
-    return torch.Generator().manual_seed(seed)
-
-
-def seeded_loader(
-    dataset: Dataset, batch_size: int, words: Sequence[int], shuffle: bool = True
-) -> DataLoader:
-    """A single-process ``DataLoader`` whose order is fixed by ``words``."""
+def seeded_loader(dataset: Dataset, batch_size: int, words: Sequence[int]) -> DataLoader:
+    """A single-process, shuffling ``DataLoader`` whose order is fixed by stream ``words``
+    (:func:`fedorasflwr.seeding.stream_words`)."""
     return DataLoader(
-        dataset, batch_size=batch_size, shuffle=shuffle, generator=seeded_generator(words)
+        dataset, batch_size=batch_size, shuffle=True, generator=torch_generator(words)
     )
+
+
+def ordered_loader(dataset: Dataset, batch_size: int = 256) -> DataLoader:
+    """A single-process ``DataLoader`` in the dataset's order (evaluation)."""
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False)
 
 
 def flatten_logits(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -267,7 +265,7 @@ def held_out_metrics(net: nn.Module, dataset: Dataset) -> dict[str, float | int]
     ``num-examples``, ``correct``, ``loss-sum``, ``loss`` and ``accuracy``."""
     device = torch_device()
     net.to(device).eval()
-    result = evaluate(net, seeded_loader(dataset, 256, (0,), shuffle=False), device)
+    result = evaluate(net, ordered_loader(dataset), device)
     return {
         "num-examples": result.count,
         "correct": result.correct,

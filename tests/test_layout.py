@@ -153,3 +153,19 @@ def circles() -> list[list[str]]:
 
 def test_no_import_circles() -> None:
     assert circles() == []
+
+
+def test_every_seeded_generator_comes_from_the_named_streams():
+    """One seeding helper: no module but ``seeding`` makes a generator or seeds torch itself
+    (``default_rng``, ``manual_seed``, ``Generator``); the others name a purpose."""
+    makers = {"default_rng", "manual_seed", "Generator", "RandomState", "seed"}
+    found = []
+    for name, path in modules().items():
+        if name == f"{ROOT}.seeding":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = ast.unparse(node.func.value)
+                if node.func.attr in makers and owner.split(".")[0] in {"np", "numpy", "torch"}:
+                    found.append(f"{name}:{node.lineno} {ast.unparse(node.func)}")
+    assert found == []

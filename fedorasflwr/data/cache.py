@@ -29,7 +29,7 @@ from .spec import DataSpec
 
 __all__ = ["FORMAT_VERSION", "cache_root", "client_path", "server_path", "read", "write"]
 
-FORMAT_VERSION = 2  # 2: files carry a checksum
+FORMAT_VERSION = 3  # 2: files carry a checksum; 3: splits drawn from named streams
 CHECKSUM = "checksum"
 _LOG = logging.getLogger(__name__)
 # Only these fields shape the server slice: a new partitioner reuses the same file.

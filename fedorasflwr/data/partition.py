@@ -35,6 +35,7 @@ from flwr_datasets.partitioner import (
     Partitioner,
 )
 
+from ..seeding import numpy_stream
 from .groups import even_sizes
 from .spec import DataSpec
 
@@ -53,8 +54,6 @@ __all__ = [
 
 SERVER_SPLIT = "server"
 NATURAL_COLUMN = "natural-partition"
-# Independent random streams of one seed: np.random.default_rng([seed, stream, ...]).
-_SERVER_STREAM, _CLIENT_STREAM, _GROUP_STREAM = 1, 2, 3
 _EPS = 1e-9  # so that 0.1 * 70 counts as 7, not 7.000000000000001 or 6.999...
 
 
@@ -77,7 +76,7 @@ def server_split_indices(
     ``floor(fraction * n_s)`` rows of every stratum ``s`` go to the server, chosen by
     a generator seeded by ``seed`` alone: the slice never depends on the partitioning.
     """
-    rng = np.random.default_rng([seed, _SERVER_STREAM])
+    rng = numpy_stream(seed, "server-split")
     _, inverse = np.unique(_as_keys(strata), return_inverse=True)
     order = np.argsort(inverse, kind="stable")
     bounds = np.cumsum(np.bincount(inverse))[:-1]
@@ -176,7 +175,7 @@ class ClassGroupPartitioner(Partitioner):
         return int(np.searchsorted(ends, partition_id, side="right"))
 
     def _assign(self) -> list[np.ndarray]:
-        rng = np.random.default_rng([self._seed, _GROUP_STREAM])
+        rng = numpy_stream(self._seed, "natural-groups")
         labels = column_values(self.dataset, self._partition_by)
         assigned: list[np.ndarray] = []
         sizes = even_sizes(self._num_partitions, len(self._groups))
@@ -285,7 +284,7 @@ def client_split_indices(size: int, spec: DataSpec, partition_id: int) -> dict[s
     ``val`` and ``test`` get ``round(fraction * size)`` rows, at least one when the
     fraction is positive; ``train`` the rest. Seeded by ``(spec.seed, partition_id)``.
     """
-    rng = np.random.default_rng([spec.seed, _CLIENT_STREAM, partition_id])
+    rng = numpy_stream(spec.seed, "client-split", partition_id)
     order = rng.permutation(size)
     num_val = _split_count(size, spec.val_fraction)
     num_test = _split_count(size, spec.test_fraction)

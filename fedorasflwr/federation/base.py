@@ -37,6 +37,7 @@ from ..costs import array_record_bytes
 from ..ledger import FailureKind, Ledger, failure_kind
 from ..progress import format_metrics
 from ..protocol import ARRAYS, CONFIG, PROFILE, QUERY_PROFILE
+from ..seeding import numpy_stream, stable_hash
 from .aggregation import MEAN, Aggregation
 from .replies import Bound, error_reason, screen_replies
 
@@ -252,10 +253,10 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         result.train_metrics_clientapp = dict(self.train_metrics)
         result.evaluate_metrics_serverapp = dict(self.server_metrics)
 
-    def rng(self, *keys: int | str) -> np.random.Generator:
-        """A generator fixed by the seed and ``keys`` (e.g. purpose, round, partition id)."""
-        words = [self.seed] + [k if isinstance(k, int) else stable_hash(k) for k in keys]
-        return np.random.default_rng(words)
+    def rng(self, purpose: str, *keys: int | str) -> np.random.Generator:
+        """The run's stream for ``purpose`` and ``keys`` (round, partition id, ...); see
+        :mod:`fedorasflwr.seeding`."""
+        return numpy_stream(self.seed, purpose, *keys)
 
     # --- nodes -----------------------------------------------------------------
 
@@ -498,11 +499,3 @@ class FederatedNASStrategy(Strategy, Generic[R]):
     ) -> MetricRecord | None:
         """Nothing to aggregate (error replies, if any, are skipped)."""
         return None
-
-
-def stable_hash(text: str) -> int:
-    """A process-independent 32-bit hash of ``text`` (``hash()`` is salted)."""
-    value = 2166136261
-    for byte in text.encode():
-        value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
-    return value

@@ -45,6 +45,7 @@ from flwr.supercore import log
 from ..costs import array_record_bytes
 from ..ledger import Ledger, failure_kind
 from ..progress import StageClock, quiet_flower_strategy
+from ..seeding import numpy_stream
 from .aggregation import MEAN, Aggregation, opa
 from .base import (
     NodeProfile,
@@ -52,7 +53,6 @@ from .base import (
     answered_node,
     destinations,
     sample_nodes,
-    stable_hash,
 )
 from .replies import ArraySpec, array_specs, check_reply, error_reason, screen_replies
 
@@ -183,9 +183,7 @@ class SeededFedAvg(FedAvg):
     def _sample(self, grid: Grid, server_round: int, purpose: str) -> list[int]:
         connected = set(grid.get_node_ids())
         candidates = [p for p in self.nodes if p.node_id in connected]
-        rng = np.random.default_rng(
-            [self.seed, stable_hash(self.stage), stable_hash(purpose), server_round]
-        )
+        rng = numpy_stream(self.seed, self.stage, purpose, server_round)
         return [p.node_id for p in sample_nodes(rng, candidates, self.clients_per_round)]
 
     def _messages(

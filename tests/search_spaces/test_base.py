@@ -234,7 +234,9 @@ def test_an_unregistered_space_is_rebuilt_from_its_import_path(toy):
 
     rebuilt = build_space(**toy.spec)
     assert type(rebuilt) is ToySpace and rebuilt.spec == toy.spec
-    assert build_space("cnn_s", num_classes=10).spec["name"] == "cnn_s"  # built-ins: short names
+    assert (
+        build_space("cnn_s", num_classes=10).spec["name"] == "cnn_s"
+    )  # built-ins keep short names
 
 
 @pytest.mark.parametrize(

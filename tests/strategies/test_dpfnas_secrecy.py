@@ -26,8 +26,8 @@ from fedorasflwr.methods.dpfnas.secure_random import SecureRandom
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
 from fedorasflwr.protocol import ARRAYS, CONFIG, DPFNAS_ARCH, DPFNAS_WEIGHTS, space_to_config
 from fedorasflwr.search_spaces.darts import DerivedNetwork
+from fedorasflwr.seeding import stream_words, torch_generator
 from fedorasflwr.server_app import build_supernet, run_dpfnas
-from fedorasflwr.training import seeded_generator
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
 
 SIGMA, CLIP = 1.0, 0.5
@@ -84,7 +84,7 @@ def test_the_server_cannot_subtract_the_noise(space, client_data):
     clean = _flat(weight_gradient(_content(space, rate=1.0, noise=0.0), client_data, 0))
 
     def attack(reply: np.ndarray) -> np.ndarray:
-        generator = seeded_generator([0, 3, 0, len("weights")])  # all known to the server
+        generator = torch_generator(stream_words(0, "dpfnas-weights", 3, 0))  # all public
         named = dict(space.named_parameters())
         noise = {  # drawn in the client's order: the space's weight keys
             key: torch.normal(0.0, SIGMA * CLIP, tuple(named[key].shape), generator=generator)

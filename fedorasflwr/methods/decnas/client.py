@@ -21,12 +21,13 @@ from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces.prunable import PrunableNet, build_prunable
+from ...seeding import stream_words
 from ...training import (
     evaluate,
     held_out_metrics,
     local_sgd,
+    ordered_loader,
     reply_state,
-    seeded_loader,
     torch_device,
 )
 
@@ -64,8 +65,8 @@ def _train(net: nn.Module, config: ConfigRecord, data: ClientData, words: tuple[
     }
 
 
-def _words(config: ConfigRecord, partition_id: int, *extra: int) -> tuple[int, ...]:
-    return (int(config["seed"]), int(config["server-round"]), partition_id, *extra)
+def _words(config: ConfigRecord, purpose: str, partition_id: int, *extra: int) -> tuple[int, ...]:
+    return stream_words(config["seed"], purpose, config["server-round"], partition_id, *extra)
 
 
 def tune_candidate(
@@ -82,9 +83,11 @@ def tune_candidate(
     for old in [k for k in state.keys() if k.startswith(STATE_PREFIX)]:
         if not old.startswith(current):
             del state[old]
-    words = _words(config, partition_id, int(config["iteration"]), int(config["candidate"]))
+    words = _words(
+        config, "decnas-tune", partition_id, int(config["iteration"]), int(config["candidate"])
+    )
     metrics = _train(net, config, data, words)
-    result = evaluate(net, seeded_loader(data.val, 256, words, shuffle=False), torch_device())
+    result = evaluate(net, ordered_loader(data.val), torch_device())
     state[key] = ArrayRecord(reply_state(net, content.array_records[ARRAYS]))
     return RecordDict(
         {
@@ -121,7 +124,7 @@ def upload_candidate(content: RecordDict, data: ClientData, state: RecordDict) -
 def train_model(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
     """Local epochs of a whole model for the FedAvg stages; reply with its weights."""
     config, net = _load(content)
-    metrics = _train(net, config, data, _words(config, partition_id, 7))
+    metrics = _train(net, config, data, _words(config, "decnas-train", partition_id))
     return RecordDict(
         {
             ARRAYS: ArrayRecord(reply_state(net, content.array_records[ARRAYS])),

@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
@@ -27,6 +26,7 @@ from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
 from ...protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
 from ...search_spaces.prunable import PrunableNet, build_prunable, resource, width_scaled
+from ...seeding import seed_torch
 
 __all__ = ["DecNASResult", "GlobalModel", "PrunedModelStages"]
 
@@ -334,7 +334,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         from scratch with FedAvg for as many rounds as GM_0 and the tuning got together."""
         rows = []
         for model in frontier[1:]:
-            torch.manual_seed(int(self.rng("width", model.iteration).integers(2**31)))
+            seed_torch(self.seed, "width", model.iteration)
             net = width_scaled(self.net, self.resource_of(model), self.settings.resource)
             rounds = self.settings.gm0_rounds + self.settings.final_rounds
             stage = f"width-{model.iteration}"

@@ -35,6 +35,7 @@ from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces import SearchSpace, build_space
 from ...search_spaces.darts_style import build_derived_network, require_darts_style, weight_keys
+from ...seeding import stream_words, substream
 from ...training import held_out_metrics, local_sgd, torch_device
 from .contract import PREVIOUS_PREFIX, final_steps
 from .per_sample import CHUNK, per_sample_gradients
@@ -120,7 +121,9 @@ def _load(content: RecordDict) -> tuple[SearchSpace, ConfigRecord]:
 
 def _words(config: Mapping[str, Any], partition_id: int, phase: str) -> list[int]:
     """Seed words of a seeded (non-private or insecure) computation; see ``secure_random``."""
-    return [int(config["seed"]), int(config["server-round"]), partition_id, len(phase)]
+    return list(
+        stream_words(config["seed"], f"dpfnas-{phase}", config["server-round"], partition_id)
+    )
 
 
 def _randomness(config: Mapping[str, Any], words: list[int]) -> tuple[SampleSource, NoiseSource]:
@@ -211,7 +214,9 @@ def _second_order(
     arch = {k: named[k] for k in space.arch_keys}
     current = {k: named[k] for k in weights}
     xi = float(config["weight-lr"])
-    train_x, train_y, _ = _batch(data.train, config, _randomness(config, [*words, 2])[0])
+    train_x, train_y, _ = _batch(
+        data.train, config, _randomness(config, list(substream(words, "train-batch")))[0]
+    )
     if not len(train_x):
         train_x, train_y = inputs[:0], targets[:0]
 
@@ -248,7 +253,7 @@ def _derived(content: RecordDict) -> tuple[nn.Module, ConfigRecord]:
 def train_final(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
     """Local SGD epochs of the derived network (FedAvg's client side)."""
     net, config = _derived(content)
-    words = (int(config["seed"]), int(config["server-round"]), partition_id)
+    words = _words(config, partition_id, "final")
     if float(config.get("noise-multiplier", 0.0)) > 0:
         net.to(torch_device()).train()  # batches (_gather) and noise follow
         optimizer = torch.optim.SGD(
@@ -274,7 +279,7 @@ def _train_final_private(
     n = len(data.train)
     batch = int(config["batch-size"])
     rate = min(1.0, batch / n)
-    rng, generator = _randomness(config, [*words, 7])
+    rng, generator = _randomness(config, list(substream(words, "dp-sgd")))
     named = dict(net.named_parameters())
     for _ in range(final_steps(n, batch, int(config["local-epochs"]))):
         inputs, targets = _gather(data.train, poisson_sample(rng, n, rate))

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from ...search_spaces.base import SearchSpace, class_path
+from ...seeding import torch_stream
 
 __all__ = ["CHUNK", "per_sample_gradients", "per_sample_problem"]
 
@@ -78,7 +79,7 @@ def _problem(space: SearchSpace, samples: int) -> str | None:
         return "opacus ModuleValidator: " + "; ".join(dict.fromkeys(str(e) for e in errors))
     params = dict(space.named_parameters())
     device = next(iter(params.values())).device
-    generator = torch.Generator().manual_seed(0)
+    generator = torch_stream(0, "per-sample-check")
     shape = (samples, *space.input_shape)
     if space.input_dtype.is_floating_point:
         inputs = torch.randn(shape, generator=generator).to(space.input_dtype)

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...training import seeded_generator
+from ...seeding import numpy_generator, torch_generator
 from .contract import INSECURE_KEY
 
 __all__ = [
@@ -157,4 +157,4 @@ def party_randomness(
     if private and not bool(config.get(INSECURE_KEY, False)):
         source = SecureRandom()
         return source, source
-    return np.random.default_rng(list(words)), seeded_generator(words)
+    return numpy_generator(words), torch_generator(words)

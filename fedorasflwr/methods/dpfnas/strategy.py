@@ -75,6 +75,7 @@ from ...protocol import (
 )
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.darts_style import require_darts_style, weight_keys
+from ...seeding import seed_torch
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .per_sample import per_sample_problem
 from .privacy import PartyPrivacy, composed_epsilon
@@ -587,7 +588,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         spec = {k: v for k, v in self.space.spec.items() if k != "name"}
         # Seeded here: the global torch stream's position depends on what ran before,
         # which a resumed run does not repeat.
-        torch.manual_seed(int(self.rng("final-init").integers(2**31)))
+        seed_torch(self.seed, "final-init")
         net = type(self.space).derived_network(result.genotype.to_text(), **spec)
         fedavg = SeededFedAvg(
             nodes=self.parties,

@@ -26,7 +26,8 @@ from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces import SearchSpace, Subnet, build_space
 from ...search_spaces.differentiable import require_differentiable
-from ...training import evaluate, seeded_loader, torch_device
+from ...seeding import numpy_generator, stream_words, substream
+from ...training import evaluate, ordered_loader, seeded_loader, torch_device
 
 __all__ = ["evaluate_net", "hardware_loss", "search_supernet", "train_net"]
 
@@ -121,8 +122,8 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     """E local epochs of ProxylessNAS updates of w and alpha; reply with both."""
     config: ConfigRecord = content.config_records[CONFIG]
     space = _load_space(config, content.array_records[ARRAYS])
-    words = (int(config["seed"]), int(config["server-round"]), partition_id)
-    rng = np.random.default_rng(words)
+    words = stream_words(config["seed"], "fdnas-search", config["server-round"], partition_id)
+    rng = numpy_generator(words)
     device = torch_device()
     space.to(device).train()
     weight_optimizer = torch.optim.SGD(
@@ -138,7 +139,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     alpha_every = int(config["alpha-every"])
     batch_size = int(config["batch-size"])
     train_loader = seeded_loader(data.train, batch_size, words)
-    val_batches = _cycle(seeded_loader(data.val, batch_size, (*words, 1)))
+    val_batches = _cycle(seeded_loader(data.val, batch_size, substream(words, "val")))
     loss_sum, seen, val_sum, val_steps, flops, step = 0.0, 0, 0.0, 0, 0, 0
     for _ in range(int(config["local-epochs"])):
         for inputs, targets in train_loader:
@@ -188,7 +189,7 @@ def train_net(content: RecordDict, data: ClientData, partition_id: int) -> Recor
     """Local epochs of the derived net (FedAvg stage); report test accuracy afterwards."""
     config: ConfigRecord = content.config_records[CONFIG]
     net = _load_net(config, content.array_records[ARRAYS])
-    words = (int(config["seed"]), int(config["server-round"]), partition_id, 2)
+    words = stream_words(config["seed"], "fdnas-train", config["server-round"], partition_id)
     device = torch_device()
     net.to(device).train()
     optimizer = torch.optim.SGD(
@@ -209,7 +210,7 @@ def train_net(content: RecordDict, data: ClientData, partition_id: int) -> Recor
             loss_sum += float(loss.detach()) * len(targets)
             seen += len(targets)
     net.eval()
-    local = evaluate(net, seeded_loader(data.test, 256, words, shuffle=False), device)
+    local = evaluate(net, ordered_loader(data.test), device)
     # Reply with the dtypes received: Flower's FedAvg turns integer buffers
     # (BatchNorm's num_batches_tracked) into float64 after the first round.
     received = content.array_records[ARRAYS]
@@ -237,7 +238,7 @@ def evaluate_net(content: RecordDict, data: ClientData) -> RecordDict:
     net = _load_net(config, content.array_records[ARRAYS])
     device = torch_device()
     net.to(device).eval()
-    result = evaluate(net, seeded_loader(data.test, 256, (0,), shuffle=False), device)
+    result = evaluate(net, ordered_loader(data.test), device)
     metrics = MetricRecord(
         {
             "num-examples": result.count,

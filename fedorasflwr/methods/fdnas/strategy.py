@@ -68,6 +68,7 @@ from ...protocol import (
 )
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.differentiable import require_differentiable
+from ...seeding import seed_torch
 from .nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
 
 __all__ = ["FDNAS", "DerivedNet", "FDNASResult"]
@@ -385,7 +386,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
 
     def fresh_supernet(self, *keys: int | str) -> ArrayRecord:
         """A newly initialised supernet (naive-CFDNAS), seeded from the run seed and ``keys``."""
-        torch.manual_seed(int(self.rng("fresh", *keys).integers(2**31)))
+        seed_torch(self.seed, "fresh", *keys)
         return ArrayRecord(self.space.fresh().state_dict())
 
     def train_net(
@@ -472,7 +473,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         if self.settings.final_init == "supernet":
             self.space.load_state_dict(supernet.to_torch_state_dict(), strict=True)
             return self.space.subnet(arch)
-        torch.manual_seed(int(self.rng("scratch", *arch).integers(2**31)))
+        seed_torch(self.seed, "scratch", *arch)
         return self.space.fresh().subnet(arch)
 
     def _net_config(self, arch: Sequence[int]) -> dict[str, Any]:

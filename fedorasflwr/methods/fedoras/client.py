@@ -27,10 +27,12 @@ from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, METRICS, space_from_config
 from ...search_spaces import SearchSpace, Subspace, build_space
+from ...seeding import numpy_generator, stream_words
 from ...training import (
     flatten_logits,
     held_out_metrics,
     local_sgd,
+    ordered_loader,
     reply_state,
     seeded_loader,
     torch_device,
@@ -84,7 +86,7 @@ def supernet_epochs(
     ``max_flops``, one SGD step on it, and the samples it sent through each option.
 
     The loss is summed on the device and read once at the end (no host sync per step)."""
-    rng = np.random.default_rng(words)
+    rng = numpy_generator(words)
     device = torch_device()
     space.to(device).train()
     optimizer = torch.optim.SGD(
@@ -120,7 +122,7 @@ def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> 
     config: ConfigRecord = content.config_records["config"]
     space = load_supernet(config, content.array_records[ARRAYS])
     subspace = space.subspace_from_mask([int(v) for v in config["subspace-mask"]])
-    words = (int(config["seed"]), int(config["server-round"]), partition_id)
+    words = stream_words(config["seed"], "fedoras-supernet", config["server-round"], partition_id)
     work = supernet_epochs(space, data.train, config, words, subspace, float(config["max-flops"]))
     offsets = np.cumsum([0, *space.num_options()])
     keys = set(space.fixed_keys())
@@ -157,13 +159,13 @@ def score_paths_locally(content: RecordDict, data: ClientData, partition_id: int
     for path in paths:
         if any(o not in kept for o, kept in zip(path, subspace, strict=True)):
             raise ValueError(f"path {path} uses an option outside the supernet sent")
-    words = (int(config["seed"]), int(config["server-round"]), partition_id, 3)
+    words = stream_words(config["seed"], "fedoras-score", config["server-round"], partition_id)
     batch_size = int(config["batch-size"])
     calibration = None
     if int(config["calibration-batches"]) > 0:
         loader = seeded_loader(data.train, batch_size, words)
         calibration = [x for x, _ in loader][: int(config["calibration-batches"])]
-    scored = seeded_loader(data.val, 256, words, shuffle=False)
+    scored = ordered_loader(data.val)
     results = score_paths(space, paths, scored, calibration, torch_device())
     count = results[0].count if results else 0
     metrics = MetricRecord(
@@ -187,7 +189,7 @@ def train_subnet(content: RecordDict, data: ClientData, partition_id: int) -> Re
     config: ConfigRecord = content.config_records["config"]
     received = content.array_records[ARRAYS]
     net = _load_subnet(config, received)
-    words = (int(config["seed"]), int(config["server-round"]), partition_id, 4)
+    words = stream_words(config["seed"], "fedoras-finetune", config["server-round"], partition_id)
     done = local_sgd(net, data.train, config, words)
     metrics = MetricRecord(
         {

@@ -16,11 +16,12 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from ...search_spaces import SearchSpace
+from ...seeding import numpy_stream
 from ...training import (
     EvalResult,
     evaluate,
+    ordered_loader,
     recalibrate_batchnorm,
-    seeded_loader,
     torch_device,
 )
 
@@ -75,12 +76,12 @@ class ServerPathScorer:
                 "('fedoras.search-scoring' = \"federated\")"
             )
         self.space = space
-        order = np.random.default_rng([seed, 11]).permutation(len(dataset))
+        order = numpy_stream(seed, "server-scoring-slice").permutation(len(dataset))
         cut = max(1, int(round(calibration_fraction * len(dataset))))
         inputs = dataset.tensors[0][torch.as_tensor(order[:cut])]
         self.calibration = list(inputs.split(batch_size)) if recalibrate else None
         scored = Subset(dataset, order[cut:].tolist())
-        self.loader = seeded_loader(scored, batch_size, (seed,), shuffle=False)
+        self.loader = ordered_loader(scored, batch_size)
 
     @property
     def device(self) -> torch.device:
@@ -132,7 +133,7 @@ class SupernetEvaluator:
             calibration_fraction=calibration_fraction,
             batch_size=batch_size,
         )
-        rng = np.random.default_rng([seed, 7])
+        rng = numpy_stream(seed, "server-eval-paths")
         self.paths = [space.sample_path(rng) for _ in range(num_paths)]
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:

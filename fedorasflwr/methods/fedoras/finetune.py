@@ -31,7 +31,6 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
@@ -44,6 +43,7 @@ from ...federation.replies import check_reply
 from ...progress import fmt, format_seconds
 from ...protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
 from ...search_spaces import build_space
+from ...seeding import seed_torch
 from ...training import evaluate, torch_device
 from .context import StageContext
 from .search import initial_paths
@@ -149,8 +149,8 @@ def initial_subnet(
             return ArrayRecord({k: supernet[k] for k in keys})
         state = scorer.scored_state(supernet, arch)
         return ArrayRecord({k: state[k] for k in keys})
-    torch.manual_seed(int(context.federation.rng("rand-init", tier, candidate).integers(2**31)))
-    fresh = build_space(**context.space.spec).subnet(arch)
+    seed_torch(context.federation.seed, "rand-init", tier, candidate)
+    fresh = context.space.fresh().subnet(arch)
     return ArrayRecord(fresh.state_dict())
 
 

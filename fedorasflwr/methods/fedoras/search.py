@@ -25,6 +25,7 @@ from pymoo.problems.static import StaticProblem
 from scipy.stats import kendalltau
 
 from ...search_spaces import SearchSpace
+from ...seeding import numpy_stream
 from .tiers import Tier
 
 __all__ = ["Scored", "TierSearch", "initial_paths", "kendall_tau", "search_tier"]
@@ -143,7 +144,7 @@ def search_tier(
     problem = Problem(
         n_var=len(sizes), n_obj=2, n_ieq_constr=1, xl=np.zeros(len(sizes)), xu=sizes - 1.0
     )
-    rng = np.random.default_rng([seed, 5, tier.index])
+    rng = numpy_stream(seed, "nsga2", tier.index)
     start = np.asarray(initial_paths(space, tier, rng, population), dtype=float)
     algorithm = NSGA2(
         pop_size=len(start),
