@@ -177,7 +177,7 @@ def measure(quick: bool, cache: Path) -> dict[str, Any]:
         "train_samples": len(data.train),
         "settings": {**settings(quick, cache), "repeats": repeats, "num-clients": NUM_CLIENTS},
         "space": space.spec,
-        "batch_size": run.fedoras.batch_size,
+        "batch_size": run.fedoras.train.batch_size,
     }
 
 

@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             return InProcessGrid(app, cfg, num)
 
         cfdnas = make(CFDNAS, config)
-        result = cfdnas.start(grid(), ArrayRecord(), cfdnas.settings.rounds)
+        result = cfdnas.start(grid(), ArrayRecord(), cfdnas.settings.train.rounds)
         fdnas_net, cluster_nets = result.nets[0], result.nets[1:]
         naive = make(CFDNAS, config, inherit=False, train_global=False)
-        naive_nets = naive.start(grid(), ArrayRecord(), naive.settings.rounds).nets
+        naive_nets = naive.start(grid(), ArrayRecord(), naive.settings.train.rounds).nets
 
         fixed = make(FDNAS, config)
         fixed.setup(g := grid())
@@ -178,11 +178,15 @@ def main(argv: list[str] | None = None) -> int:
         central = make(
             FDNAS,
             central_config,
-            fdnas=replace(cfdnas.settings, clients_per_round=1, min_replies=1),
+            fdnas=replace(
+                cfdnas.settings,
+                train=replace(cfdnas.settings.train, clients_per_round=1),
+                min_replies=1,
+            ),
             min_nodes=1,
         )
         central_result = central.start(
-            grid(1, central_config), ArrayRecord(), central.settings.rounds
+            grid(1, central_config), ArrayRecord(), central.settings.train.rounds
         )
         central_net = central_result.nets[0]
 

@@ -357,7 +357,7 @@ def measure(method: str, num_nodes: int, quick: bool, profile_to: str = "") -> d
         from flwr.app import ArrayRecord
 
         strategy.settings = replace(strategy.settings, stop_after="supernet")
-        result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.rounds)
+        result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.train.rounds)
         rounds = _history_rounds(result.history, calls.of("exchange"), "supernet")
     elif method == "fdnas":
         strategy.setup(grid)
@@ -369,7 +369,7 @@ def measure(method: str, num_nodes: int, quick: bool, profile_to: str = "") -> d
             ArrayRecord(strategy.space.state_dict()),
             stage="search",
             partitions=everyone,
-            rounds=strategy.settings.rounds,
+            rounds=strategy.settings.train.rounds,
             target=strategy.settings.target_flops,
         )
         rounds = _history_rounds(history, calls.of("exchange"), "search")

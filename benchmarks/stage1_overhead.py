@@ -69,7 +69,7 @@ def direct_rounds(overrides: dict, num_clients: int) -> tuple[list[float], float
     from flwr.app import ArrayRecord
 
     grid = InProcessGrid(app, config, num_clients)
-    result = strategy.start(grid, ArrayRecord(), num_rounds=run.fedoras.rounds)
+    result = strategy.start(grid, ArrayRecord(), num_rounds=run.fedoras.train.rounds)
     return [h["seconds"] for h in result.history[1:]], time.perf_counter() - started
 
 

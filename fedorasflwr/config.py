@@ -15,7 +15,7 @@ import difflib
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "FedorASSettings",
     "RunSettings",
     "SpaceSettings",
+    "TrainingRecipe",
     "check_known_keys",
     "known_keys",
     "parse_run_config",
@@ -75,6 +76,88 @@ def _positive(value: float) -> bool:
 
 def _unit_interval(value: float) -> bool:
     return 0.0 <= value <= 1.0
+
+
+_RECIPE_KEYS = {
+    "rounds": "rounds",
+    "clients_per_round": "clients-per-round",
+    "local_epochs": "local-epochs",
+    "batch_size": "batch-size",
+    "lr": "lr",
+    "momentum": "momentum",
+    "weight_decay": "weight-decay",
+}
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """One federated training recipe, the same type in every method and stage: ``rounds``
+    of ``clients_per_round`` clients (0: every node), each running ``local_epochs`` of SGD
+    (``batch_size``, ``lr``, ``momentum``, ``weight_decay``).
+
+    Its run-config keys are the field names in kebab case under a stage's prefix
+    (``fedoras.rounds``, ``fedoras.finetune-lr``, ``fdnas.final-local-epochs``, ...)."""
+
+    rounds: int
+    clients_per_round: int
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+    def client_config(self, **overrides: Any) -> dict[str, Any]:
+        """The local-SGD entries of a training message (``lr`` etc. may be overridden,
+        e.g. by a schedule)."""
+        config = {
+            "local-epochs": self.local_epochs,
+            "batch-size": self.batch_size,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "weight-decay": self.weight_decay,
+        }
+        return {**config, **overrides}
+
+    def clients(self, available: int) -> int:
+        """Clients of one round among ``available`` nodes (``clients_per_round`` 0: all)."""
+        return min(self.clients_per_round or available, available)
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Mapping[str, Any],
+        prefix: str,
+        default: TrainingRecipe,
+        *,
+        keys: Iterable[str] = tuple(_RECIPE_KEYS),
+        names: Mapping[str, str] | None = None,
+        all_clients: bool = False,
+    ) -> TrainingRecipe:
+        """Read the fields in ``keys`` from ``<prefix><key>`` (``names`` renames a key);
+        the others keep ``default``'s values.  ``all_clients``: 0 clients per round means
+        every node."""
+        names = {**_RECIPE_KEYS, **(names or {})}
+        low_clients = 0 if all_clients else 1
+        checks: dict[str, tuple[type, Callable[[Any], bool], str]] = {
+            "rounds": (int, lambda v: v >= 0, ">= 0"),
+            "clients_per_round": (
+                int,
+                lambda v: v >= low_clients,
+                ">= 0 (0: every node)" if all_clients else ">= 1",
+            ),
+            "local_epochs": (int, _positive, ">= 1"),
+            "batch_size": (int, _positive, ">= 1"),
+            "lr": (float, _positive, "> 0"),
+            "momentum": (float, lambda v: 0 <= v < 1, "0 <= m < 1"),
+            "weight_decay": (float, lambda v: v >= 0, ">= 0"),
+        }
+        values = {}
+        for name in keys:
+            kind, check, allowed = checks[name]
+            values[name] = _get(
+                cfg, prefix + names[name], getattr(default, name), kind, check, allowed
+            )
+        return replace(default, **values)
 
 
 @dataclass(frozen=True)
@@ -168,13 +251,9 @@ class FedorASSettings:
     rho_high: float = 0.95
     tier_samples: int = 20_000
     tier_proportions: tuple[float, ...] = ()
-    rounds: int = 20
-    clients_per_round: int = 10
-    local_epochs: int = 5
-    batch_size: int = 32
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    train: TrainingRecipe = TrainingRecipe(
+        rounds=20, clients_per_round=10, local_epochs=5, batch_size=32, lr=0.1
+    )
     comm_budget: float = 0.5
     eval_every: int = 1
     eval_paths: int = 8
@@ -193,16 +272,14 @@ class FedorASSettings:
     search_clients: int = 4
     # Stage 3: per-tier FedAvg fine-tuning (paper: 100 rounds, 6 clients, 1 epoch,
     # batch 32, lr 0.01 cosine down by 10x, momentum 0.9).
-    finetune_rounds: int = 10
-    finetune_clients_per_round: int = 6
-    finetune_local_epochs: int = 1
-    finetune_batch_size: int = 32
-    finetune_lr: float = 0.05
+    # The weight decay is Stage 1's (no key of its own).
+    finetune: TrainingRecipe = TrainingRecipe(
+        rounds=10, clients_per_round=6, local_epochs=1, batch_size=32, lr=0.05
+    )
     finetune_lr_decay: float = 0.1
-    finetune_momentum: float = 0.9
     compare_rand_init: bool = True
-    rand_init_rounds: int | None = None  # None: as many as finetune_rounds
-    rand_init_lr: float | None = None  # None: finetune_lr (paper: 0.1 against 0.01)
+    rand_init_rounds: int | None = None  # None: as many as finetune.rounds
+    rand_init_lr: float | None = None  # None: finetune.lr (paper: 0.1 against 0.01)
     compare_random_search: bool = False
     random_search_paths: int = 4
 
@@ -226,13 +303,8 @@ class FedorASSettings:
         proportions = _parse_proportions(
             _get(cfg, p + "tier-proportions", "", str), num_tiers, p + "tier-proportions"
         )
-        clients = _get(cfg, p + "clients-per-round", cls.clients_per_round, int, _positive, ">= 1")
-        min_replies = _get(cfg, p + "min-replies", cls.min_replies, int, _positive, ">= 1")
-        if min_replies > clients:
-            raise ValueError(
-                f"run config '{p}min-replies' = {min_replies} exceeds "
-                f"'{p}clients-per-round' = {clients}"
-            )
+        train = TrainingRecipe.from_config(cfg, p, cls.train)
+        min_replies = _min_replies(cfg, p, cls.min_replies, train)
         return cls(
             num_tiers=num_tiers,
             rho_low=rho_low,
@@ -241,17 +313,7 @@ class FedorASSettings:
                 cfg, p + "tier-samples", cls.tier_samples, int, lambda v: v >= 100, ">= 100"
             ),
             tier_proportions=proportions,
-            rounds=_get(cfg, p + "rounds", cls.rounds, int, lambda v: v >= 0, ">= 0"),
-            clients_per_round=clients,
-            local_epochs=_get(cfg, p + "local-epochs", cls.local_epochs, int, _positive, ">= 1"),
-            batch_size=_get(cfg, p + "batch-size", cls.batch_size, int, _positive, ">= 1"),
-            lr=_get(cfg, p + "lr", cls.lr, float, _positive, "> 0"),
-            momentum=_get(
-                cfg, p + "momentum", cls.momentum, float, lambda v: 0 <= v < 1, "0 <= m < 1"
-            ),
-            weight_decay=_get(
-                cfg, p + "weight-decay", cls.weight_decay, float, lambda v: v >= 0, ">= 0"
-            ),
+            train=train,
             comm_budget=_get(
                 cfg,
                 p + "comm-budget",
@@ -263,8 +325,19 @@ class FedorASSettings:
             eval_every=_get(cfg, p + "eval-every", cls.eval_every, int, lambda v: v >= 0, ">= 0"),
             eval_paths=_get(cfg, p + "eval-paths", cls.eval_paths, int, _positive, ">= 1"),
             min_replies=min_replies,
-            **_fedoras_stages_2_3(cfg, cls, p),
+            **_fedoras_stages_2_3(cfg, cls, p, train),
         )
+
+
+def _min_replies(cfg: Mapping[str, Any], p: str, default: int, train: TrainingRecipe) -> int:
+    """``<p>min-replies``, at most the recipe's clients per round."""
+    min_replies = _get(cfg, p + "min-replies", default, int, _positive, ">= 1")
+    if train.clients_per_round and min_replies > train.clients_per_round:
+        raise ValueError(
+            f"run config '{p}min-replies' = {min_replies} exceeds "
+            f"'{p}clients-per-round' = {train.clients_per_round}"
+        )
+    return min_replies
 
 
 def _one_of(cfg: Mapping[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -272,7 +345,7 @@ def _one_of(cfg: Mapping[str, Any], key: str, default: str, allowed: tuple[str, 
 
 
 def _fedoras_stages_2_3(
-    cfg: Mapping[str, Any], cls: type[FedorASSettings], p: str
+    cfg: Mapping[str, Any], cls: type[FedorASSettings], p: str, train: TrainingRecipe
 ) -> dict[str, Any]:
     """The ``fedoras.*`` keys of aggregation, resuming, search and fine-tuning."""
 
@@ -306,13 +379,12 @@ def _fedoras_stages_2_3(
             "search-calibration-batches", cls.search_calibration_batches
         ),
         "search_clients": count("search-clients", cls.search_clients),
-        "finetune_rounds": count("finetune-rounds", cls.finetune_rounds, 0),
-        "finetune_clients_per_round": count(
-            "finetune-clients-per-round", cls.finetune_clients_per_round
+        "finetune": TrainingRecipe.from_config(
+            cfg,
+            p + "finetune-",
+            replace(cls.finetune, weight_decay=train.weight_decay),
+            keys=("rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "momentum"),
         ),
-        "finetune_local_epochs": count("finetune-local-epochs", cls.finetune_local_epochs),
-        "finetune_batch_size": count("finetune-batch-size", cls.finetune_batch_size),
-        "finetune_lr": _get(cfg, p + "finetune-lr", cls.finetune_lr, float, _positive, "> 0"),
         "finetune_lr_decay": _get(
             cfg,
             p + "finetune-lr-decay",
@@ -320,14 +392,6 @@ def _fedoras_stages_2_3(
             float,
             lambda v: 0 < v <= 1,
             "final lr as a fraction of finetune-lr, 0 < d <= 1",
-        ),
-        "finetune_momentum": _get(
-            cfg,
-            p + "finetune-momentum",
-            cls.finetune_momentum,
-            float,
-            lambda v: 0 <= v < 1,
-            "0 <= m < 1",
         ),
         "compare_rand_init": _get(cfg, p + "compare-rand-init", cls.compare_rand_init, bool),
         "rand_init_rounds": count("rand-init-rounds", 0, 0) or None,
@@ -357,13 +421,9 @@ class FDNASSettings:
     for a 2-core CPU.
     """
 
-    rounds: int = 10
-    clients_per_round: int = 10
-    local_epochs: int = 1
-    batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 3e-4
+    train: TrainingRecipe = TrainingRecipe(
+        rounds=10, clients_per_round=10, local_epochs=1, batch_size=32, lr=0.05, weight_decay=3e-4
+    )
     alpha_lr: float = 6e-3
     alpha_every: int = 1
     target_flops: float = 0.5
@@ -372,9 +432,10 @@ class FDNASSettings:
     num_clusters: int = 3
     cluster_rounds: int = 3
     cluster_target_flops: tuple[float, ...] = (0.35,)
-    final_rounds: int = 5
-    final_local_epochs: int = 1
-    final_lr: float = 0.05
+    # The derived net's FedAvg: clients, batch, momentum and weight decay are the search's.
+    final: TrainingRecipe = TrainingRecipe(
+        rounds=5, clients_per_round=10, local_epochs=1, batch_size=32, lr=0.05, weight_decay=3e-4
+    )
     final_init: str = "scratch"
     min_replies: int = 2
 
@@ -382,13 +443,8 @@ class FDNASSettings:
     def from_config(cls, cfg: Mapping[str, Any]) -> FDNASSettings:
         p = "fdnas."
         fraction = (lambda v: 0 < v <= 1, "fraction of the largest path's FLOPs, 0 < f <= 1")
-        clients = _get(cfg, p + "clients-per-round", cls.clients_per_round, int, _positive, ">= 1")
-        min_replies = _get(cfg, p + "min-replies", cls.min_replies, int, _positive, ">= 1")
-        if min_replies > clients:
-            raise ValueError(
-                f"run config '{p}min-replies' = {min_replies} exceeds "
-                f"'{p}clients-per-round' = {clients}"
-            )
+        train = TrainingRecipe.from_config(cfg, p, cls.train)
+        min_replies = _min_replies(cfg, p, cls.min_replies, train)
         text = _get(cfg, p + "cluster-target-flops", "0.35", str)
         try:
             targets = tuple(float(v) for v in text.split(","))
@@ -400,17 +456,7 @@ class FDNASSettings:
                 "in (0, 1], one for every cluster or one per cluster (in cluster order)"
             )
         return cls(
-            rounds=_get(cfg, p + "rounds", cls.rounds, int, lambda v: v >= 0, ">= 0"),
-            clients_per_round=clients,
-            local_epochs=_get(cfg, p + "local-epochs", cls.local_epochs, int, _positive, ">= 1"),
-            batch_size=_get(cfg, p + "batch-size", cls.batch_size, int, _positive, ">= 1"),
-            lr=_get(cfg, p + "lr", cls.lr, float, _positive, "> 0"),
-            momentum=_get(
-                cfg, p + "momentum", cls.momentum, float, lambda v: 0 <= v < 1, "0 <= m < 1"
-            ),
-            weight_decay=_get(
-                cfg, p + "weight-decay", cls.weight_decay, float, lambda v: v >= 0, ">= 0"
-            ),
+            train=train,
             alpha_lr=_get(cfg, p + "alpha-lr", cls.alpha_lr, float, _positive, "> 0"),
             alpha_every=_get(
                 cfg, p + "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
@@ -432,13 +478,12 @@ class FDNASSettings:
                 cfg, p + "cluster-rounds", cls.cluster_rounds, int, lambda v: v >= 0, ">= 0"
             ),
             cluster_target_flops=targets,
-            final_rounds=_get(
-                cfg, p + "final-rounds", cls.final_rounds, int, lambda v: v >= 0, ">= 0"
+            final=TrainingRecipe.from_config(
+                cfg,
+                p + "final-",
+                replace(train, rounds=cls.final.rounds, lr=cls.final.lr),
+                keys=("rounds", "local_epochs", "lr"),
             ),
-            final_local_epochs=_get(
-                cfg, p + "final-local-epochs", cls.final_local_epochs, int, _positive, ">= 1"
-            ),
-            final_lr=_get(cfg, p + "final-lr", cls.final_lr, float, _positive, "> 0"),
             final_init=_get(
                 cfg,
                 p + "final-init",
@@ -512,12 +557,10 @@ class DPFNASSettings:
     accountant: str = "rdp"
     eval_every: int = 5
     min_replies: int = 1
-    final_rounds: int = 5
-    final_local_epochs: int = 1
-    final_batch_size: int = 32
-    final_lr: float = 0.05
-    final_momentum: float = 0.9
-    final_clients_per_round: int = 0
+    # The derived net's FedAvg (clients 0: every party).
+    final: TrainingRecipe = TrainingRecipe(
+        rounds=5, clients_per_round=0, local_epochs=1, batch_size=32, lr=0.05
+    )
     final_noise: float = 0.0
     final_clip: float = 1.0
     insecure_reproducible_noise: bool = False
@@ -585,13 +628,19 @@ class DPFNASSettings:
             ),
             eval_every=count("eval-every", cls.eval_every, 0),
             min_replies=count("min-replies", cls.min_replies),
-            final_rounds=count("final-rounds", cls.final_rounds, 0),
-            final_local_epochs=count("final-local-epochs", cls.final_local_epochs),
-            final_batch_size=count("final-batch-size", cls.final_batch_size),
-            final_lr=number("final-lr", cls.final_lr),
-            final_momentum=number("final-momentum", cls.final_momentum, momentum, "0 <= m < 1"),
-            final_clients_per_round=count(
-                "final-clients-per-round", cls.final_clients_per_round, 0
+            final=TrainingRecipe.from_config(
+                cfg,
+                p + "final-",
+                cls.final,
+                keys=(
+                    "rounds",
+                    "clients_per_round",
+                    "local_epochs",
+                    "batch_size",
+                    "lr",
+                    "momentum",
+                ),
+                all_clients=True,
             ),
             final_noise=number(
                 "final-noise", cls.final_noise, non_negative, ">= 0 (0: not private)"
@@ -633,16 +682,13 @@ class DecNASSettings:
     drop_ratio: float = 0.33
     rounds: tuple[int, ...] = (1, 2, 3)
     rounds_every: int = 2
-    local_epochs: int = 1
-    batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    # Every FedAvg stage's recipe: its rounds are GM_0's (``gm0-rounds``); clients 0: all.
+    train: TrainingRecipe = TrainingRecipe(
+        rounds=10, clients_per_round=0, local_epochs=1, batch_size=32, lr=0.05
+    )
     min_filters: int = 1
-    gm0_rounds: int = 10
     final_rounds: int = 5
     final_models: str = "last"
-    clients_per_round: int = 0
     width_baseline: bool = False
     min_replies: int = 1
 
@@ -696,16 +742,12 @@ class DecNASSettings:
             drop_ratio=number("drop-ratio", cls.drop_ratio, _unit_interval, "0 <= alpha <= 1"),
             rounds=rounds,
             rounds_every=count("rounds-every", cls.rounds_every),
-            local_epochs=count("local-epochs", cls.local_epochs),
-            batch_size=count("batch-size", cls.batch_size),
-            lr=number("lr", cls.lr),
-            momentum=number("momentum", cls.momentum, lambda v: 0 <= v < 1, "0 <= m < 1"),
-            weight_decay=number("weight-decay", cls.weight_decay, lambda v: v >= 0, ">= 0"),
+            train=TrainingRecipe.from_config(
+                cfg, p, cls.train, names={"rounds": "gm0-rounds"}, all_clients=True
+            ),
             min_filters=count("min-filters", cls.min_filters),
-            gm0_rounds=count("gm0-rounds", cls.gm0_rounds, 0),
             final_rounds=count("final-rounds", cls.final_rounds, 0),
             final_models=_one_of(cfg, p + "final-models", cls.final_models, ("last", "all")),
-            clients_per_round=count("clients-per-round", cls.clients_per_round, 0),
             width_baseline=_get(cfg, p + "width-baseline", cls.width_baseline, bool),
             min_replies=count("min-replies", cls.min_replies),
         )

@@ -142,7 +142,7 @@ def run_fedoras(
     result = strategy.start(
         grid,
         ArrayRecord(space.state_dict()),
-        num_rounds=settings.fedoras.rounds,
+        num_rounds=settings.fedoras.train.rounds,
         timeout=settings.reply_timeout,
         evaluate_fn=evaluator,
     )
@@ -256,7 +256,7 @@ def _run_fdnas(
     result = strategy.start(
         grid,
         ArrayRecord(space.state_dict()),
-        num_rounds=settings.fdnas.rounds,
+        num_rounds=settings.fdnas.train.rounds,
         timeout=settings.reply_timeout,
     )
     onnx = OnnxExports(out_dir, settings.data)

@@ -60,7 +60,7 @@ def test_bad_values_name_the_key_and_value(key, value, fragment):
 def test_ints_are_accepted_for_floats():
     config = pyproject_run_config()
     config["fedoras.lr"] = 1
-    assert parse_run_config(config).fedoras.lr == 1.0
+    assert parse_run_config(config).fedoras.train.lr == 1.0
 
 
 def test_proportions_parse():

@@ -177,8 +177,9 @@ class FederatedNASStrategy(Strategy, Generic[R]):
 
     # --- Flower's start ---------------------------------------------------------------
 
-    #: the field of ``self.settings`` that ``start``'s ``num_rounds`` sets: the main
-    #: stage's rounds (FedorAS Stage 1, DecNAS iterations, FDNAS search, DP-FNAS iterations)
+    #: the field of ``self.settings`` that ``start``'s ``num_rounds`` sets (dotted for a
+    #: nested recipe, e.g. ``"train.rounds"``): the main stage's rounds (FedorAS Stage 1,
+    #: DecNAS iterations, FDNAS search, DP-FNAS iterations)
     rounds_setting: ClassVar[str] = ""
     settings: Any = None
     #: called with the profiles ``profile_nodes`` kept (raises to stop the run)
@@ -204,7 +205,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         global arrays where the method has them. Other stages are configured through the
         constructor and the settings. Returns the method's ``Result`` subclass."""
         if self.rounds_setting:
-            self.settings = replace(self.settings, **{self.rounds_setting: int(num_rounds)})
+            self.settings = _with_setting(self.settings, self.rounds_setting, int(num_rounds))
         self.begin(timeout, train_config, evaluate_config, evaluate_fn)
         return self.run(grid, initial_arrays)
 
@@ -499,3 +500,10 @@ class FederatedNASStrategy(Strategy, Generic[R]):
     ) -> MetricRecord | None:
         """Nothing to aggregate (error replies, if any, are skipped)."""
         return None
+
+
+def _with_setting(settings: Any, path: str, value: Any) -> Any:
+    """A copy of frozen dataclass ``settings`` with the (dotted) field ``path`` set."""
+    head, _, rest = path.partition(".")
+    inner = _with_setting(getattr(settings, head), rest, value) if rest else value
+    return replace(settings, **{head: inner})

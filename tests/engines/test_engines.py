@@ -65,7 +65,7 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
     )
     strategy.settings = replace(strategy.settings, stop_after="supernet")
     grid = InProcessGrid(client_app, config, num_nodes)
-    result = strategy.start(grid, ArrayRecord(), num_rounds=settings.fedoras.rounds)
+    result = strategy.start(grid, ArrayRecord(), num_rounds=settings.fedoras.train.rounds)
     return result.arrays.to_torch_state_dict()
 
 

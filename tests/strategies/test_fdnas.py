@@ -261,6 +261,6 @@ def test_cfdnas_end_to_end_gives_one_net_per_cluster(run_config, tmp_path):
 def test_naive_cfdnas_searches_each_cluster_from_a_fresh_supernet(run_config):
     strategy = make_strategy(run_config, cls=CFDNAS, inherit=False, train_global=False)
     grid = InProcessGrid(client_app, run_config, NUM_NODES)
-    result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.rounds)
+    result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.train.rounds)
     assert result.search_history == []
     assert [net.name for net in result.nets] == ["cluster-0", "cluster-1", "cluster-2"]

@@ -41,7 +41,7 @@ def run(config, faults=None, **overrides):
     grid = InProcessGrid(client_app, config, NUM_NODES, faults=faults)
     strategy = make_strategy(config, **overrides)
     strategy.settings = replace(strategy.settings, stop_after="supernet")
-    return strategy, grid, strategy.start(grid, ArrayRecord(), strategy.settings.rounds)
+    return strategy, grid, strategy.start(grid, ArrayRecord(), strategy.settings.train.rounds)
 
 
 def supernet_messages(grid):

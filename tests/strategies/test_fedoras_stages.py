@@ -56,7 +56,7 @@ def run(config, faults=None, stop_after="finetune", initial_arrays=None, **overr
     strategy = make_strategy(config, **overrides)
     strategy.settings = replace(strategy.settings, stop_after=stop_after)
     arrays = ArrayRecord() if initial_arrays is None else initial_arrays
-    return strategy, grid, strategy.start(grid, arrays, num_rounds=strategy.settings.rounds)
+    return strategy, grid, strategy.start(grid, arrays, num_rounds=strategy.settings.train.rounds)
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +336,7 @@ def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
     assert rounds == {"supernet": [1], "random": [1, 2]}
     cold_lrs = [h["lr"] for h in result.models[1].history]
     assert cold_lrs[0] == pytest.approx(0.2)
-    assert result.models[0].history[0]["lr"] == pytest.approx(strategy.settings.finetune_lr)
+    assert result.models[0].history[0]["lr"] == pytest.approx(strategy.settings.finetune.lr)
     assert cold_lrs[1] < cold_lrs[0]
     trains = [m for m in grid.sent if m.metadata.message_type == FEDORAS_TRAIN]
     by_phase = {m.content.config_records["config"]["phase"]: m for m in trains}

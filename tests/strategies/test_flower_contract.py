@@ -46,7 +46,12 @@ def test_start_declares_flowers_parameters(cls):
     # one start for all (FederatedNASStrategy's); each method's run returns its Result
     assert cls.start is FederatedNASStrategy.start and "run" in cls.__dict__
     assert issubclass(typing.get_type_hints(cls.run)["return"], Result)
-    assert cls.rounds_setting in {f.name for f in dataclasses.fields(cls_settings(cls))}
+    settings = cls_settings(cls)()  # its defaults; the (dotted) rounds setting is an int
+    head, _, field = cls.rounds_setting.partition(".")
+    assert head in {f.name for f in dataclasses.fields(settings)}
+    assert isinstance(
+        getattr(getattr(settings, head), field) if field else getattr(settings, head), int
+    )
 
 
 def cls_settings(cls: type) -> type:
@@ -343,7 +348,7 @@ def test_the_strategys_keys_win_over_train_config(data_cache):
     grid = InProcessGrid(client_app, config, 12)
     strategy.start(grid, ArrayRecord(), num_rounds=1, train_config=ConfigRecord({"lr": 99.0}))
     trained = configs_of(grid, "train")
-    assert trained and all(c["lr"] == settings.fedoras.lr for c in trained)
+    assert trained and all(c["lr"] == settings.fedoras.train.lr for c in trained)
 
 
 def test_validate_profiles_sees_the_kept_profiles_and_can_stop_the_run(data_cache):

@@ -126,11 +126,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
             "method": self.method,
             "seed": self.seed,
             "server-round": 0,
-            "local-epochs": s.local_epochs,
-            "batch-size": s.batch_size,
-            "lr": s.lr,
-            "momentum": s.momentum,
-            "weight-decay": s.weight_decay,
+            **s.train.client_config(),
             "net-macs": resource(spec, "macs"),
             **space_to_config(spec),
             **extra,
@@ -297,7 +293,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
             seed=self.seed,
             stage=stage,
             ledger=self.ledger,
-            clients_per_round=self.settings.clients_per_round or len(nodes),
+            clients_per_round=self.settings.train.clients_per_round or len(nodes),
             min_replies=min(self.min_replies, len(nodes)),
             train_message_type=DECNAS_TRAIN,
             fraction_evaluate=0.0,
@@ -336,7 +332,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         for model in frontier[1:]:
             seed_torch(self.seed, "width", model.iteration)
             net = width_scaled(self.net, self.resource_of(model), self.settings.resource)
-            rounds = self.settings.gm0_rounds + self.settings.final_rounds
+            rounds = self.settings.train.rounds + self.settings.final_rounds
             stage = f"width-{model.iteration}"
             arrays = self.fedavg(grid, net.spec, ArrayRecord(net.state_dict()), rounds, stage)
             scaled = self.global_model(self.load_net(net.spec, arrays), model.iteration, math.nan)

@@ -432,12 +432,12 @@ class DecNAS(PrunedModelStages):
             self.reached(GM0, 0)
             if not len(initial_arrays):
                 initial_arrays = ArrayRecord(self.net.state_dict())
-            arrays = self.fedavg(grid, self.net.spec, initial_arrays, s.gm0_rounds, GM0)
+            arrays = self.fedavg(grid, self.net.spec, initial_arrays, s.train.rounds, GM0)
             gm0 = self.global_model(self.load_net(self.net.spec, arrays), 0, math.nan)
             gm0.val_accuracy = self.evaluate(grid, gm0, "val", "evaluate")
             self._record_iteration(gm0)
             frontier, history, groups = [gm0], [], []
-            self._reached_frontier(GM0, s.gm0_rounds, frontier, history, groups, done=True)
+            self._reached_frontier(GM0, s.train.rounds, frontier, history, groups, done=True)
         gm0 = frontier[0]
         self.reached(ITERATIONS, len(frontier) - 1)
         for t in range(len(frontier), s.max_iterations + 1 if searching else 0):

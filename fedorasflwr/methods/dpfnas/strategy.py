@@ -514,12 +514,12 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             noise=noise,
         )
         self.contract_result(result, arrays)
-        if self.settings.final_rounds > 0:
+        if self.settings.final.rounds > 0:
             self.reached(FINAL, 0)
             self.train_final(grid, result)
             self.reached(
                 FINAL,
-                self.settings.final_rounds,
+                self.settings.final.rounds,
                 arrays,
                 history=history,
                 stage_done=True,
@@ -595,7 +595,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             seed=self.seed,
             stage=FINAL,
             ledger=self.ledger,
-            clients_per_round=s.final_clients_per_round or len(self.parties),
+            clients_per_round=s.final.clients_per_round or len(self.parties),
             min_replies=s.min_replies,
             train_message_type=DPFNAS_TRAIN,
             evaluate_message_type=DPFNAS_EVALUATE,
@@ -608,10 +608,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 "phase": FINAL,
                 "seed": self.seed,
                 "genotype": result.genotype.to_text(),
-                "local-epochs": s.final_local_epochs,
-                "batch-size": s.final_batch_size,
-                "lr": s.final_lr,
-                "momentum": s.final_momentum,
+                **s.final.client_config(),
                 "noise-multiplier": s.final_noise,
                 "clip": s.final_clip,
                 INSECURE_KEY: s.insecure_reproducible_noise,
@@ -622,7 +619,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             outcome = fedavg.start(
                 grid,
                 ArrayRecord(net.state_dict()),
-                num_rounds=s.final_rounds,
+                num_rounds=s.final.rounds,
                 timeout=self.reply_timeout,
                 train_config=self.with_user_config(DPFNAS_TRAIN, config),
                 evaluate_config=self.with_user_config(DPFNAS_EVALUATE, config),
@@ -635,7 +632,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 **dict(outcome.train_metrics_clientapp.get(r, {})),
                 **{f"test-{k}": v for k, v in dict(evaluated.get(r, {})).items()},
             }
-            for r in range(1, s.final_rounds + 1)
+            for r in range(1, s.final.rounds + 1)
         ]
         if evaluated:
             accuracy = dict(evaluated[max(evaluated)]).get("accuracy")
@@ -681,9 +678,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         report = []
         for party in self.parties:
             rate_search, _ = self.sample_rates(party)
-            rate_final = min(1.0, s.final_batch_size / party.num_train)
-            steps = s.final_rounds * final_steps(
-                party.num_train, s.final_batch_size, s.final_local_epochs
+            rate_final = min(1.0, s.final.batch_size / party.num_train)
+            steps = s.final.rounds * final_steps(
+                party.num_train, s.final.batch_size, s.final.local_epochs
             )
             mechanisms = [(s.final_noise, rate_final, steps)]
             mechanisms.append((self.sigma, rate_search, self.steps[party.partition_id][WEIGHTS]))

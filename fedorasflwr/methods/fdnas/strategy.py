@@ -106,7 +106,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     """
 
     method = "fdnas"
-    rounds_setting = "rounds"
+    rounds_setting = "train.rounds"
 
     def __init__(
         self,
@@ -150,9 +150,9 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             INFO,
             "\t├── %s: %d search rounds, %d clients/round, %d local epoch(s), target %.2f",
             type(self).__name__,
-            s.rounds,
-            s.clients_per_round,
-            s.local_epochs,
+            s.train.rounds,
+            s.train.clients_per_round,
+            s.train.local_epochs,
             s.target_flops,
         )
         log(
@@ -189,12 +189,12 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         connected = set(grid.get_node_ids())
         candidates = [p for p in self._eligible if p.node_id in connected]
         chosen = sample_nodes(
-            self.rng(self._stage, "sample", server_round), candidates, s.clients_per_round
+            self.rng(self._stage, "sample", server_round), candidates, s.train.clients_per_round
         )
         self._current = arrays
         self._specs = array_specs(arrays)
         self._sent = {p.node_id for p in chosen}
-        lr = 0.5 * s.lr * (1 + math.cos(math.pi * (server_round - 1) / max(self._rounds, 1)))
+        lr = 0.5 * s.train.lr * (1 + math.cos(math.pi * (server_round - 1) / max(self._rounds, 1)))
         message_config = {
             **dict(config),
             "method": self.method,
@@ -202,11 +202,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             "stage": self._stage,
             "server-round": server_round,
             "seed": self.seed,
-            "local-epochs": s.local_epochs,
-            "batch-size": s.batch_size,
-            "lr": lr,
-            "momentum": s.momentum,
-            "weight-decay": s.weight_decay,
+            **s.train.client_config(lr=lr),
             "alpha-lr": s.alpha_lr,
             "alpha-every": s.alpha_every,
             "target-flops": self._target * self.space.max_flops(),
@@ -362,7 +358,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             arrays,
             stage=SEARCH,
             partitions=sorted(self.cluster_of_partition),
-            rounds=self.settings.rounds,
+            rounds=self.settings.train.rounds,
             target=self.settings.target_flops,
             resume=resume,
         )
@@ -420,21 +416,17 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         config.update(
             {
                 "phase": "final",
-                "local-epochs": s.final_local_epochs,
-                "batch-size": s.batch_size,
-                "lr": s.final_lr,
-                "momentum": s.momentum,
-                "weight-decay": s.weight_decay,
+                **s.final.client_config(),
             }
         )
         arrays = ArrayRecord(subnet.state_dict())
         history: list[dict[str, Any]] = []
-        if s.final_rounds:
+        if s.final.rounds:
             with self.ledger.timed(stage):
                 result = fedavg.start(
                     grid,
                     arrays,
-                    num_rounds=s.final_rounds,
+                    num_rounds=s.final.rounds,
                     timeout=self.reply_timeout,
                     train_config=self.with_user_config(FDNAS_TRAIN, config),
                 )
@@ -554,7 +546,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
 
         Flower's parameters: ``initial_arrays`` initialise the supernet (w and alpha; an
         empty ``ArrayRecord``: the space's own); ``num_rounds`` is the number of search
-        rounds (``settings.rounds`` is replaced by it); ``timeout`` the reply timeout;
+        rounds (``settings.train.rounds`` is replaced by it); ``timeout`` the reply timeout;
         ``train_config`` / ``evaluate_config`` travel in every ``train.*`` /
         ``evaluate.*`` message; ``evaluate_fn(round, supernet)`` is called after every
         search round. The constructor's ``resume`` continues a checkpointed search."""

@@ -116,10 +116,7 @@ def _subnet_config(context: StageContext, arch: Sequence[int], init: str) -> dic
         "phase": f"finetune-{init}",
         "seed": context.federation.seed,
         "arch": [int(v) for v in arch],
-        "momentum": s.finetune_momentum,
-        "weight-decay": s.weight_decay,
-        "local-epochs": s.finetune_local_epochs,
-        "batch-size": s.finetune_batch_size,
+        **s.finetune.client_config(),
         "net-flops": int(context.space.cost(arch).flops),
         **space_to_config(context.space.spec),
     }
@@ -191,7 +188,7 @@ def finetune_tier(
     rounds unless ``rounds`` is given), then test it there."""
     started = time.perf_counter()
     s, space, federation = context.settings, context.space, context.federation
-    num_rounds = s.finetune_rounds if rounds is None else rounds
+    num_rounds = s.finetune.rounds if rounds is None else rounds
     stage = f"finetune-t{tier + 1}-{init}" + (f"-{candidate}" if init == RANDOM_SEARCH else "")
     nodes = context.eligible(tier)
     arrays = initial_subnet(context, supernet, arch, init, tier, candidate)
@@ -209,7 +206,7 @@ def finetune_tier(
     )
     if num_rounds > 0:
         # Trained from scratch (rand-init, random search): the rand-init lr if one is set.
-        base_lr = s.finetune_lr if init == SUPERNET_INIT else s.rand_init_lr or s.finetune_lr
+        base_lr = s.finetune.lr if init == SUPERNET_INIT else s.rand_init_lr or s.finetune.lr
         final_lr = base_lr * s.finetune_lr_decay
 
         def lr_at(r: int) -> float:
@@ -220,7 +217,7 @@ def finetune_tier(
             seed=federation.seed,
             stage=stage,
             ledger=federation.ledger,
-            clients_per_round=s.finetune_clients_per_round,
+            clients_per_round=s.finetune.clients_per_round,
             min_replies=min(federation.min_replies, len(nodes)),
             train_message_type=FEDORAS_TRAIN,
             round_config=lambda r: {"lr": lr_at(r)},
@@ -248,7 +245,7 @@ def finetune_tier(
             for r in range(1, num_rounds + 1)
         ]
     model.test = test_subnet(context, grid, model.arrays, nodes, config, f"test-{stage}")
-    per_round = min(s.finetune_clients_per_round, len(nodes))
+    per_round = min(s.finetune.clients_per_round, len(nodes))
     trained = f"{num_rounds} rounds x {per_round}/{len(nodes)} nodes"
     last = model.history[-1] if model.history else {}
     if "val-accuracy" in last:
@@ -289,8 +286,8 @@ def random_search_tier(
     nodes = context.eligible(tier.index)
     rng = context.federation.rng("random-search", tier.index)
     paths = initial_paths(space, tier, rng, s.random_search_paths)
-    per_client = np.mean([p.num_train for p in nodes]) * s.finetune_local_epochs
-    clients = min(s.finetune_clients_per_round, len(nodes))
+    per_client = np.mean([p.num_train for p in nodes]) * s.finetune.local_epochs
+    clients = min(s.finetune.clients_per_round, len(nodes))
     candidates = []
     for candidate, path in enumerate(paths):
         per_round = clients * training_flops(int(space.cost(path).flops), int(per_client))

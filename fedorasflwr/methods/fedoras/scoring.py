@@ -84,7 +84,7 @@ def path_messages(
             "server-round": generation,
             "subspace-mask": space.subspace_mask(subspace),
             "paths": [int(v) for path in paths for v in path],
-            "batch-size": s.batch_size,
+            "batch-size": s.train.batch_size,
             "calibration-batches": (s.search_calibration_batches if s.search_recalibrate_bn else 0),
             **space_to_config(space.spec),
         }

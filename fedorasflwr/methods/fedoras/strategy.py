@@ -199,15 +199,15 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         self._sent: dict[int, _Sent] = {}
         self._scoring = ("search-t1", 0)  # (ledger stage, paths) of configure_evaluate
 
-    rounds_setting = "rounds"
+    rounds_setting = "train.rounds"
 
     def summary(self) -> None:
         s = self.settings
         log(
             INFO,
             "\t├── FedorAS Stage 1: %d rounds, %d clients/round, %d tiers",
-            s.rounds,
-            s.clients_per_round,
+            s.train.rounds,
+            s.train.clients_per_round,
             s.num_tiers,
         )
         log(
@@ -220,10 +220,10 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         log(
             INFO,
             "\t└── local: %d epoch(s), batch %d, SGD lr %g momentum %g",
-            s.local_epochs,
-            s.batch_size,
-            s.lr,
-            s.momentum,
+            s.train.local_epochs,
+            s.train.batch_size,
+            s.train.lr,
+            s.train.momentum,
         )
 
     # --- setup ---------------------------------------------------------------
@@ -294,7 +294,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         connected = set(grid.get_node_ids())
         candidates = [p for p in self.profiles.values() if p.node_id in connected]
         chosen = sample_nodes(
-            self.rng("sample", server_round), candidates, self.settings.clients_per_round
+            self.rng("sample", server_round), candidates, self.settings.train.clients_per_round
         )
         self._current = arrays
         self._sent = {}
@@ -334,11 +334,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             "tier": tier.index,
             "max-flops": float(tier.high),
             "subspace-mask": self.space.subspace_mask(subspace),
-            "local-epochs": s.local_epochs,
-            "batch-size": s.batch_size,
-            "lr": s.lr,
-            "momentum": s.momentum,
-            "weight-decay": s.weight_decay,
+            **s.train.client_config(),
             "return-all": s.aggregation == "fedavg",
             **space_to_config(self.space.spec),
         }
@@ -348,7 +344,9 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         sent = self._sent.get(reply.metadata.src_node_id)
         if sent is None:
             return "reply from a node that was not asked"
-        claim = self.claim(reply.metadata.src_node_id, "train", epochs=self.settings.local_epochs)
+        claim = self.claim(
+            reply.metadata.src_node_id, "train", epochs=self.settings.train.local_epochs
+        )
         reason = check_reply(
             reply,
             sent=sent.specs,
@@ -471,7 +469,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         Flower's parameters: ``initial_arrays`` initialise the supernet (an empty
         ``ArrayRecord``: the space's own weights; with the constructor's
         ``supernet_trained``, a finished Stage 1); ``num_rounds`` is the number of
-        Stage-1 rounds (``settings.rounds`` is replaced by it); ``timeout`` the reply
+        Stage-1 rounds (``settings.train.rounds`` is replaced by it); ``timeout`` the reply
         timeout of every step; ``train_config`` / ``evaluate_config`` travel in every
         ``train.*`` / ``evaluate.*`` message; ``evaluate_fn(round, supernet)`` validates
         the Stage-1 supernet every ``settings.eval_every`` rounds and after the last.
@@ -554,8 +552,8 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         else:
             self._evaluate(0, arrays, history, {})
         self.reached(STAGE_SUPERNET, first - 1)
-        clock = StageClock(STAGE_SUPERNET, self.settings.rounds, first)
-        for server_round in range(first, self.settings.rounds + 1):
+        clock = StageClock(STAGE_SUPERNET, self.settings.train.rounds, first)
+        for server_round in range(first, self.settings.train.rounds + 1):
             started = time.perf_counter()
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
             replies = self.exchange(grid, STAGE_SUPERNET, messages)
@@ -575,7 +573,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                 server_round,
                 arrays,
                 history=history,
-                stage_done=server_round == self.settings.rounds,
+                stage_done=server_round == self.settings.train.rounds,
                 **self._tier_progress(),
             )
         return arrays, history
@@ -698,7 +696,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         history: list[dict[str, Any]],
         entry: dict[str, Any],
     ) -> None:
-        last = server_round == self.settings.rounds
+        last = server_round == self.settings.train.rounds
         self.record_step(
             server_round, arrays, history, entry, every=self.settings.eval_every, last=last
         )
