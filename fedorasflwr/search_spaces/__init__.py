@@ -3,6 +3,8 @@
 ``build_space(name, **kwargs)`` builds a registered space (``cnn_l``, ``cnn_s``,
 ``rnn``, ``mbconv``, ``darts``) or any ``SearchSpace`` subclass by its import path
 (``"mypkg.space:MySpace"``); ``build_space(**space.spec)`` rebuilds the same structure.
+``DifferentiableSpace`` (FDNAS / CFDNAS) and the ``DartsStyle`` API (DP-FNAS) are the
+extensions those methods search; ``require_differentiable`` / ``require_darts_style`` check them.
 ``build_prunable("convnet" | "mobilenet", ...)`` builds a DecNAS prunable net.
 """
 
@@ -18,9 +20,17 @@ from .base import (
     class_path,
     import_class,
     register_space,
+    space_class,
 )
 from .cnn import CNNLargeSpace, CNNSmallSpace, cnn_l, cnn_s
 from .darts import DartsSpace, DerivedNetwork, Genotype
+from .darts_style import DartsStyle, build_derived_network, require_darts_style
+from .differentiable import (
+    DifferentiableSpace,
+    GatedChoice,
+    GatedMixedOp,
+    require_differentiable,
+)
 from .mbconv import MBConvSpace, mbconv
 from .prunable import PrunableNet, build_prunable
 from .rnn import RNNSpace, rnn
@@ -30,9 +40,13 @@ __all__ = [
     "CNNLargeSpace",
     "CNNSmallSpace",
     "DartsSpace",
+    "DartsStyle",
     "DerivedNetwork",
     "Genotype",
     "Cost",
+    "DifferentiableSpace",
+    "GatedChoice",
+    "GatedMixedOp",
     "LayerChoice",
     "MBConvSpace",
     "MixedOp",
@@ -41,6 +55,7 @@ __all__ = [
     "SearchSpace",
     "Subnet",
     "Subspace",
+    "build_derived_network",
     "build_prunable",
     "build_space",
     "class_path",
@@ -49,5 +64,8 @@ __all__ = [
     "import_class",
     "mbconv",
     "register_space",
+    "require_darts_style",
+    "require_differentiable",
     "rnn",
+    "space_class",
 ]

@@ -47,6 +47,7 @@ __all__ = [
     "class_path",
     "import_class",
     "register_space",
+    "space_class",
 ]
 
 
@@ -599,20 +600,24 @@ def import_class(path: str, base: type) -> type:
     return obj
 
 
+def space_class(name: str) -> type[SearchSpace]:
+    """The class a space's ``spec["name"]`` names: a registered name or an import path."""
+    if name in SPACES:
+        return SPACES[name]
+    if ":" in name:
+        return import_class(name, SearchSpace)
+    raise ValueError(
+        f"unknown search space {name!r}; valid: {', '.join(sorted(SPACES))}, or the import "
+        "path of a SearchSpace subclass ('pkg.module:Class')"
+    )
+
+
 def build_space(name: str, **kwargs: Any) -> SearchSpace:
     """Build a search space from its ``spec``: ``build_space(**space.spec)``.
 
     ``name`` is a registered name (``build_space("cnn_l", num_classes=10)``) or an import
     path (``build_space("mypkg.space:MySpace", width=2)``)."""
-    if name in SPACES:
-        cls: type[SearchSpace] = SPACES[name]
-    elif ":" in name:
-        cls = import_class(name, SearchSpace)
-    else:
-        raise ValueError(
-            f"unknown search space {name!r}; valid: {', '.join(sorted(SPACES))}, or the import "
-            "path of a SearchSpace subclass ('pkg.module:Class')"
-        )
+    cls = space_class(name)
     valid = list(inspect.signature(cls).parameters)
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:

@@ -16,6 +16,8 @@ batch, so per-sample gradients (DP-SGD) would be wrong and opacus rejects it.
 per edge (the base class's single-path interface, used for cost tables).
 ``derive_genotype`` keeps the top-2 non-zero inputs of every node, and
 ``DerivedNetwork(genotype, ...)`` is the stand-alone network built from it.
+``arch_keys``, ``genotype()`` and ``derived_network`` are the DARTS-style API DP-FNAS
+uses (``darts_style.py``).
 """
 
 from __future__ import annotations
@@ -303,6 +305,11 @@ class DartsSpace(SearchSpace):
             return self.net(x)
         return super().forward(x, arch)
 
+    @property
+    def arch_keys(self) -> tuple[str, ...]:
+        """:data:`ARCH_KEYS` (the DARTS-style API of ``darts_style.py``)."""
+        return self.ARCH_KEYS
+
     def weight_keys(self) -> tuple[str, ...]:
         """``state_dict`` keys of the operation weights W (everything but the alphas)."""
         return tuple(k for k in self.state_dict() if k not in self.ARCH_KEYS)
@@ -310,6 +317,11 @@ class DartsSpace(SearchSpace):
     def genotype(self) -> Genotype:
         """The genotype derived from the current alphas (top-2 non-zero inputs per node)."""
         return derive_genotype(self.net.alpha_normal.detach(), self.net.alpha_reduce.detach())
+
+    @classmethod
+    def derived_network(cls, genotype: str, **spec: int) -> DerivedNetwork:
+        """The stand-alone network of a genotype's text (``Genotype.to_text``) for ``spec``."""
+        return DerivedNetwork(Genotype.from_text(genotype), **spec)
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,22 @@ scale so a 2-core CPU can search on 28x28 MNIST.
 Each searchable layer carries its architecture parameters ``alpha`` (one
 logit per option) as an ``nn.Parameter``, so they are in ``state_dict`` and
 travel in the ``ArrayRecord`` with the weights (keys ``*.alpha``, listed by
-``alpha_keys()``).  Weight steps run one sampled path (``forward(x, arch)``,
+``alpha_keys()``): its layers are ``GatedMixedOp`` and the space a
+``DifferentiableSpace`` (``differentiable.py``), which gives the rest of what
+FDNAS uses.  Weight steps run one sampled path (``forward(x, arch)``,
 binary gates); alpha steps run a few candidates per layer with binary gates
 (``forward_gated``) for the ProxylessNAS gradient estimator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .base import MixedOp, SearchSpace, image_spec, positive_float, positive_int, register_space
+from .base import image_spec, positive_float, positive_int, register_space
+from .differentiable import DifferentiableSpace, GatedMixedOp
 
 __all__ = ["MBCONV_OPTIONS", "GatedMixedOp", "MBConv", "MBConvSpace", "mbconv"]
 
@@ -68,21 +71,6 @@ class MBConv(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         out = self.body(x)
         return x + out if self.residual else out
-
-
-class GatedMixedOp(MixedOp):
-    """A searchable layer with architecture parameters ``alpha`` (one logit per option)."""
-
-    def __init__(self, options: Mapping[str, nn.Module]) -> None:
-        super().__init__(options)
-        self.alpha = nn.Parameter(torch.zeros(len(self.option_names)))
-
-    def forward_gated(self, x: Tensor, candidates: Sequence[int], gates: Tensor) -> Tensor:
-        """``sum_j gates[j] * op_{candidates[j]}(x)``: binary gates, gradients reach all."""
-        out = 0
-        for j, option in enumerate(candidates):
-            out = out + gates[j] * self.ops[self.option_keys[option]](x)
-        return out
 
 
 def _layer(in_channels: int, out_channels: int, stride: int) -> GatedMixedOp:
@@ -130,17 +118,9 @@ class MBConvSupernet(nn.Module):
             x = layer(x, option)
         return self.classifier(self.head(x).mean((2, 3)))
 
-    def forward_gated(
-        self, x: Tensor, candidates: Sequence[Sequence[int]], gates: Sequence[Tensor]
-    ) -> Tensor:
-        x = self.stem(x)
-        for layer, options, layer_gates in zip(self.layers, candidates, gates, strict=True):
-            x = layer.forward_gated(x, options, layer_gates)
-        return self.classifier(self.head(x).mean((2, 3)))
-
 
 @register_space
-class MBConvSpace(SearchSpace):
+class MBConvSpace(DifferentiableSpace):
     """``mbconv``: ProxylessNAS-style supernet with per-layer ``alpha`` (FDNAS space).
 
     Stem conv3x3 stride 2 (16 x width channels) and a fixed MBConv e1 (8 x width);
@@ -175,80 +155,6 @@ class MBConvSpace(SearchSpace):
             input_dtype=torch.float32,
             spec=spec,
         )
-
-    # ------------------------------------------------------- architecture parameters
-    def alpha_keys(self) -> tuple[str, ...]:
-        """``state_dict`` keys of the architecture parameters, one per searchable layer."""
-        return tuple(f"net.{choice.name}.alpha" for choice in self.choices)
-
-    def arch_parameters(self) -> list[nn.Parameter]:
-        """The ``alpha`` of every searchable layer, in layer order."""
-        return [layer.alpha for layer in self.net.layers]
-
-    def weight_parameters(self) -> list[nn.Parameter]:
-        """Every parameter but the ``alpha``s (the network weights ``w``)."""
-        alphas = {id(p) for p in self.arch_parameters()}
-        return [p for p in self.parameters() if id(p) not in alphas]
-
-    def probabilities(self) -> list[Tensor]:
-        """``softmax(alpha)`` of every layer (differentiable)."""
-        return [torch.softmax(alpha, dim=0) for alpha in self.arch_parameters()]
-
-    def expected_flops(self) -> Tensor:
-        """Expected FLOPs of a path drawn from ``softmax(alpha)`` (differentiable in alpha)."""
-        device = self.arch_parameters()[0].device
-        total = torch.tensor(float(self.fixed_cost.flops), device=device)
-        for layer, probs in enumerate(self.probabilities()):
-            flops = torch.tensor(
-                [float(self.option_cost(layer, o).flops) for o in range(len(probs))],
-                device=device,
-            )
-            total = total + (probs * flops).sum()
-        return total
-
-    def derive(self, max_flops: float | None = None) -> tuple[int, ...]:
-        """The derived ("normal") net: argmax alpha per layer.
-
-        With ``max_flops`` (absolute), the most probable path under ``softmax(alpha)``
-        whose FLOPs stay within it: the argmax when that fits, else the path maximising
-        ``sum(log p)`` among those that fit (exact, by keeping per layer only the
-        partial paths no other beats on both FLOPs and probability).  The hardware
-        term bounds *expected* FLOPs; the argmax of a soft distribution can land on
-        either side of it, and a device's limit is a bound on the net it runs."""
-        argmax = tuple(int(alpha.detach().argmax()) for alpha in self.arch_parameters())
-        if max_flops is None or self.cost(argmax).flops <= max_flops:
-            return argmax
-        if self.min_flops() > max_flops:
-            raise ValueError(
-                f"no path of the {self.name!r} space fits in {max_flops:.6g} FLOPs "
-                f"(the cheapest has {self.min_flops()})"
-            )
-        budget = max_flops - self.fixed_cost.flops
-        # partial paths as (flops, log-probability, options), Pareto-pruned per layer
-        frontier: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
-        for layer, alpha in enumerate(self.arch_parameters()):
-            logp = torch.log_softmax(alpha.detach().double(), dim=0).tolist()
-            costs = [self.option_cost(layer, o).flops for o in range(len(logp))]
-            grown = sorted(
-                (
-                    (flops + costs[o], score + logp[o], path + (o,))
-                    for flops, score, path in frontier
-                    for o in range(len(logp))
-                    if flops + costs[o] <= budget
-                ),
-                key=lambda t: (t[0], -t[1]),
-            )
-            frontier = []
-            for candidate in grown:  # cheapest first: keep those more probable than all cheaper
-                if not frontier or candidate[1] > frontier[-1][1]:
-                    frontier.append(candidate)
-        return max(frontier, key=lambda t: t[1])[2]
-
-    def forward_gated(
-        self, x: Tensor, candidates: Sequence[Sequence[int]], gates: Sequence[Tensor]
-    ) -> Tensor:
-        """Run each layer's ``candidates`` weighted by ``gates`` (binary, one active)."""
-        return self.net.forward_gated(x, candidates, gates)
 
 
 mbconv = MBConvSpace

@@ -33,11 +33,12 @@ from torch.utils.data import Dataset
 
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
-from ...search_spaces import build_space
-from ...search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
+from ...search_spaces import SearchSpace, build_space
+from ...search_spaces.darts_style import build_derived_network, require_darts_style, weight_keys
 from ...seeding import stream_words, substream
 from ...training import held_out_metrics, local_sgd, torch_device
 from .contract import PREVIOUS_PREFIX, final_steps
+from .per_sample import CHUNK, per_sample_gradients
 from .secure_random import NoiseSource, SampleSource, gaussian, party_randomness
 
 __all__ = [
@@ -49,8 +50,6 @@ __all__ = [
     "train_final",
     "weight_gradient",
 ]
-
-CHUNK = 16  # samples per vmap chunk: bounds memory of per-sample activations
 
 
 def poisson_sample(rng: SampleSource, size: int, rate: float) -> np.ndarray:
@@ -69,27 +68,6 @@ def _gather(dataset: Dataset, indices: np.ndarray) -> tuple[Tensor, Tensor]:
     inputs = torch.stack([x for x, _ in items])
     targets = torch.stack([torch.as_tensor(y) for _, y in items])
     return inputs.to(device), targets.to(device)
-
-
-def per_sample_gradients(
-    model: nn.Module,
-    wrt: Mapping[str, Tensor],
-    inputs: Tensor,
-    targets: Tensor,
-) -> dict[str, Tensor]:
-    """Per-sample gradients of the cross-entropy w.r.t. the tensors ``wrt`` (by name).
-
-    Every other parameter of ``model`` is held at its current value.  Returns
-    one ``(B, *shape)`` tensor per name.
-    """
-    fixed = {k: v.detach() for k, v in model.named_parameters() if k not in wrt}
-
-    def loss(params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        logits = functional_call(model, {**fixed, **params}, (x.unsqueeze(0),))
-        return nn.functional.cross_entropy(logits, y.unsqueeze(0))
-
-    params = {k: v.detach() for k, v in wrt.items()}
-    return vmap(grad(loss), in_dims=(None, 0, 0), chunk_size=CHUNK)(params, inputs, targets)
 
 
 def clip_and_noise(
@@ -132,11 +110,10 @@ def _no_samples(wrt: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.new_zeros((0, *v.shape)) for k, v in wrt.items()}
 
 
-def _load(content: RecordDict) -> tuple[DartsSpace, ConfigRecord]:
+def _load(content: RecordDict) -> tuple[SearchSpace, ConfigRecord]:
     config: ConfigRecord = content.config_records[CONFIG]
     space = build_space(**space_from_config(config))
-    if not isinstance(space, DartsSpace):
-        raise ValueError(f"DP-FNAS needs the darts space, got {space.name!r}")
+    require_darts_style(space)
     state = content.array_records[ARRAYS].to_torch_state_dict()
     space.load_state_dict({k: v for k, v in state.items() if not k.startswith(PREVIOUS_PREFIX)})
     return space.to(torch_device()), config
@@ -190,7 +167,7 @@ def weight_gradient(content: RecordDict, data: ClientData, partition_id: int) ->
     sampler, noise = _randomness(config, _words(config, partition_id, "weights"))
     inputs, targets, expected = _batch(data.train, config, sampler)
     named = dict(space.named_parameters())
-    wrt = {k: named[k] for k in space.weight_keys()}
+    wrt = {k: named[k] for k in weight_keys(space)}
     per_sample = (
         per_sample_gradients(space, wrt, inputs, targets) if len(inputs) else _no_samples(wrt)
     )
@@ -204,7 +181,7 @@ def architecture_gradient(content: RecordDict, data: ClientData, partition_id: i
     sampler, noise = _randomness(config, words)
     inputs, targets, expected = _batch(data.val, config, sampler)
     named = dict(space.named_parameters())
-    wrt = {k: named[k] for k in DartsSpace.ARCH_KEYS}
+    wrt = {k: named[k] for k in space.arch_keys}
     if not len(inputs):
         per_sample = _no_samples(wrt)
     elif int(config["order"]) == 2:
@@ -215,7 +192,7 @@ def architecture_gradient(content: RecordDict, data: ClientData, partition_id: i
 
 
 def _second_order(
-    space: DartsSpace,
+    space: SearchSpace,
     content: RecordDict,
     config: Mapping[str, Any],
     inputs: Tensor,
@@ -230,12 +207,12 @@ def _second_order(
     The training batch enters H_k here; the paper's accounting (and this
     project's) charges H_k to the validation split only."""
     state = content.array_records[ARRAYS].to_torch_state_dict()
-    weight_keys = space.weight_keys()
+    weights = weight_keys(space)
     device = torch_device()
-    previous = {k: state[PREVIOUS_PREFIX + k].to(device) for k in weight_keys}
+    previous = {k: state[PREVIOUS_PREFIX + k].to(device) for k in weights}
     named = {k: v.detach() for k, v in space.named_parameters()}
-    arch = {k: named[k] for k in DartsSpace.ARCH_KEYS}
-    current = {k: named[k] for k in weight_keys}
+    arch = {k: named[k] for k in space.arch_keys}
+    current = {k: named[k] for k in weights}
     xi = float(config["weight-lr"])
     train_x, train_y, _ = _batch(
         data.train, config, _randomness(config, list(substream(words, "train-batch")))[0]
@@ -257,8 +234,8 @@ def _second_order(
         grad_a, grad_w = grad(val_loss, argnums=(0, 1))(arch, current, x, y)
         norm = torch.sqrt(sum(g.pow(2).sum() for g in grad_w.values()))
         eps = 0.01 / (norm + 1e-12)
-        plus = {k: previous[k] + eps * grad_w[k] for k in weight_keys}
-        minus = {k: previous[k] - eps * grad_w[k] for k in weight_keys}
+        plus = {k: previous[k] + eps * grad_w[k] for k in weights}
+        minus = {k: previous[k] - eps * grad_w[k] for k in weights}
         g_plus = grad(train_loss)(arch, plus)
         g_minus = grad(train_loss)(arch, minus)
         return {k: grad_a[k] - xi / (2 * eps) * (g_plus[k] - g_minus[k]) for k in arch}
@@ -268,8 +245,7 @@ def _second_order(
 
 def _derived(content: RecordDict) -> tuple[nn.Module, ConfigRecord]:
     config: ConfigRecord = content.config_records[CONFIG]
-    spec = {k: v for k, v in space_from_config(config).items() if k != "name"}
-    net = DerivedNetwork(Genotype.from_text(str(config["genotype"])), **spec)
+    net = build_derived_network(space_from_config(config), str(config["genotype"]))
     net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict())
     return net, config
 

@@ -1,8 +1,10 @@
 """DP-FNAS (Singh et al., "Differentially-private Federated Neural Architecture
 Search", FL-ICML 2020): federated DARTS with private gradient exchanges.
 
-The server holds the weights W and architecture variables A of the ``darts``
-space; every node is a party.  One iteration is two exchanges (Algorithm 1):
+The server holds the weights W and architecture variables A of a DARTS-style
+space (``darts``, or any space of ``search_spaces.darts_style`` that passes the
+per-sample-gradient check of ``per_sample.py``); every node is a party.  One
+iteration is two exchanges (Algorithm 1):
 
 (a) each party sends G_k, its Poisson-subsampled, per-sample-clipped (R_G),
     Gaussian-noised (R_G sigma) training gradient of W; the server steps
@@ -71,9 +73,11 @@ from ...protocol import (
     METRICS,
     space_to_config,
 )
-from ...search_spaces.darts import DartsSpace, DerivedNetwork, Genotype
+from ...search_spaces.base import SearchSpace
+from ...search_spaces.darts_style import require_darts_style, weight_keys
 from ...seeding import seed_torch
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
+from .per_sample import per_sample_problem
 from .privacy import PartyPrivacy, composed_epsilon
 
 __all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report"]
@@ -88,7 +92,7 @@ class DPFNASResult(Result):
     supernet W and A; per search iteration the aggregated gradient metrics and
     ``evaluate_fn``'s), the genotype, the privacy report and the final network."""
 
-    genotype: Genotype
+    genotype: Any  # the space's genotype(): ``Genotype`` for darts; has ``to_text()``
     iterations: int
     stopped: str
     privacy: list[PartyPrivacy]
@@ -106,8 +110,12 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
 
     Parameters
     ----------
-    space : DartsSpace
-        The supernet; its weights and alphas are the initial W and A.
+    space : SearchSpace
+        The supernet, DARTS-style (``search_spaces.darts_style``: ``arch_keys``,
+        ``genotype()``, ``derived_network``, a mixed ``forward(x)``) and passing the
+        per-sample-gradient check (``per_sample.per_sample_problem``), else
+        ``ValueError`` saying why; ``darts`` is the built-in.  Its weights and
+        architecture variables are the initial W and A.
     settings : DPFNASSettings
         Hyper-parameters (paper values in its docstring).
     seed : int
@@ -135,7 +143,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
     def __init__(
         self,
         *,
-        space: DartsSpace,
+        space: SearchSpace,
         settings: DPFNASSettings,
         seed: int,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
@@ -143,18 +151,21 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         resume: Resume | None = None,
         min_nodes: int = 1,
     ) -> None:
+        require_darts_style(space)
+        problem = per_sample_problem(space)
+        if problem is not None:
+            raise ValueError(
+                f"DP-FNAS cannot take the space {space.spec['name']!r}: its per-sample "
+                f"gradients would be wrong ({problem})"
+            )
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
         self.resume = resume
-        if not isinstance(space, DartsSpace):
-            raise ValueError(
-                f"DP-FNAS needs the darts space (run config 'space.name'), got {space.name!r}"
-            )
         self.space = space
         self.settings = settings
         self.evaluate_fn = evaluate_fn
         self.validate_profiles = validate_profiles
-        self.weight_keys = space.weight_keys()
-        self.arch_keys = DartsSpace.ARCH_KEYS
+        self.weight_keys = weight_keys(space)
+        self.arch_keys = tuple(space.arch_keys)
         self.parties: list[NodeProfile] = []
         self.steps: dict[int, dict[str, int]] = {}
         self._momentum: dict[str, np.ndarray] = {}
@@ -578,7 +589,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         # Seeded here: the global torch stream's position depends on what ran before,
         # which a resumed run does not repeat.
         seed_torch(self.seed, "final-init")
-        net = DerivedNetwork(result.genotype, **spec)
+        net = type(self.space).derived_network(result.genotype.to_text(), **spec)
         fedavg = SeededFedAvg(
             nodes=self.parties,
             seed=self.seed,

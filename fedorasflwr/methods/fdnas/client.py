@@ -24,15 +24,15 @@ from torch.utils.data import DataLoader
 from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
-from ...search_spaces import Subnet, build_space
-from ...search_spaces.mbconv import MBConvSpace
+from ...search_spaces import SearchSpace, Subnet, build_space
+from ...search_spaces.differentiable import require_differentiable
 from ...seeding import numpy_generator, stream_words, substream
 from ...training import evaluate, ordered_loader, seeded_loader, torch_device
 
 __all__ = ["evaluate_net", "hardware_loss", "search_supernet", "train_net"]
 
 
-def hardware_loss(space: MBConvSpace, target_flops: float, beta: float) -> Tensor:
+def hardware_loss(space: SearchSpace, target_flops: float, beta: float) -> Tensor:
     """``beta log(E[FLOPs] / target)^2``: the hardware term added to CE, 0 at the target.
 
     ProxylessNAS multiplies CE by ``(log E[LAT] / log T)^beta``; in a product
@@ -48,10 +48,9 @@ def hardware_loss(space: MBConvSpace, target_flops: float, beta: float) -> Tenso
     return beta * gap**2
 
 
-def _load_space(config: Mapping[str, Any], arrays: ArrayRecord) -> MBConvSpace:
+def _load_space(config: Mapping[str, Any], arrays: ArrayRecord) -> SearchSpace:
     space = build_space(**space_from_config(config))
-    if not isinstance(space, MBConvSpace):
-        raise ValueError(f"FDNAS needs the 'mbconv' space, got {space.name!r}")
+    require_differentiable(space, "FDNAS")
     space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
     return space
 
@@ -61,7 +60,7 @@ def _cycle(loader: DataLoader) -> Iterator[tuple[Tensor, Tensor]]:
         yield from loader
 
 
-def _probabilities(space: MBConvSpace) -> list[np.ndarray]:
+def _probabilities(space: SearchSpace) -> list[np.ndarray]:
     """``softmax(alpha)`` of every layer on the host, normalised in float64 for numpy.
 
     All layers' alphas cross to the host in one copy (one sync per step on a GPU)."""
@@ -83,7 +82,7 @@ def _sample_candidates(
 
 
 def _alpha_step(
-    space: MBConvSpace,
+    space: SearchSpace,
     inputs: Tensor,
     targets: Tensor,
     rng: np.random.Generator,

@@ -66,7 +66,8 @@ from ...protocol import (
     METRICS,
     space_to_config,
 )
-from ...search_spaces.mbconv import MBConvSpace
+from ...search_spaces.base import SearchSpace
+from ...search_spaces.differentiable import require_differentiable
 from ...seeding import seed_torch
 from .nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
 
@@ -81,8 +82,11 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
 
     Parameters
     ----------
-    space : MBConvSpace
-        The supernet; its current weights and alphas are the initial global model.
+    space : SearchSpace
+        The supernet, with architecture parameters per searchable layer: any
+        ``DifferentiableSpace`` (``mbconv`` is the built-in) or a space with the methods of
+        ``search_spaces.differentiable.DIFFERENTIABLE_API`` (else ``ValueError`` naming
+        what is missing); its current weights and alphas are the initial global model.
     settings : FDNASSettings
         Hyper-parameters (paper values in its docstring).
     seed : int
@@ -107,7 +111,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     def __init__(
         self,
         *,
-        space: MBConvSpace,
+        space: SearchSpace,
         settings: FDNASSettings,
         seed: int,
         cluster_of: Callable[[NodeProfile], int] | None = None,
@@ -115,6 +119,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         resume: Resume | None = None,
         min_nodes: int = 2,
     ) -> None:
+        require_differentiable(space, type(self).__name__)
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
         self.resume = resume
         self.max_flops = settings.max_flops * space.max_flops()  # absolute bound
