@@ -28,7 +28,7 @@ from ...runs import (
     describe_space,
     resume_checkpoint,
 )
-from ...search_spaces import DerivedNetwork
+from ...search_spaces.darts_style import build_derived_network
 from ...training import evaluate, torch_device
 from .strategy import DPFNAS, json_safe, privacy_report
 
@@ -89,7 +89,8 @@ def run_dpfnas(
                 genotype=result.genotype.to_text(),
             )
         )
-        onnx.add("derived", DerivedNetwork(result.genotype, **space.spec), result.final_arrays)
+        net = build_derived_network(space.spec, result.genotype.to_text())
+        onnx.add("derived", net, result.final_arrays)
     plot = plot_dpfnas(
         out_dir / "privacy_accuracy.png", result.history, settings.dpfnas.target_epsilon
     )
