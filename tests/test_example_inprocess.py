@@ -13,7 +13,7 @@ import_example()
 
 from digitsnas.client_app import app  # noqa: E402 - needs the example on sys.path
 from digitsnas.data import partition, split  # noqa: E402
-from digitsnas.server_app import save, search  # noqa: E402
+from digitsnas.server_app import save, search, summary  # noqa: E402
 
 
 def test_split_is_disjoint_and_covers_every_digit():
@@ -34,3 +34,6 @@ def test_whole_run_on_the_in_process_grid(tmp_path):
     space, result = search(grid, config)
     found = save(space, result, out)
     assert check_result(out, config) == found
+    # seeded throughout (split, supernet weights, FedorAS): the same run finds the same
+    grid = InProcessGrid(app, config, 4, node_configs={pid: {"num-threads": 1} for pid in range(4)})
+    assert summary(*search(grid, config)) == found
