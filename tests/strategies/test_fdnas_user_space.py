@@ -21,7 +21,7 @@ from fedorasflwr.search_spaces import (
     SearchSpace,
     build_space,
 )
-from fedorasflwr.server_app import cluster_tagger
+from fedorasflwr.methods.fdnas.runner import cluster_tagger
 from fedorasflwr.strategies import CFDNAS, FDNAS
 from tests.runconfig import tiny_fdnas
 
