@@ -13,6 +13,7 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.fdnas.client import search_supernet
+from fedorasflwr.methods.fdnas.runner import cluster_tagger
 from fedorasflwr.protocol import ARRAYS, CONFIG, space_to_config
 from fedorasflwr.search_spaces import (
     DifferentiableSpace,
@@ -21,7 +22,6 @@ from fedorasflwr.search_spaces import (
     SearchSpace,
     build_space,
 )
-from fedorasflwr.methods.fdnas.runner import cluster_tagger
 from fedorasflwr.strategies import CFDNAS, FDNAS
 from tests.runconfig import tiny_fdnas
 
