@@ -9,20 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
+from torch import nn
 
+from .artifacts import save_checkpoint
 from .checkpoints import Checkpointer, Resume, read_resume
 from .config import RunSettings, space_kwargs
 from .data import dataset_info
+from .export import OnnxExports
 from .federation.aggregation import Aggregation
-from .federation.base import NodeProfile
+from .federation.base import FederatedNASStrategy, NodeProfile
 from .search_spaces import SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet
 from .seeding import seed_torch
 
 __all__ = [
+    "RunFiles",
     "Runner",
     "aggregation_of",
     "build_supernet",
@@ -30,7 +35,11 @@ __all__ = [
     "checkpointer",
     "describe_space",
     "resume_checkpoint",
+    "start",
+    "strategy_options",
 ]
+
+R = TypeVar("R")
 
 #: a method's runner: (grid, settings, output directory, checkpointer) -> result document
 Runner = Callable[[Grid, RunSettings, Path, Checkpointer | None], dict[str, Any]]
@@ -95,3 +104,89 @@ def resume_checkpoint(settings: RunSettings, space: SearchSpace | PrunableNet) -
         reference=space.state_dict(),
         space=space.spec,
     )
+
+
+def strategy_options(settings: RunSettings, resume: Resume | None) -> dict[str, Any]:
+    """The constructor arguments every strategy takes from the run config."""
+    return {
+        "seed": settings.seed,
+        "validate_profiles": lambda profiles: check_partitions(settings, profiles),
+        "resume": resume,
+        "min_nodes": settings.min_nodes,
+    }
+
+
+def start(
+    strategy: FederatedNASStrategy[R],
+    grid: Grid,
+    settings: RunSettings,
+    run: RunFiles,
+    initial: ArrayRecord,
+    num_rounds: int,
+    *,
+    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    **stage_files: str,
+) -> R:
+    """Set the run's aggregation and checkpointer on ``strategy`` and ``start`` it as Flower
+    does (``num_rounds``: the main stage's; every step's timeout: ``reply-timeout``)."""
+    strategy.aggregation = aggregation_of(settings)
+    strategy.on_progress = checkpointer(
+        run.progress, settings, run.out_dir, run.space_spec, **stage_files
+    )
+    return strategy.start(
+        grid,
+        initial,
+        num_rounds=num_rounds,
+        timeout=settings.reply_timeout,
+        evaluate_fn=evaluate_fn,
+    )
+
+
+class RunFiles:
+    """What a run writes besides ``result.json``: checkpoint files, each final model also
+    as ONNX (``export.OnnxExports``), plots; ``document()`` lists them for the result."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        settings: RunSettings,
+        space_spec: dict[str, Any],
+        progress: Checkpointer | None,
+    ) -> None:
+        self.out_dir = out_dir
+        self.space_spec = dict(space_spec)
+        self.progress = progress
+        self.onnx = OnnxExports(out_dir, settings.data)
+        self.written: list[Path] = []
+
+    def save(
+        self,
+        name: str,
+        arrays: ArrayRecord,
+        *,
+        stage: str,
+        model: nn.Module | None = None,
+        space_spec: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> None:
+        """Write ``<name>.pt`` (``artifacts.save_checkpoint``); with ``model``, also
+        ``<name>.onnx`` of ``model`` loaded with ``arrays``."""
+        spec = self.space_spec if space_spec is None else space_spec
+        self.add(
+            save_checkpoint(
+                self.out_dir / f"{name}.pt", space_spec=spec, arrays=arrays, stage=stage, **extra
+            )
+        )
+        if model is not None:
+            self.onnx.add(name, model, arrays)
+
+    def add(self, *paths: Path | None) -> None:
+        """Files written by other means (plots; ``None``: a plot with nothing to show)."""
+        self.written.extend(p for p in paths if p is not None)
+
+    def document(self) -> dict[str, Any]:
+        """The result document's ``onnx`` and ``files`` entries."""
+        return {
+            "onnx": self.onnx.summary(),
+            "files": [p.name for p in self.written] + self.onnx.files(),
+        }

@@ -8,18 +8,16 @@ from typing import Any
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
-from ...artifacts import save_checkpoint
 from ...checkpoints import Checkpointer, read_resume
 from ...config import RunSettings
 from ...data import dataset_info
-from ...export import OnnxExports
 from ...plots import (
     plot_frontier,
 )
 from ...runs import (
-    aggregation_of,
-    check_partitions,
-    checkpointer,
+    RunFiles,
+    start,
+    strategy_options,
 )
 from ...search_spaces.prunable import PrunableNet, build_prunable
 from ...seeding import seed_torch
@@ -60,47 +58,16 @@ def run_decnas(
             reference=None,
             space=None,
         )
-    strategy = DecNAS(
-        net=net,
-        settings=settings.decnas,
-        seed=settings.seed,
-        validate_profiles=lambda profiles: check_partitions(settings, profiles),
-        resume=resume,
-        min_nodes=settings.min_nodes,
-    )
-    strategy.aggregation = aggregation_of(settings)
-    strategy.on_progress = checkpointer(progress, settings, out_dir, net.spec)
-    result = strategy.start(
-        grid,
-        ArrayRecord(net.state_dict()),
-        num_rounds=settings.decnas.max_iterations,
-        timeout=settings.reply_timeout,
-    )
-    onnx = OnnxExports(out_dir, settings.data)
-    files = []
+    strategy = DecNAS(net=net, settings=settings.decnas, **strategy_options(settings, resume))
+    run = RunFiles(out_dir, settings, net.spec, progress)
+    initial = ArrayRecord(net.state_dict())
+    result = start(strategy, grid, settings, run, initial, settings.decnas.max_iterations)
     for model in result.frontier:
         name, extra = f"gm{model.iteration}", {"iteration": model.iteration, "macs": model.macs}
-        files.append(
-            save_checkpoint(
-                out_dir / f"{name}.pt",
-                space_spec=model.spec,
-                arrays=model.arrays,
-                stage="iterations",
-                **extra,
-            )
-        )
-        onnx.add(name, build_prunable(**model.spec), model.arrays)
-        if model.tuned_arrays is not None:
-            files.append(
-                save_checkpoint(
-                    out_dir / f"{name}-tuned.pt",
-                    space_spec=model.spec,
-                    arrays=model.tuned_arrays,
-                    stage="final",
-                    **extra,
-                )
-            )
-            onnx.add(f"{name}-tuned", build_prunable(**model.spec), model.tuned_arrays)
-    plot = plot_frontier(out_dir / "frontier.png", result.summary(), settings.decnas.variant)
-    files_written = [p.name for p in (*files, plot) if p is not None] + onnx.files()
-    return {**result.summary(), "onnx": onnx.summary(), "files": files_written}
+        saved = [(name, model.arrays, "iterations"), (f"{name}-tuned", model.tuned_arrays, "final")]
+        for file, arrays, stage in saved:
+            if arrays is not None:
+                net = build_prunable(**model.spec)
+                run.save(file, arrays, stage=stage, model=net, space_spec=model.spec, **extra)
+    run.add(plot_frontier(out_dir / "frontier.png", result.summary(), settings.decnas.variant))
+    return {**result.summary(), **run.document()}

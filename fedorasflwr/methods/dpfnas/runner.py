@@ -12,21 +12,19 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch.utils.data import DataLoader
 
-from ...artifacts import save_checkpoint
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import load_server_data
-from ...export import OnnxExports
 from ...plots import (
     plot_dpfnas,
 )
 from ...runs import (
-    aggregation_of,
+    RunFiles,
     build_supernet,
-    check_partitions,
-    checkpointer,
     describe_space,
     resume_checkpoint,
+    start,
+    strategy_options,
 )
 from ...search_spaces.darts_style import build_derived_network
 from ...training import evaluate, torch_device
@@ -53,46 +51,29 @@ def run_dpfnas(
         return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
 
     strategy = DPFNAS(
-        space=space,  # type: ignore[arg-type]
+        space=space,
         settings=settings.dpfnas,
-        seed=settings.seed,
-        validate_profiles=lambda profiles: check_partitions(settings, profiles),
-        resume=resume_checkpoint(settings, space),
-        min_nodes=settings.min_nodes,
+        **strategy_options(settings, resume_checkpoint(settings, space)),
     )
-    strategy.aggregation = aggregation_of(settings)
-    strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
-    result = strategy.start(
+    run = RunFiles(out_dir, settings, space.spec, progress)
+    result = start(
+        strategy,
         grid,
+        settings,
+        run,
         ArrayRecord(space.state_dict()),
-        num_rounds=settings.dpfnas.iterations,
-        timeout=settings.reply_timeout,
+        settings.dpfnas.iterations,
         evaluate_fn=evaluate_supernet if len(server_data) else None,
     )
-    onnx = OnnxExports(out_dir, settings.data)
-    files = [
-        save_checkpoint(
-            out_dir / "supernet.pt",
-            space_spec=space.spec,
-            arrays=result.arrays,
-            stage="search",
-            genotype=result.genotype.to_text(),
-        )
-    ]
+    genotype = result.genotype.to_text()
+    run.save("supernet", result.arrays, stage="search", genotype=genotype)
     if result.final_arrays is not None:
-        files.append(
-            save_checkpoint(
-                out_dir / "derived.pt",
-                space_spec=space.spec,
-                arrays=result.final_arrays,
-                stage="final",
-                genotype=result.genotype.to_text(),
-            )
+        net = build_derived_network(space.spec, genotype)
+        run.save("derived", result.final_arrays, stage="final", model=net, genotype=genotype)
+    run.add(
+        plot_dpfnas(
+            out_dir / "privacy_accuracy.png", result.history, settings.dpfnas.target_epsilon
         )
-        net = build_derived_network(space.spec, result.genotype.to_text())
-        onnx.add("derived", net, result.final_arrays)
-    plot = plot_dpfnas(
-        out_dir / "privacy_accuracy.png", result.history, settings.dpfnas.target_epsilon
     )
     return {
         "space": describe_space(space),
@@ -107,6 +88,5 @@ def run_dpfnas(
         "history": json_safe(result.history),
         "final-history": result.final_history,
         "ledger": result.ledger,
-        "onnx": onnx.summary(),
-        "files": [p.name for p in (*files, plot) if p is not None] + onnx.files(),
+        **run.document(),
     }

@@ -11,23 +11,21 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
-from ...artifacts import save_checkpoint
 from ...checkpoints import Checkpointer
 from ...config import RunSettings, space_kwargs
 from ...data import dataset_info
 from ...data.groups import even_sizes
-from ...export import OnnxExports
 from ...federation.base import NodeProfile
 from ...plots import (
     plot_alpha_entropy,
     plot_fdnas_nets,
 )
 from ...runs import (
-    aggregation_of,
-    check_partitions,
-    checkpointer,
+    RunFiles,
     describe_space,
     resume_checkpoint,
+    start,
+    strategy_options,
 )
 from ...search_spaces import build_space
 from ...seeding import seed_torch
@@ -69,37 +67,17 @@ def _run_fdnas(
     strategy = strategy_class(
         space=space,
         settings=settings.fdnas,
-        seed=settings.seed,
         cluster_of=cluster_tagger(settings),
-        validate_profiles=lambda profiles: check_partitions(settings, profiles),
-        resume=resume_checkpoint(settings, space),
-        min_nodes=settings.min_nodes,
+        **strategy_options(settings, resume_checkpoint(settings, space)),
     )
-    strategy.aggregation = aggregation_of(settings)
-    strategy.on_progress = checkpointer(progress, settings, out_dir, space.spec)
-    result = strategy.start(
-        grid,
-        ArrayRecord(space.state_dict()),
-        num_rounds=settings.fdnas.train.rounds,
-        timeout=settings.reply_timeout,
-    )
-    onnx = OnnxExports(out_dir, settings.data)
-    files: list[Path | None] = [
-        save_checkpoint(
-            out_dir / "supernet.pt", space_spec=space.spec, arrays=result.supernet, stage="search"
-        )
-    ]
+    run = RunFiles(out_dir, settings, space.spec, progress)
+    initial = ArrayRecord(space.state_dict())
+    result = start(strategy, grid, settings, run, initial, settings.fdnas.train.rounds)
+    run.save("supernet", result.supernet, stage="search")
     for net in result.nets:
-        files.append(
-            save_checkpoint(
-                out_dir / f"{net.name}.pt",
-                space_spec=space.spec,
-                arrays=net.arrays,
-                arch=list(net.arch),
-                stage="final",
-            )
+        run.save(
+            net.name, net.arrays, stage="final", model=space.subnet(net.arch), arch=list(net.arch)
         )
-        onnx.add(net.name, space.subnet(net.arch), net.arrays)
     document = {
         "space": describe_space(space),
         "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
@@ -108,10 +86,9 @@ def _run_fdnas(
         "search-history": result.search_history,
         "cluster-history": result.cluster_history,
         "ledger": result.ledger,
-        "onnx": onnx.summary(),
     }
-    files += fdnas_plots(out_dir, document, strategy_class.__name__)
-    return {**document, "files": [p.name for p in files if p is not None] + onnx.files()}
+    run.add(*fdnas_plots(out_dir, document, strategy_class.__name__))
+    return {**document, **run.document()}
 
 
 def fdnas_plots(out_dir: Path, document: dict[str, Any], method: str) -> list[Path | None]:

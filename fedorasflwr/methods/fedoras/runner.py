@@ -8,23 +8,22 @@ from typing import Any
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
-from ...artifacts import check_state, load_checkpoint, save_checkpoint
+from ...artifacts import check_state, load_checkpoint
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import load_server_data
-from ...export import OnnxExports
 from ...plots import (
     plot_finetune,
     plot_history,
     plot_tiers,
 )
 from ...runs import (
-    aggregation_of,
+    RunFiles,
     build_supernet,
-    check_partitions,
-    checkpointer,
     describe_space,
     resume_checkpoint,
+    start,
+    strategy_options,
 )
 from ...search_spaces import SearchSpace
 from .evaluation import SupernetEvaluator
@@ -54,40 +53,34 @@ def run_fedoras(
     strategy = FedorAS(
         space=space,
         settings=settings.fedoras,
-        seed=settings.seed,
-        validate_profiles=lambda profiles: check_partitions(settings, profiles),
         server_data=server_data if len(server_data) else None,
-        resume=resume,
-        min_nodes=settings.min_nodes,
+        **strategy_options(settings, resume),
     )
-    strategy.aggregation = aggregation_of(settings)
-    strategy.on_progress = checkpointer(
-        progress, settings, out_dir, space.spec, supernet="supernet.pt"
-    )
-    result = strategy.start(
+    run = RunFiles(out_dir, settings, space.spec, progress)
+    result = start(
+        strategy,
         grid,
+        settings,
+        run,
         ArrayRecord(space.state_dict()),
-        num_rounds=settings.fedoras.train.rounds,
-        timeout=settings.reply_timeout,
+        settings.fedoras.train.rounds,
         evaluate_fn=evaluator,
+        supernet="supernet.pt",
     )
-    files: list[Path | None] = [out_dir / "supernet.pt"] if not trained else []
-    onnx = OnnxExports(out_dir, settings.data)
+    if not trained:
+        run.add(out_dir / "supernet.pt")
     for model in result.models:
         suffix = "" if model.init == SUPERNET_INIT else f"-{model.init}-init"
-        files.append(
-            save_checkpoint(
-                out_dir / f"tier-{model.tier + 1}{suffix}.pt",
-                space_spec=space.spec,
-                arrays=model.arrays,
-                arch=list(model.arch),
-                options=model.names,
-                stage="finetune",
-                init=model.init,
-            )
+        run.save(
+            f"tier-{model.tier + 1}{suffix}",
+            model.arrays,
+            stage="finetune",
+            model=space.subnet(model.arch),
+            arch=list(model.arch),
+            options=model.names,
+            init=model.init,
         )
-        onnx.add(f"tier-{model.tier + 1}{suffix}", space.subnet(model.arch), model.arrays)
-    files += fedoras_plots(out_dir, result)
+    run.add(*fedoras_plots(out_dir, result))
     return {
         "space": describe_space(space),
         "resumed-from": settings.resume_from or None,
@@ -98,8 +91,7 @@ def run_fedoras(
         "kendall-tau": {str(t + 1): tau for t, tau in result.kendall_tau.items()},
         "models": [m.summary() for m in result.models],
         "ledger": result.ledger,
-        "onnx": onnx.summary(),
-        "files": [str(p.name) for p in files if p is not None] + onnx.files(),
+        **run.document(),
     }
 
 
