@@ -27,7 +27,14 @@ from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces import SearchSpace, Subnet, build_space
 from ...search_spaces.differentiable import require_differentiable
 from ...seeding import numpy_generator, stream_words, substream
-from ...training import evaluate, ordered_loader, seeded_loader, torch_device
+from ...training import (
+    evaluate,
+    local_sgd,
+    ordered_loader,
+    reply_state,
+    seeded_loader,
+    torch_device,
+)
 
 __all__ = ["evaluate_net", "hardware_loss", "search_supernet", "train_net"]
 
@@ -188,48 +195,20 @@ def _load_net(config: Mapping[str, Any], arrays: ArrayRecord) -> Subnet:
 def train_net(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
     """Local epochs of the derived net (FedAvg stage); report test accuracy afterwards."""
     config: ConfigRecord = content.config_records[CONFIG]
-    net = _load_net(config, content.array_records[ARRAYS])
-    words = stream_words(config["seed"], "fdnas-train", config["server-round"], partition_id)
-    device = torch_device()
-    net.to(device).train()
-    optimizer = torch.optim.SGD(
-        net.parameters(),
-        lr=float(config["lr"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config["weight-decay"]),
-    )
-    forward_flops = int(config["net-flops"])
-    loss_sum, seen = 0.0, 0
-    loader = seeded_loader(data.train, int(config["batch-size"]), words)
-    for _ in range(int(config["local-epochs"])):
-        for inputs, targets in loader:
-            optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(net(inputs.to(device)), targets.to(device))
-            loss.backward()
-            optimizer.step()
-            loss_sum += float(loss.detach()) * len(targets)
-            seen += len(targets)
-    net.eval()
-    local = evaluate(net, ordered_loader(data.test), device)
-    # Reply with the dtypes received: Flower's FedAvg turns integer buffers
-    # (BatchNorm's num_batches_tracked) into float64 after the first round.
     received = content.array_records[ARRAYS]
-    state = {
-        k: v.detach().cpu().to(_torch_dtype(received[k].dtype)) for k, v in net.state_dict().items()
-    }
+    net = _load_net(config, received)
+    words = stream_words(config["seed"], "fdnas-train", config["server-round"], partition_id)
+    done = local_sgd(net, data.train, config, words)
+    local = evaluate(net, ordered_loader(data.test), torch_device())
     metrics = MetricRecord(
         {
             "num-examples": len(data.train),
-            "train-loss": loss_sum / max(seen, 1),
-            "train-flops": training_flops(forward_flops, seen),
+            "train-loss": done.loss,
+            "train-flops": training_flops(int(config["net-flops"]), done.seen),
             "local-accuracy": local.accuracy,
         }
     )
-    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
-
-
-def _torch_dtype(numpy_dtype: str) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype=numpy_dtype)).dtype
+    return RecordDict({ARRAYS: ArrayRecord(reply_state(net, received)), METRICS: metrics})
 
 
 def evaluate_net(content: RecordDict, data: ClientData) -> RecordDict:
