@@ -340,6 +340,19 @@ def _min_replies(cfg: Mapping[str, Any], p: str, default: int, train: TrainingRe
     return min_replies
 
 
+def _readers(cfg: Mapping[str, Any], p: str) -> tuple[Callable[..., float], Callable[..., int]]:
+    """``number(key, default, check, allowed)`` and ``count(key, default, low)`` reading
+    ``<p><key>`` from ``cfg``."""
+
+    def number(key: str, default: float, check=_positive, allowed: str = "> 0") -> float:
+        return _get(cfg, p + key, default, float, check, allowed)
+
+    def count(key: str, default: int, low: int = 1) -> int:
+        return _get(cfg, p + key, default, int, lambda v: v >= low, f">= {low}")
+
+    return number, count
+
+
 def _one_of(cfg: Mapping[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
     return _get(cfg, key, default, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
 
@@ -349,8 +362,7 @@ def _fedoras_stages_2_3(
 ) -> dict[str, Any]:
     """The ``fedoras.*`` keys of aggregation, resuming, search and fine-tuning."""
 
-    def count(name: str, default: int, low: int = 1) -> int:
-        return _get(cfg, p + name, default, int, lambda v: v >= low, f">= {low}")
+    _, count = _readers(cfg, p)
 
     population = count("search-population", cls.search_population, 2)
     evaluations = count("search-evaluations", cls.search_evaluations)
@@ -574,11 +586,7 @@ class DPFNASSettings:
     def from_config(cls, cfg: Mapping[str, Any]) -> DPFNASSettings:
         p = "dpfnas."
 
-        def number(key: str, default: float, check=_positive, allowed: str = "> 0") -> float:
-            return _get(cfg, p + key, default, float, check, allowed)
-
-        def count(key: str, default: int, low: int = 1) -> int:
-            return _get(cfg, p + key, default, int, lambda v: v >= low, f">= {low}")
+        number, count = _readers(cfg, p)
 
         def non_negative(v: float) -> bool:
             return v >= 0
@@ -711,11 +719,7 @@ class DecNASSettings:
     def from_config(cls, cfg: Mapping[str, Any]) -> DecNASSettings:
         p = "decnas."
 
-        def number(key: str, default: float, check=_positive, allowed: str = "> 0") -> float:
-            return _get(cfg, p + key, default, float, check, allowed)
-
-        def count(key: str, default: int, low: int = 1) -> int:
-            return _get(cfg, p + key, default, int, lambda v: v >= low, f">= {low}")
+        number, count = _readers(cfg, p)
 
         text = _get(cfg, p + "rounds", ",".join(map(str, cls.rounds)), str)
         try:
