@@ -286,6 +286,7 @@ class FedorASSettings:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FedorASSettings:
         p = "fedoras."
+        _check_table(cfg, p)
         num_tiers = _get(cfg, p + "num-tiers", cls.num_tiers, int, lambda v: 1 <= v <= 16, "1..16")
         rho_low = _get(cfg, p + "rho-low", cls.rho_low, float, _unit_interval, "0 <= rho-low <= 1")
         rho_high = _get(
@@ -338,6 +339,15 @@ def _min_replies(cfg: Mapping[str, Any], p: str, default: int, train: TrainingRe
             f"'{p}clients-per-round' = {train.clients_per_round}"
         )
     return min_replies
+
+
+def _check_table(cfg: Mapping[str, Any], prefix: str) -> None:
+    """Refuse a key of ``cfg`` in this table (``<prefix>...``) that no parser reads, with the
+    closest known key: a library user's own run config may hold keys of its own, but a
+    misspelled ``fedoras.round`` must not pass silently."""
+    ours = [k for k in cfg if k.startswith(prefix)]
+    if ours:  # (never while known_keys() itself parses: its configs hold no table keys)
+        check_known_keys(ours)
 
 
 def _readers(cfg: Mapping[str, Any], p: str) -> tuple[Callable[..., float], Callable[..., int]]:
@@ -454,6 +464,7 @@ class FDNASSettings:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FDNASSettings:
         p = "fdnas."
+        _check_table(cfg, p)
         fraction = (lambda v: 0 < v <= 1, "fraction of the largest path's FLOPs, 0 < f <= 1")
         train = TrainingRecipe.from_config(cfg, p, cls.train)
         min_replies = _min_replies(cfg, p, cls.min_replies, train)
@@ -585,6 +596,7 @@ class DPFNASSettings:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> DPFNASSettings:
         p = "dpfnas."
+        _check_table(cfg, p)
 
         number, count = _readers(cfg, p)
 
@@ -718,6 +730,7 @@ class DecNASSettings:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> DecNASSettings:
         p = "decnas."
+        _check_table(cfg, p)
 
         number, count = _readers(cfg, p)
 

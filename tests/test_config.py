@@ -103,3 +103,17 @@ def test_decnas_variants_switch_one_optimisation_off_each():
         "no-dynamic-rounds": (True, True, False),
     }
     assert parse_run_config({**config, "decnas.rounds": "1,3"}).decnas.rounds == (1, 3)
+
+
+def test_a_method_table_refuses_its_misspelled_keys_but_not_the_apps_own():
+    # a library user parses its own run config (keys of its own app beside fedoras.*)
+    from fedorasflwr.config import DecNASSettings, FedorASSettings
+
+    settings = FedorASSettings.from_config({"num-server-rounds": 3, "fedoras.num-tiers": 2})
+    assert settings.num_tiers == 2
+    with pytest.raises(
+        ValueError, match="'fedoras.round' is unknown; did you mean 'fedoras.rounds'"
+    ):
+        FedorASSettings.from_config({"fedoras.round": 3})
+    with pytest.raises(ValueError, match="'decnas.lrr' is unknown"):
+        DecNASSettings.from_config({"decnas.lrr": 0.1})

@@ -184,8 +184,9 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             if server_data is None or len(server_data) < 2:
                 raise ValueError(
                     f"run config 'fedoras.search-scoring' = {settings.search_scoring!r} needs "
-                    "a server-held validation slice ('data.server-fraction' > 0); "
-                    'or use "federated"'
+                    "a server-held validation slice of at least 2 samples: pass "
+                    "FedorAS(server_data=...) (this project's app: 'data.server-fraction' > 0), "
+                    'or set it to "federated"'
                 )
             self.server_scorer = ServerPathScorer(
                 space.fresh(),
