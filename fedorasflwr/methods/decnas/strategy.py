@@ -115,7 +115,6 @@ class DecNAS(PrunedModelStages):
         self.resume = resume
         self.validate_profiles = validate_profiles
         self.groups: list[list[NodeProfile]] = []
-        self._current = ArrayRecord()
 
     rounds_setting = "max_iterations"
 
@@ -158,8 +157,10 @@ class DecNAS(PrunedModelStages):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Model fusion of one survivor's uploads (accepted replies): the mean weighted by
-        training count, ``PM + sum(n_s grad_s) / sum(n_s)`` (§4.3). Error replies are
-        skipped (booked as failures), as Flower's FedAvg skips them."""
+        training count, ``PM + sum(n_s grad_s) / sum(n_s)`` (§4.3). Every upload carries
+        every key of the candidate (checked on arrival), so the fusion needs nothing but
+        the replies. Error replies are skipped (booked as failures), as Flower's FedAvg
+        skips them."""
         replies = self.accept("upload", replies, lambda _reply: None)
         updates = [
             (
@@ -171,7 +172,7 @@ class DecNAS(PrunedModelStages):
         if not updates:
             return None, None
         total = sum(n for _, n in updates)
-        fused = opa(self._current, updates, min_contributors=1, aggregation=self.aggregation)
+        fused = opa(updates[0][0], updates, min_contributors=1, aggregation=self.aggregation)
         return fused, MetricRecord({"num-examples": total, "clients": len(updates)})
 
     def check_tune_reply(self, reply: Message) -> str | None:
@@ -293,10 +294,9 @@ class DecNAS(PrunedModelStages):
             for candidate, reply in self._upload_batch(grid, iteration, round_, pool, batch):
                 replies[candidate].append(reply)
         for candidate, mine in replies.items():
-            spec, self._current = pool[candidate]
             fused, _ = self.aggregate_train(round_, mine)
             if fused is not None:
-                pool[candidate] = (spec, fused)
+                pool[candidate] = (pool[candidate][0], fused)
         return {c: len(mine) for c, mine in replies.items()}
 
     def _upload_batch(
