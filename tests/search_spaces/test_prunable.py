@@ -37,6 +37,13 @@ def measured_macs(net):
     return counter.get_total_flops() // 2
 
 
+def test_the_built_ins_have_the_papers_prunable_layers():
+    # K = 6 for ConvNet, 14 for MobileNet (the first CONV and the 13 pointwise ones)
+    assert convnet().layer_names() == tuple(f"blocks.{i}.conv" for i in range(6))
+    assert mobilenet().layer_names() == ("stem.conv", *(f"blocks.{i}.pw" for i in range(13)))
+    assert convnet().spec["name"] == "convnet" and mobilenet().spec["name"] == "mobilenet"
+
+
 def test_convnet_macs_match_a_hand_count():
     # 8x8 for layers 0-1, pool, 4x4 for 2-3, pool, 2x2 for 4-5, pool, 1x1 into the FC
     hand = (1 * 4 + 4 * 4) * 9 * 64 + (4 * 8 + 8 * 8) * 9 * 16 + (8 * 16 + 16 * 16) * 9 * 4 + 160
