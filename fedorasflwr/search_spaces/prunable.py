@@ -149,7 +149,8 @@ def build_prunable(
         input_height, input_width)`` from ``kwargs`` (as the built-ins take).
     widths : sequence of int, optional
         Filters per prunable layer, each at most the model's own; the last filters of
-        each layer go.  Default: the model's own.
+        each layer go and every module that lost channels is initialised again by its
+        ``reset_parameters()``.  Default: the model's own.
     **kwargs
         The model's constructor arguments: numbers, strings, bytes or lists of one of
         those (they travel in Flower's ``ConfigRecord``).
@@ -286,13 +287,23 @@ def _build(
     *,
     fresh: bool,
 ) -> PrunableNet:
-    """``fresh``: newly initialised weights; else the traced twin's copy (storage-free)."""
-    base = graph.base_of(
-        (name, shape, _frozen(kwargs)), lambda: _construct(name, cls, kwargs), shape
-    )
+    """``fresh``: newly initialised weights (the caller's RNG draws them as ``cls(**kwargs)``
+    would); else the traced twin's copy (storage-free)."""
+    model = _construct(name, cls, kwargs) if fresh else None
+    with torch.random.fork_rng(devices=[]):  # tracing the base draws nothing from the caller's RNG
+        base = graph.base_of(
+            (name, shape, _frozen(kwargs)), lambda: _construct(name, cls, kwargs), shape
+        )
     wanted = _check_widths(name, base.layout, widths)
-    model = _construct(name, cls, kwargs) if fresh else copy.deepcopy(base.model)
-    graph.apply(graph.tail_plan(base, wanted), model)  # which filters go does not matter
+    if model is None:
+        model = copy.deepcopy(base.model)
+    plan = graph.tail_plan(base, wanted)
+    graph.apply(plan, model)  # which filters go does not matter: weights are loaded or fresh
+    if fresh:  # initialised for their new fan-in, as a model built at these widths would be
+        for path in dict.fromkeys(path for path, _, _ in plan):
+            reset = getattr(model.get_submodule(path), "reset_parameters", None)
+            if callable(reset):
+                reset()
     return PrunableNet(
         model, name=name, kwargs=kwargs, input_shape=shape, layout=base.layout, widths=wanted
     )

@@ -162,3 +162,11 @@ def test_width_multiplier_fits_the_budget_and_the_defaults_scale():
         build_prunable("convnet", widths=[4, 4], **IMAGE)
     with pytest.raises(ValueError, match="valid: convnet, mobilenet"):
         build_prunable("resnet", **IMAGE)
+
+
+def test_a_fresh_net_at_given_widths_is_initialised_for_its_own_fan_in():
+    net = convnet()  # widths (4, 4, 8, 8, 16, 16) from the full (32, 32, 64, ...) ConvNet
+    weight = net.state_dict()["model.blocks.1.conv.weight"]  # 4 x 4 x 3 x 3
+    bound = 1 / (4 * 9) ** 0.5  # Conv2d's default: uniform within 1 / sqrt(fan_in)
+    assert weight.abs().max() <= bound
+    assert weight.abs().max() > 1 / (32 * 9) ** 0.5  # not the full net's smaller bound
