@@ -3,7 +3,9 @@
 ``build_space(name, **kwargs)`` builds a registered space (``cnn_l``, ``cnn_s``,
 ``rnn``, ``mbconv``, ``darts``) or any ``SearchSpace`` subclass by its import path
 (``"mypkg.space:MySpace"``); ``build_space(**space.spec)`` rebuilds the same structure.
-``build_prunable("convnet" | "mobilenet", ...)`` builds a DecNAS prunable net.
+``build_prunable(MyNet, input_shape=..., **kwargs)`` wraps any ``nn.Module`` class of
+conv/linear layers for DecNAS (``"convnet"`` / ``"mobilenet"``: the built-ins);
+``load_prunable(net.spec, state_dict)`` rebuilds one with its weights.
 """
 
 from .base import (
@@ -22,7 +24,7 @@ from .base import (
 from .cnn import CNNLargeSpace, CNNSmallSpace, cnn_l, cnn_s
 from .darts import DartsSpace, DerivedNetwork, Genotype
 from .mbconv import MBConvSpace, mbconv
-from .prunable import PrunableNet, build_prunable
+from .prunable import PrunableNet, build_prunable, load_prunable
 from .rnn import RNNSpace, rnn
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "cnn_l",
     "cnn_s",
     "import_class",
+    "load_prunable",
     "mbconv",
     "register_space",
     "rnn",

@@ -28,7 +28,8 @@ Client contract
     arrays: the candidate's ``state_dict``.  config: ``method``, ``seed``,
     ``server-round``, ``iteration``, ``round``, ``candidate``, ``local-epochs``,
     ``batch-size``, ``lr``, ``momentum``, ``weight-decay``, ``net-macs``,
-    ``space.<kwarg>`` (``build_prunable`` arguments with ``widths``).  Reply:
+    ``space.<kwarg>`` (the net's ``spec``: name or import path, the model's arguments,
+    ``input_shape``, ``widths``; ``load_prunable`` rebuilds it).  Reply:
     **no arrays**; metrics ``num-examples`` (training samples), ``num-val``,
     ``correct``, ``accuracy`` (validation, after training), ``train-loss``,
     ``train-flops``.  The client keeps the trained weights.
@@ -84,7 +85,9 @@ class DecNAS(PrunedModelStages):
     Parameters
     ----------
     net : PrunableNet
-        GM_0's structure and initial weights.
+        GM_0's structure and initial weights: ``build_prunable(MyNet, input_shape=...,
+        **kwargs)`` for any ``nn.Module`` class of conv/linear layers the clients can
+        import, or a built-in (``"convnet"``, ``"mobilenet"``).
     settings : DecNASSettings
         Hyper-parameters and the variant (paper values in its docstring).
     seed : int
