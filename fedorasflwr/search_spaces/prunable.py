@@ -247,13 +247,13 @@ def prune_to_budget(
         return prune_layer(net, layer, filters)
     if filters <= min_filters:
         return None
-    step = current - resource(_with_widths(net, _replaced(net.widths, layer, filters - 1)), kind)
+    step = current - resource(_respec(net, _replaced(net.widths, layer, filters - 1)), kind)
     if step <= 0:
         return None
     keep = filters - math.ceil((current - budget) / step)
     if keep < min_filters:
         return None
-    while resource(_with_widths(net, _replaced(net.widths, layer, keep)), kind) > budget:
+    while resource(_respec(net, _replaced(net.widths, layer, keep)), kind) > budget:
         if keep <= min_filters:
             return None
         keep -= 1
@@ -267,12 +267,12 @@ def width_scaled(net: PrunableNet, budget: float, kind: str = "macs") -> Prunabl
     for _ in range(12):
         middle = (low + high) / 2
         widths = [max(1, round(w * middle)) for w in net.widths]
-        if resource(_with_widths(net, widths), kind) <= budget:
+        if resource(_respec(net, widths), kind) <= budget:
             low = middle
         else:
             high = middle
     widths = [max(1, round(w * low)) for w in net.widths]
-    return build_prunable(**{**net.spec, "widths": widths})
+    return build_prunable(**_respec(net, widths))
 
 
 # --- building --------------------------------------------------------------------------
@@ -330,8 +330,9 @@ def _twin(net: PrunableNet) -> tuple[tp.DependencyGraph, dict[nn.Module, str]]:
     return found
 
 
-def _with_widths(net: PrunableNet, widths: Sequence[int]) -> PrunableNet:
-    return _on_meta({**net.spec, "widths": list(widths)})
+def _respec(net: PrunableNet, widths: Sequence[int]) -> dict[str, Any]:
+    """``net``'s spec with other widths (a spec's cost is memoised before it is built)."""
+    return {**net.spec, "widths": list(widths)}
 
 
 def _construct(name: str, cls: type[nn.Module], kwargs: dict[str, Any]) -> nn.Module:
