@@ -357,6 +357,11 @@ def _model_class(name: str | type[nn.Module]) -> tuple[str, type[nn.Module]]:
         if import_class(path, nn.Module) is not name:
             raise ValueError(f"{path!r} imports another class: clients could not rebuild it")
         return path, name
+    if not isinstance(name, str):
+        raise ValueError(
+            f"build_prunable takes the model's class and its arguments, got {name!r}: "
+            "clients build the model themselves from them"
+        )
     if name in PRUNABLE_NETS:
         return name, PRUNABLE_NETS[name]
     if ":" in name:

@@ -184,6 +184,8 @@ def test_models_it_cannot_prune_are_refused_with_the_reason():
         build_prunable(TinyResNet, input_shape=SHAPE, depth=3)
     with pytest.raises(ValueError, match="cannot travel to clients"):
         build_prunable(TinyResNet, input_shape=SHAPE, branches=(nn.ReLU, 2))
+    with pytest.raises(ValueError, match="the model's class and its arguments"):
+        build_prunable(TinyResNet(), input_shape=SHAPE)  # an instance: clients could not build it
     with pytest.raises(ValueError, match="widths"):
         build_prunable(TinyResNet, input_shape=SHAPE, widths=[2, 3, 2, 4, 7])
 

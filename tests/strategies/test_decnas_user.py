@@ -3,6 +3,7 @@ grid: the clients rebuild it from its import path and the frontier shrinks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from flwr.app import ArrayRecord
 
@@ -42,3 +43,9 @@ def test_decnas_prunes_a_user_model_rebuilt_by_the_clients_from_its_import_path(
     configs = [m.content.config_records[CONFIG] for m in grid.sent if CONFIG in m.content]
     assert {c["space.name"] for c in configs if "space.name" in c} == {PATH}
     assert gm0.test_accuracy is not None and gm1.test_accuracy is not None
+
+
+def test_a_bare_module_is_refused_with_how_to_wrap_it(data_cache):
+    settings = parse_run_config(tiny_decnas(data_cache))
+    with pytest.raises(TypeError, match="build_prunable"):
+        DecNAS(net=TinyResNet(), settings=settings.decnas, seed=0)
