@@ -23,7 +23,6 @@ FLOPs = 2 x MACs) on a storage-free copy (meta device), memoised per spec.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,7 +33,8 @@ import torch_pruning as tp
 from torch import Tensor, nn
 
 from . import prunable_graph as graph
-from .base import Cost, _count_flops, _num_params, class_path, import_class, positive_int
+from . import prunable_spec as specs
+from .base import Cost, _count_flops, _num_params
 from .prunable_graph import Layout
 from .prunable_nets import PRUNABLE_NETS, ConvNet, MobileNetV1
 
@@ -161,9 +161,9 @@ def build_prunable(
         An unknown name or argument, a model torch-pruning cannot trace, one with no
         prunable layer, or bad ``widths``.
     """
-    name, cls = _model_class(name)
-    kwargs = _model_kwargs(name, cls, kwargs)
-    shape = _input_shape(input_shape, kwargs)
+    name, cls = specs.model_class(name)
+    kwargs = specs.model_kwargs(name, cls, kwargs)
+    shape = specs.input_shape(input_shape, kwargs)
     return _build(name, cls, kwargs, shape, widths, fresh=True)
 
 
@@ -292,7 +292,7 @@ def _build(
     model = _construct(name, cls, kwargs) if fresh else None
     with torch.random.fork_rng(devices=[]):  # tracing the base draws nothing from the caller's RNG
         base = graph.base_of(
-            (name, shape, _frozen(kwargs)), lambda: _construct(name, cls, kwargs), shape
+            (name, shape, specs.frozen(kwargs)), lambda: _construct(name, cls, kwargs), shape
         )
     wanted = _check_widths(name, base.layout, widths)
     if model is None:
@@ -312,10 +312,10 @@ def _build(
 def _on_meta(spec: Mapping[str, Any]) -> PrunableNet:
     """The structure of ``spec`` without storage (for costs and as a loading target)."""
     values = dict(spec)
-    name, cls = _model_class(values.pop("name"))
+    name, cls = specs.model_class(values.pop("name"))
     shape, widths = values.pop("input_shape", None), values.pop("widths", None)
-    kwargs = _model_kwargs(name, cls, values)
-    return _build(name, cls, kwargs, _input_shape(shape, kwargs), widths, fresh=False)
+    kwargs = specs.model_kwargs(name, cls, values)
+    return _build(name, cls, kwargs, specs.input_shape(shape, kwargs), widths, fresh=False)
 
 
 def _twin(net: PrunableNet) -> tuple[tp.DependencyGraph, dict[nn.Module, str]]:
@@ -343,80 +343,6 @@ def _construct(name: str, cls: type[nn.Module], kwargs: dict[str, Any]) -> nn.Mo
 
 
 # --- checking --------------------------------------------------------------------------
-
-
-def _model_class(name: str | type[nn.Module]) -> tuple[str, type[nn.Module]]:
-    """The spec name and the class: a built-in's short name, else the import path."""
-    if isinstance(name, type):
-        if not issubclass(name, nn.Module):
-            raise ValueError(f"{name!r} is not an nn.Module subclass")
-        short = next((key for key, cls in PRUNABLE_NETS.items() if cls is name), None)
-        if short is not None:
-            return short, name
-        path = class_path(name)
-        if import_class(path, nn.Module) is not name:
-            raise ValueError(f"{path!r} imports another class: clients could not rebuild it")
-        return path, name
-    if not isinstance(name, str):
-        raise ValueError(
-            f"build_prunable takes the model's class and its arguments, got {name!r}: "
-            "clients build the model themselves from them"
-        )
-    if name in PRUNABLE_NETS:
-        return name, PRUNABLE_NETS[name]
-    if ":" in name:
-        return name, import_class(name, nn.Module)
-    raise ValueError(
-        f"unknown prunable net {name!r}; valid: {', '.join(PRUNABLE_NETS)}, or the import "
-        "path of an nn.Module class ('pkg.module:Class')"
-    )
-
-
-def _model_kwargs(name: str, cls: type[nn.Module], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``kwargs`` checked against ``cls``'s signature, as ConfigRecord values."""
-    parameters = inspect.signature(cls).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    unknown = sorted(set(kwargs) - set(parameters))
-    if unknown and not takes_any:
-        raise ValueError(
-            f"prunable net {name!r} got unknown argument(s) {unknown}; "
-            f"valid: {', '.join(parameters)}"
-        )
-    return {key: _config_value(name, key, value) for key, value in kwargs.items()}
-
-
-def _config_value(name: str, key: str, value: Any) -> Any:
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, bool | int | float | str | bytes):
-        return value
-    if isinstance(value, list | tuple):
-        items = [v.item() if isinstance(v, np.generic) else v for v in value]
-        kinds = {type(v) for v in items}
-        if len(kinds) <= 1 and kinds <= {bool, int, float, str, bytes}:
-            return items
-    raise ValueError(
-        f"prunable net {name!r}: argument {key!r} = {value!r} cannot travel to clients "
-        "(a number, string, bytes or a list of one of those)"
-    )
-
-
-def _input_shape(input_shape: Sequence[int] | None, kwargs: Mapping[str, Any]) -> tuple[int, ...]:
-    image = [kwargs.get(k) for k in ("in_channels", "input_height", "input_width")]
-    implied = tuple(image) if all(v is not None for v in image) else None
-    if input_shape is None:
-        if implied is None:
-            raise ValueError(
-                "input_shape (one sample's shape, e.g. (3, 32, 32)) is needed unless the "
-                "model takes in_channels, input_height and input_width"
-            )
-        input_shape = implied
-    if isinstance(input_shape, str | bytes) or not isinstance(input_shape, Sequence):
-        raise ValueError(f"input_shape must be a sequence of integers, got {input_shape!r}")
-    shape = tuple(positive_int("input_shape", d) for d in input_shape)
-    if not shape or (implied is not None and shape != implied):
-        raise ValueError(f"input_shape {list(shape)} does not match the image arguments {implied}")
-    return shape
 
 
 def _check_widths(name: str, layout: Layout, widths: Sequence[int] | None) -> tuple[int, ...]:
@@ -447,16 +373,8 @@ def _replaced(widths: Sequence[int], layer: int, width: int) -> list[int]:
     return [width if i == layer else w for i, w in enumerate(widths)]
 
 
-def _frozen(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
 def _spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
-    return _frozen(spec)
+    return specs.frozen(spec)
 
 
 def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
