@@ -92,6 +92,7 @@ def input_shape(input_shape: Sequence[int] | None, kwargs: Mapping[str, Any]) ->
 
 
 def frozen(value: Any) -> Any:
+    """A hashable memo key of a spec or of its arguments (lists become tuples)."""
     if isinstance(value, Mapping):
         return tuple(sorted((k, frozen(v)) for k, v in value.items()))
     if isinstance(value, list | tuple):
