@@ -139,20 +139,25 @@ class DecNAS(PrunedModelStages):
     # --- the Strategy hooks: one candidate on one group --------------------------------
 
     def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        *,
+        nodes: Sequence[NodeProfile] | None = None,
     ) -> Iterable[Message]:
-        """Tuning messages: the candidate ``arrays`` to every connected client of the
-        group ``config["group"]`` (of ``self.groups``); the rest of ``config`` travels."""
-        group = int(config["group"])
-        record = ConfigRecord({k: v for k, v in config.items() if k != "group"})
+        """Tuning messages: the candidate ``arrays`` and ``config`` to every connected node
+        of ``nodes``, the group that tunes it (default: every profiled node)."""
         connected = set(grid.get_node_ids())
+        chosen = self.profiles.values() if nodes is None else nodes
         return [
             Message(
-                RecordDict({ARRAYS: arrays, CONFIG: record}),
+                RecordDict({ARRAYS: arrays, CONFIG: config}),
                 message_type=DECNAS_TUNE,
                 dst_node_id=node.node_id,
             )
-            for node in self.groups[group]
+            for node in chosen
             if node.node_id in connected
         ]
 
@@ -245,13 +250,14 @@ class DecNAS(PrunedModelStages):
                 group_of[candidate] = group
                 config = self.train_config(
                     spec,
-                    group=group,
                     iteration=iteration,
                     round=round_,
                     candidate=candidate,
                     **{"server-round": iteration * 1000 + round_},
                 )
-                sent = list(self.configure_train(round_, arrays, ConfigRecord(config), grid))
+                record = ConfigRecord(config)
+                group_nodes = self.groups[group]
+                sent = list(self.configure_train(round_, arrays, record, grid, nodes=group_nodes))
                 candidate_of.update({m.metadata.dst_node_id: candidate for m in sent})
                 messages.extend(sent)
             replies = self.accept(
