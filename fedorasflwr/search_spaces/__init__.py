@@ -5,7 +5,9 @@
 (``"mypkg.space:MySpace"``); ``build_space(**space.spec)`` rebuilds the same structure.
 ``DifferentiableSpace`` (FDNAS / CFDNAS) and the ``DartsStyle`` API (DP-FNAS) are the
 extensions those methods search; ``require_differentiable`` / ``require_darts_style`` check them.
-``build_prunable("convnet" | "mobilenet", ...)`` builds a DecNAS prunable net.
+``build_prunable(MyNet, input_shape=..., **kwargs)`` wraps any ``nn.Module`` class of
+conv/linear layers for DecNAS (``"convnet"`` / ``"mobilenet"``: the built-ins);
+``load_prunable(net.spec, state_dict)`` rebuilds one with its weights.
 """
 
 from .base import (
@@ -32,7 +34,7 @@ from .differentiable import (
     require_differentiable,
 )
 from .mbconv import MBConvSpace, mbconv
-from .prunable import PrunableNet, build_prunable
+from .prunable import PrunableNet, build_prunable, load_prunable
 from .rnn import RNNSpace, rnn
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "cnn_l",
     "cnn_s",
     "import_class",
+    "load_prunable",
     "mbconv",
     "register_space",
     "require_darts_style",

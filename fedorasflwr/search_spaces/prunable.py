@@ -1,38 +1,42 @@
-"""Prunable networks for DecNAS (federated NetAdapt): plain nets whose layers lose filters.
+"""Prunable nets for DecNAS (federated NetAdapt): any ``nn.Module`` of conv/linear layers.
 
-A :class:`PrunableNet` is an ordinary ``nn.Module`` described by its *widths*:
-the number of filters of each prunable layer (its architecture).  Two nets
-(DecNAS paper, Table 2):
+A :class:`PrunableNet` wraps a model (``.model``) built from its class and keyword
+arguments, and describes it by its *widths*: the number of filters of each prunable
+layer (its architecture).  ``build_prunable(MyNet, num_classes=10)`` wraps a user's
+class (clients import it back by its path, ``"mypkg.nets:MyNet"``);
+``build_prunable("convnet" | "mobilenet", ...)`` one of the built-ins
+(:mod:`.prunable_nets`); ``build_prunable(**net.spec)`` rebuilds a structure and
+``load_prunable(spec, state_dict)`` a structure holding given weights.
 
-- ``convnet``: a simplified AlexNet, six CONV (3x3, BN, ReLU) layers with a
-  2x2 max-pool after every second one, then one FC classifier;
-- ``mobilenet``: MobileNet v1, a standard 3x3 CONV then 13 depthwise-separable
-  blocks, global average pooling and one FC classifier.
+The prunable layers come from torch-pruning's dependency graph, traced on one sample of
+``input_shape``: one layer per group of coupled channels rooted at a conv/linear layer,
+named by its first conv/linear layer (in module order) that is not depthwise; a group
+that reaches the model's output (the classifier) is not prunable.  What follows a
+layer's filters (BN, the next layers' input channels, depthwise partners, flattened
+classifier columns, residual or concatenated branches) is sliced by torch-pruning.
 
-``width`` scales the default filter counts (a width multiplier).  The prunable
-layers are the CONV layers that choose their number of filters (convnet: all
-six; mobilenet: the first CONV and the 13 pointwise CONVs: K = 14, as in the
-paper); a depthwise CONV follows the layer that feeds it.
-
-:func:`prune_layer` removes filters from one layer, keeping those with the
-largest L2 norm, and slices everything that consumes that layer (BN, the next
-layer's input channels, depthwise partners, the classifier's input columns).
-Costs come from the shared cost layer (:class:`~.base.Cost`, measured with
-``FlopCounterMode`` on one sample: FLOPs = 2 x MACs); MACs and parameters are
-linear in any one layer's width, which :func:`prune_to_budget` uses to remove
-just enough filters, then checks on the measured cost.
+:func:`prune_layer` keeps a layer's largest-L2-norm filters.  Costs come from the shared
+cost layer (:class:`~.base.Cost`, measured with ``FlopCounterMode`` on one sample:
+FLOPs = 2 x MACs) on a storage-free copy (meta device), memoised per spec.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+import numpy as np
 import torch
+import torch_pruning as tp
 from torch import Tensor, nn
 
-from .base import Cost, _count_flops, _num_params, image_spec, positive_float
+from . import prunable_graph as graph
+from . import prunable_spec as specs
+from .base import Cost, _count_flops, _num_params
+from .prunable_graph import Layout
+from .prunable_nets import PRUNABLE_NETS, ConvNet, MobileNetV1
 
 __all__ = [
     "PRUNABLE_NETS",
@@ -42,6 +46,7 @@ __all__ = [
     "PrunableNet",
     "build_prunable",
     "filter_norms",
+    "load_prunable",
     "prune_layer",
     "prune_to_budget",
     "resource",
@@ -52,56 +57,49 @@ __all__ = [
 RESOURCES = ("macs", "params")
 """What a budget may count: multiply-accumulates of one sample, or parameters."""
 
-Slice = tuple[str, int, int]  # state_dict key, dimension, elements per filter along it
-
-_BN_KEYS = ("weight", "bias", "running_mean", "running_var")
 _COSTS: dict[tuple[Any, ...], Cost] = {}
 _COSTS_LIMIT = 4096
-
-
-def _bn(prefix: str) -> list[Slice]:
-    return [(f"{prefix}.{key}", 0, 1) for key in _BN_KEYS]
+_TWINS: dict[tuple[Any, ...], tuple[tp.DependencyGraph, dict[nn.Module, str]]] = {}
 
 
 class PrunableNet(nn.Module):
-    """A net whose prunable layers have ``widths`` filters; rebuilt by ``build_prunable(**spec)``.
+    """A model whose prunable layers have ``widths`` filters; ``forward`` is the model's.
 
-    Subclasses build their modules from ``widths`` and say, per prunable layer,
-    which ``state_dict`` slices belong to its filters (:meth:`slice_plan`).
+    Built by :func:`build_prunable`, never directly.  ``state_dict`` keys are the model's
+    under ``model.``; ``spec`` (model name or import path, its keyword arguments,
+    ``input_shape`` and ``widths``) rebuilds the structure on a client.
     """
-
-    name: ClassVar[str] = ""
-    base_widths: ClassVar[tuple[int, ...]] = ()
 
     def __init__(
         self,
-        widths: Sequence[int],
+        model: nn.Module,
         *,
-        num_classes: int,
-        in_channels: int,
-        input_height: int,
-        input_width: int,
+        name: str,
+        kwargs: Mapping[str, Any],
+        input_shape: Sequence[int],
+        layout: Layout,
+        widths: Sequence[int],
     ) -> None:
         super().__init__()
-        self.image = image_spec(num_classes, in_channels, input_height, input_width)
-        values = tuple(widths)
-        if len(values) != len(self.base_widths) or not all(
-            isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in values
-        ):
-            raise ValueError(
-                f"{self.name} needs {len(self.base_widths)} widths (filters per prunable "
-                f"layer), each an integer >= 1; got {values}"
-            )
-        self.widths = values
+        self.model = model
+        self.name = name
+        self.kwargs = dict(kwargs)
+        self.input_shape = tuple(input_shape)
+        self.layout = layout
+        self.widths = tuple(int(w) for w in widths)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x)
 
     @property
     def spec(self) -> dict[str, Any]:
         """``build_prunable(**spec)`` rebuilds this structure (weights not included)."""
-        return {"name": self.name, **self.image, "widths": list(self.widths)}
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        return (self.image["in_channels"], self.image["input_height"], self.image["input_width"])
+        return {
+            "name": self.name,
+            **self.kwargs,
+            "input_shape": list(self.input_shape),
+            "widths": list(self.widths),
+        }
 
     @property
     def num_layers(self) -> int:
@@ -109,192 +107,88 @@ class PrunableNet(nn.Module):
         return len(self.widths)
 
     def layer_names(self) -> tuple[str, ...]:
-        """A label per prunable layer (its filters' weight key without ``.weight``)."""
-        return tuple(
-            self.filter_key(layer).removesuffix(".weight") for layer in range(self.num_layers)
-        )
-
-    def filter_key(self, layer: int) -> str:
-        """The weight whose dimension 0 holds the layer's filters."""
-        return self.slice_plan(layer)[0][0]
-
-    def slice_plan(self, layer: int) -> list[Slice]:
-        """Each ``(key, dim, group)`` that shrinks with ``layer``'s filters, own weight first."""
-        raise NotImplementedError
+        """The module name of each prunable layer (in the model, without ``model.``)."""
+        return self.layout.layers
 
     def cost(self) -> Cost:
         """FLOPs (2 x MACs, one sample, ``FlopCounterMode``) and parameters, memoised per spec."""
-        key = (self.name, tuple(self.image.items()), self.widths)
+        key = _spec_key(self.spec)
         cost = _COSTS.get(key)
         if cost is None:
-            probe = _on_meta(self.spec)
+            probe = self if _is_meta(self) else _on_meta(self.spec)
+            training = probe.training
             probe.eval()
-            x = torch.zeros((1, *self.input_shape), device="meta")
-            cost = Cost(_count_flops(probe, x), _num_params(probe))
-            if len(_COSTS) >= _COSTS_LIMIT:
-                _COSTS.pop(next(iter(_COSTS)))
-            _COSTS[key] = cost
+            x = torch.zeros((1, *self.input_shape), device=_device_of(probe.model))
+            with torch.no_grad():
+                cost = Cost(_count_flops(probe, x), _num_params(probe))
+            probe.train(training)
+            _remember(_COSTS, key, cost)
         return cost
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, widths={list(self.widths)}"
 
 
-class _ConvUnit(nn.Module):
-    def __init__(self, c_in: int, c_out: int, pool: bool) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(c_out)
-        self.pool = nn.MaxPool2d(2) if pool else nn.Identity()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.pool(torch.relu(self.bn(self.conv(x))))
-
-
-class ConvNet(PrunableNet):
-    """Simplified AlexNet ("ConvNet", DecNAS Table 2): 6 CONV layers, a max-pool after
-    every second one (while the feature map is at least 2 px), then one FC layer."""
-
-    name = "convnet"
-    base_widths = (32, 32, 64, 64, 128, 128)
-
-    def __init__(self, widths: Sequence[int], **image: Any) -> None:
-        super().__init__(widths, **image)
-        height, width = self.image["input_height"], self.image["input_width"]
-        units, c_in = [], self.image["in_channels"]
-        for layer, c_out in enumerate(self.widths):
-            pool = layer % 2 == 1 and min(height, width) >= 2
-            units.append(_ConvUnit(c_in, c_out, pool))
-            if pool:
-                height, width = height // 2, width // 2
-            c_in = c_out
-        self.blocks = nn.ModuleList(units)
-        self.spatial = height * width
-        self.classifier = nn.Linear(c_in * self.spatial, self.image["num_classes"])
-
-    def forward(self, x: Tensor) -> Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.classifier(torch.flatten(x, 1))
-
-    def slice_plan(self, layer: int) -> list[Slice]:
-        plan = [(f"blocks.{layer}.conv.weight", 0, 1), *_bn(f"blocks.{layer}.bn")]
-        if layer + 1 < self.num_layers:
-            plan.append((f"blocks.{layer + 1}.conv.weight", 1, 1))
-        else:  # flattened channel-major: each filter owns `spatial` consecutive inputs
-            plan.append(("classifier.weight", 1, self.spatial))
-        return plan
-
-
-class _Separable(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
-        super().__init__()
-        self.dw = nn.Conv2d(c_in, c_in, 3, stride, 1, groups=c_in, bias=False)
-        self.dw_bn = nn.BatchNorm2d(c_in)
-        self.pw = nn.Conv2d(c_in, c_out, 1, bias=False)
-        self.pw_bn = nn.BatchNorm2d(c_out)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = torch.relu(self.dw_bn(self.dw(x)))
-        return torch.relu(self.pw_bn(self.pw(x)))
-
-
-class _Stem(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-        self.bn = nn.BatchNorm2d(c_out)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.relu(self.bn(self.conv(x)))
-
-
-class MobileNetV1(PrunableNet):
-    """MobileNet v1 (Howard et al., 2017): CONV 3x3, 13 depthwise-separable blocks, GAP, FC.
-
-    The stem's stride is 2 for inputs above 32 px and 1 otherwise (small images).
-    """
-
-    name = "mobilenet"
-    base_widths = (32, 64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024)
-    strides = (1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1)
-
-    def __init__(self, widths: Sequence[int], **image: Any) -> None:
-        super().__init__(widths, **image)
-        stem_stride = 2 if min(self.image["input_height"], self.image["input_width"]) > 32 else 1
-        self.stem = _Stem(self.image["in_channels"], self.widths[0], stem_stride)
-        self.blocks = nn.ModuleList(
-            _Separable(c_in, c_out, stride)
-            for c_in, c_out, stride in zip(
-                self.widths[:-1], self.widths[1:], self.strides, strict=True
-            )
-        )
-        self.classifier = nn.Linear(self.widths[-1], self.image["num_classes"])
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
-
-    def slice_plan(self, layer: int) -> list[Slice]:
-        if layer == 0:
-            plan = [("stem.conv.weight", 0, 1), *_bn("stem.bn")]
-        else:
-            plan = [(f"blocks.{layer - 1}.pw.weight", 0, 1), *_bn(f"blocks.{layer - 1}.pw_bn")]
-        if layer < len(self.blocks):  # the next block's depthwise partner, then its pointwise
-            plan += [(f"blocks.{layer}.dw.weight", 0, 1), *_bn(f"blocks.{layer}.dw_bn")]
-            plan.append((f"blocks.{layer}.pw.weight", 1, 1))
-        else:
-            plan.append(("classifier.weight", 1, 1))
-        return plan
-
-
-PRUNABLE_NETS: dict[str, type[PrunableNet]] = {ConvNet.name: ConvNet, MobileNetV1.name: MobileNetV1}
-"""Prunable nets by name."""
-
-
 def build_prunable(
-    name: str,
+    name: str | type[nn.Module],
     *,
-    num_classes: int,
-    in_channels: int,
-    input_height: int,
-    input_width: int,
-    width: float = 1.0,
+    input_shape: Sequence[int] | None = None,
     widths: Sequence[int] | None = None,
+    **kwargs: Any,
 ) -> PrunableNet:
-    """Build ``name`` (``convnet`` or ``mobilenet``) with ``widths`` filters per prunable
-    layer, or the default filters scaled by ``width`` (each at least 1)."""
-    if name not in PRUNABLE_NETS:
-        raise ValueError(f"unknown prunable net {name!r}; valid: {', '.join(PRUNABLE_NETS)}")
-    cls = PRUNABLE_NETS[name]
-    if widths is None:
-        scale = positive_float("width", width)
-        widths = [max(1, round(w * scale)) for w in cls.base_widths]
-    return cls(
-        [int(w) for w in widths],
-        num_classes=num_classes,
-        in_channels=in_channels,
-        input_height=input_height,
-        input_width=input_width,
-    )
+    """``name(**kwargs)`` as a :class:`PrunableNet`, freshly initialised (current RNG).
+
+    Parameters
+    ----------
+    name : str or nn.Module subclass
+        A built-in (``"convnet"``, ``"mobilenet"``), the import path of an ``nn.Module``
+        class (``"mypkg.nets:MyNet"``) or the class itself, defined at the top level of
+        an importable module: clients import it back by its path.
+    input_shape : sequence of int, optional
+        One sample's shape, e.g. ``(3, 32, 32)``; by default ``(in_channels,
+        input_height, input_width)`` from ``kwargs`` (as the built-ins take).
+    widths : sequence of int, optional
+        Filters per prunable layer, each at most the model's own; the last filters of
+        each layer go and every module that lost channels is initialised again by its
+        ``reset_parameters()``.  Default: the model's own.
+    **kwargs
+        The model's constructor arguments: numbers, strings, bytes or lists of one of
+        those (they travel in Flower's ``ConfigRecord``).
+
+    Raises
+    ------
+    ValueError
+        An unknown name or argument, a model torch-pruning cannot trace, one with no
+        prunable layer, or bad ``widths``.
+    """
+    name, cls = specs.model_class(name)
+    kwargs = specs.model_kwargs(name, cls, kwargs)
+    shape = specs.input_shape(input_shape, kwargs)
+    return _build(name, cls, kwargs, shape, widths, fresh=True)
 
 
-def _on_meta(spec: dict[str, Any]) -> PrunableNet:
-    """The structure of ``spec`` without storage (for costs and as a loading target)."""
-    with torch.device("meta"):
-        return build_prunable(**spec)
+def load_prunable(spec: Mapping[str, Any], state_dict: Mapping[str, Tensor]) -> PrunableNet:
+    """The structure ``spec`` holding ``state_dict`` (strict), without initialising
+    weights first: built on the meta device, then given storage and loaded."""
+    net = _on_meta(spec)
+    persistent = set(net.state_dict())
+    if any(f"model.{k}" not in persistent for k, _ in net.model.named_buffers()):
+        net = build_prunable(**spec)  # non-persistent buffers need the constructor's values
+    else:
+        net = net.to_empty(device="cpu")
+    net.load_state_dict(state_dict, strict=True)
+    return net
 
 
-def spec_cost(spec: dict[str, Any]) -> Cost:
+def spec_cost(spec: Mapping[str, Any]) -> Cost:
     """The cost of ``build_prunable(**spec)``, without building its weights."""
-    return _on_meta(spec).cost()
+    cost = _COSTS.get(_spec_key(spec))
+    return cost if cost is not None else _on_meta(spec).cost()
 
 
-def resource(net: PrunableNet | dict[str, Any], kind: str) -> int:
+def resource(net: PrunableNet | Mapping[str, Any], kind: str) -> int:
     """``"macs"`` (FLOPs / 2 of one sample) or ``"params"`` of a net or of its spec."""
-    cost = spec_cost(net) if isinstance(net, dict) else net.cost()
+    cost = net.cost() if isinstance(net, PrunableNet) else spec_cost(net)
     if kind == "macs":
         return cost.flops // 2
     if kind == "params":
@@ -302,32 +196,37 @@ def resource(net: PrunableNet | dict[str, Any], kind: str) -> int:
     raise ValueError(f"unknown resource {kind!r}; valid: {', '.join(RESOURCES)}")
 
 
-def _with_widths(net: PrunableNet, widths: Sequence[int]) -> PrunableNet:
-    return _on_meta({**net.spec, "widths": list(widths)})
-
-
 def filter_norms(net: PrunableNet, layer: int) -> Tensor:
-    """L2 norm of every filter of ``layer`` (NetAdapt / DecNAS §4.1 rank filters by it)."""
-    weight = net.state_dict()[net.filter_key(_check_layer(net, layer))]
-    return weight.detach().flatten(1).norm(dim=1)
+    """L2 norm of every filter of ``layer`` (NetAdapt / DecNAS §4.1 rank filters by it);
+    a filter shared by coupled layers (added branches) counts all their weights."""
+    layer = _check_layer(net, layer)
+    modules = [net.model.get_submodule(path) for path in net.layout.filters[layer]]
+    norms = [graph.filters(module).norm(dim=1) for module in modules]
+    return norms[0] if len(norms) == 1 else torch.stack(norms).norm(dim=0)
 
 
 def prune_layer(net: PrunableNet, layer: int, keep: int) -> PrunableNet:
     """A copy of ``net`` whose ``layer`` keeps its ``keep`` largest-norm filters (in their
-    original order); BN, consumers and depthwise partners are sliced to match."""
+    original order); torch-pruning slices whatever depends on them."""
     layer = _check_layer(net, layer)
-    if not 1 <= keep <= net.widths[layer]:
-        raise ValueError(f"layer {layer} has {net.widths[layer]} filters; cannot keep {keep}")
+    filters = net.widths[layer]
+    if not 1 <= keep <= filters:
+        raise ValueError(f"layer {layer} has {filters} filters; cannot keep {keep}")
     norms = filter_norms(net, layer)
-    kept = torch.sort(torch.argsort(norms, descending=True, stable=True)[:keep]).values
-    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    for key, dim, group in net.slice_plan(layer):
-        index = (kept[:, None] * group + torch.arange(group)).reshape(-1)
-        state[key] = state[key].index_select(dim, index)
-    widths = list(net.widths)
-    widths[layer] = keep
-    pruned = _with_widths(net, widths)
-    pruned.load_state_dict(state, strict=True, assign=True)
+    kept = set(torch.argsort(norms, descending=True, stable=True)[:keep].tolist())
+    dropped = [i for i in range(filters) if i not in kept]
+    model = copy.deepcopy(net.model)
+    if dropped:  # planned on a storage-free twin: no forward on the real weights
+        traced, names = _twin(net)
+        graph.apply(graph.layer_plan(traced, names, net.layout.layers[layer], dropped), model)
+    pruned = PrunableNet(
+        model,
+        name=net.name,
+        kwargs=net.kwargs,
+        input_shape=net.input_shape,
+        layout=net.layout,
+        widths=_replaced(net.widths, layer, keep),
+    )
     return pruned.train(net.training)
 
 
@@ -337,8 +236,10 @@ def prune_to_budget(
     """Prune the fewest filters of ``layer`` so that ``resource(pruned, kind) <= budget``;
     ``None`` if even ``min_filters`` filters exceed it.
 
-    The resource is linear in one layer's width, so the number to remove is
-    ``ceil((Res(net) - budget) / (Res(net) - Res(net with one filter less)))``.
+    For nets whose resource is linear in one layer's width (no two pruned layers feed
+    one another) the number to remove is ``ceil((Res(net) - budget) / (Res(net) -
+    Res(net with one filter less)))``; the measured cost is checked and more filters go
+    while it exceeds the budget.
     """
     layer = _check_layer(net, layer)
     current, filters = resource(net, kind), net.widths[layer]
@@ -346,21 +247,17 @@ def prune_to_budget(
         return prune_layer(net, layer, filters)
     if filters <= min_filters:
         return None
-    narrower = list(net.widths)
-    narrower[layer] -= 1
-    step = current - resource(_with_widths(net, narrower), kind)
+    step = current - resource(_respec(net, _replaced(net.widths, layer, filters - 1)), kind)
     if step <= 0:
         return None
     keep = filters - math.ceil((current - budget) / step)
     if keep < min_filters:
         return None
-    pruned = prune_layer(net, layer, keep)
-    while resource(pruned, kind) > budget:  # never taken for these nets (linear costs)
+    while resource(_respec(net, _replaced(net.widths, layer, keep)), kind) > budget:
         if keep <= min_filters:
             return None
         keep -= 1
-        pruned = prune_layer(net, layer, keep)
-    return pruned
+    return prune_layer(net, layer, keep)
 
 
 def width_scaled(net: PrunableNet, budget: float, kind: str = "macs") -> PrunableNet:
@@ -370,15 +267,127 @@ def width_scaled(net: PrunableNet, budget: float, kind: str = "macs") -> Prunabl
     for _ in range(12):
         middle = (low + high) / 2
         widths = [max(1, round(w * middle)) for w in net.widths]
-        if resource(_with_widths(net, widths), kind) <= budget:
+        if resource(_respec(net, widths), kind) <= budget:
             low = middle
         else:
             high = middle
     widths = [max(1, round(w * low)) for w in net.widths]
-    return build_prunable(**{**net.spec, "widths": widths})
+    return build_prunable(**_respec(net, widths))
+
+
+# --- building --------------------------------------------------------------------------
+
+
+def _build(
+    name: str,
+    cls: type[nn.Module],
+    kwargs: dict[str, Any],
+    shape: tuple[int, ...],
+    widths: Sequence[int] | None,
+    *,
+    fresh: bool,
+) -> PrunableNet:
+    """``fresh``: newly initialised weights (the caller's RNG draws them as ``cls(**kwargs)``
+    would); else the traced twin's copy (storage-free)."""
+    model = _construct(name, cls, kwargs) if fresh else None
+    with torch.random.fork_rng(devices=[]):  # tracing the base draws nothing from the caller's RNG
+        base = graph.base_of(
+            (name, shape, specs.frozen(kwargs)), lambda: _construct(name, cls, kwargs), shape
+        )
+    wanted = _check_widths(name, base.layout, widths)
+    if model is None:
+        model = copy.deepcopy(base.model)
+    plan = graph.tail_plan(base, wanted)
+    graph.apply(plan, model)  # which filters go does not matter: weights are loaded or fresh
+    if fresh:  # initialised for their new fan-in, as a model built at these widths would be
+        for path in dict.fromkeys(path for path, _, _ in plan):
+            reset = getattr(model.get_submodule(path), "reset_parameters", None)
+            if callable(reset):
+                reset()
+    return PrunableNet(
+        model, name=name, kwargs=kwargs, input_shape=shape, layout=base.layout, widths=wanted
+    )
+
+
+def _on_meta(spec: Mapping[str, Any]) -> PrunableNet:
+    """The structure of ``spec`` without storage (for costs and as a loading target)."""
+    values = dict(spec)
+    name, cls = specs.model_class(values.pop("name"))
+    shape, widths = values.pop("input_shape", None), values.pop("widths", None)
+    kwargs = specs.model_kwargs(name, cls, values)
+    return _build(name, cls, kwargs, specs.input_shape(shape, kwargs), widths, fresh=False)
+
+
+def _twin(net: PrunableNet) -> tuple[tp.DependencyGraph, dict[nn.Module, str]]:
+    """The dependency graph of ``net``'s structure (traced storage-free, memoised)."""
+    key = _spec_key(net.spec)
+    found = _TWINS.get(key)
+    if found is None:
+        model = _on_meta(net.spec).model
+        found = (graph.trace(model, net.input_shape, net.name), graph.names_of(model))
+        _TWINS.clear()  # the latest only: prune_to_budget visits every layer of one net
+        _TWINS[key] = found
+    return found
+
+
+def _respec(net: PrunableNet, widths: Sequence[int]) -> dict[str, Any]:
+    """``net``'s spec with other widths (a spec's cost is memoised before it is built)."""
+    return {**net.spec, "widths": list(widths)}
+
+
+def _construct(name: str, cls: type[nn.Module], kwargs: dict[str, Any]) -> nn.Module:
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"prunable net {name!r} cannot be built from {kwargs}: {err}") from err
+
+
+# --- checking --------------------------------------------------------------------------
+
+
+def _check_widths(name: str, layout: Layout, widths: Sequence[int] | None) -> tuple[int, ...]:
+    if widths is None:
+        return layout.base_widths
+    values = tuple(widths)
+    if len(values) != len(layout.base_widths) or not all(
+        isinstance(w, int | np.integer) and not isinstance(w, bool) and 1 <= w <= base
+        for w, base in zip(values, layout.base_widths, strict=False)
+    ):
+        raise ValueError(
+            f"{name} needs {len(layout.base_widths)} widths (filters per prunable layer), "
+            f"each an integer from 1 to the model's own {list(layout.base_widths)}; got {values}"
+        )
+    return tuple(int(w) for w in values)
 
 
 def _check_layer(net: PrunableNet, layer: int) -> int:
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < net.num_layers:
         raise ValueError(f"{net.name} has prunable layers 0..{net.num_layers - 1}; got {layer!r}")
     return layer
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _replaced(widths: Sequence[int], layer: int, width: int) -> list[int]:
+    return [width if i == layer else w for i, w in enumerate(widths)]
+
+
+def _spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
+    return specs.frozen(spec)
+
+
+def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(memo) >= _COSTS_LIMIT:
+        memo.pop(next(iter(memo)))
+    memo[key] = value
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _is_meta(net: nn.Module) -> bool:
+    return _device_of(net).type == "meta"

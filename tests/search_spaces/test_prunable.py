@@ -16,6 +16,7 @@ from fedorasflwr.search_spaces.prunable import (
     width_scaled,
 )
 
+BN_KEYS = ("weight", "bias", "running_mean", "running_var")
 IMAGE = {"num_classes": 10, "in_channels": 1, "input_height": 8, "input_width": 8}
 
 
@@ -34,6 +35,13 @@ def measured_macs(net):
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         net(torch.zeros(1, 1, 8, 8))
     return counter.get_total_flops() // 2
+
+
+def test_the_built_ins_have_the_papers_prunable_layers():
+    # K = 6 for ConvNet, 14 for MobileNet (the first CONV and the 13 pointwise ones)
+    assert convnet().layer_names() == tuple(f"blocks.{i}.conv" for i in range(6))
+    assert mobilenet().layer_names() == ("stem.conv", *(f"blocks.{i}.pw" for i in range(13)))
+    assert convnet().spec["name"] == "convnet" and mobilenet().spec["name"] == "mobilenet"
 
 
 def test_convnet_macs_match_a_hand_count():
@@ -77,15 +85,18 @@ def test_every_layer_prunes_to_the_fewest_filters_meeting_the_budget(make):
         assert pruned(torch.randn(2, 1, 8, 8)).shape == (2, 10)
 
 
+_BN = {"conv": "bn", "pw": "pw_bn"}  # the BN after each kind of prunable CONV of the two nets
+
+
 def _silence(net, layer, filters):
     """Make ``filters`` of ``layer`` output exact zeros (weights, BN shift and mean zero)."""
+    conv = net.layer_names()[layer]
+    parent, _, leaf = conv.rpartition(".")
+    bn = f"{parent}.{_BN[leaf]}"
     state = net.state_dict()
-    for key, dim, _ in net.slice_plan(layer)[:5]:  # the layer's own weight and BN
-        index = torch.tensor(filters)
-        if key.endswith("running_var"):
-            state[key].index_fill_(dim, index, 1.0)
-        else:
-            state[key].index_fill_(dim, index, 0.0)
+    index = torch.tensor(filters)
+    for key in (f"model.{conv}.weight", *(f"model.{bn}.{k}" for k in BN_KEYS)):
+        state[key].index_fill_(0, index, 1.0 if key.endswith("running_var") else 0.0)
     net.load_state_dict(state)
 
 
@@ -106,7 +117,7 @@ def test_pruning_keeps_the_largest_norm_filters_and_slices_consumers():
     net = convnet()
     state = net.state_dict()
     weight = torch.ones(4, 4, 3, 3) * torch.tensor([3.0, 1.0, 4.0, 2.0]).view(4, 1, 1, 1)
-    state["blocks.1.conv.weight"] = weight
+    state["model.blocks.1.conv.weight"] = weight
     net.load_state_dict(state)
     assert filter_norms(net, 1).tolist() == pytest.approx(
         [18.0, 6.0, 24.0, 12.0]
@@ -114,10 +125,14 @@ def test_pruning_keeps_the_largest_norm_filters_and_slices_consumers():
     pruned = prune_layer(net, 1, 2)
     kept = [0, 2]  # norms 18 and 24, in their original order
     after = pruned.state_dict()
-    assert torch.equal(after["blocks.1.conv.weight"], weight[kept])
-    assert torch.equal(after["blocks.1.bn.running_var"], state["blocks.1.bn.running_var"][kept])
-    assert torch.equal(after["blocks.2.conv.weight"], state["blocks.2.conv.weight"][:, kept])
-    assert torch.equal(after["blocks.0.conv.weight"], state["blocks.0.conv.weight"])
+    assert torch.equal(after["model.blocks.1.conv.weight"], weight[kept])
+    assert torch.equal(
+        after["model.blocks.1.bn.running_var"], state["model.blocks.1.bn.running_var"][kept]
+    )
+    assert torch.equal(
+        after["model.blocks.2.conv.weight"], state["model.blocks.2.conv.weight"][:, kept]
+    )
+    assert torch.equal(after["model.blocks.0.conv.weight"], state["model.blocks.0.conv.weight"])
     assert pruned.widths == (4, 2, 8, 8, 16, 16)
 
 
@@ -127,12 +142,14 @@ def test_mobilenet_pruning_slices_the_depthwise_partner_and_the_classifier():
     pruned = prune_layer(net, 2, 5)
     kept = torch.sort(torch.argsort(filter_norms(net, 2), descending=True)[:5]).values
     after = pruned.state_dict()
-    assert torch.equal(after["blocks.1.pw.weight"], state["blocks.1.pw.weight"][kept])
-    assert torch.equal(after["blocks.2.dw.weight"], state["blocks.2.dw.weight"][kept])
-    assert torch.equal(after["blocks.2.dw_bn.bias"], state["blocks.2.dw_bn.bias"][kept])
-    assert torch.equal(after["blocks.2.pw.weight"], state["blocks.2.pw.weight"][:, kept])
+    assert torch.equal(after["model.blocks.1.pw.weight"], state["model.blocks.1.pw.weight"][kept])
+    assert torch.equal(after["model.blocks.2.dw.weight"], state["model.blocks.2.dw.weight"][kept])
+    assert torch.equal(after["model.blocks.2.dw_bn.bias"], state["model.blocks.2.dw_bn.bias"][kept])
+    assert torch.equal(
+        after["model.blocks.2.pw.weight"], state["model.blocks.2.pw.weight"][:, kept]
+    )
     last = prune_layer(net, 13, 3)
-    assert last.state_dict()["classifier.weight"].shape == (10, 3)
+    assert last.state_dict()["model.classifier.weight"].shape == (10, 3)
 
 
 def test_width_multiplier_fits_the_budget_and_the_defaults_scale():
@@ -145,3 +162,11 @@ def test_width_multiplier_fits_the_budget_and_the_defaults_scale():
         build_prunable("convnet", widths=[4, 4], **IMAGE)
     with pytest.raises(ValueError, match="valid: convnet, mobilenet"):
         build_prunable("resnet", **IMAGE)
+
+
+def test_a_fresh_net_at_given_widths_is_initialised_for_its_own_fan_in():
+    net = convnet()  # widths (4, 4, 8, 8, 16, 16) from the full (32, 32, 64, ...) ConvNet
+    weight = net.state_dict()["model.blocks.1.conv.weight"]  # 4 x 4 x 3 x 3
+    bound = 1 / (4 * 9) ** 0.5  # Conv2d's default: uniform within 1 / sqrt(fan_in)
+    assert weight.abs().max() <= bound
+    assert weight.abs().max() > 1 / (32 * 9) ** 0.5  # not the full net's smaller bound

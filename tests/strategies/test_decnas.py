@@ -60,7 +60,6 @@ def test_only_survivors_groups_upload_weights(data_cache):
 def test_fusion_is_the_training_count_weighted_mean(data_cache):
     strategy = make_strategy(tiny_decnas(data_cache))
     InProcessGrid(client_app, tiny_decnas(data_cache), 1)  # sets the task identity
-    strategy._current = ArrayRecord({"w": torch.zeros(2)})
     replies = []
     for value, count in ((1.0, 1), (5.0, 3)):
         sent = Message(RecordDict(), dst_node_id=7, message_type=DECNAS_UPLOAD)

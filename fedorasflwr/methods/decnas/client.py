@@ -20,7 +20,7 @@ from torch import nn
 from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
-from ...search_spaces.prunable import PrunableNet, build_prunable
+from ...search_spaces.prunable import PrunableNet, load_prunable
 from ...seeding import stream_words
 from ...training import (
     evaluate,
@@ -51,9 +51,8 @@ def state_key(config: Mapping[str, Any]) -> str:
 
 def _load(content: RecordDict) -> tuple[ConfigRecord, PrunableNet]:
     config: ConfigRecord = content.config_records[CONFIG]
-    net = build_prunable(**space_from_config(config))
-    net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict(), strict=True)
-    return config, net
+    state = content.array_records[ARRAYS].to_torch_state_dict()
+    return config, load_prunable(space_from_config(config), state)
 
 
 def _train(net: nn.Module, config: ConfigRecord, data: ClientData, words: tuple[int, ...]) -> dict:

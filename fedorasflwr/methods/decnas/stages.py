@@ -25,7 +25,13 @@ from ...federation.base import FederatedNASStrategy, NodeProfile
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
 from ...protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
-from ...search_spaces.prunable import PrunableNet, build_prunable, resource, width_scaled
+from ...search_spaces.prunable import (
+    PrunableNet,
+    build_prunable,
+    load_prunable,
+    resource,
+    width_scaled,
+)
 from ...seeding import seed_torch
 
 __all__ = ["DecNASResult", "GlobalModel", "PrunedModelStages"]
@@ -114,10 +120,14 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
     method = "decnas"
 
     def __init__(self, *, net: PrunableNet, settings: DecNASSettings, **kwargs: Any) -> None:
+        if not isinstance(net, PrunableNet):
+            raise TypeError(
+                f"DecNAS prunes a PrunableNet, got {type(net).__name__}: wrap the model's "
+                "class, e.g. build_prunable(MyNet, num_classes=10, input_shape=(3, 32, 32))"
+            )
         super().__init__(min_replies=settings.min_replies, **kwargs)
         self.net = net
         self.settings = settings
-        self._evaluation = ("evaluate", "val")  # (ledger stage, split) of the evaluation
 
     def train_config(self, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """The ConfigRecord content every DecNAS message about the model ``spec`` carries."""
@@ -133,10 +143,8 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         }
 
     def load_net(self, spec: dict[str, Any], arrays: ArrayRecord) -> PrunableNet:
-        """``build_prunable(**spec)`` holding ``arrays``."""
-        net = build_prunable(**spec)
-        net.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-        return net
+        """The structure ``spec`` holding ``arrays`` (``load_prunable``)."""
+        return load_prunable(spec, arrays.to_torch_state_dict())
 
     def global_model(
         self, net: PrunableNet, iteration: int, accuracy: float, **extra: Any
@@ -229,11 +237,10 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
 
     def evaluate(self, grid: Grid, model: GlobalModel, split: str, stage: str) -> float:
         """Accuracy of ``model`` pooled over every connected client's ``split`` (val/test)."""
-        self._evaluation = (stage, split)
         config = ConfigRecord(self.train_config(model.spec, split=split))
         messages = list(self.configure_evaluate(model.iteration, model.arrays, config, grid))
         replies = self.exchange(grid, stage, messages)
-        metrics = self.aggregate_evaluate(model.iteration, replies)
+        metrics = self.aggregate_evaluate(model.iteration, replies, stage=stage, split=split)
         self.require(stage, int(metrics["clients"]) if metrics else 0, len(messages))
         return float(metrics["accuracy"]) if metrics else math.nan
 
@@ -252,11 +259,18 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         ]
 
     def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        *,
+        stage: str = "evaluate",
+        split: str = "val",
     ) -> MetricRecord | None:
         """Accuracy pooled over the accepted replies (``correct`` / ``num-examples``);
-        error and malformed replies are skipped. ``None``: no usable reply."""
-        stage, split = self._evaluation
+        error and malformed replies are skipped. ``None``: no usable reply.
+
+        ``split`` is the one ``configure_evaluate``'s config named (the counts are checked
+        against each node's claim for it); ``stage`` the ledger's stage of the replies."""
         accepted = self.accept(
             stage,
             replies,

@@ -28,7 +28,8 @@ Client contract
     arrays: the candidate's ``state_dict``.  config: ``method``, ``seed``,
     ``server-round``, ``iteration``, ``round``, ``candidate``, ``local-epochs``,
     ``batch-size``, ``lr``, ``momentum``, ``weight-decay``, ``net-macs``,
-    ``space.<kwarg>`` (``build_prunable`` arguments with ``widths``).  Reply:
+    ``space.<kwarg>`` (the net's ``spec``: name or import path, the model's arguments,
+    ``input_shape``, ``widths``; ``load_prunable`` rebuilds it).  Reply:
     **no arrays**; metrics ``num-examples`` (training samples), ``num-val``,
     ``correct``, ``accuracy`` (validation, after training), ``train-loss``,
     ``train-flops``.  The client keeps the trained weights.
@@ -84,7 +85,9 @@ class DecNAS(PrunedModelStages):
     Parameters
     ----------
     net : PrunableNet
-        GM_0's structure and initial weights.
+        GM_0's structure and initial weights: ``build_prunable(MyNet, input_shape=...,
+        **kwargs)`` for any ``nn.Module`` class of conv/linear layers the clients can
+        import, or a built-in (``"convnet"``, ``"mobilenet"``).
     settings : DecNASSettings
         Hyper-parameters and the variant (paper values in its docstring).
     seed : int
@@ -115,7 +118,6 @@ class DecNAS(PrunedModelStages):
         self.resume = resume
         self.validate_profiles = validate_profiles
         self.groups: list[list[NodeProfile]] = []
-        self._current = ArrayRecord()
 
     rounds_setting = "max_iterations"
 
@@ -137,20 +139,25 @@ class DecNAS(PrunedModelStages):
     # --- the Strategy hooks: one candidate on one group --------------------------------
 
     def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        *,
+        nodes: Sequence[NodeProfile] | None = None,
     ) -> Iterable[Message]:
-        """Tuning messages: the candidate ``arrays`` to every connected client of the
-        group ``config["group"]`` (of ``self.groups``); the rest of ``config`` travels."""
-        group = int(config["group"])
-        record = ConfigRecord({k: v for k, v in config.items() if k != "group"})
+        """Tuning messages: the candidate ``arrays`` and ``config`` to every connected node
+        of ``nodes``, the group that tunes it (default: every profiled node)."""
         connected = set(grid.get_node_ids())
+        chosen = self.profiles.values() if nodes is None else nodes
         return [
             Message(
-                RecordDict({ARRAYS: arrays, CONFIG: record}),
+                RecordDict({ARRAYS: arrays, CONFIG: config}),
                 message_type=DECNAS_TUNE,
                 dst_node_id=node.node_id,
             )
-            for node in self.groups[group]
+            for node in chosen
             if node.node_id in connected
         ]
 
@@ -158,8 +165,10 @@ class DecNAS(PrunedModelStages):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Model fusion of one survivor's uploads (accepted replies): the mean weighted by
-        training count, ``PM + sum(n_s grad_s) / sum(n_s)`` (§4.3). Error replies are
-        skipped (booked as failures), as Flower's FedAvg skips them."""
+        training count, ``PM + sum(n_s grad_s) / sum(n_s)`` (§4.3). Every upload carries
+        every key of the candidate (checked on arrival), so the fusion needs nothing but
+        the replies. Error replies are skipped (booked as failures), as Flower's FedAvg
+        skips them."""
         replies = self.accept("upload", replies, lambda _reply: None)
         updates = [
             (
@@ -171,7 +180,7 @@ class DecNAS(PrunedModelStages):
         if not updates:
             return None, None
         total = sum(n for _, n in updates)
-        fused = opa(self._current, updates, min_contributors=1, aggregation=self.aggregation)
+        fused = opa(updates[0][0], updates, min_contributors=1, aggregation=self.aggregation)
         return fused, MetricRecord({"num-examples": total, "clients": len(updates)})
 
     def check_tune_reply(self, reply: Message) -> str | None:
@@ -241,13 +250,14 @@ class DecNAS(PrunedModelStages):
                 group_of[candidate] = group
                 config = self.train_config(
                     spec,
-                    group=group,
                     iteration=iteration,
                     round=round_,
                     candidate=candidate,
                     **{"server-round": iteration * 1000 + round_},
                 )
-                sent = list(self.configure_train(round_, arrays, ConfigRecord(config), grid))
+                record = ConfigRecord(config)
+                group_nodes = self.groups[group]
+                sent = list(self.configure_train(round_, arrays, record, grid, nodes=group_nodes))
                 candidate_of.update({m.metadata.dst_node_id: candidate for m in sent})
                 messages.extend(sent)
             replies = self.accept(
@@ -293,10 +303,9 @@ class DecNAS(PrunedModelStages):
             for candidate, reply in self._upload_batch(grid, iteration, round_, pool, batch):
                 replies[candidate].append(reply)
         for candidate, mine in replies.items():
-            spec, self._current = pool[candidate]
             fused, _ = self.aggregate_train(round_, mine)
             if fused is not None:
-                pool[candidate] = (spec, fused)
+                pool[candidate] = (pool[candidate][0], fused)
         return {c: len(mine) for c, mine in replies.items()}
 
     def _upload_batch(

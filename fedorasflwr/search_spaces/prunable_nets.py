@@ -1,0 +1,134 @@
+"""The built-in prunable nets of DecNAS (paper, Table 2), plain ``nn.Module`` classes.
+
+- ``convnet`` (:class:`ConvNet`): a simplified AlexNet, six CONV (3x3, BN, ReLU) layers
+  with a 2x2 max-pool after every second one, then one FC classifier;
+- ``mobilenet`` (:class:`MobileNetV1`): MobileNet v1, a standard 3x3 CONV then 13
+  depthwise-separable blocks, global average pooling and one FC classifier.
+
+``width`` scales the default filter counts (a width multiplier, each at least 1).  They
+hold no pruning rules: :func:`~.prunable.build_prunable` finds their prunable layers
+with torch-pruning as it does for any user model (convnet: all six CONV layers;
+mobilenet: the first CONV and the 13 pointwise CONVs, K = 14 as in the paper).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .base import image_spec, positive_float
+
+__all__ = ["PRUNABLE_NETS", "ConvNet", "MobileNetV1"]
+
+
+def _scaled(widths: Sequence[int], width: float) -> list[int]:
+    scale = positive_float("width", width)
+    return [max(1, round(w * scale)) for w in widths]
+
+
+class _ConvUnit(nn.Module):
+    def __init__(self, c_in: int, c_out: int, pool: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c_out)
+        self.pool = nn.MaxPool2d(2) if pool else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.pool(torch.relu(self.bn(self.conv(x))))
+
+
+class ConvNet(nn.Module):
+    """Simplified AlexNet ("ConvNet", DecNAS Table 2): 6 CONV layers, a max-pool after
+    every second one (while the feature map is at least 2 px), then one FC layer."""
+
+    base_widths = (32, 32, 64, 64, 128, 128)
+
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        input_height: int,
+        input_width: int,
+        width: float = 1.0,
+    ) -> None:
+        super().__init__()
+        image = image_spec(num_classes, in_channels, input_height, input_width)
+        height, width_px = input_height, input_width
+        units, c_in = [], image["in_channels"]
+        for layer, c_out in enumerate(_scaled(self.base_widths, width)):
+            pool = layer % 2 == 1 and min(height, width_px) >= 2
+            units.append(_ConvUnit(c_in, c_out, pool))
+            if pool:
+                height, width_px = height // 2, width_px // 2
+            c_in = c_out
+        self.blocks = nn.ModuleList(units)
+        self.classifier = nn.Linear(c_in * height * width_px, image["num_classes"])
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.classifier(torch.flatten(x, 1))
+
+
+class _Separable(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c_in, c_in, 3, stride, 1, groups=c_in, bias=False)
+        self.dw_bn = nn.BatchNorm2d(c_in)
+        self.pw = nn.Conv2d(c_in, c_out, 1, bias=False)
+        self.pw_bn = nn.BatchNorm2d(c_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.relu(self.dw_bn(self.dw(x)))
+        return torch.relu(self.pw_bn(self.pw(x)))
+
+
+class _Stem(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn = nn.BatchNorm2d(c_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class MobileNetV1(nn.Module):
+    """MobileNet v1 (Howard et al., 2017): CONV 3x3, 13 depthwise-separable blocks, GAP, FC.
+
+    The stem's stride is 2 for inputs above 32 px and 1 otherwise (small images).
+    """
+
+    base_widths = (32, 64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024)
+    strides = (1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1)
+
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        input_height: int,
+        input_width: int,
+        width: float = 1.0,
+    ) -> None:
+        super().__init__()
+        image = image_spec(num_classes, in_channels, input_height, input_width)
+        widths = _scaled(self.base_widths, width)
+        stem_stride = 2 if min(input_height, input_width) > 32 else 1
+        self.stem = _Stem(image["in_channels"], widths[0], stem_stride)
+        self.blocks = nn.ModuleList(
+            _Separable(c_in, c_out, stride)
+            for c_in, c_out, stride in zip(widths[:-1], widths[1:], self.strides, strict=True)
+        )
+        self.classifier = nn.Linear(widths[-1], image["num_classes"])
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+PRUNABLE_NETS: dict[str, type[nn.Module]] = {"convnet": ConvNet, "mobilenet": MobileNetV1}
+"""The built-in prunable nets by their short names (run config ``decnas.model``)."""
