@@ -97,15 +97,9 @@ class DifferentiableSpace(SearchSpace):
     in place of ``MixedOp``; everything in :data:`DIFFERENTIABLE_API` is derived here.
     """
 
-    def __init__(
-        self,
-        net: nn.Module,
-        *,
-        input_shape: Sequence[int],
-        input_dtype: torch.dtype,
-        spec: Mapping[str, int | float | str],
-    ) -> None:
-        super().__init__(net, input_shape=input_shape, input_dtype=input_dtype, spec=spec)
+    def __init__(self, net: nn.Module, **kwargs: Any) -> None:
+        """As :class:`SearchSpace` (``input_shape``, ``input_dtype``, ``spec``)."""
+        super().__init__(net, **kwargs)
         plain = [c.name for c in self.choices if not isinstance(self._layer(c.name), GatedMixedOp)]
         if plain:
             raise ValueError(

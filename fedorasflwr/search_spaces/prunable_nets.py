@@ -39,11 +39,10 @@ class _ConvUnit(nn.Module):
         return self.pool(torch.relu(self.bn(self.conv(x))))
 
 
-class ConvNet(nn.Module):
-    """Simplified AlexNet ("ConvNet", DecNAS Table 2): 6 CONV layers, a max-pool after
-    every second one (while the feature map is at least 2 px), then one FC layer."""
+class _ImageNet(nn.Module):
+    """A built-in image net: ``base_widths`` scaled by ``width``, built by ``_build``."""
 
-    base_widths = (32, 32, 64, 64, 128, 128)
+    base_widths: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -55,9 +54,22 @@ class ConvNet(nn.Module):
     ) -> None:
         super().__init__()
         image = image_spec(num_classes, in_channels, input_height, input_width)
-        height, width_px = input_height, input_width
+        self._build(image, _scaled(self.base_widths, width))
+
+    def _build(self, image: dict[str, int], widths: list[int]) -> None:
+        raise NotImplementedError
+
+
+class ConvNet(_ImageNet):
+    """Simplified AlexNet ("ConvNet", DecNAS Table 2): 6 CONV layers, a max-pool after
+    every second one (while the feature map is at least 2 px), then one FC layer."""
+
+    base_widths = (32, 32, 64, 64, 128, 128)
+
+    def _build(self, image: dict[str, int], widths: list[int]) -> None:
+        height, width_px = image["input_height"], image["input_width"]
         units, c_in = [], image["in_channels"]
-        for layer, c_out in enumerate(_scaled(self.base_widths, width)):
+        for layer, c_out in enumerate(widths):
             pool = layer % 2 == 1 and min(height, width_px) >= 2
             units.append(_ConvUnit(c_in, c_out, pool))
             if pool:
@@ -95,7 +107,7 @@ class _Stem(nn.Module):
         return torch.relu(self.bn(self.conv(x)))
 
 
-class MobileNetV1(nn.Module):
+class MobileNetV1(_ImageNet):
     """MobileNet v1 (Howard et al., 2017): CONV 3x3, 13 depthwise-separable blocks, GAP, FC.
 
     The stem's stride is 2 for inputs above 32 px and 1 otherwise (small images).
@@ -104,18 +116,8 @@ class MobileNetV1(nn.Module):
     base_widths = (32, 64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024)
     strides = (1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1)
 
-    def __init__(
-        self,
-        num_classes: int,
-        in_channels: int,
-        input_height: int,
-        input_width: int,
-        width: float = 1.0,
-    ) -> None:
-        super().__init__()
-        image = image_spec(num_classes, in_channels, input_height, input_width)
-        widths = _scaled(self.base_widths, width)
-        stem_stride = 2 if min(input_height, input_width) > 32 else 1
+    def _build(self, image: dict[str, int], widths: list[int]) -> None:
+        stem_stride = 2 if min(image["input_height"], image["input_width"]) > 32 else 1
         self.stem = _Stem(image["in_channels"], widths[0], stem_stride)
         self.blocks = nn.ModuleList(
             _Separable(c_in, c_out, stride)

@@ -56,15 +56,9 @@ def run_dpfnas(
         **strategy_options(settings, resume_checkpoint(settings, space)),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
-    result = start(
-        strategy,
-        grid,
-        settings,
-        run,
-        ArrayRecord(space.state_dict()),
-        settings.dpfnas.iterations,
-        evaluate_fn=evaluate_supernet if len(server_data) else None,
-    )
+    initial, rounds = ArrayRecord(space.state_dict()), settings.dpfnas.iterations
+    evaluate_fn = evaluate_supernet if len(server_data) else None
+    result = start(strategy, grid, settings, run, initial, rounds, evaluate_fn=evaluate_fn)
     genotype = result.genotype.to_text()
     run.save("supernet", result.arrays, stage="search", genotype=genotype)
     if result.final_arrays is not None:

@@ -57,16 +57,8 @@ def run_fedoras(
         **strategy_options(settings, resume),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
-    result = start(
-        strategy,
-        grid,
-        settings,
-        run,
-        ArrayRecord(space.state_dict()),
-        settings.fedoras.train.rounds,
-        evaluate_fn=evaluator,
-        supernet="supernet.pt",
-    )
+    initial, rounds = ArrayRecord(space.state_dict()), settings.fedoras.train.rounds
+    result = start(strategy, grid, settings, run, initial, rounds, evaluate_fn=evaluator)
     if not trained:
         run.add(out_dir / "supernet.pt")
     for model in result.models:
