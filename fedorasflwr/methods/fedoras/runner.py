@@ -58,7 +58,16 @@ def run_fedoras(
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.fedoras.train.rounds
-    result = start(strategy, grid, settings, run, initial, rounds, evaluate_fn=evaluator)
+    result = start(
+        strategy,
+        grid,
+        settings,
+        run,
+        initial,
+        rounds,
+        evaluate_fn=evaluator,
+        supernet="supernet.pt",
+    )
     if not trained:
         run.add(out_dir / "supernet.pt")
     for model in result.models:
