@@ -64,11 +64,7 @@ def stage1_content(run: Any, space: Any, budget: float) -> RecordDict:
         "server-round": 1,
         "subspace-mask": [1] * sum(space.num_options()),
         "max-flops": float(low + budget * (high - low)),
-        "lr": fedoras.lr,
-        "momentum": fedoras.momentum,
-        "weight-decay": fedoras.weight_decay,
-        "batch-size": fedoras.batch_size,
-        "local-epochs": fedoras.local_epochs,
+        **fedoras.train.client_config(),
         **space_to_config(space.spec),
     }
     return RecordDict({ARRAYS: ArrayRecord(space.state_dict()), CONFIG: ConfigRecord(config)})

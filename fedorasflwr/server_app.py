@@ -50,6 +50,8 @@ def main(grid: Grid, context: Context) -> None:
     started = time.time()
     setup_logging()
     settings = parse_run_config(context.run_config)
+    run_method = runner(settings.method)
+    setup_logging()  # again: the method's imports may add a root handler (opacus does)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, "fedorasflwr: method %s, results in %s", settings.method, out_dir)
     progress = Checkpointer(
@@ -66,7 +68,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     try:
         with using_device(resolve_device(settings.device)):  # the server's scoring loops
-            document = runner(settings.method)(grid, settings, out_dir, progress)
+            document = run_method(grid, settings, out_dir, progress)
     except Exception as exc:
         seconds = round(time.time() - started, 2)
         progress.write_result(error=exc, seconds=seconds)
