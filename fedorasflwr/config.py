@@ -448,6 +448,7 @@ class FDNASSettings:
     )
     alpha_lr: float = 6e-3
     alpha_every: int = 1
+    warmup_rounds: int = 0
     target_flops: float = 0.5
     max_flops: float = 1.0
     hardware_beta: float = 1.0
@@ -483,6 +484,9 @@ class FDNASSettings:
             alpha_lr=_get(cfg, p + "alpha-lr", cls.alpha_lr, float, _positive, "> 0"),
             alpha_every=_get(
                 cfg, p + "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
+            ),
+            warmup_rounds=_get(
+                cfg, p + "warmup-rounds", cls.warmup_rounds, int, lambda v: v >= 0, ">= 0"
             ),
             target_flops=_get(cfg, p + "target-flops", cls.target_flops, float, *fraction),
             max_flops=_get(cfg, p + "max-flops", cls.max_flops, float, *fraction),
