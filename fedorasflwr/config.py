@@ -243,6 +243,8 @@ class FedorASSettings:
     Paper values (CIFAR-10, Tables 9-10): 500 rounds, 10 clients per round,
     50 local epochs, SGD lr 0.1 momentum 0.9, batch 128, communication budget
     half the supernet, 4 tiers with rho = [0.0, 0.95], 100K sampled paths.
+    Shakespeare (the RNN recipe): gradients clipped at norm 5 and a step lr for
+    fine-tuning (10x down at 50% and 75% of the rounds, Table 10).
     The defaults here are sized for a 2-core CPU.
     """
 
@@ -277,6 +279,10 @@ class FedorASSettings:
         rounds=10, clients_per_round=6, local_epochs=1, batch_size=32, lr=0.05
     )
     finetune_lr_decay: float = 0.1
+    finetune_lr_schedule: str = "cosine"
+    # Max L2 norm of the whole gradient in Stage 1, fine-tuning and rand-init (0: off;
+    # paper, Tables 9-11: 5 on Shakespeare).
+    grad_clip: float = 0.0
     compare_rand_init: bool = True
     rand_init_rounds: int | None = None  # None: as many as finetune.rounds
     rand_init_lr: float | None = None  # None: finetune.lr (paper: 0.1 against 0.01)
@@ -367,6 +373,22 @@ def _one_of(cfg: Mapping[str, Any], key: str, default: str, allowed: tuple[str, 
     return _get(cfg, key, default, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
 
 
+#: ``fedoras.grad-clip`` of the rnn space when the key is -1 (the paper's text recipe)
+RNN_GRAD_CLIP = 5.0
+
+
+def _grad_clip(cfg: Mapping[str, Any], key: str) -> float:
+    """``fedoras.grad-clip``: a max gradient norm (0: off); -1 (the default) is the space's
+    recipe: 5 for the rnn space (the paper's Shakespeare setting), else off."""
+    value = _get(
+        cfg, key, -1.0, float, lambda v: v >= 0 or v == -1, ">= 0 (0: off) or -1 (5 for rnn)"
+    )
+    if value >= 0:
+        return value
+    space = _get(cfg, "space.name", SpaceSettings.name, str)
+    return RNN_GRAD_CLIP if space == "rnn" else 0.0
+
+
 def _fedoras_stages_2_3(
     cfg: Mapping[str, Any], cls: type[FedorASSettings], p: str, train: TrainingRecipe
 ) -> dict[str, Any]:
@@ -415,6 +437,10 @@ def _fedoras_stages_2_3(
             lambda v: 0 < v <= 1,
             "final lr as a fraction of finetune-lr, 0 < d <= 1",
         ),
+        "finetune_lr_schedule": _one_of(
+            cfg, p + "finetune-lr-schedule", cls.finetune_lr_schedule, ("cosine", "step")
+        ),
+        "grad_clip": _grad_clip(cfg, p + "grad-clip"),
         "compare_rand_init": _get(cfg, p + "compare-rand-init", cls.compare_rand_init, bool),
         "rand_init_rounds": count("rand-init-rounds", 0, 0) or None,
         "rand_init_lr": _get(

@@ -336,6 +336,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             "max-flops": float(tier.high),
             "subspace-mask": self.space.subspace_mask(subspace),
             **s.train.client_config(),
+            "grad-clip": s.grad_clip,
             "return-all": s.aggregation == "fedavg",
             **space_to_config(self.space.spec),
         }
