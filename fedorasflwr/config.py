@@ -713,7 +713,10 @@ class DecNASSettings:
     Res(GM_0) per iteration, decaying by 0.93 (ConvNet) or 0.98 (MobileNet);
     targets 50%/25%/15%; 20 (CelebA) or 15 (ImageNet) groups, r = 1.1; 33% of
     the candidates dropped per round; rounds 2, 5, 8, 10 every 5 iterations
-    (CelebA); train/val/test 6:2:2.  Defaults are sized for a 2-core CPU.
+    (CelebA); train/val/test 6:2:2 (``data.val-fraction`` / ``data.test-fraction``,
+    0.1 / 0.1 by default for every method); GM_t the most accurate survivor (``pick``
+    "accuracy"; default "degradation", the dropping rule).  Defaults are sized for a
+    2-core CPU.
     ``variant`` switches the optimisations off for the comparisons: "naive"
     (every client trains every candidate, no dropping, the largest round number
     every iteration), "no-groups", "no-drop", "no-dynamic-rounds" (one off
@@ -739,6 +742,7 @@ class DecNASSettings:
     min_filters: int = 1
     final_rounds: int = 5
     final_models: str = "last"
+    pick: str = "degradation"
     width_baseline: bool = False
     min_replies: int = 1
 
@@ -795,6 +799,7 @@ class DecNASSettings:
             min_filters=count("min-filters", cls.min_filters),
             final_rounds=count("final-rounds", cls.final_rounds, 0),
             final_models=_one_of(cfg, p + "final-models", cls.final_models, ("last", "all")),
+            pick=_one_of(cfg, p + "pick", cls.pick, ("degradation", "accuracy")),
             width_baseline=_get(cfg, p + "width-baseline", cls.width_baseline, bool),
             min_replies=count("min-replies", cls.min_replies),
         )
