@@ -253,6 +253,9 @@ class FedorASSettings:
     rho_high: float = 0.95
     tier_samples: int = 20_000
     tier_proportions: tuple[float, ...] = ()
+    # False: the paper's tier-unaware baseline (Figs. 1, 3): every client counts as able to
+    # run every path (no tier bounds in Stage 1, every client eligible in Stages 2-3).
+    tier_aware: bool = True
     train: TrainingRecipe = TrainingRecipe(
         rounds=20, clients_per_round=10, local_epochs=5, batch_size=32, lr=0.1
     )
@@ -320,6 +323,7 @@ class FedorASSettings:
                 cfg, p + "tier-samples", cls.tier_samples, int, lambda v: v >= 100, ">= 100"
             ),
             tier_proportions=proportions,
+            tier_aware=_get(cfg, p + "tier-aware", cls.tier_aware, bool),
             train=train,
             comm_budget=_get(
                 cfg,

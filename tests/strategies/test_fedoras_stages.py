@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedorasflwr.artifacts import save_checkpoint
 from fedorasflwr.client_app import app as client_app
@@ -165,6 +165,30 @@ def test_cosine_learning_rate_by_hand():
 
 
 # --- the three stages in one start ------------------------------------------------------
+
+
+def test_tier_unaware_lets_every_client_train_and_run_every_path(run_config):
+    grid = InProcessGrid(client_app, run_config, NUM_NODES)
+    aware = make_strategy(run_config)
+    aware.setup(grid)
+    unaware = make_strategy({**run_config, "fedoras.tier-aware": False})
+    unaware.setup(grid)
+    assert unaware.tiers == aware.tiers  # the same tiers: one model per tier is still searched
+    assert len(set(aware.tier_of_partition.values())) > 1
+    top = len(unaware.tiers) - 1
+    assert set(unaware.tier_of_partition.values()) == {top}
+    nodes = sorted(unaware.profiles)
+    context = unaware.stage_context()
+    for tier in range(len(unaware.tiers)):  # every tier's model: all clients eligible
+        assert sorted(p.node_id for p in context.eligible(tier)) == nodes
+    assert len(aware.stage_context().eligible(top)) < len(nodes)
+    # Stage 1: every client samples within the whole space, not within its tier's bound
+    arrays = ArrayRecord(unaware.space.state_dict())
+    messages = list(unaware.configure_train(1, arrays, ConfigRecord(), grid))
+    bounds = {m.content.config_records["config"]["max-flops"] for m in messages}
+    assert bounds == {float(unaware.space.max_flops())}
+    aware_messages = list(aware.configure_train(1, arrays, ConfigRecord(), grid))
+    assert len({m.content.config_records["config"]["max-flops"] for m in aware_messages}) > 1
 
 
 def test_step_learning_rate_by_hand():

@@ -261,6 +261,10 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             s.tier_proportions,
         )
         self.tier_of_partition = {**assigned, **declared}
+        if not s.tier_aware:  # the tier-unaware baseline: every client in the top tier
+            top = s.num_tiers - 1
+            self.tier_of_partition = {pid: top for pid in self.tier_of_partition}
+            log(INFO, "Tier-unaware: every client may train and run every path")
         for tier in self.tiers:
             members = sum(1 for t in self.tier_of_partition.values() if t == tier.index)
             log(
