@@ -377,20 +377,28 @@ def _one_of(cfg: Mapping[str, Any], key: str, default: str, allowed: tuple[str, 
     return _get(cfg, key, default, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
 
 
-#: ``fedoras.grad-clip`` of the rnn space when the key is -1 (the paper's text recipe)
+#: ``fedoras.grad-clip = "auto"`` of the rnn space (the paper's text recipe)
 RNN_GRAD_CLIP = 5.0
 
 
 def _grad_clip(cfg: Mapping[str, Any], key: str) -> float:
-    """``fedoras.grad-clip``: a max gradient norm (0: off); -1 (the default) is the space's
-    recipe: 5 for the rnn space (the paper's Shakespeare setting), else off."""
-    value = _get(
-        cfg, key, -1.0, float, lambda v: v >= 0 or v == -1, ">= 0 (0: off) or -1 (5 for rnn)"
-    )
-    if value >= 0:
-        return value
-    space = _get(cfg, "space.name", SpaceSettings.name, str)
-    return RNN_GRAD_CLIP if space == "rnn" else 0.0
+    """``fedoras.grad-clip`` as text, like the other keys holding numbers: a max gradient
+    norm (``"0"``: off), or ``"auto"`` (the default): the space's recipe, 5 for the rnn
+    space (the paper's Shakespeare setting), else off."""
+    text = _get(cfg, key, "auto", str).strip()
+    if text == "auto":
+        space = _get(cfg, "space.name", SpaceSettings.name, str)
+        return RNN_GRAD_CLIP if space == "rnn" else 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"run config '{key}' = {text!r}: allowed: \"auto\" (5 for the rnn space, else off) "
+            'or a max gradient norm >= 0 as text, e.g. "5" ("0": off)'
+        )
+    return value
 
 
 def _fedoras_stages_2_3(
