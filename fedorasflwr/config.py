@@ -243,6 +243,8 @@ class FedorASSettings:
     Paper values (CIFAR-10, Tables 9-10): 500 rounds, 10 clients per round,
     50 local epochs, SGD lr 0.1 momentum 0.9, batch 128, communication budget
     half the supernet, 4 tiers with rho = [0.0, 0.95], 100K sampled paths.
+    Shakespeare (the RNN recipe): gradients clipped at norm 5 and a step lr for
+    fine-tuning (10x down at 50% and 75% of the rounds, Table 10).
     The defaults here are sized for a 2-core CPU.
     """
 
@@ -251,6 +253,9 @@ class FedorASSettings:
     rho_high: float = 0.95
     tier_samples: int = 20_000
     tier_proportions: tuple[float, ...] = ()
+    # False: the paper's tier-unaware baseline (Figs. 1, 3): every client counts as able to
+    # run every path (no tier bounds in Stage 1, every client eligible in Stages 2-3).
+    tier_aware: bool = True
     train: TrainingRecipe = TrainingRecipe(
         rounds=20, clients_per_round=10, local_epochs=5, batch_size=32, lr=0.1
     )
@@ -277,6 +282,10 @@ class FedorASSettings:
         rounds=10, clients_per_round=6, local_epochs=1, batch_size=32, lr=0.05
     )
     finetune_lr_decay: float = 0.1
+    finetune_lr_schedule: str = "cosine"
+    # Max L2 norm of the whole gradient in Stage 1, fine-tuning and rand-init (0: off;
+    # paper, Tables 9-11: 5 on Shakespeare).
+    grad_clip: float = 0.0
     compare_rand_init: bool = True
     rand_init_rounds: int | None = None  # None: as many as finetune.rounds
     rand_init_lr: float | None = None  # None: finetune.lr (paper: 0.1 against 0.01)
@@ -314,6 +323,7 @@ class FedorASSettings:
                 cfg, p + "tier-samples", cls.tier_samples, int, lambda v: v >= 100, ">= 100"
             ),
             tier_proportions=proportions,
+            tier_aware=_get(cfg, p + "tier-aware", cls.tier_aware, bool),
             train=train,
             comm_budget=_get(
                 cfg,
@@ -367,6 +377,30 @@ def _one_of(cfg: Mapping[str, Any], key: str, default: str, allowed: tuple[str, 
     return _get(cfg, key, default, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
 
 
+#: ``fedoras.grad-clip = "auto"`` of the rnn space (the paper's text recipe)
+RNN_GRAD_CLIP = 5.0
+
+
+def _grad_clip(cfg: Mapping[str, Any], key: str) -> float:
+    """``fedoras.grad-clip`` as text, like the other keys holding numbers: a max gradient
+    norm (``"0"``: off), or ``"auto"`` (the default): the space's recipe, 5 for the rnn
+    space (the paper's Shakespeare setting), else off."""
+    text = _get(cfg, key, "auto", str).strip()
+    if text == "auto":
+        space = _get(cfg, "space.name", SpaceSettings.name, str)
+        return RNN_GRAD_CLIP if space == "rnn" else 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"run config '{key}' = {text!r}: allowed: \"auto\" (5 for the rnn space, else off) "
+            'or a max gradient norm >= 0 as text, e.g. "5" ("0": off)'
+        )
+    return value
+
+
 def _fedoras_stages_2_3(
     cfg: Mapping[str, Any], cls: type[FedorASSettings], p: str, train: TrainingRecipe
 ) -> dict[str, Any]:
@@ -415,6 +449,10 @@ def _fedoras_stages_2_3(
             lambda v: 0 < v <= 1,
             "final lr as a fraction of finetune-lr, 0 < d <= 1",
         ),
+        "finetune_lr_schedule": _one_of(
+            cfg, p + "finetune-lr-schedule", cls.finetune_lr_schedule, ("cosine", "step")
+        ),
+        "grad_clip": _grad_clip(cfg, p + "grad-clip"),
         "compare_rand_init": _get(cfg, p + "compare-rand-init", cls.compare_rand_init, bool),
         "rand_init_rounds": count("rand-init-rounds", 0, 0) or None,
         "rand_init_lr": _get(
@@ -448,6 +486,7 @@ class FDNASSettings:
     )
     alpha_lr: float = 6e-3
     alpha_every: int = 1
+    warmup_rounds: int = 0
     target_flops: float = 0.5
     max_flops: float = 1.0
     hardware_beta: float = 1.0
@@ -483,6 +522,9 @@ class FDNASSettings:
             alpha_lr=_get(cfg, p + "alpha-lr", cls.alpha_lr, float, _positive, "> 0"),
             alpha_every=_get(
                 cfg, p + "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
+            ),
+            warmup_rounds=_get(
+                cfg, p + "warmup-rounds", cls.warmup_rounds, int, lambda v: v >= 0, ">= 0"
             ),
             target_flops=_get(cfg, p + "target-flops", cls.target_flops, float, *fraction),
             max_flops=_get(cfg, p + "max-flops", cls.max_flops, float, *fraction),
@@ -683,7 +725,10 @@ class DecNASSettings:
     Res(GM_0) per iteration, decaying by 0.93 (ConvNet) or 0.98 (MobileNet);
     targets 50%/25%/15%; 20 (CelebA) or 15 (ImageNet) groups, r = 1.1; 33% of
     the candidates dropped per round; rounds 2, 5, 8, 10 every 5 iterations
-    (CelebA); train/val/test 6:2:2.  Defaults are sized for a 2-core CPU.
+    (CelebA); train/val/test 6:2:2 (``data.val-fraction`` / ``data.test-fraction``,
+    0.1 / 0.1 by default for every method); GM_t the most accurate survivor (``pick``
+    "accuracy"; default "degradation", the dropping rule).  Defaults are sized for a
+    2-core CPU.
     ``variant`` switches the optimisations off for the comparisons: "naive"
     (every client trains every candidate, no dropping, the largest round number
     every iteration), "no-groups", "no-drop", "no-dynamic-rounds" (one off
@@ -709,6 +754,7 @@ class DecNASSettings:
     min_filters: int = 1
     final_rounds: int = 5
     final_models: str = "last"
+    pick: str = "degradation"
     width_baseline: bool = False
     min_replies: int = 1
 
@@ -765,6 +811,7 @@ class DecNASSettings:
             min_filters=count("min-filters", cls.min_filters),
             final_rounds=count("final-rounds", cls.final_rounds, 0),
             final_models=_one_of(cfg, p + "final-models", cls.final_models, ("last", "all")),
+            pick=_one_of(cfg, p + "pick", cls.pick, ("degradation", "accuracy")),
             width_baseline=_get(cfg, p + "width-baseline", cls.width_baseline, bool),
             min_replies=count("min-replies", cls.min_replies),
         )

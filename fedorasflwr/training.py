@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from flwr.app import Context, Message
 
 __all__ = [
+    "clip_gradients",
     "DEVICE_KEY",
     "check_device_setting",
     "device_mod",
@@ -231,11 +232,21 @@ class LocalTraining:
     seen: int
 
 
+def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> None:
+    """Scale the gradients of ``parameters`` so that their joint L2 norm is at most
+    ``max_norm`` (``torch.nn.utils.clip_grad_norm_``); ``max_norm`` 0: leave them."""
+    if max_norm > 0:
+        nn.utils.clip_grad_norm_(
+            [p for p in parameters if p.grad is not None], max_norm, foreach=True
+        )
+
+
 def local_sgd(
     net: nn.Module, dataset: Dataset, config: Mapping[str, Any], words: Sequence[int]
 ) -> LocalTraining:
     """``local-epochs`` epochs of SGD on ``dataset`` in ``batch-size`` batches, order fixed by
-    ``words``; ``lr``, ``momentum`` and ``weight-decay`` (0 if absent) from ``config``.
+    ``words``; ``lr``, ``momentum``, ``weight-decay`` (0 if absent) and ``grad-clip`` (max
+    L2 norm of the whole gradient; 0 or absent: none) from ``config``.
     Cross-entropy over any logits shape (every position for text); ``net`` ends in eval mode."""
     device = torch_device()
     net.to(device).train()
@@ -247,12 +258,14 @@ def local_sgd(
     )
     criterion = nn.CrossEntropyLoss()
     loader = seeded_loader(dataset, int(config["batch-size"]), words)
+    max_norm = float(config.get("grad-clip", 0.0))
     loss_sum, seen = 0.0, 0
     for _ in range(int(config["local-epochs"])):
         for inputs, targets in loader:
             optimizer.zero_grad(set_to_none=True)
             loss = criterion(*flatten_logits(net(inputs.to(device)), targets.to(device)))
             loss.backward()
+            clip_gradients(net.parameters(), max_norm)
             optimizer.step()
             loss_sum += float(loss.detach()) * len(targets)
             seen += len(targets)

@@ -8,6 +8,7 @@ one image header).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,6 +18,8 @@ from .text import OOV_ID, VOCAB, num_windows
 
 __all__ = [
     "DATASETS",
+    "SPEECH_COMMANDS_12",
+    "speech_commands_12_ids",
     "FOLDER_PREFIX",
     "PARTITIONERS",
     "LABELLED_PARTITIONERS",
@@ -125,11 +128,48 @@ _ENTRIES: dict[str, DatasetEntry] = {
     "speech-commands": DatasetEntry(
         "image", 35, (1, 40, 51), "label", "speaker_id", "speech_commands", "v0.02"
     ),
+    # The 12-class task (FedorAS's main table; Warden 2018): the 10 keywords, "unknown" (the
+    # other 25 words) and "silence" (the "_silence_" clips, kept): SPEECH_COMMANDS_12.
+    "speech-commands-12": DatasetEntry(
+        "image", 12, (1, 40, 51), "label", "speaker_id", "speech_commands", "v0.02"
+    ),
     "shakespeare": DatasetEntry(
         "text", OOV_ID + 1, None, None, "character_id", "flwrlabs/shakespeare"
     ),
 }
 DATASETS = tuple(_ENTRIES)
+
+#: The classes of ``speech-commands-12`` in id order: the ten keywords, then the
+#: other 25 words as "unknown" and the background-noise clips as "silence".
+SPEECH_COMMANDS_12 = (
+    "yes",
+    "no",
+    "up",
+    "down",
+    "left",
+    "right",
+    "on",
+    "off",
+    "stop",
+    "go",
+    "unknown",
+    "silence",
+)
+SPEECH_SILENCE = "_silence_"  # the hub's label of the background-noise clips
+
+
+def speech_commands_12_ids(names: Sequence[str]) -> list[int]:
+    """The ``speech-commands-12`` id of each of the hub's label ``names``: a keyword's own
+    id, ``"_silence_"`` -> "silence", any other word -> "unknown"."""
+    keywords = SPEECH_COMMANDS_12[:10]
+    return [
+        keywords.index(name)
+        if name in keywords
+        else SPEECH_COMMANDS_12.index("silence" if name == SPEECH_SILENCE else "unknown")
+        for name in names
+    ]
+
+
 _FOLDER = DatasetEntry("image", None, None, "label", None, mean=(0.5,), std=(0.5,))
 
 
@@ -193,8 +233,8 @@ def dataset_info(spec: DatasetChoice) -> DatasetInfo:
     ``mnist5k`` -> image, 10, ``(1, 28, 28)``; ``pydoc-topics`` / ``shakespeare`` ->
     text, 98 (97 printable characters + OOV), ``(seq_len,)``; ``cifar10`` /
     ``cifar100`` -> image, 10 / 100, ``(3, 32, 32)``; ``speech-commands`` -> image
-    (MFCC), 35, ``(1, 40, 51)``; ``folder:<path>`` -> image, its sub-directory count,
-    the first image's ``(C, H, W)``.
+    (MFCC), 35, ``(1, 40, 51)``; ``speech-commands-12`` -> the same with 12 classes;
+    ``folder:<path>`` -> image, its sub-directory count, the first image's ``(C, H, W)``.
     """
     entry = dataset_entry(spec.dataset)
     if entry is None:  # unreachable for a validated spec

@@ -15,7 +15,7 @@ dataset        hub id (subset)          input column    label column     natural
 cifar10        uoft-cs/cifar10          ``img``         ``label``        -
 cifar100       uoft-cs/cifar100         ``img``         ``fine_label``   -
 speech-        speech_commands (v0.02)  ``audio``       ``label``        ``speaker_id``
-commands
+commands(-12)
 shakespeare    flwrlabs/shakespeare     ``x``, ``y``    -                ``character_id``
 folder:<path>  imagefolder              ``image``       ``label``        -
 ============== ======================== =============== ================ ==================
@@ -25,7 +25,9 @@ test and the server slice comes out of it too; a hub ``test`` split is ignored.
 Conversions: CIFAR images scaled to [0, 1] and normalised with the per-channel
 statistics in :mod:`.catalog`; folder images converted to the first image's mode
 (L or RGB) and size, normalised with mean 0.5 / std 0.5; speech clips (the
-``_silence_`` class, which has no speaker, is dropped: 35 keywords) turned into
+``_silence_`` class, which has no speaker, is dropped: 35 keywords; ``speech-commands-12``
+keeps it as "silence", each such clip its own natural id ``_silence_<row>`` so natural
+partitions spread them over the clients, and maps the other 25 words to "unknown") turned into
 ``1 x 40 x 51`` MFCCs by :func:`.audio.mfcc` (WAV bytes read with the stdlib ``wave``
 module, so neither torchaudio nor torchcodec is needed); Shakespeare's LEAF samples (80
 characters ``x`` and the next one ``y``, sliding by one character, so neighbouring
@@ -55,7 +57,15 @@ from flwr_datasets import FederatedDataset
 from flwr_datasets.partitioner import Partitioner
 
 from .audio import mfcc
-from .catalog import FOLDER_PREFIX, DatasetEntry, dataset_entry, folder_image_shape, folder_root
+from .catalog import (
+    FOLDER_PREFIX,
+    SPEECH_SILENCE,
+    DatasetEntry,
+    dataset_entry,
+    folder_image_shape,
+    folder_root,
+    speech_commands_12_ids,
+)
 from .partition import SERVER_SPLIT, build_partitioner, load_partition, make_preprocessor
 from .spec import DataSpec
 from .text import OOV_ID, encode
@@ -77,6 +87,22 @@ def _drop_silence(splits: DatasetDict) -> DatasetDict:
     )
 
 
+def _silence_speakers(splits: DatasetDict) -> DatasetDict:
+    """Give each ``_silence_`` clip (no speaker) its own natural id ``_silence_<row>``, so a
+    natural partitioning spreads them over the clients instead of one client of ``None``."""
+    train = splits["train"]
+    silence = train.features["label"].names.index(SPEECH_SILENCE)
+    # a new column in memory: ``map`` would rewrite the whole table, audio included
+    speakers = [
+        f"{SPEECH_SILENCE}{row}" if label == silence else speaker
+        for row, (label, speaker) in enumerate(
+            zip(train["label"], train["speaker_id"], strict=True)
+        )
+    ]
+    named = train.remove_columns("speaker_id").add_column("speaker_id", speakers)
+    return DatasetDict({"train": named})
+
+
 def federated_dataset(
     spec: DataSpec, num_partitions: int | None, cache_dir: Path
 ) -> FederatedDataset:
@@ -88,6 +114,10 @@ def federated_dataset(
 
         def preprocess(splits: DatasetDict) -> DatasetDict:
             return prepare(_drop_silence(splits))
+    elif spec.dataset == "speech-commands-12":
+
+        def preprocess(splits: DatasetDict) -> DatasetDict:
+            return prepare(_silence_speakers(splits))
     else:
         preprocess = prepare
     kwargs: dict[str, Any] = {}
@@ -174,12 +204,15 @@ def to_tensors(spec: DataSpec, rows: Dataset) -> tuple[torch.Tensor, torch.Tenso
     if entry.kind == "text":
         return _text(rows, spec.seq_len)
     labels = torch.as_tensor(np.asarray(rows[entry.label_column], dtype=np.int64))
-    if spec.dataset == "speech-commands":
+    if spec.dataset in ("speech-commands", "speech-commands-12"):
         if len(rows) == 0:
             return torch.zeros(0, 1, 40, 51), labels
-        # 35 keyword ids whichever position "_silence_" (dropped) has in the hub's labels
-        silence = rows.features["label"].names.index("_silence_")
-        labels = labels - (labels > silence).to(torch.int64)
+        names = rows.features["label"].names
+        if spec.dataset == "speech-commands-12":
+            labels = torch.tensor(speech_commands_12_ids(names), dtype=torch.int64)[labels]
+        else:  # 35 keyword ids whichever position "_silence_" (dropped) has in the hub's labels
+            silence = names.index(SPEECH_SILENCE)
+            labels = labels - (labels > silence).to(torch.int64)
         clips = [_wav(audio) for audio in rows.cast_column("audio", Audio(decode=False))["audio"]]
         length = max(16_000, *(len(clip) for clip in clips))
         padded = np.stack([np.pad(clip, (0, length - len(clip))) for clip in clips])

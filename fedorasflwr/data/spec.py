@@ -45,7 +45,8 @@ class DataSpec:
         ``"pydoc-topics"`` (next-character prediction on the standard library's
         ``pydoc_data.topics``, one natural client per topic). Online through
         ``flwr_datasets.FederatedDataset``: ``"cifar10"``, ``"cifar100"``,
-        ``"speech-commands"``, ``"shakespeare"``. A local image folder
+        ``"speech-commands"`` (35 words), ``"speech-commands-12"`` (the 10 keywords,
+        "unknown" and "silence"), ``"shakespeare"``. A local image folder
         (``<root>/<class name>/<image>``, read with the ``datasets`` imagefolder
         builder through the same ``FederatedDataset`` path): ``"folder:<path>"``.
     partitioner : str, default "dirichlet"
@@ -109,7 +110,7 @@ class DataSpec:
                 "partitioner",
                 self.partitioner,
                 f"dataset {self.dataset!r} has no natural ids; use iid, dirichlet or class-groups"
-                " (natural ids: pydoc-topics, shakespeare, speech-commands)",
+                " (natural ids: pydoc-topics, shakespeare, speech-commands, speech-commands-12)",
             )
         if self.partitioner in LABELLED_PARTITIONERS and entry.kind == "text":
             raise _invalid(

@@ -56,7 +56,7 @@ from .base import (
 )
 from .replies import ArraySpec, array_specs, check_reply, error_reason, screen_replies
 
-__all__ = ["SeededFedAvg", "cosine_lr"]
+__all__ = ["SeededFedAvg", "cosine_lr", "step_lr"]
 
 
 class SeededFedAvg(FedAvg):
@@ -337,3 +337,16 @@ def cosine_lr(lr: float, final_lr: float, server_round: int, num_rounds: int) ->
     """Cosine annealing from ``lr`` (round 1) towards ``final_lr`` (after the last round)."""
     progress = (server_round - 1) / max(num_rounds, 1)
     return final_lr + 0.5 * (lr - final_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+#: where ``step_lr`` divides the lr by 10: fractions of the rounds (FedorAS, Table 10)
+STEP_MILESTONES = (0.5, 0.75)
+
+
+def step_lr(lr: float, server_round: int, num_rounds: int, factor: float = 0.1) -> float:
+    """``lr`` times ``factor`` for every milestone (``STEP_MILESTONES`` of ``num_rounds``,
+    rounded) that round ``server_round`` (from 1) is past: FedorAS's Shakespeare schedule,
+    10x down at rounds 50 and 75 of 100 (250 and 375 of 500), as PyTorch's ``MultiStepLR``
+    with those milestones counts rounds from 0."""
+    passed = sum(server_round - 1 >= round(m * num_rounds) for m in STEP_MILESTONES)
+    return lr * factor**passed

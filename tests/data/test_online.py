@@ -20,7 +20,8 @@ from PIL import Image
 
 from fedorasflwr.data import DataSpec, dataset_info, load_client_data, load_server_data
 from fedorasflwr.data.audio import mel_filterbank, mfcc
-from fedorasflwr.data.online import _drop_silence, to_tensors
+from fedorasflwr.data.catalog import SPEECH_COMMANDS_12, speech_commands_12_ids
+from fedorasflwr.data.online import _drop_silence, _silence_speakers, to_tensors
 from fedorasflwr.data.partition import (
     SERVER_SPLIT,
     NaturalIdColumnPartitioner,
@@ -179,6 +180,39 @@ def test_speech_rows_drop_silence_and_become_mfcc() -> None:
     x, y = to_tensors(spec, words)
     assert x.shape == (3, 1, 40, 51) and x.dtype == torch.float32
     assert torch.isfinite(x).all() and y.tolist() == [0, 1, 0]  # "no" becomes id 1
+
+
+def test_speech_commands_12_maps_words_to_keywords_unknown_and_silence() -> None:
+    # hub-like labels in another order than the 12 classes, and words of the "unknown" set
+    names = ["backward", "yes", "go", "_silence_", "zero", "no", "off"]
+    assert speech_commands_12_ids(names) == [10, 0, 9, 11, 10, 1, 7]
+    assert SPEECH_COMMANDS_12[10:] == ("unknown", "silence")
+    assert dataset_info(DataSpec(dataset="speech-commands-12")).num_classes == 12
+    rng = np.random.default_rng(1)
+    features = Features(
+        {
+            "audio": {"bytes": Value("binary"), "path": Value("string")},
+            "label": ClassLabel(names=names),
+            "speaker_id": Value("string"),
+        }
+    )
+    table = Dataset.from_dict(
+        {
+            "audio": [
+                {"bytes": _wav(rng.uniform(-0.5, 0.5, 16_000)), "path": None} for _ in range(5)
+            ],
+            "label": [1, 3, 0, 6, 3],  # yes, silence, backward, off, silence
+            "speaker_id": ["s1", None, "s2", "s1", None],
+        },
+        features=features,
+    ).cast_column("audio", Audio())
+    rows = _silence_speakers(DatasetDict({"train": table}))["train"]
+    assert len(rows) == 5  # silence is a class here, not dropped
+    # each silence clip its own natural id, so natural partitions spread them
+    assert rows["speaker_id"] == ["s1", "_silence_1", "s2", "s1", "_silence_4"]
+    x, y = to_tensors(DataSpec(dataset="speech-commands-12", partitioner="natural"), rows)
+    assert x.shape == (5, 1, 40, 51)
+    assert y.tolist() == [0, 11, 10, 7, 11]
 
 
 def test_mfcc_shape_and_filters() -> None:

@@ -15,6 +15,7 @@ from fedorasflwr.methods.decnas.grouping import (
 from fedorasflwr.methods.decnas.netadapt import (
     budget,
     degradation,
+    pick_global_model,
     rank_candidates,
     rounds_for,
     survivors_after_drop,
@@ -70,6 +71,23 @@ def test_dynamic_round_schedule():
     schedule = (2, 5, 8, 10)  # paper, CelebA: iterations 1-5, 6-10, 11-15, later
     rounds = [rounds_for(t, schedule, 5) for t in (1, 5, 6, 10, 11, 16, 40)]
     assert rounds == [2, 2, 5, 5, 8, 10, 10]
+
+
+def test_global_model_pick_by_hand():
+    # GM_{t-1}: accuracy 0.90 at 1000 MACs. Candidate 0 saves 100 and loses 0.02 (ratio
+    # 2e-4); candidate 1 saves 400 and loses 0.04 (1e-4): the smaller degradation, the less
+    # accurate; candidate 2 has no accuracy (no replies): ratio inf.
+    accuracy = {0: 0.88, 1: 0.86}
+    ratios = {c: degradation(0.9, accuracy[c], 1000, r) for c, r in ((0, 900), (1, 600))}
+    ratios[2] = float("inf")
+    assert ratios[0] == pytest.approx(2e-4) and ratios[1] == pytest.approx(1e-4)
+    assert pick_global_model(ratios, accuracy) == 1  # the default: smallest degradation
+    assert pick_global_model(ratios, accuracy, "degradation") == 1
+    assert pick_global_model(ratios, accuracy, "accuracy") == 0  # the paper's most accurate
+    assert pick_global_model({2: float("inf"), 3: 0.5}, {3: 0.1}, "accuracy") == 3
+    assert pick_global_model({4: 0.1, 3: 0.2}, {4: 0.5, 3: 0.5}, "accuracy") == 3  # tie: lower
+    with pytest.raises(ValueError, match="unknown pick rule"):
+        pick_global_model(ratios, accuracy, "latest")
 
 
 def test_degradation_and_dropping_by_hand():

@@ -13,7 +13,7 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import ClientData
 from fedorasflwr.inprocess import InProcessGrid
-from fedorasflwr.methods.fdnas.client import hardware_loss, search_supernet
+from fedorasflwr.methods.fdnas.client import hardware_loss, rescale_sampled, search_supernet
 from fedorasflwr.methods.fdnas.runner import cluster_tagger, run_cfdnas
 from fedorasflwr.protocol import ARRAYS, CONFIG, FDNAS_SEARCH, METRICS, space_to_config
 from fedorasflwr.search_spaces import build_space
@@ -139,6 +139,85 @@ def test_strategy_derivation_keeps_every_net_within_max_flops(run_config):
         make_strategy({**run_config, "fdnas.max-flops": 0.01})
 
 
+def test_the_rescaling_keeps_the_unsampled_probabilities_of_a_hand_computed_update():
+    # p = softmax(log [1, 2, 3, 1]) = [1, 2, 3, 1] / 7; options 1 and 2 were sampled
+    alpha = torch.log(torch.tensor([1.0, 2.0, 3.0, 1.0], dtype=torch.float64))
+    before = alpha[[1, 2]].clone()
+    alpha[1] += 1.0  # the step: +1 and -0.5 on the two sampled logits
+    alpha[2] -= 0.5
+    rescale_sampled([alpha], [(1, 2)], [before])
+    # exp of the sampled pair sums to 2 + 3 again; their ratio is the step's, 2e : 3e^-0.5
+    e1, e2 = 2 * np.e, 3 * np.exp(-0.5)
+    expected = np.array([1.0, 5 * e1 / (e1 + e2), 5 * e2 / (e1 + e2), 1.0]) / 7
+    np.testing.assert_allclose(torch.softmax(alpha, 0).numpy(), expected, rtol=1e-12)
+    assert float(alpha[0]) == 0.0 and float(alpha[3]) == 0.0  # unsampled logits untouched
+
+
+def _search_once(alpha_every: int, epochs: int = 1) -> tuple[list[torch.Tensor], RecordDict]:
+    """The alphas before one client's search from a fresh supernet, and its reply."""
+    torch.manual_seed(0)
+    space = build_space("mbconv", width=0.25, layers_per_stage=1)
+    with torch.no_grad():  # distinct logits, so a shift of all of them would show
+        for alpha in space.arch_parameters():
+            alpha.copy_(torch.linspace(-1.0, 1.0, len(alpha)))
+    before = [a.detach().clone() for a in space.arch_parameters()]
+    config = {
+        "seed": 0,
+        "server-round": 1,
+        "local-epochs": epochs,
+        "batch-size": 32,
+        "lr": 0.01,
+        "momentum": 0.9,
+        "weight-decay": 0.0,
+        "alpha-lr": 0.05,
+        "alpha-every": alpha_every,
+        "target-flops": float(space.min_flops()),
+        # CE only: the hardware term's gradient reaches every option through E[FLOPs]
+        "hardware-beta": 0.0,
+        **space_to_config(space.spec),
+    }
+    content = RecordDict({ARRAYS: ArrayRecord(space.state_dict()), CONFIG: ConfigRecord(config)})
+    return before, search_supernet(content, _synthetic_client(), partition_id=0)
+
+
+def test_every_two_path_step_keeps_each_layers_softmax_denominator():
+    # each step moves two sampled logits and rescales them: logsumexp over the layer holds
+    before, reply = _search_once(alpha_every=1)
+    state = reply.array_records[ARRAYS].to_torch_state_dict()
+    alphas = [v for k, v in state.items() if k.endswith(".alpha")]
+    assert any(not torch.equal(a, b) for a, b in zip(alphas, before, strict=True))
+    for alpha, old in zip(alphas, before, strict=True):
+        assert float(torch.logsumexp(alpha, 0)) == pytest.approx(
+            float(torch.logsumexp(old, 0)), abs=1e-5
+        )
+
+
+def test_alphas_stay_frozen_in_the_warm_up_rounds(run_config):
+    # the client: alpha-every 0 (what a warm-up round sends) trains w and leaves alpha alone
+    before, reply = _search_once(alpha_every=0)
+    state = reply.array_records[ARRAYS].to_torch_state_dict()
+    alphas = [v for k, v in state.items() if k.endswith(".alpha")]
+    assert all(torch.equal(a, b) for a, b in zip(alphas, before, strict=True))
+    # the server: rounds 1-2 of 3 warm up, whatever alphas come back
+    strategy = make_strategy({**run_config, "fdnas.warmup-rounds": 2})
+    grid = InProcessGrid(client_app, run_config, NUM_NODES)
+    strategy.setup(grid)
+    strategy._eligible = list(strategy.profiles.values())
+    strategy._warmup = strategy.settings.warmup_rounds
+    arrays = ArrayRecord(strategy.space.state_dict())
+    for server_round, frozen in ((1, True), (2, True), (3, False)):
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        sent = {int(m.content.config_records[CONFIG]["alpha-every"]) for m in messages}
+        assert sent == ({0} if frozen else {strategy.settings.alpha_every})
+        replies = fake_replies(
+            strategy, messages, lambda i, key: np.ones(arrays[key].shape, np.float32), [1] * 10
+        )
+        aggregated, _ = strategy.aggregate_train(server_round, replies)
+        for key in strategy.space.alpha_keys():
+            expected = arrays[key].numpy() if frozen else np.ones(arrays[key].shape)
+            np.testing.assert_array_equal(aggregated[key].numpy(), expected)
+
+
 def _synthetic_client(seed: int = 0) -> ClientData:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(96, 1, 28, 28, generator=generator)
@@ -177,8 +256,9 @@ def _expected_flops_after_search(
 
 def test_the_hardware_term_lowers_the_flops_of_the_derived_net_as_its_weight_rises():
     # Same data, seed and initialisation; only beta differs (Adam on alpha, so the
-    # effect saturates once the hardware term dominates the gradient).
-    results = [_expected_flops_after_search(beta) for beta in (0.0, 1.0, 4.0)]
+    # effect saturates once the hardware term dominates the gradient: with ProxylessNAS's
+    # rescaling, which undoes its pull on the two sampled options' total, beyond beta ~1).
+    results = [_expected_flops_after_search(beta) for beta in (0.0, 0.1, 0.3)]
     expected = [e for e, _ in results]
     derived = [d for _, d in results]
     assert expected[0] > expected[1] > expected[2]

@@ -9,13 +9,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedorasflwr.artifacts import save_checkpoint
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import load_server_data
-from fedorasflwr.federation.fedavg import cosine_lr
+from fedorasflwr.federation.fedavg import cosine_lr, step_lr
 from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.methods.fedoras.finetune import SUPERNET_INIT, initial_subnet
 from fedorasflwr.methods.fedoras.runner import resume_supernet
@@ -165,6 +165,39 @@ def test_cosine_learning_rate_by_hand():
 
 
 # --- the three stages in one start ------------------------------------------------------
+
+
+def test_tier_unaware_lets_every_client_train_and_run_every_path(run_config):
+    grid = InProcessGrid(client_app, run_config, NUM_NODES)
+    aware = make_strategy(run_config)
+    aware.setup(grid)
+    unaware = make_strategy({**run_config, "fedoras.tier-aware": False})
+    unaware.setup(grid)
+    assert unaware.tiers == aware.tiers  # the same tiers: one model per tier is still searched
+    assert len(set(aware.tier_of_partition.values())) > 1
+    top = len(unaware.tiers) - 1
+    assert set(unaware.tier_of_partition.values()) == {top}
+    nodes = sorted(unaware.profiles)
+    context = unaware.stage_context()
+    for tier in range(len(unaware.tiers)):  # every tier's model: all clients eligible
+        assert sorted(p.node_id for p in context.eligible(tier)) == nodes
+    assert len(aware.stage_context().eligible(top)) < len(nodes)
+    # Stage 1: every client samples within the whole space, not within its tier's bound
+    arrays = ArrayRecord(unaware.space.state_dict())
+    messages = list(unaware.configure_train(1, arrays, ConfigRecord(), grid))
+    bounds = {m.content.config_records["config"]["max-flops"] for m in messages}
+    assert bounds == {float(unaware.space.max_flops())}
+    aware_messages = list(aware.configure_train(1, arrays, ConfigRecord(), grid))
+    assert len({m.content.config_records["config"]["max-flops"] for m in aware_messages}) > 1
+
+
+def test_step_learning_rate_by_hand():
+    # the paper's Shakespeare schedule: 10x down at rounds 50 and 75 of 100 (fine-tuning)
+    # and 250 and 375 of 500 (rand-init), as MultiStepLR([50, 75]) over rounds from 0
+    lrs = {r: step_lr(1.0, r, 100) for r in (1, 50, 51, 75, 76, 100)}
+    assert lrs == pytest.approx({1: 1.0, 50: 1.0, 51: 0.1, 75: 0.1, 76: 0.01, 100: 0.01})
+    assert step_lr(0.5, 250, 500) == 0.5 and step_lr(0.5, 251, 500) == pytest.approx(0.05)
+    assert step_lr(0.5, 376, 500) == pytest.approx(0.005)
 
 
 def test_one_start_runs_search_and_finetuning_for_every_tier(three_stages):
@@ -453,11 +486,20 @@ def test_the_text_task_runs_all_three_stages_and_reports_perplexity(data_cache):
             "fedoras.batch-size": 16,
             "fedoras.finetune-batch-size": 16,
             "fedoras.search-scoring": "both",
+            "fedoras.finetune-rounds": 4,
+            "fedoras.finetune-lr-schedule": "step",  # the paper's Shakespeare recipe
         },
     )
     strategy, grid, result = run(config)
     assert strategy.space.spec["name"] == "rnn"
     assert len(result.models) == 2
+    # the rnn space clips at norm 5 by default (paper, Tables 9-11), in Stage 1 and Stage 3
+    trains = [m for m in grid.sent if m.metadata.message_type in (FEDORAS_SUPERNET, FEDORAS_TRAIN)]
+    assert {m.metadata.message_type for m in trains} == {FEDORAS_SUPERNET, FEDORAS_TRAIN}
+    assert {m.content.config_records["config"]["grad-clip"] for m in trains} == {5.0}
+    lr = strategy.settings.finetune.lr  # 10x down at rounds 2 and 3 of 4 (50% and 75%)
+    for model in result.models:
+        assert [h["lr"] for h in model.history] == pytest.approx([lr, lr, lr / 10, lr / 100])
     for model in result.models:
         test = model.test
         assert test.perplexity == pytest.approx(math.exp(test.loss))

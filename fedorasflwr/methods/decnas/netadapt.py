@@ -8,7 +8,8 @@ Pure functions of numbers, so that they can be checked by hand:
   schedule, the next ``every`` the second, ... (paper, CelebA: 2, 5, 8, 10 every 5);
 - accuracy degradation ``(Acc(GM_{t-1}) - acc_i) / (Res(GM_{t-1}) - Res(PM_i))``;
   each round the ``ceil(alpha * K)`` candidates with the largest degradation are
-  dropped (K: the iteration's initial number of candidates), never the last one.
+  dropped (K: the iteration's initial number of candidates), never the last one;
+- GM_t among the survivors: the smallest degradation (default) or the most accurate.
 """
 
 from __future__ import annotations
@@ -16,7 +17,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["budget", "degradation", "rank_candidates", "rounds_for", "survivors_after_drop"]
+__all__ = [
+    "PICKS",
+    "budget",
+    "degradation",
+    "pick_global_model",
+    "rank_candidates",
+    "rounds_for",
+    "survivors_after_drop",
+]
+
+#: how GM_t is chosen among an iteration's survivors (``decnas.pick``)
+PICKS = ("degradation", "accuracy")
 
 
 def budget(
@@ -59,3 +71,21 @@ def survivors_after_drop(ratios: Mapping[int, float], initial: int, alpha: float
     drop = math.ceil(alpha * initial - 1e-9) if alpha > 0 else 0
     keep = max(1, len(ranked) - drop)
     return ranked[:keep]
+
+
+def pick_global_model(
+    ratios: Mapping[int, float], accuracy: Mapping[int, float], rule: str = "degradation"
+) -> int:
+    """GM_t among the surviving candidates (the keys of ``ratios``).
+
+    ``"degradation"``: the smallest degradation, the rule that drops candidates, so the
+    pick is the survivor that dropping would keep last.  ``"accuracy"``: the highest
+    fused validation accuracy (the paper's "most accurate", NetAdapt's pick; a candidate
+    without one counts as -inf).  Ties: lower index first."""
+    if rule == "degradation":
+        return rank_candidates(ratios)[0]
+    if rule == "accuracy":
+        scores = {c: accuracy.get(c, math.nan) for c in ratios}
+        scores = {c: -math.inf if math.isnan(v) else v for c, v in scores.items()}
+        return min(ratios, key=lambda c: (-scores[c], c))
+    raise ValueError(f"unknown pick rule {rule!r}; one of {', '.join(PICKS)}")

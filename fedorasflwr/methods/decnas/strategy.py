@@ -70,7 +70,13 @@ from .grouping import (
     random_groups,
     schedule_waves,
 )
-from .netadapt import budget, degradation, rank_candidates, rounds_for, survivors_after_drop
+from .netadapt import (
+    budget,
+    degradation,
+    pick_global_model,
+    rounds_for,
+    survivors_after_drop,
+)
 from .stages import FINAL, GM0, ITERATIONS, DecNASResult, GlobalModel, PrunedModelStages
 
 __all__ = ["DecNAS", "DecNASResult", "GlobalModel"]
@@ -399,7 +405,7 @@ class DecNAS(PrunedModelStages):
                 format_metrics(history[-1]["accuracy"]),
                 dropped or "-",
             )
-        best = rank_candidates({c: ratios[c] for c in pool})[0]
+        best = pick_global_model({c: ratios[c] for c in pool}, accuracy, s.pick)
         spec, arrays = pool[best]
         model = self.global_model(
             self.load_net(spec, arrays),

@@ -84,6 +84,8 @@ class CFDNAS(FDNAS):
                 partitions=members,
                 rounds=s.cluster_rounds,  # naive-CFDNAS: equal rounds, fresh start
                 target=s.cluster_target(index),
+                # a fresh supernet warms up as the global search does; an inherited one is warm
+                warmup=0 if self.inherit else s.warmup_rounds,
             )
             arch = self.derive(cluster_arrays)
             nets.append(

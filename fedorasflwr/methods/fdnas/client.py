@@ -4,7 +4,9 @@
 epochs, alternate a weight step on a training batch (one path sampled from
 ``softmax(alpha)``, binary gates) and an architecture step on a validation
 batch with the ProxylessNAS two-path gradient estimator and a hardware-aware
-loss ``CE + beta log(E[FLOPs] / target)^2``; return w and alpha.
+loss ``CE + beta log(E[FLOPs] / target)^2``, each followed by ProxylessNAS's
+rescaling of the two sampled alphas; return w and alpha (``alpha-every = 0``, the
+server's warm-up rounds: weights only).
 ``train_net`` trains the derived net for the final FedAvg stage and reports
 its test accuracy after the local epochs (the paper's "local accuracy");
 ``evaluate_net`` scores a received net on the local test split.
@@ -12,7 +14,7 @@ its test accuracy after the local epochs (the paper's "local accuracy");
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +38,7 @@ from ...training import (
     torch_device,
 )
 
-__all__ = ["evaluate_net", "hardware_loss", "search_supernet", "train_net"]
+__all__ = ["evaluate_net", "hardware_loss", "rescale_sampled", "search_supernet", "train_net"]
 
 
 def hardware_loss(space: SearchSpace, target_flops: float, beta: float) -> Tensor:
@@ -53,6 +55,22 @@ def hardware_loss(space: SearchSpace, target_flops: float, beta: float) -> Tenso
     """
     gap = torch.log(space.expected_flops() / target_flops)
     return beta * gap**2
+
+
+def rescale_sampled(
+    alphas: Sequence[Tensor], pairs: Sequence[Sequence[int]], before: Sequence[Tensor]
+) -> None:
+    """ProxylessNAS's rescaling after a two-path update (Cai et al. 2019, Sec. 3.2.1; its
+    ``rescale_updated_arch_param``): shift each layer's two sampled alphas by one offset so
+    that ``sum exp(alpha)`` over them equals its value ``before`` the step.  The softmax
+    denominator is then unchanged, so the options that were not sampled keep their
+    probabilities and the step only moves mass between the two sampled ones."""
+    with torch.no_grad():
+        for alpha, pair, old in zip(alphas, pairs, before, strict=True):
+            index = torch.tensor(list(pair), device=alpha.device)
+            new = alpha[index].double()
+            offset = torch.logsumexp(new, 0) - torch.logsumexp(old.double(), 0)
+            alpha[index] = (new - offset).to(alpha.dtype)
 
 
 def _load_space(config: Mapping[str, Any], arrays: ArrayRecord) -> SearchSpace:
@@ -95,8 +113,9 @@ def _alpha_step(
     rng: np.random.Generator,
     target_flops: float,
     beta: float,
-) -> tuple[float, int]:
-    """Accumulate alpha gradients of one validation batch; return its CE and forward FLOPs."""
+) -> tuple[float, int, list[tuple[int, ...]]]:
+    """Accumulate alpha gradients of one validation batch; return its CE, forward FLOPs
+    and each layer's two sampled options."""
     alphas = space.arch_parameters()
     picks = [_sample_candidates(rng, p) for p in _probabilities(space)]
     candidates = [pick[0] for pick in picks]
@@ -122,7 +141,7 @@ def _alpha_step(
     flops = space.fixed_cost.flops + sum(
         space.option_cost(layer, o).flops for layer, pair in enumerate(candidates) for o in pair
     )
-    return float(cross_entropy.detach()), flops
+    return float(cross_entropy.detach()), flops, candidates
 
 
 def search_supernet(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
@@ -143,6 +162,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
         space.arch_parameters(), lr=float(config["alpha-lr"]), betas=(0.0, 0.999)
     )
     target, beta = float(config["target-flops"]), float(config["hardware-beta"])
+    # 0 (never) also in the warm-up rounds: weights only, alphas frozen
     alpha_every = int(config["alpha-every"])
     batch_size = int(config["batch-size"])
     train_loader = seeded_loader(data.train, batch_size, words)
@@ -165,10 +185,13 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
                 alpha_optimizer.zero_grad(set_to_none=False)
                 for alpha in space.arch_parameters():
                     alpha.grad = torch.zeros_like(alpha)
-                val_loss, forward = _alpha_step(
+                val_loss, forward, pairs = _alpha_step(
                     space, val_inputs.to(device), val_targets.to(device), rng, target, beta
                 )
+                alphas = space.arch_parameters()
+                before = [a.detach()[list(p)].clone() for a, p in zip(alphas, pairs, strict=True)]
                 alpha_optimizer.step()
+                rescale_sampled(alphas, pairs, before)
                 val_sum += val_loss
                 val_steps += 1
                 flops += training_flops(forward, len(val_targets))

@@ -141,6 +141,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         self._eligible: list[NodeProfile] = []
         self._rounds = 1
         self._target = 1.0
+        self._warmup = 0  # the current search's first rounds without alpha updates
         self._evaluating: tuple[str, dict[int, int]] = ("evaluate", {})  # stage, node -> pid
         self.evaluated: tuple[dict[int, float], dict[int, int]] = ({}, {})
 
@@ -204,7 +205,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             "seed": self.seed,
             **s.train.client_config(lr=lr),
             "alpha-lr": s.alpha_lr,
-            "alpha-every": s.alpha_every,
+            "alpha-every": 0 if self.warming_up(server_round) else s.alpha_every,
             "target-flops": self._target * self.space.max_flops(),
             "hardware-beta": s.hardware_beta,
             **space_to_config(self.space.spec),
@@ -217,6 +218,11 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             )
             for p in chosen
         ]
+
+    def warming_up(self, server_round: int) -> bool:
+        """Whether ``server_round`` of the current search is a warm-up round: weights
+        only, alphas frozen (``fdnas.warmup-rounds``)."""
+        return server_round <= self._warmup
 
     def check_train_reply(self, reply: Message) -> str | None:
         """Why a search reply is unusable, or ``None``."""
@@ -253,6 +259,9 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
                 totals[key] += float(metrics[key]) * n
             examples += n
         arrays = opa(self._current, updates, min_contributors=1, aggregation=self.aggregation)
+        if self.warming_up(server_round):  # the alphas stay as sent, whatever came back
+            for key in self.space.alpha_keys():
+                arrays[key] = self._current[key]
         return arrays, MetricRecord(
             {
                 **{key: value / examples for key, value in totals.items()},
@@ -272,12 +281,15 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         partitions: Iterable[int],
         rounds: int,
         target: float,
+        warmup: int = 0,
         resume: Resume | None = None,
     ) -> tuple[ArrayRecord, list[dict[str, Any]]]:
         """``rounds`` FDNAS rounds over ``partitions`` (with ``resume``, those after its
-        last); returns the supernet and history.  Only the global search (stage
-        "search") is checkpointed; a cluster's search is short and starts again."""
+        last), the first ``warmup`` of them weights only; returns the supernet and
+        history.  Only the global search (stage "search") is checkpointed; a cluster's
+        search is short and starts again."""
         self._stage, self._rounds, self._target = stage, rounds, target
+        self._warmup = warmup
         self._eligible = self.nodes_of(partitions)
         history: list[dict[str, Any]] = []
         first = 1
@@ -360,6 +372,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             partitions=sorted(self.cluster_of_partition),
             rounds=self.settings.train.rounds,
             target=self.settings.target_flops,
+            warmup=self.settings.warmup_rounds,
             resume=resume,
         )
 

@@ -29,6 +29,7 @@ from ...protocol import ARRAYS, METRICS, space_from_config
 from ...search_spaces import SearchSpace, Subspace, build_space
 from ...seeding import numpy_generator, stream_words
 from ...training import (
+    clip_gradients,
     flatten_logits,
     held_out_metrics,
     local_sgd,
@@ -101,6 +102,7 @@ def supernet_epochs(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     examples, flops = 0, 0
     loader = seeded_loader(train, int(config["batch-size"]), words)
+    max_norm = float(config.get("grad-clip", 0.0))
     for _ in range(int(config["local-epochs"])):
         for inputs, targets in loader:
             path = space.sample_path(rng, max_flops=max_flops, subspace=subspace)
@@ -108,6 +110,7 @@ def supernet_epochs(
             logits, flat = flatten_logits(space(inputs.to(device), path), targets.to(device))
             loss = criterion(logits, flat)
             loss.backward()
+            clip_gradients(space.parameters(), max_norm)
             optimizer.step()
             batch = int(inputs.shape[0])
             counts[offsets + np.asarray(path)] += batch

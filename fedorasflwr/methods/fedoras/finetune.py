@@ -3,7 +3,8 @@
 The subnet a tier's search chose is extracted from the supernet (or, for the
 rand-init comparison, from a freshly initialised supernet of the same space)
 and trained with Flower's FedAvg (``SeededFedAvg``) over the clients of that
-tier *and the tiers above it* only, with a cosine learning-rate schedule.  It
+tier *and the tiers above it* only, with a cosine learning-rate schedule (or the
+paper's Shakespeare step schedule, ``finetune-lr-schedule = "step"``).  It
 is then tested on every eligible client's test split: pooled accuracy and
 loss (perplexity for text), and the spread over clients (mean, standard
 deviation, worst; the paper's fairness view, Table 7).
@@ -13,7 +14,7 @@ Client contract
 ``train.fedoras_finetune``
     arrays: the subnet's ``state_dict``.  config: ``method``, ``arch`` (option
     indices), ``seed``, ``server-round``, ``lr`` (this round's), ``momentum``,
-    ``weight-decay``, ``local-epochs``, ``batch-size``, ``net-flops`` and
+    ``weight-decay``, ``grad-clip``, ``local-epochs``, ``batch-size``, ``net-flops`` and
     ``space.<kwarg>``.  Reply: the trained ``arrays`` and ``metrics``
     (``num-examples``, ``train-loss``, ``train-flops``).
 ``evaluate.fedoras_finetune``
@@ -38,7 +39,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ...costs import training_flops
 from ...federation.base import NodeProfile
-from ...federation.fedavg import SeededFedAvg, cosine_lr
+from ...federation.fedavg import SeededFedAvg, cosine_lr, step_lr
 from ...federation.replies import check_reply
 from ...progress import fmt, format_seconds
 from ...protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
@@ -117,6 +118,7 @@ def _subnet_config(context: StageContext, arch: Sequence[int], init: str) -> dic
         "seed": context.federation.seed,
         "arch": [int(v) for v in arch],
         **s.finetune.client_config(),
+        "grad-clip": s.grad_clip,
         "net-flops": int(context.space.cost(arch).flops),
         **space_to_config(context.space.spec),
     }
@@ -210,6 +212,8 @@ def finetune_tier(
         final_lr = base_lr * s.finetune_lr_decay
 
         def lr_at(r: int) -> float:
+            if s.finetune_lr_schedule == "step":
+                return step_lr(base_lr, r, num_rounds)
             return cosine_lr(base_lr, final_lr, r, num_rounds)
 
         fedavg = SeededFedAvg(

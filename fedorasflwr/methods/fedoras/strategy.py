@@ -261,6 +261,10 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             s.tier_proportions,
         )
         self.tier_of_partition = {**assigned, **declared}
+        if not s.tier_aware:  # the tier-unaware baseline: every client in the top tier
+            top = s.num_tiers - 1
+            self.tier_of_partition = {pid: top for pid in self.tier_of_partition}
+            log(INFO, "Tier-unaware: every client may train and run every path")
         for tier in self.tiers:
             members = sum(1 for t in self.tier_of_partition.values() if t == tier.index)
             log(
@@ -336,6 +340,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             "max-flops": float(tier.high),
             "subspace-mask": self.space.subspace_mask(subspace),
             **s.train.client_config(),
+            "grad-clip": s.grad_clip,
             "return-all": s.aggregation == "fedavg",
             **space_to_config(self.space.spec),
         }
