@@ -58,6 +58,11 @@ DEFAULT_WARMUP = 5
 DEFAULT_STATISTIC = "median"
 FIXED_PATHS = 5  # paths whose end-to-end time minus their options gives the fixed term
 PATH_CHUNK = 50  # subnets held and timed interleaved at once
+#: what times a call: ``"wall"`` (``time.perf_counter``, what a user waits: the default) or
+#: ``"cpu"`` (``time.process_time``: the CPU time of every thread of the process, blind to
+#: other processes' load; for one thread on the CPU only, where it equals the wall time
+#: of an unloaded host)
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 #: how the timed calls of one option (or path) reduce to its milliseconds
 STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {
     "median": statistics.median,
@@ -110,6 +115,7 @@ class LatencyTable:
     warmup: int = DEFAULT_WARMUP
     statistic: str = DEFAULT_STATISTIC
     validation: LatencyValidation | None = None
+    clock: str = "wall"
 
     def num_options(self) -> tuple[int, ...]:
         return tuple(len(layer) for layer in self.option_ms)
@@ -141,6 +147,7 @@ def _timed_ms(
     warmup: int,
     sync: Callable[[], None],
     statistic: Callable[[Sequence[float]], float],
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """Milliseconds of each of ``runs``: ``warmup`` untimed calls each, then ``repeats``
     timed rounds over all of them (interleaved, so a change in the load of a shared host
@@ -152,10 +159,10 @@ def _timed_ms(
     times: list[list[float]] = [[] for _ in runs]
     for _ in range(repeats):
         for run, kept in zip(runs, times, strict=True):
-            started = time.perf_counter()
+            started = clock()
             run()
             sync()
-            kept.append(time.perf_counter() - started)
+            kept.append(clock() - started)
     return [1e3 * statistic(kept) for kept in times]
 
 
@@ -196,6 +203,14 @@ def _statistic(name: str) -> Callable[[Sequence[float]], float]:
     return STATISTICS[name]
 
 
+def _clock(name: str, device: torch.device) -> Callable[[], float]:
+    if name not in CLOCKS:
+        raise ValueError(f"clock {name!r} is unknown; valid: {', '.join(CLOCKS)}")
+    if name == "cpu" and device.type != "cpu":
+        raise ValueError(f"clock 'cpu' times the CPU only, not {device}; use clock 'wall'")
+    return CLOCKS[name]
+
+
 def measure_paths(
     space: SearchSpace,
     paths: Sequence[Sequence[int]],
@@ -204,19 +219,21 @@ def measure_paths(
     repeats: int = DEFAULT_REPEATS,
     warmup: int = DEFAULT_WARMUP,
     statistic: str = DEFAULT_STATISTIC,
+    clock: str = "wall",
 ) -> list[float]:
     """Measured milliseconds of one forward pass of each ``space.subnet(arch)`` at batch 1
     (the subnets timed interleaved, :data:`PATH_CHUNK` at a time)."""
     _check_counts(repeats, warmup)
     reduce = _statistic(statistic)
     device = torch.device(device) if device is not None else torch_device()
+    timer = _clock(clock, device)
     x = _input(space, device)
     measured: list[float] = []
     with torch.inference_mode():
         for start in range(0, len(paths), PATH_CHUNK):
             subnets = [space.subnet(a).to(device).eval() for a in paths[start : start + PATH_CHUNK]]
             runs = [lambda net=net: net(x) for net in subnets]
-            measured += _timed_ms(runs, repeats, warmup, _synchronize(device), reduce)
+            measured += _timed_ms(runs, repeats, warmup, _synchronize(device), reduce, timer)
     return measured
 
 
@@ -235,6 +252,7 @@ def measure_table(
     statistic: str = DEFAULT_STATISTIC,
     fixed_paths: int = FIXED_PATHS,
     seed: int = 0,
+    clock: str = "wall",
 ) -> LatencyTable:
     """Time every option of ``space`` on its layer's input, and the fixed parts.
 
@@ -251,10 +269,13 @@ def measure_table(
     fixed_paths : int
         Paths (stream ``(seed, "latency-fixed")``) whose end-to-end time minus the sum
         of their options, medianed, is the fixed term (at least 0).
+    clock : str
+        ``"wall"`` (default) or ``"cpu"`` (:data:`CLOCKS`).
     """
     _check_counts(repeats, warmup)
     reduce = _statistic(statistic)
     device = torch.device(device) if device is not None else torch_device()
+    timer = _clock(clock, device)
     was_training, original = space.training, next(space.parameters()).device
     space.to(device).eval()
     try:
@@ -264,17 +285,31 @@ def measure_table(
             for choice, x in zip(space.choices, inputs, strict=True):
                 mixed = space.net.get_submodule(choice.name)
                 runs += [lambda op=mixed.ops[key], x=x: op(x) for key in mixed.option_keys]
-            flat = _timed_ms(runs, repeats, warmup, _synchronize(device), reduce)
+            flat = _timed_ms(runs, repeats, warmup, _synchronize(device), reduce, timer)
     finally:
         space.to(original).train(was_training)
     offsets = np.cumsum([0, *space.num_options()])
     option_ms = tuple(tuple(flat[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True))
     table = LatencyTable(
-        space.spec, str(device), torch.get_num_threads(), option_ms, 0.0, repeats, warmup, statistic
+        space.spec,
+        str(device),
+        torch.get_num_threads(),
+        option_ms,
+        0.0,
+        repeats,
+        warmup,
+        statistic,
+        clock=clock,
     )
     paths = sample_paths(space, max(1, fixed_paths), seed, "latency-fixed")
     ends = measure_paths(
-        space, paths, device=device, repeats=repeats, warmup=warmup, statistic=statistic
+        space,
+        paths,
+        device=device,
+        repeats=repeats,
+        warmup=warmup,
+        statistic=statistic,
+        clock=clock,
     )
     rests = [end - path_latency(table, arch) for end, arch in zip(ends, paths, strict=True)]
     return replace(table, fixed_ms=max(0.0, statistics.median(rests)))
@@ -329,6 +364,7 @@ def validate(
         repeats=table.repeats if repeats is None else repeats,
         warmup=table.warmup if warmup is None else warmup,
         statistic=table.statistic,
+        clock=table.clock,
     )
     errors = [abs(p - m) / m for p, m in zip(predicted, measured, strict=True)]
     return LatencyValidation(
