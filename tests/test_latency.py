@@ -287,3 +287,10 @@ def test_a_bad_table_is_dropped_naming_the_node(change, reason, caplog):
     assert f"[latency] dropped reply of node {bad}: " in caplog.text
     assert reason in caplog.text
     assert strategy.ledger.node("latency", bad).rejected == 1
+
+
+def test_a_bad_request_is_an_error_naming_the_key():
+    content = query(tiny_space())
+    content[CONFIG] = ConfigRecord({**dict(content.config_records[CONFIG]), "repeats": 0})
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
+        answer_latency(content)

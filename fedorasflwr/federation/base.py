@@ -47,6 +47,7 @@ from ..protocol import (
     QUERY_PROFILE,
     space_to_config,
 )
+from ..search_spaces.base import SearchSpace
 from ..seeding import numpy_stream, stable_hash
 from .aggregation import MEAN, Aggregation
 from .replies import Bound, check_latency_reply, error_reason, screen_replies
@@ -314,7 +315,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
     def query_latency(
         self,
         grid: Grid,
-        space: Any,
+        space: SearchSpace,
         nodes: Iterable[int] | None = None,
         request: LatencyRequest | None = None,
     ) -> dict[int, LatencyTable]:
