@@ -480,7 +480,7 @@ def latency_problem(
     expected = sum(num_options)
     if len(values) != expected:
         return f"metric {OPTION_MS!r} has {len(values)} entries, the space {expected} options"
-    if not all(math.isfinite(v) and v > 0 for v in values):
+    if not all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values):
         return f"metric {OPTION_MS!r} has an entry that is not a finite number > 0"
     for name in (FIXED_MS, THREADS):
         value = metrics.get(name)
@@ -488,7 +488,7 @@ def latency_problem(
             return f"metric {name!r} missing or not a finite number >= 0"
     if SPEARMAN_RHO in metrics:
         rho = metrics[SPEARMAN_RHO]
-        if not math.isfinite(rho) or not -1 <= rho <= 1:
+        if not isinstance(rho, int | float) or not math.isfinite(rho) or not -1 <= rho <= 1:
             return f"metric {SPEARMAN_RHO!r} = {rho!r} is not within [-1, 1]"
         for name in (VALIDATION_PATHS, RELATIVE_ERROR, RELATIVE_ERROR_P90):
             value = metrics.get(name)

@@ -269,6 +269,10 @@ def _rho(metrics):
     return {**metrics, latency.SPEARMAN_RHO: 1.5}
 
 
+def _rho_list(metrics):
+    return {**metrics, latency.SPEARMAN_RHO: [0.5, 0.5]}
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -276,6 +280,7 @@ def _rho(metrics):
         (_nan, "metric 'fixed-ms' is not finite"),
         (_short, "'option-ms' has"),
         (_rho, "'spearman-rho' = 1.5 is not within [-1, 1]"),
+        (_rho_list, "'spearman-rho' = [0.5, 0.5] is not within [-1, 1]"),
     ],
 )
 def test_a_bad_table_is_dropped_naming_the_node(change, reason, caplog):
@@ -294,3 +299,18 @@ def test_a_bad_request_is_an_error_naming_the_key():
     content[CONFIG] = ConfigRecord({**dict(content.config_records[CONFIG]), "repeats": 0})
     with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         answer_latency(content)
+
+
+def test_a_table_without_its_device_record_is_dropped(caplog):
+    def strip(reply: Message) -> Message:
+        if reply.metadata.message_type != QUERY_LATENCY:
+            return reply
+        metrics = reply.content.metric_records[METRICS]
+        return replace_content(reply, RecordDict({METRICS: metrics}))
+
+    grid = grid_of(2, faults={0: strip})
+    strategy = profiled(grid)
+    tables = strategy.query_latency(grid, tiny_space(), request=QUICK)
+    bad = grid.node_of_partition[0]
+    assert sorted(tables) == [grid.node_of_partition[1]]
+    assert f"dropped reply of node {bad}: no ConfigRecord 'latency'" in caplog.text

@@ -342,12 +342,16 @@ class FederatedNASStrategy(Strategy, Generic[R]):
                 self._drop("latency", node_id, reason)
                 continue
             content = reply.content
-            tables[node_id] = table_from_records(
-                content.metric_records[METRICS],
-                content.config_records[LATENCY],
-                spec,
-                space.num_options(),
-            )
+            try:
+                tables[node_id] = table_from_records(
+                    content.metric_records[METRICS],
+                    content.config_records[LATENCY],
+                    spec,
+                    space.num_options(),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                self._drop("latency", node_id, f"malformed latency table: {exc!r}")
+                continue
             log(INFO, "[latency] node %d: %s", node_id, describe_table(tables[node_id]))
         self.latency_tables.update(tables)
         self.require("latency", len(tables), len(messages), at_most_sent=True)
