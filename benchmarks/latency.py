@@ -21,6 +21,7 @@ median (``latency.min.json``): the uncontended latency, less sensitive to that n
     python benchmarks/latency.py                # 200 paths per space, 20 repeats
     python benchmarks/latency.py --clock cpu    # the same, process CPU time
     python benchmarks/latency.py --statistic min
+    python benchmarks/latency.py --compare-threads --statistic min   # 1 against 2 threads
     python benchmarks/latency.py --quick        # CI smoke run (seconds)
 """
 
@@ -94,6 +95,42 @@ def measure_space(name: str, setting: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def compare_threads(name: str, setting: dict[str, Any]) -> dict[str, Any]:
+    """One space's table with 1 and with 2 torch threads (the emulated device classes of
+    ``docs/latency.md``): the same sampled paths' predicted latency under each."""
+    import statistics
+
+    from fedorasflwr.latency import measure_table, path_latency, sample_paths
+    from fedorasflwr.search_spaces import build_space
+
+    space = build_space(name)
+    paths = sample_paths(space, setting["paths"], setting["seed"], "latency-paths")
+    predicted = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        table = measure_table(
+            space,
+            device=setting["device"],
+            repeats=setting["repeats"],
+            warmup=setting["warmup"],
+            statistic=setting["statistic"],
+            seed=setting["seed"],
+            clock="wall",
+        )
+        predicted[threads] = [path_latency(table, arch) for arch in paths]
+    torch.set_num_threads(setting["threads"])
+    ratios = [one / two for one, two in zip(predicted[1], predicted[2], strict=True)]
+    return {
+        "space": name,
+        "median_path_ms_1_thread": statistics.median(predicted[1]),
+        "median_path_ms_2_threads": statistics.median(predicted[2]),
+        "speed_up_median": statistics.median(ratios),
+        "speed_up_min": min(ratios),
+        "speed_up_max": max(ratios),
+        "load": os.getloadavg()[0],
+    }
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| space | options | paths | Spearman rho | median rel. error | p90 rel. error "
@@ -127,11 +164,27 @@ def main(argv: list[str] | None = None) -> int:
         default="median",
         help="how the timed calls of an option or a path reduce (both sides alike)",
     )
+    parser.add_argument(
+        "--compare-threads",
+        action="store_true",
+        help="instead: each space's table with 1 and with 2 threads (emulated device classes)",
+    )
     args = parser.parse_args(argv)
     if str(ROOT) not in sys.path:  # this checkout's package first
         sys.path.insert(0, str(ROOT))
     setting = {**settings(args.quick), "clock": args.clock, "statistic": args.statistic}
     torch.set_num_threads(setting["threads"])
+    if args.compare_threads:
+        for name in args.spaces:
+            row = compare_threads(name, setting)
+            print(
+                f"{name}: median path {row['median_path_ms_1_thread']:.3f} ms with 1 thread, "
+                f"{row['median_path_ms_2_threads']:.3f} ms with 2; 1-thread / 2-thread "
+                f"median {row['speed_up_median']:.2f} (min {row['speed_up_min']:.2f}, "
+                f"max {row['speed_up_max']:.2f}); load {row['load']:.1f}",
+                flush=True,
+            )
+        return 0
     started = time.perf_counter()
     rows = [measure_space(name, setting) for name in args.spaces]
     print(table(rows))
