@@ -14,6 +14,7 @@ __all__ = [
     "CONFIG",
     "METRICS",
     "PROFILE",
+    "LATENCY",
     "DPFNAS_ARCH",
     "DECNAS_EVALUATE",
     "DECNAS_TRAIN",
@@ -29,6 +30,7 @@ __all__ = [
     "FDNAS_EVALUATE",
     "FDNAS_SEARCH",
     "FDNAS_TRAIN",
+    "QUERY_LATENCY",
     "QUERY_PROFILE",
     "space_from_config",
     "space_to_config",
@@ -38,8 +40,10 @@ ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
 PROFILE = "profile"
+LATENCY = "latency"  # ConfigRecord of a query.latency reply: device, statistic
 
 QUERY_PROFILE = "query.profile"
+QUERY_LATENCY = "query.latency"  # the node's latency table (fedorasflwr/latency.py)
 FEDORAS_SUPERNET = "train.fedoras_supernet"
 FEDORAS_PATHS = "evaluate.fedoras_paths"
 FEDORAS_TRAIN = "train.fedoras_finetune"

@@ -34,12 +34,23 @@ from flwr.supercore import log
 
 from ..checkpoints import Snapshot
 from ..costs import array_record_bytes
+from ..latency import LatencyRequest, LatencyTable, table_from_records
 from ..ledger import FailureKind, Ledger, failure_kind
 from ..progress import format_metrics
-from ..protocol import ARRAYS, CONFIG, PROFILE, QUERY_PROFILE
+from ..protocol import (
+    ARRAYS,
+    CONFIG,
+    LATENCY,
+    METRICS,
+    PROFILE,
+    QUERY_LATENCY,
+    QUERY_PROFILE,
+    space_to_config,
+)
+from ..search_spaces.base import SearchSpace
 from ..seeding import numpy_stream, stable_hash
 from .aggregation import MEAN, Aggregation
-from .replies import Bound, error_reason, screen_replies
+from .replies import Bound, check_latency_reply, error_reason, screen_replies
 
 __all__ = [
     "FederatedNASStrategy",
@@ -169,6 +180,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         self.min_nodes = min_nodes
         self.ledger = Ledger()
         self.profiles: dict[int, NodeProfile] = {}
+        self.latency_tables: dict[int, LatencyTable] = {}
         self._reasons: dict[str, list[str]] = {}
         self.user_train_config: dict[str, Any] = {}
         self.user_evaluate_config: dict[str, Any] = {}
@@ -299,6 +311,55 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         if self.validate_profiles is not None:  # e.g. the runner's check of the partitions
             self.validate_profiles(list(profiles.values()))
         return profiles
+
+    def query_latency(
+        self,
+        grid: Grid,
+        space: SearchSpace,
+        nodes: Iterable[int] | None = None,
+        request: LatencyRequest | None = None,
+    ) -> dict[int, LatencyTable]:
+        """Ask each of ``nodes`` (default: every profiled node without a table of this
+        space yet) for its latency table of ``space`` (``query.latency``, once per node:
+        the node caches it); keep the well-formed ones in ``latency_tables`` and return
+        those of this step. A malformed table is dropped with the node and the reason."""
+        spec = space.spec
+        if nodes is None:
+            nodes = [n for n in sorted(self.profiles) if self._table_of(n, spec) is None]
+        request = request or LatencyRequest(seed=self.seed)
+        config = ConfigRecord({**request.to_config(), **space_to_config(spec)})
+        messages = [
+            Message(RecordDict({CONFIG: config}), message_type=QUERY_LATENCY, dst_node_id=node)
+            for node in nodes
+        ]
+        if not messages:
+            return {}
+        tables: dict[int, LatencyTable] = {}
+        for reply in self.exchange(grid, "latency", messages):
+            node_id = reply.metadata.src_node_id
+            reason = check_latency_reply(reply, space.num_options())
+            if reason is not None:
+                self._drop("latency", node_id, reason)
+                continue
+            content = reply.content
+            try:
+                tables[node_id] = table_from_records(
+                    content.metric_records[METRICS],
+                    content.config_records[LATENCY],
+                    spec,
+                    space.num_options(),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                self._drop("latency", node_id, f"malformed latency table: {exc!r}")
+                continue
+            log(INFO, "[latency] node %d: %s", node_id, describe_table(tables[node_id]))
+        self.latency_tables.update(tables)
+        self.require("latency", len(tables), len(messages), at_most_sent=True)
+        return tables
+
+    def _table_of(self, node_id: int, spec: Mapping[str, Any]) -> LatencyTable | None:
+        table = self.latency_tables.get(node_id)
+        return table if table is not None and dict(table.spec) == dict(spec) else None
 
     def _unique_partitions(self, profiles: dict[int, NodeProfile]) -> dict[int, NodeProfile]:
         """Refuse every node of a partition id declared more than once, naming them all.
@@ -500,6 +561,23 @@ class FederatedNASStrategy(Strategy, Generic[R]):
     ) -> MetricRecord | None:
         """Nothing to aggregate (error replies, if any, are skipped)."""
         return None
+
+
+def describe_table(table: LatencyTable) -> str:
+    """One log line of a node's table: device, threads, range, its validation."""
+    low = table.fixed_ms + sum(min(layer) for layer in table.option_ms)
+    high = table.fixed_ms + sum(max(layer) for layer in table.option_ms)
+    text = (
+        f"{table.device}, {table.threads} thread(s), paths {low:.4g}-{high:.4g} ms "
+        f"(fixed {table.fixed_ms:.4g} ms)"
+    )
+    check = table.validation
+    if check is not None:
+        text += (
+            f"; against {check.paths} measured subnets: Spearman rho {check.spearman_rho:.3f}, "
+            f"median relative error {check.relative_error:.3f}"
+        )
+    return text
 
 
 def _with_setting(settings: Any, path: str, value: Any) -> Any:

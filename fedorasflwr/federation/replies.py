@@ -18,19 +18,21 @@ the message type that was sent.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from ..protocol import ARRAYS, METRICS
+from ..latency import latency_problem
+from ..protocol import ARRAYS, LATENCY, METRICS
 
 __all__ = [
     "ArraySpec",
     "Bound",
     "array_specs",
     "check_bounds",
+    "check_latency_reply",
     "check_reply",
     "error_reason",
     "screen_replies",
@@ -160,6 +162,19 @@ def check_reply(
         return _check_arrays(arrays, sent, arrays_required)
     except (ValueError, TypeError) as exc:  # undecodable array payload
         return f"malformed arrays: {exc}"
+
+
+def check_latency_reply(message: Message, num_options: Sequence[int]) -> str | None:
+    """Why a ``query.latency`` reply is not a table of a space with ``num_options`` options
+    per layer (every entry finite, options > 0 ms, the validation numbers in range), or
+    ``None``."""
+    reason = check_reply(message, counts=())
+    if reason is not None:
+        return reason
+    config = message.content.config_records.get(LATENCY)
+    if config is None:
+        return f"no ConfigRecord {LATENCY!r}"
+    return latency_problem(message.content.metric_records[METRICS], config, num_options)
 
 
 def screen_replies(
