@@ -65,7 +65,6 @@ def test_averaged_alpha_is_the_data_size_weighted_mean(run_config):
     strategy = make_strategy(run_config)
     grid = InProcessGrid(client_app, run_config, NUM_NODES)
     strategy.setup(grid)
-    strategy._eligible = list(strategy.profiles.values())
     arrays = ArrayRecord(strategy.space.state_dict())
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
     assert {m.metadata.message_type for m in messages} == {FDNAS_SEARCH}
@@ -90,7 +89,6 @@ def test_non_finite_alpha_is_dropped_and_the_rest_averaged(run_config, caplog):
     strategy = make_strategy(run_config)
     grid = InProcessGrid(client_app, run_config, NUM_NODES)
     strategy.setup(grid)
-    strategy._eligible = list(strategy.profiles.values())
     arrays = ArrayRecord(strategy.space.state_dict())
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
     key0 = strategy.space.alpha_keys()[0]
@@ -202,8 +200,6 @@ def test_alphas_stay_frozen_in_the_warm_up_rounds(run_config):
     strategy = make_strategy({**run_config, "fdnas.warmup-rounds": 2})
     grid = InProcessGrid(client_app, run_config, NUM_NODES)
     strategy.setup(grid)
-    strategy._eligible = list(strategy.profiles.values())
-    strategy._warmup = strategy.settings.warmup_rounds
     arrays = ArrayRecord(strategy.space.state_dict())
     for server_round, frozen in ((1, True), (2, True), (3, False)):
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))

@@ -82,12 +82,12 @@ def inject_errors(strategy: FederatedNASStrategy) -> list[int]:
     injected: list[int] = []
     original = strategy.aggregate_train
 
-    def with_error(server_round: int, replies: Any) -> Any:
+    def with_error(server_round: int, replies: Any, **stage: Any) -> Any:
         replies = list(replies)
         if replies:
             replies = [error_reply(replies[0], "injected ClientApp error"), *replies]
             injected.append(server_round)
-        return original(server_round, replies)
+        return original(server_round, replies, **stage)
 
     strategy.aggregate_train = with_error  # type: ignore[method-assign]
     return injected

@@ -29,7 +29,6 @@ def fdnas_round(config):
     strategy = make_strategy(config)
     grid = InProcessGrid(client_app, config, NUM_NODES)
     strategy.setup(grid)
-    strategy._eligible = list(strategy.profiles.values())
     arrays = ArrayRecord(strategy.space.state_dict())
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
     return strategy, arrays, messages

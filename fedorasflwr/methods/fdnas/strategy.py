@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
@@ -71,10 +72,28 @@ from ...search_spaces.differentiable import require_differentiable
 from ...seeding import seed_torch
 from .nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
 
-__all__ = ["FDNAS", "DerivedNet", "FDNASResult"]
+__all__ = ["FDNAS", "DerivedNet", "FDNASResult", "SearchStage"]
 
 SEARCH_COUNTS = ("num-examples", "train-flops")
 SEARCH = "search"
+
+
+@dataclass(frozen=True)
+class SearchStage:
+    """One FDNAS search, passed to ``configure_train`` / ``aggregate_train``: its ledger
+    ``name`` ("search" or "cluster-<k>"), the ``nodes`` it samples from, its ``rounds``
+    (the cosine lr's length), its FLOPs ``target`` (a fraction of the largest path) and
+    its first ``warmup`` rounds (weights only, alphas frozen)."""
+
+    name: str
+    nodes: list[NodeProfile]
+    rounds: int
+    target: float
+    warmup: int = 0
+
+    def warming_up(self, server_round: int) -> bool:
+        """Whether ``server_round`` is a warm-up round (``fdnas.warmup-rounds``)."""
+        return server_round <= self.warmup
 
 
 class FDNAS(FederatedNASStrategy[FDNASResult]):
@@ -137,11 +156,6 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         self._current = ArrayRecord()
         self._specs: dict[str, ArraySpec] = {}
         self._sent: set[int] = set()
-        self._stage = "search"
-        self._eligible: list[NodeProfile] = []
-        self._rounds = 1
-        self._target = 1.0
-        self._warmup = 0  # the current search's first rounds without alpha updates
         self._evaluating: tuple[str, dict[int, int]] = ("evaluate", {})  # stage, node -> pid
         self.evaluated: tuple[dict[int, float], dict[int, int]] = ({}, {})
 
@@ -182,31 +196,46 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
 
     # --- one search round ---------------------------------------------------------
 
+    def whole_search(self) -> SearchStage:
+        """The global search: every profiled node, ``fdnas.rounds``, ``fdnas.target-flops``."""
+        s = self.settings
+        return SearchStage(
+            SEARCH, list(self.profiles.values()), s.train.rounds, s.target_flops, s.warmup_rounds
+        )
+
     def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        *,
+        stage: SearchStage | None = None,
     ) -> Iterable[Message]:
-        """Sample eligible clients; send each the whole supernet (w and alpha)."""
+        """Sample ``stage``'s clients (default: the global search over every node); send
+        each the whole supernet (w and alpha)."""
+        stage = self.whole_search() if stage is None else stage
         s = self.settings
         connected = set(grid.get_node_ids())
-        candidates = [p for p in self._eligible if p.node_id in connected]
+        candidates = [p for p in stage.nodes if p.node_id in connected]
         chosen = sample_nodes(
-            self.rng(self._stage, "sample", server_round), candidates, s.train.clients_per_round
+            self.rng(stage.name, "sample", server_round), candidates, s.train.clients_per_round
         )
         self._current = arrays
         self._specs = array_specs(arrays)
         self._sent = {p.node_id for p in chosen}
-        lr = 0.5 * s.train.lr * (1 + math.cos(math.pi * (server_round - 1) / max(self._rounds, 1)))
+        lr = 0.5 * s.train.lr * (1 + math.cos(math.pi * (server_round - 1) / max(stage.rounds, 1)))
         message_config = {
             **dict(config),
             "method": self.method,
             "phase": "search",
-            "stage": self._stage,
+            "stage": stage.name,
             "server-round": server_round,
             "seed": self.seed,
             **s.train.client_config(lr=lr),
             "alpha-lr": s.alpha_lr,
-            "alpha-every": 0 if self.warming_up(server_round) else s.alpha_every,
-            "target-flops": self._target * self.space.max_flops(),
+            "alpha-every": 0 if stage.warming_up(server_round) else s.alpha_every,
+            "target-flops": stage.target * self.space.max_flops(),
             "hardware-beta": s.hardware_beta,
             **space_to_config(self.space.spec),
         }
@@ -218,11 +247,6 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             )
             for p in chosen
         ]
-
-    def warming_up(self, server_round: int) -> bool:
-        """Whether ``server_round`` of the current search is a warm-up round: weights
-        only, alphas frozen (``fdnas.warmup-rounds``)."""
-        return server_round <= self._warmup
 
     def check_train_reply(self, reply: Message) -> str | None:
         """Why a search reply is unusable, or ``None``."""
@@ -241,25 +265,31 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         return None
 
     def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        *,
+        stage: SearchStage | None = None,
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """w and alpha <- sum_k N_k / N (w_k, alpha_k) over the accepted replies (Eq. 5)."""
-        accepted = self.accept(self._stage, replies, self.check_train_reply)
+        """w and alpha <- sum_k N_k / N (w_k, alpha_k) over the accepted replies (Eq. 5)
+        of ``stage`` (default: the global search)."""
+        stage = self.whole_search() if stage is None else stage
+        accepted = self.accept(stage.name, replies, self.check_train_reply)
         # a cluster smaller than min-replies needs all of its clients, not more
-        if len(accepted) < min(self.min_replies, len(self._eligible)):
-            self.require(self._stage, len(accepted), len(self._sent))
+        if len(accepted) < min(self.min_replies, len(stage.nodes)):
+            self.require(stage.name, len(accepted), len(self._sent))
         updates, totals, examples = [], {"train-loss": 0.0, "val-loss": 0.0}, 0
         for reply in accepted:
             metrics = reply.content.metric_records[METRICS]
             n = int(metrics["num-examples"])
             updates.append((reply.content.array_records[ARRAYS], n))
-            node = self.ledger.node(self._stage, reply.metadata.src_node_id)
+            node = self.ledger.node(stage.name, reply.metadata.src_node_id)
             node.train_flops += int(metrics["train-flops"])
             for key in totals:
                 totals[key] += float(metrics[key]) * n
             examples += n
         arrays = opa(self._current, updates, min_contributors=1, aggregation=self.aggregation)
-        if self.warming_up(server_round):  # the alphas stay as sent, whatever came back
+        if stage.warming_up(server_round):  # the alphas stay as sent, whatever came back
             for key in self.space.alpha_keys():
                 arrays[key] = self._current[key]
         return arrays, MetricRecord(
@@ -288,9 +318,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         last), the first ``warmup`` of them weights only; returns the supernet and
         history.  Only the global search (stage "search") is checkpointed; a cluster's
         search is short and starts again."""
-        self._stage, self._rounds, self._target = stage, rounds, target
-        self._warmup = warmup
-        self._eligible = self.nodes_of(partitions)
+        search = SearchStage(stage, self.nodes_of(partitions), rounds, target, warmup)
         history: list[dict[str, Any]] = []
         first = 1
         if resume is not None and resume.within(stage):
@@ -303,9 +331,11 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         clock = StageClock(stage, rounds, first)
         for server_round in range(first, rounds + 1):
             started = time.perf_counter()
-            messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
+            messages = list(
+                self.configure_train(server_round, arrays, ConfigRecord(), grid, stage=search)
+            )
             replies = self.exchange(grid, stage, messages)
-            new_arrays, metrics = self.aggregate_train(server_round, replies)
+            new_arrays, metrics = self.aggregate_train(server_round, replies, stage=search)
             arrays = new_arrays if new_arrays is not None else arrays
             if stage == SEARCH:
                 self._record_round(server_round, arrays, metrics)
