@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import platform
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from .. import latency
 from ..latency import LatencyRequest, LatencyTable, LatencyValidation
 from ..protocol import CONFIG, LATENCY, METRICS, space_from_config
 from ..search_spaces import SearchSpace, build_space
+from ..search_spaces.cost_cache import read_cache_file, write_cache_file
 from ..training import torch_device
 
 __all__ = ["answer_latency", "cache_path", "cached_table", "latency_cache_dir"]
@@ -119,12 +119,8 @@ def _table_from_json(data: dict[str, Any], space: SearchSpace) -> LatencyTable:
 
 
 def _read(path: Path, key: dict[str, Any], space: SearchSpace) -> LatencyTable | None:
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        _LOG.warning("latency cache %s is unreadable (%s): measuring again", path, exc)
+    payload = read_cache_file(path, "latency cache")
+    if payload is None:
         return None
     try:
         stored = payload.pop(DIGEST)
@@ -142,15 +138,7 @@ def _write(path: Path, key: dict[str, Any], table: LatencyTable) -> None:
     """Best effort: a read-only disk only logs."""
     payload: dict[str, Any] = {"key": key, "table": _table_to_json(table)}
     payload[DIGEST] = _digest(payload)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False, encoding="utf-8"
-        ) as sink:
-            sink.write(json.dumps(payload, sort_keys=True))
-        os.replace(sink.name, path)
-    except OSError as exc:
-        _LOG.warning("could not write latency cache %s (%s)", path, exc)
+    write_cache_file(path, json.dumps(payload, sort_keys=True), "latency cache")
 
 
 def cached_table(

@@ -56,12 +56,8 @@ def load_costs(
     """The cached tables for ``memo_key`` if present and consistent with the
     parameter counts of the space just built; else ``None``."""
     path = _path(memo_key)
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        _LOG.warning("space cost cache %s is unreadable (%s): measuring again", path, exc)
+    payload = read_cache_file(path, "space cost cache")
+    if payload is None:
         return None
     problem = _problem(payload, option_params, total_params)
     if problem is not None:
@@ -99,12 +95,30 @@ def store_costs(memo_key: Any, tables: CostTables) -> None:
     text = json.dumps(
         {"options": [[list(c) for c in layer] for layer in layers], "fixed": list(fixed)}
     )
+    write_cache_file(path, text, "space cost cache")
+
+
+def read_cache_file(path: Path, what: str) -> Any:
+    """The JSON in ``path``; ``None`` (logged, so the caller measures again) if it is
+    missing or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        _LOG.warning("%s %s is unreadable (%s): measuring again", what, path, exc)
+        return None
+
+
+def write_cache_file(path: Path, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file + ``os.replace``); best
+    effort: a read-only disk only logs."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8"
+            "w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False, encoding="utf-8"
         ) as sink:
             sink.write(text)
         os.replace(sink.name, path)
     except OSError as exc:
-        _LOG.warning("could not write space cost cache %s (%s)", path, exc)
+        _LOG.warning("could not write %s %s (%s)", what, path, exc)
