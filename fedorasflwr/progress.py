@@ -264,8 +264,10 @@ def setup_logging(verbose_output: bool | None = None) -> logging.Logger:
     ``logging.basicConfig`` at import, which gives the root logger a timestamped
     stderr handler of level NOTSET: every ``flwr`` record, DEBUG included (the Ray
     backend set-up), was printed a second time through it. That handler is removed
-    (only it: other root handlers, e.g. pytest's, stay). With `verbose_output`
-    (default: the launcher's ``--verbose``) Flower's own handler shows DEBUG records.
+    (only it: other root handlers, e.g. pytest's, stay), and a root logger left without
+    handlers gets a ``NullHandler``, so that a later ``basicConfig`` adds none. With
+    `verbose_output` (default: the launcher's ``--verbose``) Flower's own handler shows DEBUG
+    records.
     """
     root = logging.getLogger()
     for handler in list(root.handlers):
@@ -273,6 +275,11 @@ def setup_logging(verbose_output: bool | None = None) -> logging.Logger:
         if type(handler) is logging.StreamHandler and formatter is not None:
             if formatter._fmt == _OPACUS_FORMAT:  # noqa: SLF001 - no public accessor
                 root.removeHandler(handler)
+    if not root.handlers:
+        # basicConfig adds nothing to a root logger that has a handler: opacus imported
+        # later (the simulation engine loads the ClientApp, DP-FNAS's client imports it,
+        # after the ServerApp has started) then cannot add its copy of every line.
+        root.addHandler(logging.NullHandler())
     logger = logging.getLogger("flwr")
     if verbose() if verbose_output is None else verbose_output:
         for handler in logger.handlers:

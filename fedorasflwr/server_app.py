@@ -51,7 +51,6 @@ def main(grid: Grid, context: Context) -> None:
     setup_logging()
     settings = parse_run_config(context.run_config)
     run_method = runner(settings.method)
-    setup_logging()  # again: the method's imports may add a root handler (opacus does)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, "fedorasflwr: method %s, results in %s", settings.method, out_dir)
     progress = Checkpointer(

@@ -259,6 +259,17 @@ def test_setup_logging_prints_each_flwr_line_once(
     assert flwr_logger.propagate  # pytest's caplog still sees flwr records
 
 
+def test_a_later_basic_config_adds_no_second_printer(flwr_logger: logging.Logger) -> None:
+    # opacus imported after the ServerApp set logging up (the simulation engine loads the
+    # ClientApp then; DP-FNAS's client imports opacus): its basicConfig must add nothing
+    root = logging.getLogger()
+    root.handlers = []  # a fresh process (no pytest capture handlers)
+    setup_logging(False)
+    logging.basicConfig(format=progress._OPACUS_FORMAT)  # what opacus' import runs
+    printing = [h for h in _printing_handlers(flwr_logger) if type(h) is not logging.NullHandler]
+    assert [type(h).__name__ for h in printing] == ["ConsoleHandler"]
+
+
 def test_setup_logging_keeps_other_root_handlers(flwr_logger: logging.Logger) -> None:
     other = logging.StreamHandler()
     other.setFormatter(logging.Formatter("%(message)s"))
