@@ -53,23 +53,23 @@ def settings(quick: bool) -> dict[str, Any]:
     }
 
 
+def _table(space: Any, setting: dict[str, Any], clock: str) -> Any:
+    """The space's latency table with the run's settings, timed on ``clock``."""
+    from fedorasflwr.latency import measure_table
+
+    keys = ("device", "repeats", "warmup", "statistic", "seed")
+    return measure_table(space, clock=clock, **{key: setting[key] for key in keys})
+
+
 def measure_space(name: str, setting: dict[str, Any]) -> dict[str, Any]:
     """One space: its table, the sampled paths' prediction and measurement."""
-    from fedorasflwr.latency import measure_table, sample_paths, validate
+    from fedorasflwr.latency import sample_paths, validate
     from fedorasflwr.search_spaces import build_space
 
     space = build_space(name)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    table = measure_table(
-        space,
-        device=setting["device"],
-        repeats=setting["repeats"],
-        warmup=setting["warmup"],
-        statistic=setting["statistic"],
-        seed=setting["seed"],
-        clock=setting["clock"],
-    )
+    table = _table(space, setting, setting["clock"])
     table_seconds = time.perf_counter() - started
     paths = sample_paths(space, setting["paths"], setting["seed"], "latency-paths")
     check = validate(table, space, paths)
@@ -100,7 +100,7 @@ def compare_threads(name: str, setting: dict[str, Any]) -> dict[str, Any]:
     ``docs/latency.md``): the same sampled paths' predicted latency under each."""
     import statistics
 
-    from fedorasflwr.latency import measure_table, path_latency, sample_paths
+    from fedorasflwr.latency import path_latency, sample_paths
     from fedorasflwr.search_spaces import build_space
 
     space = build_space(name)
@@ -108,15 +108,7 @@ def compare_threads(name: str, setting: dict[str, Any]) -> dict[str, Any]:
     predicted = {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        table = measure_table(
-            space,
-            device=setting["device"],
-            repeats=setting["repeats"],
-            warmup=setting["warmup"],
-            statistic=setting["statistic"],
-            seed=setting["seed"],
-            clock="wall",
-        )
+        table = _table(space, setting, "wall")
         predicted[threads] = [path_latency(table, arch) for arch in paths]
     torch.set_num_threads(setting["threads"])
     ratios = [one / two for one, two in zip(predicted[1], predicted[2], strict=True)]

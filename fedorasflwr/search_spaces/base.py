@@ -23,6 +23,7 @@ import importlib
 import inspect
 import math
 import operator
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -577,8 +578,10 @@ def import_class(path: str, base: type) -> type:
     """The class at ``path`` (``"pkg.module:Class"``), checked to subclass ``base``.
 
     Raises ``ValueError`` naming the path and what went wrong: a malformed path, a module
-    that does not import, a missing attribute, a class defined inside a function, or one
-    that is not a ``base``."""
+    whose top-level package this process has not loaded (a path arrives in a message, so
+    the sender cannot make a node import a package of its choosing), a module that does not
+    import, a missing attribute, a class defined inside a function, or one that is not a
+    ``base``."""
     module_name, sep, qualname = path.partition(":")
     if not sep or not module_name or not qualname:
         raise ValueError(f"{path!r} is not an import path of the form 'pkg.module:Class'")
@@ -586,6 +589,14 @@ def import_class(path: str, base: type) -> type:
         raise ValueError(
             f"{path!r} is defined inside a function; clients can only import a class defined "
             "at the top level of a module"
+        )
+    package = module_name.split(".")[0]
+    if package not in sys.modules:
+        # The path comes in a message: a client imports only from packages its process
+        # already loaded (fedorasflwr, the app's own package), never a new one the sender names.
+        raise ValueError(
+            f"cannot import module {module_name!r} of {path!r}: its package {package!r} is "
+            "not loaded by this process (import it in your ServerApp / ClientApp module)"
         )
     try:
         obj: Any = importlib.import_module(module_name)

@@ -255,3 +255,16 @@ def test_a_bad_space_path_is_refused_with_what_went_wrong(name, message):
 
     with pytest.raises(ValueError, match=message):
         build_space(name)
+
+
+def test_a_path_from_a_message_cannot_make_a_node_import_a_new_package():
+    # the space's path arrives in a message: a package this process never loaded (here one
+    # that exists and would run code on import) is refused, and stays unimported
+    import sys
+
+    from fedorasflwr.search_spaces import build_space
+
+    assert "antigravity" not in sys.modules
+    with pytest.raises(ValueError, match="package 'antigravity' is not loaded by this process"):
+        build_space("antigravity:Space")
+    assert "antigravity" not in sys.modules
