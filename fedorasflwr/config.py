@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import DatasetInfo, DataSpec
+from .latency import DEFAULT_REPEATS, DEFAULT_STATISTIC, DEFAULT_WARMUP, STATISTICS, LatencyRequest
 from .training import check_device_setting
 
 __all__ = [
@@ -818,6 +819,46 @@ class DecNASSettings:
 
 
 @dataclass(frozen=True)
+class LatencySettings:
+    """How nodes measure their latency tables when a method's ``resource`` is
+    ``"latency"`` (``latency.*`` keys; ``docs/latency.md``): ``repeats`` timed rounds after
+    ``warmup`` untimed calls per option, the ``statistic`` of the timed calls, and
+    ``validation-paths`` subnets timed end to end against the table on each node."""
+
+    repeats: int = DEFAULT_REPEATS
+    warmup: int = DEFAULT_WARMUP
+    statistic: str = DEFAULT_STATISTIC
+    validation_paths: int = 20
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> LatencySettings:
+        p = "latency."
+        return cls(
+            repeats=_get(cfg, p + "repeats", cls.repeats, int, lambda v: 1 <= v <= 1000, "1..1000"),
+            warmup=_get(cfg, p + "warmup", cls.warmup, int, lambda v: 0 <= v <= 1000, "0..1000"),
+            statistic=_one_of(cfg, p + "statistic", cls.statistic, tuple(STATISTICS)),
+            validation_paths=_get(
+                cfg,
+                p + "validation-paths",
+                cls.validation_paths,
+                int,
+                lambda v: 0 <= v <= 1000,
+                "0..1000 (fewer than 2: no validation)",
+            ),
+        )
+
+    def request(self, seed: int) -> LatencyRequest:
+        """The ``query.latency`` request of a run seeded ``seed``."""
+        return LatencyRequest(
+            repeats=self.repeats,
+            warmup=self.warmup,
+            statistic=self.statistic,
+            validation_paths=self.validation_paths,
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """Everything one run needs, parsed from the run config."""
 
@@ -834,6 +875,7 @@ class RunSettings:
     fdnas: FDNASSettings = field(default_factory=FDNASSettings)
     dpfnas: DPFNASSettings = field(default_factory=DPFNASSettings)
     decnas: DecNASSettings = field(default_factory=DecNASSettings)
+    latency: LatencySettings = field(default_factory=LatencySettings)
     # Robust aggregation, every method (federation/aggregation.py, ``Aggregation``).
     aggregation: str = "mean"
     aggregation_trim: float = 0.2
@@ -948,6 +990,7 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         fdnas=FDNASSettings.from_config(cfg),
         dpfnas=DPFNASSettings.from_config(cfg),
         decnas=DecNASSettings.from_config(cfg),
+        latency=LatencySettings.from_config(cfg),
         # Robust aggregation (one block; the values of ``federation.aggregation.AGGREGATIONS``).
         aggregation=_one_of(cfg, "aggregation", "mean", ("mean", "median", "trimmed-mean")),
         aggregation_trim=_get(

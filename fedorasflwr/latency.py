@@ -132,6 +132,57 @@ def path_latency(table: LatencyTable, arch: Sequence[int]) -> float:
     return table.fixed_ms + sum(layer[o] for layer, o in zip(table.option_ms, arch, strict=True))
 
 
+def group_table(tables: Sequence[LatencyTable]) -> LatencyTable:
+    """One table standing for a group of devices (a tier, a cluster, the target nodes):
+    per option and for the fixed part, the median over the group's tables, so that one
+    slow or fast outlier moves no entry. The tables must be of one space."""
+    if not tables:
+        raise ValueError("no latency table in the group")
+    shapes = {t.num_options() for t in tables}
+    specs = {repr(sorted(dict(t.spec).items())) for t in tables}
+    if len(shapes) != 1 or len(specs) != 1:
+        raise ValueError("the group's latency tables are of different spaces")
+    first = tables[0]
+    if len(tables) == 1:
+        return first
+    option_ms = tuple(
+        tuple(float(np.median([t.option_ms[i][o] for t in tables])) for o in range(n))
+        for i, n in enumerate(first.num_options())
+    )
+    devices = sorted({t.device for t in tables})
+    return replace(
+        first,
+        device=",".join(devices),
+        threads=int(np.median([t.threads for t in tables])),
+        option_ms=option_ms,
+        fixed_ms=float(np.median([t.fixed_ms for t in tables])),
+        validation=None,
+    )
+
+
+def table_document(table: LatencyTable) -> dict[str, Any]:
+    """A table as JSON for ``result.json``: what it was measured on, its entries, the
+    range of its paths and its validation on the node."""
+    doc: dict[str, Any] = {
+        "device": table.device,
+        "threads": table.threads,
+        "statistic": table.statistic,
+        "fixed-ms": table.fixed_ms,
+        "option-ms": [list(layer) for layer in table.option_ms],
+        "min-path-ms": table.fixed_ms + sum(min(layer) for layer in table.option_ms),
+        "max-path-ms": table.fixed_ms + sum(max(layer) for layer in table.option_ms),
+    }
+    check = table.validation
+    if check is not None:
+        doc["validation"] = {
+            "paths": check.paths,
+            "spearman-rho": check.spearman_rho,
+            "relative-error": check.relative_error,
+            "relative-error-p90": check.relative_error_p90,
+        }
+    return doc
+
+
 # --------------------------------------------------------------------------- timing
 
 

@@ -22,6 +22,7 @@ from .data import dataset_info
 from .export import OnnxExports
 from .federation.aggregation import Aggregation
 from .federation.base import FederatedNASStrategy, NodeProfile
+from .latency import LatencyTable, table_document
 from .search_spaces import SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet
 from .seeding import seed_torch
@@ -34,6 +35,8 @@ __all__ = [
     "check_partitions",
     "checkpointer",
     "describe_space",
+    "latency_document",
+    "latency_tables",
     "resume_checkpoint",
     "start",
     "strategy_options",
@@ -104,6 +107,49 @@ def resume_checkpoint(settings: RunSettings, space: SearchSpace | PrunableNet) -
         reference=space.state_dict(),
         space=space.spec,
     )
+
+
+def latency_tables(
+    strategy: FederatedNASStrategy[Any],
+    grid: Grid,
+    space: SearchSpace,
+    settings: RunSettings,
+    nodes: Sequence[int] | None = None,
+) -> dict[int, LatencyTable]:
+    """Every profiled node's (or ``nodes``') latency table of ``space``, measured on the
+    node as run config ``latency.*`` asks (``query.latency``: once per node and space; a
+    node answers later queries from its disk cache). A node whose reply was dropped has
+    no table; the caller decides what that node may still do."""
+    strategy.query_latency(
+        grid, space, nodes=nodes, request=settings.latency.request(settings.seed)
+    )
+    wanted = sorted(strategy.profiles) if nodes is None else list(nodes)
+    spec = dict(space.spec)
+    return {
+        n: strategy.latency_tables[n]
+        for n in wanted
+        if n in strategy.latency_tables and dict(strategy.latency_tables[n].spec) == spec
+    }
+
+
+def latency_document(
+    profiles: dict[int, NodeProfile], tables: dict[int, LatencyTable]
+) -> dict[str, Any]:
+    """``result.json``'s ``latency-tables``: per node (by partition id), its declared
+    device class and budget and its table (``latency.table_document``)."""
+    nodes = []
+    for node_id, table in sorted(tables.items()):
+        profile = profiles.get(node_id)
+        nodes.append(
+            {
+                "node-id": node_id,
+                "partition-id": -1 if profile is None else profile.partition_id,
+                "device-class": "" if profile is None else profile.device_class,
+                "latency-budget-ms": 0.0 if profile is None else profile.latency_budget_ms,
+                **table_document(table),
+            }
+        )
+    return {"nodes": sorted(nodes, key=lambda n: n["partition-id"])}
 
 
 def strategy_options(settings: RunSettings, resume: Resume | None) -> dict[str, Any]:

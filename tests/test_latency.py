@@ -23,6 +23,7 @@ from fedorasflwr.federation.base import FederatedNASStrategy
 from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.latency import (
     LatencyRequest,
+    LatencyTable,
     measure_table,
     path_latency,
     sample_paths,
@@ -314,3 +315,69 @@ def test_a_table_without_its_device_record_is_dropped(caplog):
     bad = grid.node_of_partition[0]
     assert sorted(tables) == [grid.node_of_partition[1]]
     assert f"dropped reply of node {bad}: no ConfigRecord 'latency'" in caplog.text
+
+
+# --- a group's table, the run config and the profile ------------------------------------------
+
+
+def _table(option_ms, fixed_ms, device="cpu", threads=1):
+    return LatencyTable(
+        spec={"name": "cnn_s"},
+        device=device,
+        threads=threads,
+        option_ms=tuple(tuple(layer) for layer in option_ms),
+        fixed_ms=fixed_ms,
+    )
+
+
+def test_a_groups_table_is_the_median_of_its_members_per_entry():
+    tables = [
+        _table([[1.0, 2.0], [3.0]], 0.5),
+        _table([[2.0, 9.0], [1.0]], 0.1, threads=2),
+        _table([[4.0, 3.0], [2.0]], 0.3),
+    ]
+    group = latency.group_table(tables)
+    assert group.option_ms == ((2.0, 3.0), (2.0,))
+    assert group.fixed_ms == 0.3 and group.threads == 1
+    assert group.path_ms([1, 0]) == pytest.approx(0.3 + 3.0 + 2.0)
+    assert latency.group_table(tables[:1]) is tables[0]
+    with pytest.raises(ValueError, match="no latency table"):
+        latency.group_table([])
+    with pytest.raises(ValueError, match="different spaces"):
+        latency.group_table([tables[0], _table([[1.0]], 0.1)])
+
+
+def test_the_latency_keys_of_the_run_config_become_the_request():
+    from fedorasflwr.config import parse_run_config
+
+    settings = parse_run_config({"seed": 7, "latency.statistic": "min", "latency.repeats": 3})
+    assert settings.latency.request(settings.seed) == LatencyRequest(
+        repeats=3, warmup=5, statistic="min", validation_paths=20, seed=7
+    )
+    with pytest.raises(ValueError, match=r"'latency.statistic' = 'mean': allowed: one of"):
+        parse_run_config({"latency.statistic": "mean"})
+    with pytest.raises(ValueError, match=r"'latency.repeats' = 0: allowed: 1..1000"):
+        parse_run_config({"latency.repeats": 0})
+
+
+def test_a_node_declares_its_device_class_and_budget_and_a_bad_budget_is_dropped(caplog):
+    from fedorasflwr.runs import latency_document
+
+    configs = {
+        0: {"device-class": "phone", "latency-budget-ms": 2.5},
+        1: {},
+        2: {"latency-budget-ms": -1.0},
+    }
+    grid = grid_of(3, node_configs=configs)
+    strategy = Probe(seed=0, min_replies=1, min_nodes=1)
+    profiles = strategy.profile_nodes(grid, ConfigRecord({"method": "probe"}))
+    node = grid.node_of_partition
+    assert sorted(profiles) == sorted([node[0], node[1]])
+    assert (profiles[node[0]].device_class, profiles[node[0]].latency_budget_ms) == ("phone", 2.5)
+    assert (profiles[node[1]].device_class, profiles[node[1]].latency_budget_ms) == ("", 0.0)
+    assert f"node {node[2]}" in caplog.text and "latency-budget-ms = -1.0" in caplog.text
+    table = _table([[1.0, 2.0]], 0.5)
+    doc = latency_document(profiles, {node[0]: table})
+    (entry,) = doc["nodes"]
+    assert entry["device-class"] == "phone" and entry["latency-budget-ms"] == 2.5
+    assert (entry["min-path-ms"], entry["max-path-ms"]) == (1.5, 2.5)

@@ -63,6 +63,8 @@ def _profile(content: RecordDict, node: NodeData, context: Context) -> RecordDic
             "label-counts": list(data.label_counts),
             "tier": int(context.node_config.get("tier", -1)),
             "cluster": int(context.node_config.get("cluster", -1)),
+            "device-class": str(context.node_config.get("device-class", "")),
+            "latency-budget-ms": float(context.node_config.get("latency-budget-ms", 0.0)),
         }
     )
     return RecordDict({PROFILE: record})

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -111,10 +112,17 @@ class NodeProfile:
     label_counts: tuple[int, ...]
     tier: int = -1
     cluster: int = -1
+    # Node config ``device-class`` (a name for the kind of device, e.g. "phone") and
+    # ``latency-budget-ms`` (the most milliseconds a model may take on it; 0: none declared).
+    device_class: str = ""
+    latency_budget_ms: float = 0.0
 
     @classmethod
     def from_reply(cls, message: Message) -> NodeProfile:
         record = message.content.config_records[PROFILE]
+        budget = float(record.get("latency-budget-ms", 0.0))
+        if not math.isfinite(budget) or budget < 0:
+            raise ValueError(f"latency-budget-ms = {budget!r} is not a finite number >= 0")
         return cls(
             node_id=message.metadata.src_node_id,
             partition_id=int(record["partition-id"]),
@@ -125,6 +133,8 @@ class NodeProfile:
             label_counts=tuple(int(v) for v in record["label-counts"]),
             tier=int(record.get("tier", -1)),
             cluster=int(record.get("cluster", -1)),
+            device_class=str(record.get("device-class", "")),
+            latency_budget_ms=budget,
         )
 
     def bound(self, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
