@@ -8,7 +8,10 @@ One run, same seed, same data cache, 3 clients:
 - **simulation**: ``flwr run`` on the simulation engine (Ray, one CPU per ClientApp);
 - **deployment**: a real SuperLink and 3 SuperNodes on localhost
   (``fedorasflwr.launch.Deployment``: TLS and SuperNode authentication on), where
-  every message starts a fresh ``flwr-clientapp`` process.
+  every message starts a fresh ``flwr-clientapp`` process;
+- (full run only) **simulation-flower-polling**: the simulation engine with Flower's
+  own reply polling (``HttpGrid`` pulls every 3 s) instead of ``PromptGrid``
+  (``fedorasflwr/federation/polling.py``), headline ``*_flower_polling_over_prompt``.
 
 Two configs: **tiny** (width 0.25, 3 clients per round, 1 local epoch: overhead
 dominates) and **default** (the pyproject defaults with ``fedoras.stop-after=supernet``
@@ -107,7 +110,9 @@ def run_inprocess(overrides: dict[str, Any], timing_log: Path) -> float:
     return wall
 
 
-def run_simulation_engine(overrides: dict[str, Any], timing_log: Path) -> float:
+def run_simulation_engine(
+    overrides: dict[str, Any], timing_log: Path, env: Mapping[str, str] | None = None
+) -> float:
     from fedorasflwr.launch import run_simulation
 
     result = run_simulation(
@@ -116,9 +121,15 @@ def run_simulation_engine(overrides: dict[str, Any], timing_log: Path) -> float:
         run_config=overrides,
         client_num_cpus=1,
         timeout=3600,
-        env={TIMING_LOG_ENV: str(timing_log)},
+        env={TIMING_LOG_ENV: str(timing_log), **(env or {})},
     )
     return result.wall_time
+
+
+def run_simulation_flower_polling(overrides: dict[str, Any], timing_log: Path) -> float:
+    """The simulation engine with Flower's own reply polling (every 3 s) instead of
+    ``fedorasflwr.federation.polling.PromptGrid``: what the prompt polling saves."""
+    return run_simulation_engine(overrides, timing_log, {"FEDORASFLWR_GRID_POLLING": "flower"})
 
 
 def run_deployment(overrides: dict[str, Any], timing_log: Path) -> float:
@@ -134,7 +145,10 @@ RUNNERS = {
     "inprocess": run_inprocess,
     "simulation": run_simulation_engine,
     "deployment": run_deployment,
+    "simulation-flower-polling": run_simulation_flower_polling,
 }
+#: the full run also measures the simulation engine with Flower's 3-s reply polling
+FULL_ONLY = ("simulation-flower-polling",)
 
 
 def warm_cost_cache(config: Mapping[str, Any]) -> None:
@@ -204,7 +218,7 @@ def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
     warm_data_cache([run_config(settings(name, quick, tmp, cache))], NUM_CLIENTS)
     warm_cost_cache(run_config(settings(name, quick, tmp, cache)))
     measured: dict[str, Any] = {}
-    for engine in ENGINES:
+    for engine in ENGINES + (() if quick else FULL_ONLY):
         output = tmp / f"{name}-{engine}"
         timing_log = tmp / f"{name}-{engine}.timing.jsonl"
         print(f"[{name}] {engine} ...", flush=True)
@@ -237,7 +251,7 @@ def print_table(results: Mapping[str, Any]) -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for config, measured in results.items():
-        for engine in ENGINES:
+        for engine in [e for e in RUNNERS if e in measured]:
             m = measured[engine]
             b = m["breakdown"]
             shown = ", ".join(f"{r:.2f}" for r in m["round_seconds"])
@@ -276,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"{name}_inprocess_round_s"] = measured["inprocess"]["median_round_after_first"]
         summary[f"{name}_fixed_over_torch_import"] = round(fixed / bare, 3)
         summary[f"{name}_fixed_over_torch_import_3_at_once"] = round(fixed / bare_at_once, 3)
+        if "simulation-flower-polling" in measured:
+            flower = measured["simulation-flower-polling"]["median_round_after_first"]
+            summary[f"{name}_simulation_flower_polling_over_prompt"] = round(
+                flower / measured["simulation"]["median_round_after_first"], 3
+            )
     summary["bare_torch_import_s"] = round(bare, 3)
     summary["bare_torch_import_3_at_once_s"] = round(bare_at_once, 3)
     report(

@@ -17,6 +17,7 @@ from flwr.supercore import log
 from .artifacts import run_directory
 from .checkpoints import Checkpointer
 from .config import parse_run_config
+from .federation.polling import prompt
 from .progress import format_seconds, setup_logging, summary_lines
 from .runs import Runner
 from .training import resolve_device, using_device
@@ -49,6 +50,7 @@ def main(grid: Grid, context: Context) -> None:
     (with the error, keeping what was finished) and at the end (``status.finished``)."""
     started = time.time()
     setup_logging()
+    grid = prompt(grid)  # replies collected as they arrive, not on Flower's 3-s beat
     settings = parse_run_config(context.run_config)
     run_method = runner(settings.method)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)

@@ -79,3 +79,15 @@ def test_fedoras_tiers_runs_the_main_cases_at_every_seed_and_merges_earlier_file
         tiers.merged_cases([path], settings, 40)
     with pytest.raises(SystemExit, match="--merge"):
         tiers.merged_cases([path], {**settings, "fedoras.rounds": 3}, 8)
+
+
+@pytest.mark.slow
+def test_threads_quick_compares_the_wait_policies():
+    saved = run_quick("threads")
+    assert [(r["policy"], r["threads"]) for r in saved["rows"]] == [
+        ("default", saved["cores"]),
+        ("PASSIVE", saved["cores"]),
+    ]
+    assert all(r["seconds"] > 0 for r in saved["rows"])
+    (ratio,) = saved["headline"].values()
+    assert ratio > 0

@@ -51,6 +51,7 @@ from ..protocol import (
 from ..search_spaces.base import SearchSpace
 from ..seeding import numpy_stream, stable_hash
 from .aggregation import MEAN, Aggregation
+from .polling import prompt
 from .replies import Bound, check_latency_reply, error_reason, screen_replies
 
 __all__ = [
@@ -229,7 +230,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         if self.rounds_setting:
             self.settings = _with_setting(self.settings, self.rounds_setting, int(num_rounds))
         self.begin(timeout, train_config, evaluate_config, evaluate_fn)
-        return self.run(grid, initial_arrays)
+        return self.run(prompt(grid), initial_arrays)
 
     def run(self, grid: Grid, initial_arrays: ArrayRecord) -> R:
         """The method itself, after ``start`` took Flower's parameters."""

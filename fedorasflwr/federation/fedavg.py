@@ -54,6 +54,7 @@ from .base import (
     destinations,
     sample_nodes,
 )
+from .polling import prompt
 from .replies import ArraySpec, array_specs, check_reply, error_reason, screen_replies
 
 __all__ = ["SeededFedAvg", "cosine_lr", "step_lr"]
@@ -171,7 +172,7 @@ class SeededFedAvg(FedAvg):
 
         with quiet_flower_strategy():
             return super().start(
-                grid,
+                prompt(grid),
                 initial_arrays,
                 num_rounds=num_rounds,
                 timeout=timeout,

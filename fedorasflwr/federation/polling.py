@@ -1,0 +1,99 @@
+"""A Grid that collects replies as soon as they arrive.
+
+Flower's ``HttpGrid`` (the ServerApp's grid on both engines, Flower 1.41) pulls the
+replies of ``send_and_receive`` and, while some are missing, sleeps 3 s before it pulls
+again: every step whose replies are not there at the first pull waits for the next
+multiple of 3 s. A round of 1.2 s of client work takes 3 s; a FedorAS default run has
+about 140 such steps. ``PromptGrid`` wraps any grid and polls at a short interval that
+grows while nothing arrives (``first`` s, x1.5 per empty pull, at most ``longest`` s),
+so a step ends within a fraction of a second of its last reply while a long one costs
+the SuperLink about one pull a second. Everything else is the wrapped grid's. Every
+strategy here wraps the grid it is started on (``prompt``), so a library user's
+ServerApp gets this too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+from flwr.superlink.grid.http_grid import HttpGrid
+
+__all__ = ["POLLING_ENV", "PromptGrid", "prompt"]
+
+#: ``FEDORASFLWR_GRID_POLLING=flower`` in the ServerApp's environment keeps Flower's own
+#: polling (``benchmarks/engines.py`` compares the two side by side)
+POLLING_ENV = "FEDORASFLWR_GRID_POLLING"
+
+
+class PromptGrid(Grid):
+    """``grid`` with ``send_and_receive`` polling every ``first`` .. ``longest`` seconds."""
+
+    def __init__(self, grid: Grid, *, first: float = 0.05, longest: float = 1.0) -> None:
+        if not 0 < first <= longest:
+            raise ValueError(f"need 0 < first <= longest, got {first!r}, {longest!r}")
+        self.grid = grid
+        self.first = first
+        self.longest = longest
+
+    # --- the wrapped grid -----------------------------------------------------------
+
+    def set_run(self, run) -> None:  # type: ignore[no-untyped-def]  # flwr's Run
+        self.grid.set_run(run)
+
+    @property
+    def run(self):  # type: ignore[no-untyped-def]  # flwr's Run
+        return self.grid.run
+
+    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
+        return self.grid.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def get_nodes(self):  # type: ignore[no-untyped-def]  # Iterable[NodeInfo]
+        return self.grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    # --- prompt collection ------------------------------------------------------------
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """As ``Grid.send_and_receive``: push ``messages``, then pull their replies until
+        every one has arrived or ``timeout`` seconds have passed (``None``: no limit)."""
+        waiting = set(self.push_messages(messages))
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        pause = self.first
+        while waiting:
+            arrived = list(self.pull_messages(waiting))
+            replies.extend(arrived)
+            waiting.difference_update(m.metadata.reply_to_message_id for m in arrived)
+            if not waiting:
+                break
+            pause = self.first if arrived else min(pause * 1.5, self.longest)
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                pause = min(pause, left)
+            time.sleep(pause)
+        return replies
+
+
+def prompt(grid: Grid) -> Grid:
+    """Flower's ``HttpGrid`` wrapped in a :class:`PromptGrid`; any other grid as it is (a
+    wrapped one, the in-process grid of the tests, a user's grid with its own timing), or
+    when ``$FEDORASFLWR_GRID_POLLING`` is ``flower``."""
+    if os.environ.get(POLLING_ENV, "") == "flower":
+        return grid
+    return PromptGrid(grid) if isinstance(grid, HttpGrid) else grid
