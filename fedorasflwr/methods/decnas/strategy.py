@@ -24,6 +24,9 @@ Client contract
 ---------------
 ``query.profile``
     As ``NodeProfile``: ``num-train`` and ``label-counts`` feed the grouping.
+``query.decnas_latency``
+    With ``resource = "latency"``, to the target nodes only: GM_0's layer-wise latency
+    table (:mod:`.latency`; the records of ``query.latency``).
 ``train.decnas_tune``
     arrays: the candidate's ``state_dict``.  config: ``method``, ``seed``,
     ``server-round``, ``iteration``, ``round``, ``candidate``, ``local-epochs``,
