@@ -590,7 +590,7 @@ class DecNAS(PrunedModelStages):
         layout = self.layer_layout
         return {
             "device-class": self.settings.latency_devices,
-            "target-nodes": [self.profiles[n].partition_id for n in sorted(self.target_tables)],
+            "target-nodes": sorted(self.profiles[n].partition_id for n in self.target_tables),
             "grid-points": layout.points,
             "grids": [list(g) for g in layout.grids],
             "units": [{"name": u.name, "deps": list(u.deps)} for u in layout.units],
