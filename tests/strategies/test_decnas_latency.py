@@ -355,3 +355,16 @@ def test_a_real_run_by_latency_meets_its_budgets(data_cache):
     assert summary["latency"]["device-class"] == "phone"
     assert summary["latency"]["target-nodes"] == [0, 2]
     assert result.train_metrics_clientapp[0]["latency-ms"] == pytest.approx(gm0.latency_ms)
+
+
+def test_a_residual_and_concatenating_net_has_units_of_every_layer_feeding_them():
+    from tests.search_spaces.test_prunable_user import SHAPE, TinyResNet
+
+    net = build_prunable(TinyResNet, input_shape=SHAPE)
+    layout = layer_layout(net.spec, points=2)
+    deps = {u.name: u.deps for u in layout.units}
+    assert deps["res"] == (0,)  # added back onto the stem: its width is the stem's
+    assert deps["mix"] == (1, 2, 3)  # the two concatenated branches and its own filters
+    assert deps["head"] == (4,)
+    ones = LatencyTable(layout.spec, "cpu", 1, tuple((1.0,) * n for n in layout.num_options()), 0.0)
+    assert predict_ms(ones, layout, net.widths) == pytest.approx(len(layout.units))

@@ -140,7 +140,9 @@ def _calls(net: nn.Module) -> dict[str, list[tuple[Any, ...]]]:
     leaves = [(n, m) for n, m in model.named_modules() if n and not list(m.children())]
     hooks = [m.register_forward_pre_hook(record(n)) for n, m in leaves]
     try:
-        x = torch.zeros((1, *net.input_shape), device="meta")
+        # storage-free, unless the model traces on the CPU only (data-dependent shapes)
+        device = next((t.device for t in (*model.parameters(), *model.buffers())), "meta")
+        x = torch.zeros((1, *net.input_shape), device=device)
         with torch.no_grad():
             model.eval()(x)
     finally:
