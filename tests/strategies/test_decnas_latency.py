@@ -368,3 +368,32 @@ def test_a_residual_and_concatenating_net_has_units_of_every_layer_feeding_them(
     assert deps["head"] == (4,)
     ones = LatencyTable(layout.spec, "cpu", 1, tuple((1.0,) * n for n in layout.num_options()), 0.0)
     assert predict_ms(ones, layout, net.widths) == pytest.approx(len(layout.units))
+
+
+@pytest.mark.slow  # three runs through server_app.main (exports, checkpoints): about a minute
+def test_a_resumed_run_by_latency_continues_on_the_same_table(data_cache, injected, tmp_path):
+    from fedorasflwr.protocol import DECNAS_TUNE
+    from tests.test_checkpoints import result_of, stopped_and_resumed
+
+    base = latency_config(
+        data_cache,
+        **{
+            "decnas.max-iterations": 2,
+            "checkpoint-every": 1,
+            "decnas.gm0-rounds": 0,
+            "decnas.final-rounds": 0,
+        },
+    )
+    whole, stopped, resumed = stopped_and_resumed(base, tmp_path, 3, DECNAS_TUNE, stop=2001)
+    first, second = result_of(whole), result_of(resumed)
+    assert [m["iteration"] for m in second["frontier"]] == [0, 1, 2]
+    assert second["frontier"] == first["frontier"]
+    assert second["history"] == first["history"]
+    budgets = [m["budget"] for m in second["frontier"][1:]]
+    latencies = [m["latency-ms"] for m in second["frontier"]]
+    assert all(lat <= cap for lat, cap in zip(latencies[1:], budgets, strict=True))
+    assert second["latency"]["target-nodes"] == list(range(3))
+    nodes = second["latency"]["nodes"]
+    assert [n["partition-id"] for n in nodes] == list(range(3))
+    assert all("option-ms" not in n and n["fixed-ms"] == 0.1 for n in nodes)
+    assert len(second["latency"]["table"]["option-ms"]) == len(second["latency"]["units"])
