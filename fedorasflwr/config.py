@@ -734,6 +734,9 @@ class DecNASSettings:
     (every client trains every candidate, no dropping, the largest round number
     every iteration), "no-groups", "no-drop", "no-dynamic-rounds" (one off
     each), "centralised" (NetAdapt: run it with one node holding all the data).
+    ``resource`` "latency" is NetAdapt's own: milliseconds predicted by the layer-wise
+    latency tables of the target nodes (``latency_devices``: their node config
+    ``device-class``; docs/decnas.md).
     """
 
     model: str = "convnet"
