@@ -734,6 +734,9 @@ class DecNASSettings:
     (every client trains every candidate, no dropping, the largest round number
     every iteration), "no-groups", "no-drop", "no-dynamic-rounds" (one off
     each), "centralised" (NetAdapt: run it with one node holding all the data).
+    ``resource`` "latency" is NetAdapt's own: milliseconds predicted by the layer-wise
+    latency tables of the target nodes (``latency_devices``: their node config
+    ``device-class``; docs/decnas.md).
     """
 
     model: str = "convnet"
@@ -758,6 +761,10 @@ class DecNASSettings:
     pick: str = "degradation"
     width_baseline: bool = False
     min_replies: int = 1
+    # resource = "latency": the target devices (node config ``device-class``; "": every
+    # node) and the grid points per layer of their layer-wise tables (decnas/latency.py).
+    latency_devices: str = ""
+    latency_grid: int = 8
 
     @property
     def grouping(self) -> bool:
@@ -794,7 +801,7 @@ class DecNASSettings:
         return cls(
             model=_one_of(cfg, p + "model", cls.model, ("convnet", "mobilenet")),
             variant=_one_of(cfg, p + "variant", cls.variant, DECNAS_VARIANTS),
-            resource=_one_of(cfg, p + "resource", cls.resource, ("macs", "params")),
+            resource=_one_of(cfg, p + "resource", cls.resource, ("macs", "params", "latency")),
             target=number("target", cls.target, lambda v: 0 < v < 1, "fraction of GM_0, 0 < t < 1"),
             initial_reduction=number(
                 "initial-reduction", cls.initial_reduction, lambda v: 0 < v < 1, "0 < r < 1"
@@ -815,7 +822,32 @@ class DecNASSettings:
             pick=_one_of(cfg, p + "pick", cls.pick, ("degradation", "accuracy")),
             width_baseline=_get(cfg, p + "width-baseline", cls.width_baseline, bool),
             min_replies=count("min-replies", cls.min_replies),
+            latency_devices=_latency_devices(cfg, p),
+            latency_grid=_get(
+                cfg, p + "latency-grid", cls.latency_grid, int, lambda v: 1 <= v <= 64, "1..64"
+            ),
         )
+
+
+def _latency_devices(cfg: Mapping[str, Any], p: str) -> str:
+    """``decnas.latency-devices``: a device-class name (letters, digits, ``._-``) or "",
+    meaningful with ``decnas.resource = "latency"`` only."""
+    key = p + "latency-devices"
+    name = _get(
+        cfg,
+        key,
+        "",
+        str,
+        lambda v: all(c.isalnum() or c in "._-" for c in v),
+        'a node config device-class name (letters, digits, "._-") or "" (every node)',
+    )
+    resource = cfg.get(p + "resource", DecNASSettings.resource)
+    if name and resource != "latency":
+        raise ValueError(
+            f"run config '{key}' = {name!r}: allowed with '{p}resource' = \"latency\" only "
+            f"(it is {resource!r})"
+        )
+    return name
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ __all__ = [
     "FDNAS_EVALUATE",
     "FDNAS_SEARCH",
     "FDNAS_TRAIN",
+    "QUERY_DECNAS_LATENCY",
     "QUERY_LATENCY",
     "QUERY_PROFILE",
     "space_from_config",
@@ -44,6 +45,7 @@ LATENCY = "latency"  # ConfigRecord of a query.latency reply: device, statistic
 
 QUERY_PROFILE = "query.profile"
 QUERY_LATENCY = "query.latency"  # the node's latency table (fedorasflwr/latency.py)
+QUERY_DECNAS_LATENCY = "query.decnas_latency"  # a prunable net's layer table (decnas/latency.py)
 FEDORAS_SUPERNET = "train.fedoras_supernet"
 FEDORAS_PATHS = "evaluate.fedoras_paths"
 FEDORAS_TRAIN = "train.fedoras_finetune"

@@ -29,6 +29,7 @@ from ..methods.fedoras import client as fedoras
 from ..protocol import PROFILE
 from ..training import device_mod
 from .latency import answer_latency
+from .layer_latency import answer_layer_latency
 from .node_data import LoadData, NodeData, NodeDataCache
 
 __all__ = ["HANDLERS", "Handler", "make_client_app", "node_threads", "register"]
@@ -92,6 +93,12 @@ def _upload(content: RecordDict, node: NodeData, context: Context) -> RecordDict
 HANDLERS: tuple[Handler, ...] = (
     Handler("query", "profile", _profile, "partition id, split sizes, label histogram, tier"),
     Handler("query", "latency", lambda content, *_: answer_latency(content), "latency table"),
+    Handler(
+        "query",
+        "decnas_latency",
+        lambda content, *_: answer_layer_latency(content),
+        "DecNAS: layer-wise latency table of a prunable net",
+    ),
     Handler("train", "fedoras_supernet", _seeded(fedoras.train_supernet), "FedorAS Stage 1"),
     Handler("evaluate", "fedoras_paths", _seeded(fedoras.score_paths_locally), "Stage 2 scoring"),
     Handler("train", "fedoras_finetune", _seeded(fedoras.train_subnet), "FedorAS Stage 3"),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ __all__ = [
     "build_prunable",
     "filter_norms",
     "load_prunable",
+    "meta_prunable",
     "prune_layer",
     "prune_to_budget",
     "resource",
@@ -180,6 +181,11 @@ def load_prunable(spec: Mapping[str, Any], state_dict: Mapping[str, Tensor]) -> 
     return net
 
 
+def meta_prunable(spec: Mapping[str, Any]) -> PrunableNet:
+    """The structure ``spec`` without storage (meta device): shapes, no weights."""
+    return _on_meta(spec)
+
+
 def spec_cost(spec: Mapping[str, Any]) -> Cost:
     """The cost of ``build_prunable(**spec)``, without building its weights."""
     cost = _COSTS.get(_spec_key(spec))
@@ -231,10 +237,20 @@ def prune_layer(net: PrunableNet, layer: int, keep: int) -> PrunableNet:
 
 
 def prune_to_budget(
-    net: PrunableNet, layer: int, budget: float, kind: str = "macs", min_filters: int = 1
+    net: PrunableNet,
+    layer: int,
+    budget: float,
+    kind: str = "macs",
+    min_filters: int = 1,
+    *,
+    cost: Callable[[Sequence[int]], float] | None = None,
 ) -> PrunableNet | None:
     """Prune the fewest filters of ``layer`` so that ``resource(pruned, kind) <= budget``;
     ``None`` if even ``min_filters`` filters exceed it.
+
+    ``cost`` (widths -> a number, e.g. a latency table's prediction) replaces
+    ``resource(..., kind)``: the most filters from ``min_filters`` up whose cost meets the
+    budget, found by scanning every width (a table's prediction need not be linear).
 
     For nets whose resource is linear in one layer's width (no two pruned layers feed
     one another) the number to remove is ``ceil((Res(net) - budget) / (Res(net) -
@@ -242,6 +258,13 @@ def prune_to_budget(
     while it exceeds the budget.
     """
     layer = _check_layer(net, layer)
+    if cost is not None:
+        fits = [
+            keep
+            for keep in range(net.widths[layer], min_filters - 1, -1)
+            if cost(_replaced(net.widths, layer, keep)) <= budget
+        ]
+        return prune_layer(net, layer, fits[0]) if fits else None
     current, filters = resource(net, kind), net.widths[layer]
     if current <= budget:
         return prune_layer(net, layer, filters)
@@ -260,14 +283,22 @@ def prune_to_budget(
     return prune_layer(net, layer, keep)
 
 
-def width_scaled(net: PrunableNet, budget: float, kind: str = "macs") -> PrunableNet:
+def width_scaled(
+    net: PrunableNet,
+    budget: float,
+    kind: str = "macs",
+    *,
+    cost: Callable[[Sequence[int]], float] | None = None,
+) -> PrunableNet:
     """The width-multiplier baseline: every layer of ``net``'s structure scaled by one
-    factor, the largest (to 1e-3) whose resource fits ``budget``; fresh weights."""
+    factor, the largest (to 1e-3) whose resource (or ``cost`` of the widths) fits
+    ``budget``; fresh weights."""
     low, high = 0.0, 1.0
     for _ in range(12):
         middle = (low + high) / 2
         widths = [max(1, round(w * middle)) for w in net.widths]
-        if resource(_respec(net, widths), kind) <= budget:
+        spent = cost(widths) if cost is not None else resource(_respec(net, widths), kind)
+        if spent <= budget:
             low = middle
         else:
             high = middle

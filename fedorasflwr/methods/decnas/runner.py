@@ -16,6 +16,7 @@ from ...plots import (
 )
 from ...runs import (
     RunFiles,
+    latency_document,
     start,
     strategy_options,
 )
@@ -58,7 +59,12 @@ def run_decnas(
             reference=None,
             space=None,
         )
-    strategy = DecNAS(net=net, settings=settings.decnas, **strategy_options(settings, resume))
+    strategy = DecNAS(
+        net=net,
+        settings=settings.decnas,
+        latency=settings.latency.request(settings.seed),
+        **strategy_options(settings, resume),
+    )
     run = RunFiles(out_dir, settings, net.spec, progress)
     initial = ArrayRecord(net.state_dict())
     result = start(strategy, grid, settings, run, initial, settings.decnas.max_iterations)
@@ -70,4 +76,10 @@ def run_decnas(
                 net = build_prunable(**model.spec)
                 run.save(file, arrays, stage=stage, model=net, space_spec=model.spec, **extra)
     run.add(plot_frontier(out_dir / "frontier.png", result.summary(), settings.decnas.variant))
-    return {**result.summary(), **run.document()}
+    summary = result.summary()
+    if "latency" in summary:  # every target node's table, without its entries
+        nodes = latency_document(strategy.profiles, strategy.target_tables)["nodes"]
+        summary["latency"]["nodes"] = [
+            {k: v for k, v in node.items() if k != "option-ms"} for node in nodes
+        ]
+    return {**summary, **run.document()}

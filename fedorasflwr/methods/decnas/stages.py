@@ -10,7 +10,7 @@ validation or test splits.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,6 +24,7 @@ from ...config import DecNASSettings
 from ...federation.base import FederatedNASStrategy, NodeProfile
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
+from ...latency import LatencyRequest, LatencyTable
 from ...protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
 from ...search_spaces.prunable import (
     PrunableNet,
@@ -33,6 +34,7 @@ from ...search_spaces.prunable import (
     width_scaled,
 )
 from ...seeding import seed_torch
+from .latency import LayerLayout, predict_ms
 
 __all__ = ["DecNASResult", "GlobalModel", "PrunedModelStages"]
 
@@ -55,6 +57,7 @@ class GlobalModel:
     test_accuracy: float | None = None
     tuned_test_accuracy: float | None = None
     tuned_arrays: ArrayRecord | None = None
+    latency_ms: float | None = None  # predicted on the target devices' table (resource latency)
 
     @property
     def widths(self) -> list[int]:
@@ -70,6 +73,7 @@ class GlobalModel:
             "budget": self.budget,
             "macs": self.macs,
             "params": self.params,
+            "latency-ms": self.latency_ms,
             "search-val-accuracy": None if math.isnan(self.val_accuracy) else self.val_accuracy,
             "test-accuracy": self.test_accuracy,
             "tuned-test-accuracy": self.tuned_test_accuracy,
@@ -87,10 +91,12 @@ class DecNASResult(Result):
     groups: list[dict[str, Any]] = field(default_factory=list)
     ledger: dict[str, Any] = field(default_factory=dict)
     width_baseline: list[dict[str, Any]] = field(default_factory=list)
+    latency: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready: the frontier, per-round history, groups, baseline and ledger."""
-        return {
+        """JSON-ready: the frontier, per-round history, groups, baseline and ledger (and
+        with resource latency, the target devices' table: ``latency``)."""
+        summary = {
             "resource-convention": "MACs = FLOPs / 2 of one sample (torch.utils.flop_counter)",
             "frontier": [model.summary() for model in self.frontier],
             "history": self.history,
@@ -98,6 +104,12 @@ class DecNASResult(Result):
             "width-baseline": self.width_baseline,
             "ledger": self.ledger,
         }
+        if self.latency:
+            summary["resource-convention"] += (
+                "; latency-ms: predicted at batch 1 by the target devices' layer table"
+            )
+            summary["latency"] = self.latency
+        return summary
 
     def accuracy_points(self) -> dict[str, list[tuple[float, float]]]:
         """(MACs, test accuracy) per curve: the frontier before and after tuning, the baseline."""
@@ -119,7 +131,14 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
 
     method = "decnas"
 
-    def __init__(self, *, net: PrunableNet, settings: DecNASSettings, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        net: PrunableNet,
+        settings: DecNASSettings,
+        latency: LatencyRequest | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(net, PrunableNet):
             raise TypeError(
                 f"DecNAS prunes a PrunableNet, got {type(net).__name__}: wrap the model's "
@@ -128,6 +147,12 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         super().__init__(min_replies=settings.min_replies, **kwargs)
         self.net = net
         self.settings = settings
+        # resource "latency": how target nodes time their tables; the layout of GM_0's
+        # units, the target nodes' tables and their per-entry median (set by the search)
+        self.latency_request = latency
+        self.layer_layout: LayerLayout | None = None
+        self.target_tables: dict[int, LatencyTable] = {}
+        self.layer_table: LatencyTable | None = None
 
     def train_config(self, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """The ConfigRecord content every DecNAS message about the model ``spec`` carries."""
@@ -151,6 +176,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
     ) -> GlobalModel:
         """``net`` recorded as GM_``iteration``."""
         cost = net.cost()
+        latency = self.latency_cost
         return GlobalModel(
             iteration=iteration,
             spec=net.spec,
@@ -158,6 +184,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
             macs=cost.flops // 2,
             params=cost.params,
             val_accuracy=accuracy,
+            latency_ms=None if latency is None else latency(net.widths),
             **extra,
         )
 
@@ -225,9 +252,30 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
             raise ValueError(f"{where}: its DecNAS frontier is empty")
         return frontier, groups
 
-    def resource_of(self, model: GlobalModel) -> int:
-        """Res(model): its MACs or parameters, as the settings say."""
+    def resource_of(self, model: GlobalModel) -> float:
+        """Res(model): its MACs, parameters or predicted latency (ms), as the settings say."""
+        if self.settings.resource == "latency":
+            if model.latency_ms is None:
+                raise RuntimeError("resource latency: no latency table of the target devices")
+            return model.latency_ms
         return model.macs if self.settings.resource == "macs" else model.params
+
+    @property
+    def latency_cost(self) -> Callable[[Sequence[int]], float] | None:
+        """widths -> ms on the target devices' table (``None`` before it is measured)."""
+        table, layout = self.layer_table, self.layer_layout
+        if table is None or layout is None:
+            return None
+        return lambda widths: predict_ms(table, layout, widths)
+
+    def cost_of(self, net: PrunableNet) -> float:
+        """Res of ``net``: ``resource_of`` for a net that is not a GM."""
+        if self.settings.resource == "latency":
+            cost = self.latency_cost
+            if cost is None:
+                raise RuntimeError("resource latency: no latency table of the target devices")
+            return cost(net.widths)
+        return resource(net, self.settings.resource)
 
     def connected(self, grid: Grid) -> list[NodeProfile]:
         """Profiled nodes connected now, by partition id."""
@@ -345,7 +393,9 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         rows = []
         for model in frontier[1:]:
             seed_torch(self.seed, "width", model.iteration)
-            net = width_scaled(self.net, self.resource_of(model), self.settings.resource)
+            net = width_scaled(
+                self.net, self.resource_of(model), self.settings.resource, cost=self.latency_cost
+            )
             rounds = self.settings.train.rounds + self.settings.final_rounds
             stage = f"width-{model.iteration}"
             arrays = self.fedavg(grid, net.spec, ArrayRecord(net.state_dict()), rounds, stage)
@@ -356,6 +406,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
                     "widths": scaled.widths,
                     "macs": scaled.macs,
                     "params": scaled.params,
+                    "latency-ms": scaled.latency_ms,
                     "rounds": rounds,
                     "test-accuracy": self.evaluate(grid, scaled, "test", "test"),
                 }

@@ -24,6 +24,9 @@ Client contract
 ---------------
 ``query.profile``
     As ``NodeProfile``: ``num-train`` and ``label-counts`` feed the grouping.
+``query.decnas_latency``
+    With ``resource = "latency"``, to the target nodes only: GM_0's layer-wise latency
+    table (:mod:`.latency`; the records of ``query.latency``).
 ``train.decnas_tune``
     arrays: the candidate's ``state_dict``.  config: ``method``, ``seed``,
     ``server-round``, ``iteration``, ``round``, ``candidate``, ``local-epochs``,
@@ -58,11 +61,21 @@ from flwr.supercore import log
 from ...checkpoints import Resume
 from ...config import DecNASSettings
 from ...federation.aggregation import opa
-from ...federation.base import NodeProfile
-from ...federation.replies import array_specs, check_reply
+from ...federation.base import NodeProfile, StageFailedError, describe_table
+from ...federation.replies import array_specs, check_latency_reply, check_reply
+from ...latency import LatencyRequest, LatencyTable, group_table, table_document, table_from_records
 from ...progress import format_metrics
-from ...protocol import ARRAYS, CONFIG, DECNAS_TUNE, DECNAS_UPLOAD, METRICS
-from ...search_spaces.prunable import PrunableNet, prune_to_budget, resource
+from ...protocol import (
+    ARRAYS,
+    CONFIG,
+    DECNAS_TUNE,
+    DECNAS_UPLOAD,
+    LATENCY,
+    METRICS,
+    QUERY_DECNAS_LATENCY,
+    space_to_config,
+)
+from ...search_spaces.prunable import PrunableNet, prune_to_budget
 from .grouping import (
     balance_ratio,
     group_clients,
@@ -70,6 +83,7 @@ from .grouping import (
     random_groups,
     schedule_waves,
 )
+from .latency import layer_layout
 from .netadapt import (
     budget,
     degradation,
@@ -119,8 +133,11 @@ class DecNAS(PrunedModelStages):
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
         resume: Resume | None = None,
         min_nodes: int = 2,
+        latency: LatencyRequest | None = None,
     ) -> None:
-        super().__init__(net=net, settings=settings, seed=seed, min_nodes=min_nodes)
+        super().__init__(
+            net=net, settings=settings, seed=seed, min_nodes=min_nodes, latency=latency
+        )
         self.resume = resume
         self.validate_profiles = validate_profiles
         self.groups: list[list[NodeProfile]] = []
@@ -236,7 +253,12 @@ class DecNAS(PrunedModelStages):
         found = {}
         for layer in range(net.num_layers):
             pruned = prune_to_budget(
-                net, layer, target, self.settings.resource, self.settings.min_filters
+                net,
+                layer,
+                target,
+                self.settings.resource,
+                self.settings.min_filters,
+                cost=self.latency_cost,
             )
             if pruned is not None and pruned.widths != net.widths:
                 found[layer] = pruned
@@ -354,15 +376,15 @@ class DecNAS(PrunedModelStages):
         group_summary = self.regroup(grid, t)
         nets = self.candidates(previous, target)
         if not nets:
-            log(WARNING, "Iteration %d: no layer can be pruned to %.0f", t, target)
+            log(WARNING, "Iteration %d: no layer can be pruned to %.6g", t, target)
             return None, [], group_summary
         pool: Pool = {c: (n.spec, ArrayRecord(n.state_dict())) for c, n in nets.items()}
-        costs = {c: resource(n, s.resource) for c, n in nets.items()}
+        costs = {c: self.cost_of(n) for c, n in nets.items()}
         rounds = rounds_for(t, s.rounds, s.rounds_every) if s.dynamic_rounds else max(s.rounds)
         alpha = s.drop_ratio if s.dropping else 0.0
         log(
             INFO,
-            "Iteration %d: budget %.0f, %d candidates, %d group(s), %d round(s)",
+            "Iteration %d: budget %.6g, %d candidates, %d group(s), %d round(s)",
             t,
             target,
             len(pool),
@@ -437,6 +459,9 @@ class DecNAS(PrunedModelStages):
             self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.profile_nodes(grid, ConfigRecord({"method": self.method}))
+        if s.resource == "latency":
+            with self.ledger.timed("latency"):
+                self.measure_targets(grid)
         searching = True
         if resume is not None:
             frontier, groups = self.restore_frontier(resume)
@@ -476,13 +501,107 @@ class DecNAS(PrunedModelStages):
             groups=groups,
             ledger=self.ledger.summary(),
             width_baseline=baseline,
+            latency=self.latency_summary(),
         )
         self.contract_result(result, frontier[-1].arrays)
         return result
 
+    # --- latency as the resource (NetAdapt's) -------------------------------------------
+
+    def target_nodes(self, grid: Grid) -> list[NodeProfile]:
+        """The connected nodes of the target device class (``decnas.latency-devices``;
+        "": every node), by partition id."""
+        name = self.settings.latency_devices
+        return [p for p in self.connected(grid) if not name or p.device_class == name]
+
+    def measure_targets(self, grid: Grid) -> LatencyTable:
+        """Ask the target nodes only for their layer-wise table of GM_0
+        (``query.decnas_latency``); drop malformed replies naming the node; the per-entry
+        median of the kept tables is the table every budget and candidate is costed on.
+
+        Raises
+        ------
+        StageFailedError
+            No target node is connected, or none answered with a usable table.
+        """
+        name = self.settings.latency_devices
+        what = (
+            f"device class {name!r} (run config 'decnas.latency-devices')"
+            if name
+            else "any device class (run config 'decnas.latency-devices' = \"\")"
+        )
+        targets = self.target_nodes(grid)
+        if not targets:
+            present = sorted({p.device_class for p in self.connected(grid)})
+            raise StageFailedError(
+                f"DecNAS by latency: no connected node of {what}; the nodes' node config "
+                f"'device-class' values: {present}"
+            )
+        layout = layer_layout(self.net.spec, self.settings.latency_grid)
+        request = self.latency_request or LatencyRequest(seed=self.seed)
+        config = ConfigRecord({**request.to_config(), **space_to_config(layout.spec)})
+        messages = [
+            Message(
+                RecordDict({CONFIG: config}),
+                message_type=QUERY_DECNAS_LATENCY,
+                dst_node_id=p.node_id,
+            )
+            for p in targets
+        ]
+        tables: dict[int, LatencyTable] = {}
+        for reply in self.exchange(grid, "latency", messages):
+            node_id = reply.metadata.src_node_id
+            reason = check_latency_reply(reply, layout.num_options())
+            if reason is None:
+                try:
+                    tables[node_id] = table_from_records(
+                        reply.content.metric_records[METRICS],
+                        reply.content.config_records[LATENCY],
+                        layout.spec,
+                        layout.num_options(),
+                    )
+                except (KeyError, TypeError, ValueError) as exc:
+                    reason = f"malformed latency table: {exc!r}"
+            if reason is not None:
+                self._drop("latency", node_id, reason)
+                continue
+            log(INFO, "[latency] node %d: %s", node_id, describe_table(tables[node_id]))
+        try:
+            self.require("latency", len(tables), len(messages), at_most_sent=True)
+        except StageFailedError as exc:
+            raise StageFailedError(f"DecNAS by latency, target nodes of {what}: {exc}") from exc
+        self.layer_layout, self.target_tables = layout, tables
+        self.layer_table = group_table([tables[n] for n in sorted(tables)])
+        log(
+            INFO,
+            "DecNAS by latency: %d target node(s) of %s, %d units; GM_0 %.4g ms",
+            len(tables),
+            what,
+            len(layout.units),
+            self.latency_cost(self.net.widths),
+        )
+        return self.layer_table
+
+    def latency_summary(self) -> dict[str, Any]:
+        """``result.json``'s ``latency``: the target class, the units and the target
+        devices' table (the per-entry median); empty unless the resource is latency."""
+        if self.layer_table is None or self.layer_layout is None:
+            return {}
+        layout = self.layer_layout
+        return {
+            "device-class": self.settings.latency_devices,
+            "target-nodes": sorted(self.profiles[n].partition_id for n in self.target_tables),
+            "grid-points": layout.points,
+            "grids": [list(g) for g in layout.grids],
+            "units": [{"name": u.name, "deps": list(u.deps)} for u in layout.units],
+            "table": table_document(self.layer_table),
+        }
+
     def _record_iteration(self, model: GlobalModel) -> None:
         """GM_t's numbers as the iteration's training metrics; ``evaluate_fn`` on GM_t."""
         metrics = {"macs": model.macs, "params": model.params}
+        if model.latency_ms is not None:
+            metrics["latency-ms"] = model.latency_ms
         if not math.isnan(model.val_accuracy):
             metrics["val-accuracy"] = model.val_accuracy
         self.train_metrics[model.iteration] = MetricRecord(metrics)
