@@ -678,6 +678,10 @@ class DPFNASSettings:
     final_noise: float = 0.0
     final_clip: float = 1.0
     insecure_reproducible_noise: bool = False
+    # "latency": the genotype is derived within ``latency_budget_ms`` on the parties'
+    # latency tables (no resource term in the paper; docs/dpfnas.md)
+    resource: str = "none"
+    latency_budget_ms: float = 0.0
 
     @property
     def noisy(self) -> bool:
@@ -760,7 +764,20 @@ class DPFNASSettings:
             insecure_reproducible_noise=_get(
                 cfg, p + "insecure-reproducible-noise", cls.insecure_reproducible_noise, bool
             ),
+            **_dpfnas_latency(cfg, p),
         )
+
+
+def _dpfnas_latency(cfg: Mapping[str, Any], p: str) -> dict[str, Any]:
+    """``dpfnas.resource`` and ``dpfnas.latency-budget-ms`` (required with the latency)."""
+    resource = _one_of(cfg, p + "resource", DPFNASSettings.resource, ("none", "latency"))
+    budget = _get(cfg, p + "latency-budget-ms", 0.0, float, lambda v: v >= 0, "> 0 ms (0: unset)")
+    if resource == "latency" and budget <= 0:
+        raise ValueError(
+            f"run config '{p}latency-budget-ms' = {budget!r}: with '{p}resource' = 'latency' "
+            "give the derived network's latency budget in milliseconds, > 0"
+        )
+    return {"resource": resource, "latency_budget_ms": budget}
 
 
 DECNAS_VARIANTS = ("decnas", "naive", "no-groups", "no-drop", "no-dynamic-rounds", "centralised")
