@@ -247,8 +247,8 @@ def test_each_cluster_gets_its_nodes_table_and_the_search_its_median(run_config)
     assert len(strategy.latency_tables) == NUM_NODES
     space = strategy.space
     one, three = known_table(space, 1.0), known_table(space, 3.0)
-    assert strategy.group_table("cluster-0", [0, 1, 2]).option_ms == one.option_ms
-    assert flat(strategy.group_table("cluster-1", [3, 4, 5])) == pytest.approx(flat(three))
+    assert strategy.stage_table("cluster-0", [0, 1, 2]).option_ms == one.option_ms
+    assert flat(strategy.stage_table("cluster-1", [3, 4, 5])) == pytest.approx(flat(three))
     # 3 nodes at scale 1, 7 at scale 3: the median entry is scale 3's
     stage = strategy.whole_search()
     assert flat(stage.table) == pytest.approx(flat(three))
@@ -273,10 +273,10 @@ def test_a_dropped_table_leaves_its_node_out_and_a_cluster_without_tables_falls_
     assert set(strategy.latency_tables) == set(grid.node_of_partition.values()) - dropped
     for node in dropped:
         assert f"dropped reply of node {node}" in caplog.text
-    cluster_0 = strategy.group_table("cluster-0", [0, 1, 2])
+    cluster_0 = strategy.stage_table("cluster-0", [0, 1, 2])
     assert cluster_0.option_ms == known_table(strategy.space).option_ms
     assert "[cluster-0] latency: no table from partition(s) [1], left out" in caplog.text
-    fallback = strategy.group_table("cluster-2", [6, 7, 8, 9])
+    fallback = strategy.stage_table("cluster-2", [6, 7, 8, 9])
     assert "[cluster-2] no node has a latency table: the all-nodes table stands in" in caplog.text
     assert any(r.levelname == "WARNING" and "cluster-2" in r.getMessage() for r in caplog.records)
     # the all-nodes table of the 5 nodes with one: 2 at scale 1, 3 at scale 3

@@ -70,7 +70,7 @@ class CFDNAS(FDNAS):
             for tag in clusters
         }
         # resource latency: every cluster's group table and target, checked before training
-        tables = {tag: self.group_table(f"cluster-{tag}", members[tag]) for tag in clusters}
+        tables = {tag: self.stage_table(f"cluster-{tag}", members[tag]) for tag in clusters}
         for index, tag in enumerate(clusters):
             if tables[tag] is not None:
                 self.check_target(key, s.cluster_target(index), tables[tag], f"cluster-{tag}")

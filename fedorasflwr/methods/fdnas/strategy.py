@@ -210,7 +210,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         if self.settings.resource == "latency":
             self.query_latency(grid, self.space, request=self.latency_request)
 
-    def group_table(self, stage: str, partitions: Iterable[int]) -> LatencyTable | None:
+    def stage_table(self, stage: str, partitions: Iterable[int]) -> LatencyTable | None:
         """The latency table standing for ``partitions``' nodes (``latency.group_table``:
         the per-entry median of their tables), kept in ``group_tables[stage]``; a node
         whose table was dropped is left out; a group without any table gets every node's
@@ -255,7 +255,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         """The global search: every profiled node, ``fdnas.rounds``, ``fdnas.target-flops``
         (``fdnas.target-ms`` on every node's group table with the resource latency)."""
         s = self.settings
-        table = self.group_tables.get(SEARCH) or self.group_table(SEARCH, self.partitions())
+        table = self.group_tables.get(SEARCH) or self.stage_table(SEARCH, self.partitions())
         target = s.target_flops if table is None else s.target_ms
         return SearchStage(
             SEARCH, list(self.profiles.values()), s.train.rounds, target, s.warmup_rounds, table
