@@ -423,7 +423,10 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
                 INFO,
                 "%s",
                 clock.line(
-                    server_round, metrics, **{"derived-MFLOPs": entry["derived-flops"] / 1e6}
+                    server_round,
+                    metrics,
+                    **{"derived-MFLOPs": entry["derived-flops"] / 1e6},
+                    **{k: entry[k] for k in ("derived-ms", "expected-ms") if k in entry},
                 ),
             )
             history.append(entry)
