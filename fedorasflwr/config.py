@@ -479,7 +479,9 @@ class FDNASSettings:
     hardware term is ``CE + beta log(E[FLOPs] / target)^2`` (two-sided); targets are
     fractions of the supernet's largest path, as is ``max_flops``, the bound on every
     derived net (the most probable path within it; 1: plain argmax).  Defaults are sized
-    for a 2-core CPU.
+    for a 2-core CPU.  ``resource = "latency"``: the hardware term uses the expected
+    latency on the nodes' measured tables instead, with targets in milliseconds
+    (``target_ms``, ``cluster_target_ms``), which also bound the derived nets.
     """
 
     train: TrainingRecipe = TrainingRecipe(
@@ -500,6 +502,9 @@ class FDNASSettings:
     )
     final_init: str = "scratch"
     min_replies: int = 2
+    resource: str = "flops"
+    target_ms: float = 0.0
+    cluster_target_ms: tuple[float, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FDNASSettings:
@@ -559,12 +564,55 @@ class FDNASSettings:
                 "scratch or supernet",
             ),
             min_replies=min_replies,
+            **_fdnas_latency(cfg, p),
         )
 
     def cluster_target(self, index: int) -> float:
-        """The FLOPs target (fraction) of the ``index``-th cluster in sorted tag order."""
-        targets = self.cluster_target_flops
+        """The target of the ``index``-th cluster in sorted tag order: a fraction of the
+        largest path's FLOPs, or milliseconds with ``resource = "latency"``."""
+        targets = (
+            self.cluster_target_ms if self.resource == "latency" else self.cluster_target_flops
+        )
         return targets[index] if len(targets) > 1 else targets[0]
+
+    def cluster_targets_key(self) -> str:
+        """The run-config key of the per-cluster targets of this ``resource``."""
+        return "fdnas.cluster-target-" + ("ms" if self.resource == "latency" else "flops")
+
+
+def _fdnas_latency(cfg: Mapping[str, Any], p: str) -> dict[str, Any]:
+    """``fdnas.resource``, ``fdnas.target-ms`` and ``fdnas.cluster-target-ms``: with the
+    resource latency both targets are required, in milliseconds (0 / "": unset)."""
+    resource = _one_of(cfg, p + "resource", FDNASSettings.resource, ("flops", "latency"))
+    target = _get(cfg, p + "target-ms", 0.0, float, lambda v: v >= 0, "> 0 ms (0: unset)")
+    text = _get(cfg, p + "cluster-target-ms", "", str).strip()
+    try:
+        targets = tuple(float(v) for v in text.split(",")) if text else ()
+    except ValueError:
+        targets = (math.nan,)
+    if not all(math.isfinite(v) and v > 0 for v in targets):
+        raise ValueError(
+            f"run config '{p}cluster-target-ms' = {text!r}: comma-separated milliseconds > 0, "
+            "one for every cluster or one per cluster (in cluster order)"
+        )
+    if resource == "latency":
+        if target <= 0:
+            raise ValueError(
+                f"run config '{p}target-ms' = {target!r}: with '{p}resource' = 'latency' give "
+                "the global search's latency target in milliseconds, > 0"
+            )
+        if cfg.get("method") == "cfdnas" and not targets:
+            raise ValueError(
+                f"run config '{p}cluster-target-ms' = '': with '{p}resource' = 'latency' give "
+                'the clusters\' latency targets in milliseconds, e.g. "2.5" or "3,1.5"'
+            )
+        max_flops = _get(cfg, p + "max-flops", FDNASSettings.max_flops, float)
+        if max_flops < 1:
+            raise ValueError(
+                f"run config '{p}max-flops' = {max_flops!r}: with '{p}resource' = 'latency' "
+                "the latency targets bound the derived nets; allowed: 1.0"
+            )
+    return {"resource": resource, "target_ms": target, "cluster_target_ms": targets}
 
 
 def _parse_proportions(text: str, num_tiers: int, key: str) -> tuple[float, ...]:
@@ -630,6 +678,10 @@ class DPFNASSettings:
     final_noise: float = 0.0
     final_clip: float = 1.0
     insecure_reproducible_noise: bool = False
+    # "latency": the genotype is derived within ``latency_budget_ms`` on the parties'
+    # latency tables (no resource term in the paper; docs/dpfnas.md)
+    resource: str = "none"
+    latency_budget_ms: float = 0.0
 
     @property
     def noisy(self) -> bool:
@@ -712,7 +764,20 @@ class DPFNASSettings:
             insecure_reproducible_noise=_get(
                 cfg, p + "insecure-reproducible-noise", cls.insecure_reproducible_noise, bool
             ),
+            **_dpfnas_latency(cfg, p),
         )
+
+
+def _dpfnas_latency(cfg: Mapping[str, Any], p: str) -> dict[str, Any]:
+    """``dpfnas.resource`` and ``dpfnas.latency-budget-ms`` (required with the latency)."""
+    resource = _one_of(cfg, p + "resource", DPFNASSettings.resource, ("none", "latency"))
+    budget = _get(cfg, p + "latency-budget-ms", 0.0, float, lambda v: v >= 0, "> 0 ms (0: unset)")
+    if resource == "latency" and budget <= 0:
+        raise ValueError(
+            f"run config '{p}latency-budget-ms' = {budget!r}: with '{p}resource' = 'latency' "
+            "give the derived network's latency budget in milliseconds, > 0"
+        )
+    return {"resource": resource, "latency_budget_ms": budget}
 
 
 DECNAS_VARIANTS = ("decnas", "naive", "no-groups", "no-drop", "no-dynamic-rounds", "centralised")

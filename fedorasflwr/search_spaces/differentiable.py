@@ -44,6 +44,7 @@ __all__ = [
     "DifferentiableSpace",
     "GatedChoice",
     "GatedMixedOp",
+    "most_probable_within",
     "require_differentiable",
 ]
 
@@ -156,26 +157,13 @@ class DifferentiableSpace(SearchSpace):
                 f"no path of the {self.spec['name']!r} space fits in {max_flops:.6g} FLOPs "
                 f"(the cheapest has {self.min_flops()})"
             )
-        budget = max_flops - self.fixed_cost.flops
-        # partial paths as (flops, log-probability, options), Pareto-pruned per layer
-        frontier: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
-        for layer, alpha in enumerate(self.arch_parameters()):
-            logp = torch.log_softmax(alpha.detach().double(), dim=0).tolist()
-            costs = [self.option_cost(layer, o).flops for o in range(len(logp))]
-            grown = sorted(
-                (
-                    (flops + costs[o], score + logp[o], path + (o,))
-                    for flops, score, path in frontier
-                    for o in range(len(logp))
-                    if flops + costs[o] <= budget
-                ),
-                key=lambda t: (t[0], -t[1]),
-            )
-            frontier = []
-            for candidate in grown:  # cheapest first: keep those more probable than all cheaper
-                if not frontier or candidate[1] > frontier[-1][1]:
-                    frontier.append(candidate)
-        return max(frontier, key=lambda t: t[1])[2]
+        costs = [
+            [self.option_cost(layer, o).flops for o in range(options)]
+            for layer, options in enumerate(self.num_options())
+        ]
+        return most_probable_within(
+            self.arch_parameters(), costs, max_flops - self.fixed_cost.flops
+        )
 
     def forward_gated(
         self, x: Tensor, candidates: Sequence[Sequence[int]], gates: Sequence[Tensor]
@@ -195,6 +183,34 @@ class DifferentiableSpace(SearchSpace):
                 )
             choices.append(GatedChoice(picked, layer_gates))
         return self.net(x, tuple(choices))
+
+
+def most_probable_within(
+    alphas: Sequence[Tensor], costs: Sequence[Sequence[float]], budget: float
+) -> tuple[int, ...]:
+    """The path maximising ``sum(log softmax(alpha))`` whose summed option ``costs`` (per
+    layer, per option: FLOPs or milliseconds) stay within ``budget``; exact, by keeping per
+    layer only the partial paths no other beats on both cost and probability.  Raises
+    ``ValueError`` if even the cheapest path exceeds ``budget``."""
+    frontier: list[tuple[float, float, tuple[int, ...]]] = [(0, 0.0, ())]
+    for alpha, layer_costs in zip(alphas, costs, strict=True):
+        logp = torch.log_softmax(alpha.detach().double(), dim=0).tolist()
+        grown = sorted(
+            (
+                (cost + layer_costs[o], score + logp[o], path + (o,))
+                for cost, score, path in frontier
+                for o in range(len(logp))
+                if cost + layer_costs[o] <= budget
+            ),
+            key=lambda t: (t[0], -t[1]),
+        )
+        frontier = []
+        for candidate in grown:  # cheapest first: keep those more probable than all cheaper
+            if not frontier or candidate[1] > frontier[-1][1]:
+                frontier.append(candidate)
+        if not frontier:
+            raise ValueError(f"no path fits in the budget {budget:.6g}")
+    return max(frontier, key=lambda t: t[1])[2]
 
 
 def require_differentiable(space: Any, method: str = "FDNAS") -> None:

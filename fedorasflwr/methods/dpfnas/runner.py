@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import load_server_data
+from ...latency import table_document
 from ...plots import (
     plot_dpfnas,
 )
@@ -22,6 +23,7 @@ from ...runs import (
     RunFiles,
     build_supernet,
     describe_space,
+    latency_document,
     resume_checkpoint,
     start,
     strategy_options,
@@ -53,6 +55,7 @@ def run_dpfnas(
     strategy = DPFNAS(
         space=space,
         settings=settings.dpfnas,
+        latency_request=settings.latency.request(settings.seed),
         **strategy_options(settings, resume_checkpoint(settings, space)),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
@@ -69,6 +72,15 @@ def run_dpfnas(
             out_dir / "privacy_accuracy.png", result.history, settings.dpfnas.target_epsilon
         )
     )
+    latency: dict[str, Any] = {}
+    if settings.dpfnas.resource == "latency":
+        latency = {
+            "latency": result.latency,
+            "latency-tables": {
+                **latency_document(strategy.profiles, result.latency_tables),
+                "groups": {"parties": table_document(strategy.group_latency)},
+            },
+        }
     return {
         "space": describe_space(space),
         "mode": settings.dpfnas.mode,
@@ -82,5 +94,6 @@ def run_dpfnas(
         "history": json_safe(result.history),
         "final-history": result.final_history,
         "ledger": result.ledger,
+        **latency,
         **run.document(),
     }

@@ -15,8 +15,10 @@ iteration is two exchanges (Algorithm 1):
 
 Privacy is accounted per party after every iteration (``privacy.py``); a
 target epsilon stops the search before it would be exceeded.  After the
-search the genotype is derived (top-2 inputs per node), the derived network
-is trained with FedAvg (``SeededFedAvg``) and tested on the parties' test splits.
+search the genotype is derived (top-2 inputs per node; with ``dpfnas.resource =
+"latency"`` made to fit ``dpfnas.latency-budget-ms`` on the parties' latency tables,
+``budget.py``), the derived network is trained with FedAvg (``SeededFedAvg``) and tested
+on the parties' test splits.
 
 Client contract
 ---------------
@@ -62,6 +64,7 @@ from ...config import DPFNASSettings
 from ...federation.base import FederatedNASStrategy, NodeProfile
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import Bound, array_specs, check_reply
+from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock, fmt
 from ...protocol import (
     ARRAYS,
@@ -76,6 +79,7 @@ from ...protocol import (
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.darts_style import require_darts_style, weight_keys
 from ...seeding import seed_torch
+from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_layout
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .per_sample import per_sample_problem
 from .privacy import PartyPrivacy, composed_epsilon
@@ -103,6 +107,9 @@ class DPFNASResult(Result):
     final_privacy: list[dict[str, Any]] = field(default_factory=list)
     ledger: dict[str, Any] = field(default_factory=dict)
     noise: dict[str, Any] = field(default_factory=dict)
+    # dpfnas.resource = "latency": the budgeted derivation and every party's table
+    latency: dict[str, Any] = field(default_factory=dict)
+    latency_tables: dict[int, LatencyTable] = field(default_factory=dict)
 
 
 class DPFNAS(FederatedNASStrategy[DPFNASResult]):
@@ -134,6 +141,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         search, the final network is derived and trained again.
     min_nodes
         See ``FederatedNASStrategy``.
+    latency_request : LatencyRequest, optional
+        How the parties measure their latency tables (``settings.resource = "latency"``:
+        the darts space only).
 
     The final training takes its parameters from ``settings`` (``final_rounds``, ...).
     """
@@ -150,8 +160,11 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
         resume: Resume | None = None,
         min_nodes: int = 1,
+        latency_request: LatencyRequest | None = None,
     ) -> None:
         require_darts_style(space)
+        if settings.resource == "latency":
+            require_darts_layout(space)
         problem = per_sample_problem(space)
         if problem is not None:
             raise ValueError(
@@ -173,6 +186,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         self._sent: dict[int, dict[str, Any]] = {}
         self._expected_batch: dict[int, Bound] = {}
         self._phase = WEIGHTS
+        self.latency_request = latency_request
+        self.group_latency: LatencyTable | None = None  # the parties' group table
+        self.latency: dict[str, Any] = {}  # the budgeted derivation (result.json)
 
     @property
     def sigma(self) -> float:
@@ -219,6 +235,8 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 )
         self.parties = parties
         self.steps = {p.partition_id: {WEIGHTS: 0, ARCH: 0} for p in parties}
+        if self.settings.resource == "latency":
+            self.latency_budget([p.node_id for p in parties], grid)
         b = self.settings.batch_size
         small = [p for p in parties if b >= min(p.num_train, p.num_val)]
         if small:
@@ -233,6 +251,58 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 len(parties),
                 min(min(p.num_train, p.num_val) for p in small),
             )
+
+    def latency_budget(self, nodes: list[int], grid: Grid) -> None:
+        """The parties' latency tables (``query.latency``: timings of the supernet on zero
+        inputs, no data, so nothing to account) and their group table; a budget no
+        genotype meets on it stops the run here, before any training."""
+        self.query_latency(grid, self.space, nodes=nodes, request=self.latency_request)
+        spec = self.space.spec
+        tables = [t for n in nodes if (t := self._table_of(n, spec)) is not None]
+        if len(tables) < len(nodes):
+            log(
+                INFO,
+                "DP-FNAS latency: %d of %d parties sent no table",
+                len(nodes) - len(tables),
+                len(nodes),
+            )
+        self.group_latency = group_table(tables)
+        budget = self.settings.latency_budget_ms
+        low = cheapest_ms(self.group_latency, list(self.space.net.reduction))
+        if low > budget * (1 + 1e-9):
+            raise ValueError(
+                f"run config 'dpfnas.latency-budget-ms' = {budget}: no genotype of the space "
+                f"fits in it on the parties' latency table; allowed: at least {low:.4g} (the "
+                "cheapest genotype)"
+            )
+        log(INFO, "DP-FNAS latency budget %.4g ms (cheapest genotype %.4g ms)", budget, low)
+
+    def derive(self) -> Any:
+        """The genotype of the loaded alphas: DARTS's, or (resource latency) the one made to
+        fit the budget on the parties' group table, recorded in ``latency``."""
+        genotype = self.space.genotype()
+        table = self.group_latency
+        if table is None:
+            return genotype
+        reduction = list(self.space.net.reduction)
+        net = self.space.net
+        budget = self.settings.latency_budget_ms
+        budgeted = budgeted_genotype(net.alpha_normal, net.alpha_reduce, table, reduction, budget)
+        self.latency = {
+            "budget-ms": budget,
+            "predicted-ms": genotype_ms(budgeted, table, reduction),
+            "unbudgeted-genotype": genotype.to_text(),
+            "unbudgeted-ms": genotype_ms(genotype, table, reduction),
+            "cheapest-ms": cheapest_ms(table, reduction),
+        }
+        log(
+            INFO,
+            "DP-FNAS genotype within %.4g ms: predicted %.4g ms (unbudgeted: %.4g ms)",
+            budget,
+            self.latency["predicted-ms"],
+            self.latency["unbudgeted-ms"],
+        )
+        return budgeted
 
     def sample_rates(self, party: NodeProfile) -> tuple[float, float]:
         """Poisson rates p = B / N on the training and validation split (capped at 1)."""
@@ -502,7 +572,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             SEARCH, done, arrays, history=history, stage_done=True, **self.progress(stopped, done)
         )
         self.space.load_state_dict(arrays.to_torch_state_dict())
-        genotype = self.space.genotype()
+        genotype = self.derive()
         log(INFO, "DP-FNAS genotype: %s", genotype.to_text())
         result = DPFNASResult(
             arrays=arrays,
@@ -512,6 +582,8 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             privacy=self.privacy(),
             history=history,
             noise=noise,
+            latency=dict(self.latency),
+            latency_tables=dict(self.latency_tables),
         )
         self.contract_result(result, arrays)
         if self.settings.final.rounds > 0:

@@ -3,7 +3,8 @@
 Clients are grouped by a tag (``node_config`` ``cluster``, or derived
 reproducibly from the partition); each cluster inherits w and alpha from the
 FDNAS supernet ("meta-test") and repeats the search inside the cluster with its
-own FLOPs target, giving one net per cluster trained on its cluster's clients.
+own FLOPs target (or, with ``fdnas.resource = "latency"``, its own latency target in ms
+on its cluster's group table), giving one net per cluster trained on its cluster's clients.
 *naive-CFDNAS* (``inherit=False``) starts each cluster from a fresh supernet.
 The client contract is FDNAS's (see ``fedorasflwr.methods.fdnas.strategy``).
 """
@@ -56,47 +57,62 @@ class CFDNAS(FDNAS):
         resume = self.resume
         s = self.settings
         clusters = sorted(set(self.cluster_of_partition.values()))
-        if len(s.cluster_target_flops) > 1 and len(s.cluster_target_flops) != len(clusters):
+        latency = s.resource == "latency"
+        targets = s.cluster_target_ms if latency else s.cluster_target_flops
+        key = s.cluster_targets_key()
+        if not targets or (len(targets) > 1 and len(targets) != len(clusters)):
             raise ValueError(
-                f"run config 'fdnas.cluster-target-flops' has {len(s.cluster_target_flops)} "
+                f"run config {key!r} has {len(targets)} "
                 f"values for {len(clusters)} clusters {clusters}: give one, or one per cluster"
             )
-        everyone = sorted(self.cluster_of_partition)
+        members = {
+            tag: sorted(p for p, t in self.cluster_of_partition.items() if t == tag)
+            for tag in clusters
+        }
+        # resource latency: every cluster's group table and target, checked before training
+        tables = {tag: self.stage_table(f"cluster-{tag}", members[tag]) for tag in clusters}
+        for index, tag in enumerate(clusters):
+            if tables[tag] is not None:
+                self.check_target(key, s.cluster_target(index), tables[tag], f"cluster-{tag}")
+        everyone = self.partitions()
         nets: list[DerivedNet] = []
         history: list[dict[str, Any]] = []
         supernet = arrays
+        stage = self.whole_search()
         if self.inherit or self.train_global:
+            if stage.table is not None:
+                self.check_target("fdnas.target-ms", stage.target, stage.table, "search")
             supernet, history = self.global_search(grid, arrays, resume)
         if self.train_global:
-            arch = self.derive(supernet)
+            arch = self.derive(supernet, stage.table, stage.target)
             net = self.train_net(
                 grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone
             )
-            nets.append(net)
+            nets.append(self.with_latency(net, stage.table, stage.target))
         cluster_history: dict[int, list[dict[str, Any]]] = {}
         for index, tag in enumerate(clusters):
-            members = [p for p, t in self.cluster_of_partition.items() if t == tag]
             start_arrays = supernet if self.inherit else self.fresh_supernet("cluster", tag)
+            target = s.cluster_target(index)
             cluster_arrays, cluster_history[tag] = self.search(
                 grid,
                 start_arrays,
                 stage=f"cluster-{tag}",
-                partitions=members,
+                partitions=members[tag],
                 rounds=s.cluster_rounds,  # naive-CFDNAS: equal rounds, fresh start
-                target=s.cluster_target(index),
+                target=target,
                 # a fresh supernet warms up as the global search does; an inherited one is warm
                 warmup=0 if self.inherit else s.warmup_rounds,
+                table=tables[tag],
             )
-            arch = self.derive(cluster_arrays)
-            nets.append(
-                self.train_net(
-                    grid,
-                    name=f"cluster-{tag}",
-                    arch=arch,
-                    supernet=cluster_arrays,
-                    partitions=sorted(members),
-                )
+            arch = self.derive(cluster_arrays, tables[tag], target)
+            net = self.train_net(
+                grid,
+                name=f"cluster-{tag}",
+                arch=arch,
+                supernet=cluster_arrays,
+                partitions=members[tag],
             )
+            nets.append(self.with_latency(net, tables[tag], target))
         result = FDNASResult(
             supernet=supernet,
             nets=nets,
@@ -104,6 +120,8 @@ class CFDNAS(FDNAS):
             search_history=history,
             cluster_history=cluster_history,
             ledger=self.ledger.summary(),
+            latency_tables=dict(self.latency_tables),
+            group_tables=dict(self.group_tables),
         )
         self.contract_result(result, supernet)
         return result

@@ -4,7 +4,8 @@
 epochs, alternate a weight step on a training batch (one path sampled from
 ``softmax(alpha)``, binary gates) and an architecture step on a validation
 batch with the ProxylessNAS two-path gradient estimator and a hardware-aware
-loss ``CE + beta log(E[FLOPs] / target)^2``, each followed by ProxylessNAS's
+loss ``CE + beta log(E[FLOPs] / target)^2`` (E[latency] on the table the server sends
+with ``fdnas.resource = "latency"``, ``hardware.py``), each followed by ProxylessNAS's
 rescaling of the two sampled alphas; return w and alpha (``alpha-every = 0``, the
 server's warm-up rounds: weights only).
 ``train_net`` trains the derived net for the final FedAvg stage and reports
@@ -14,7 +15,8 @@ its test accuracy after the local epochs (the paper's "local accuracy");
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,12 +39,17 @@ from ...training import (
     seeded_loader,
     torch_device,
 )
+from .hardware import expected_latency, latency_from_config
 
 __all__ = ["evaluate_net", "hardware_loss", "rescale_sampled", "search_supernet", "train_net"]
 
 
-def hardware_loss(space: SearchSpace, target_flops: float, beta: float) -> Tensor:
+def hardware_loss(
+    space: SearchSpace, target_flops: float, beta: float, expected: Tensor | None = None
+) -> Tensor:
     """``beta log(E[FLOPs] / target)^2``: the hardware term added to CE, 0 at the target.
+    With ``expected`` (e.g. the expected latency, ``hardware.expected_latency``) that cost
+    and a ``target`` in its unit replace the FLOPs.
 
     ProxylessNAS multiplies CE by ``(log E[LAT] / log T)^beta``; in a product
     with a power law the target only rescales the alpha gradient, and Adam undoes
@@ -53,7 +60,8 @@ def hardware_loss(space: SearchSpace, target_flops: float, beta: float) -> Tenso
     on a cheaper supernet (a target-seeking term as in TuNAS, Bender et al. 2020,
     added like ProxylessNAS's ``add#linear`` form).
     """
-    gap = torch.log(space.expected_flops() / target_flops)
+    cost = space.expected_flops() if expected is None else expected
+    gap = torch.log(cost / target_flops)
     return beta * gap**2
 
 
@@ -113,6 +121,7 @@ def _alpha_step(
     rng: np.random.Generator,
     target_flops: float,
     beta: float,
+    expected: Callable[[], Tensor] | None = None,
 ) -> tuple[float, int, list[tuple[int, ...]]]:
     """Accumulate alpha gradients of one validation batch; return its CE, forward FLOPs
     and each layer's two sampled options."""
@@ -129,7 +138,11 @@ def _alpha_step(
     cross_entropy = nn.functional.cross_entropy(
         space.forward_gated(inputs, candidates, gates), targets
     )
-    loss = cross_entropy + hardware_loss(space, target_flops, beta) if beta else cross_entropy
+    if beta:
+        cost = None if expected is None else expected()
+        loss = cross_entropy + hardware_loss(space, target_flops, beta, cost)
+    else:
+        loss = cross_entropy
     loss.backward()
     with torch.no_grad():
         for alpha, (pair, local, _), gate in zip(alphas, picks, gates, strict=True):
@@ -161,7 +174,11 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     alpha_optimizer = torch.optim.Adam(
         space.arch_parameters(), lr=float(config["alpha-lr"]), betas=(0.0, 0.999)
     )
-    target, beta = float(config["target-flops"]), float(config["hardware-beta"])
+    beta = float(config["hardware-beta"])
+    # resource latency: the group table and a target in ms replace the FLOPs
+    latency = latency_from_config(config, space.num_options())
+    target = float(config["target-flops"]) if latency is None else latency[2]
+    expected = None if latency is None else partial(expected_latency, space, *latency[:2])
     # 0 (never) also in the warm-up rounds: weights only, alphas frozen
     alpha_every = int(config["alpha-every"])
     batch_size = int(config["batch-size"])
@@ -186,7 +203,13 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
                 for alpha in space.arch_parameters():
                     alpha.grad = torch.zeros_like(alpha)
                 val_loss, forward, pairs = _alpha_step(
-                    space, val_inputs.to(device), val_targets.to(device), rng, target, beta
+                    space,
+                    val_inputs.to(device),
+                    val_targets.to(device),
+                    rng,
+                    target,
+                    beta,
+                    expected,
                 )
                 alphas = space.arch_parameters()
                 before = [a.detach()[list(p)].clone() for a, p in zip(alphas, pairs, strict=True)]
@@ -205,6 +228,8 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
             "expected-flops": float(space.expected_flops().detach()),
         }
     )
+    if expected is not None:
+        metrics["expected-ms"] = float(expected().detach())
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
 
 

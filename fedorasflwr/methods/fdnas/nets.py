@@ -21,6 +21,7 @@ from flwr.serverapp.strategy import Result
 
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
+from ...latency import LatencyTable
 from ...protocol import METRICS
 
 __all__ = ["DerivedNet", "FDNASResult", "LocalAccuracyFedAvg"]
@@ -41,6 +42,10 @@ class DerivedNet:
     test_count: dict[int, int]
     local_accuracy: dict[int, float]
     history: list[dict[str, Any]] = field(default_factory=list)
+    # fdnas.resource = "latency": its latency predicted by its stage's group table, and
+    # that stage's target (both ms)
+    latency_ms: float | None = None
+    target_ms: float | None = None
 
     def averaged_accuracy(self, partitions: Iterable[int] | None = None) -> float:
         """Federated-averaged accuracy: the global model on the pooled test data."""
@@ -70,6 +75,11 @@ class DerivedNet:
             "test-accuracy": self.test_accuracy,
             "local-accuracy": self.local_accuracy,
             "history": self.history,
+            **(
+                {}
+                if self.latency_ms is None
+                else {"predicted-ms": self.latency_ms, "target-ms": self.target_ms}
+            ),
         }
 
 
@@ -85,6 +95,9 @@ class FDNASResult(Result):
     search_history: list[dict[str, Any]] = field(default_factory=list)
     cluster_history: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     ledger: dict[str, Any] = field(default_factory=dict)
+    # fdnas.resource = "latency": every node's table (node id ->) and each stage's group table
+    latency_tables: dict[int, LatencyTable] = field(default_factory=dict)
+    group_tables: dict[str, LatencyTable] = field(default_factory=dict)
 
 
 class LocalAccuracyFedAvg(SeededFedAvg):

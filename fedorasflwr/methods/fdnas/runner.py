@@ -16,6 +16,7 @@ from ...config import RunSettings, space_kwargs
 from ...data import dataset_info
 from ...data.groups import even_sizes
 from ...federation.base import NodeProfile
+from ...latency import table_document
 from ...plots import (
     plot_alpha_entropy,
     plot_fdnas_nets,
@@ -23,6 +24,7 @@ from ...plots import (
 from ...runs import (
     RunFiles,
     describe_space,
+    latency_document,
     resume_checkpoint,
     start,
     strategy_options,
@@ -68,6 +70,7 @@ def _run_fdnas(
         space=space,
         settings=settings.fdnas,
         cluster_of=cluster_tagger(settings),
+        latency_request=settings.latency.request(settings.seed),
         **strategy_options(settings, resume_checkpoint(settings, space)),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
@@ -87,6 +90,11 @@ def _run_fdnas(
         "cluster-history": result.cluster_history,
         "ledger": result.ledger,
     }
+    if settings.fdnas.resource == "latency":
+        document["latency-tables"] = {
+            **latency_document(strategy.profiles, result.latency_tables),
+            "groups": {name: table_document(t) for name, t in result.group_tables.items()},
+        }
     run.add(*fdnas_plots(out_dir, document, strategy_class.__name__))
     return {**document, **run.document()}
 

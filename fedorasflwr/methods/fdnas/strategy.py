@@ -22,10 +22,12 @@ Client contract
     config: ``method``, ``phase`` (``"search"``), ``stage``, ``server-round``,
     ``seed``, ``local-epochs``, ``batch-size``, ``lr``, ``momentum``,
     ``weight-decay``, ``alpha-lr``, ``alpha-every``, ``target-flops`` (absolute
-    FLOPs), ``hardware-beta`` and ``space.<kwarg>``.  Reply: ArrayRecord
+    FLOPs), ``hardware-beta`` and ``space.<kwarg>``; with ``fdnas.resource =
+    "latency"``, ``target-ms``, ``latency-option-ms`` and ``latency-fixed-ms`` (the
+    stage's group table, ``hardware.py``) instead of ``target-flops``.  Reply: ArrayRecord
     ``arrays`` with every key sent; MetricRecord ``metrics`` with
     ``num-examples`` (local data size N_k), ``train-loss``, ``val-loss``,
-    ``train-flops``, ``expected-flops``.
+    ``train-flops``, ``expected-flops`` (and ``expected-ms`` with the latency term).
 ``train.fdnas_final``
     arrays: the derived net's ``state_dict``.  config: ``method``, ``phase``
     (``"final"``), ``arch``, ``net-flops``, ``server-round``, ``seed``,
@@ -44,7 +46,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import torch
@@ -57,6 +59,7 @@ from ...config import FDNASSettings
 from ...federation.aggregation import opa
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
+from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock, fmt
 from ...protocol import (
     ARRAYS,
@@ -70,6 +73,13 @@ from ...protocol import (
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.differentiable import require_differentiable
 from ...seeding import seed_torch
+from .hardware import (
+    SLACK,
+    derive_within_ms,
+    expected_latency,
+    latency_config,
+    path_range_ms,
+)
 from .nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
 
 __all__ = ["FDNAS", "DerivedNet", "FDNASResult", "SearchStage"]
@@ -83,13 +93,16 @@ class SearchStage:
     """One FDNAS search, passed to ``configure_train`` / ``aggregate_train``: its ledger
     ``name`` ("search" or "cluster-<k>"), the ``nodes`` it samples from, its ``rounds``
     (the cosine lr's length), its FLOPs ``target`` (a fraction of the largest path) and
-    its first ``warmup`` rounds (weights only, alphas frozen)."""
+    its first ``warmup`` rounds (weights only, alphas frozen).  With a latency ``table``
+    (``fdnas.resource = "latency"``: the group table of its nodes) ``target`` is in
+    milliseconds on that table."""
 
     name: str
     nodes: list[NodeProfile]
     rounds: int
     target: float
     warmup: int = 0
+    table: LatencyTable | None = None
 
     def warming_up(self, server_round: int) -> bool:
         """Whether ``server_round`` is a warm-up round (``fdnas.warmup-rounds``)."""
@@ -119,6 +132,8 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         is skipped; the nets are trained again).
     min_nodes
         See ``FederatedNASStrategy``.
+    latency_request : LatencyRequest, optional
+        How the nodes measure their latency tables (``settings.resource = "latency"``).
 
     The final training (and CFDNAS's cluster searches) take their parameters from
     ``settings`` (``final_rounds``, ``cluster_rounds``, ...).
@@ -137,6 +152,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
         resume: Resume | None = None,
         min_nodes: int = 2,
+        latency_request: LatencyRequest | None = None,
     ) -> None:
         require_differentiable(space, type(self).__name__)
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
@@ -158,17 +174,19 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         self._sent: set[int] = set()
         self._evaluating: tuple[str, dict[int, int]] = ("evaluate", {})  # stage, node -> pid
         self.evaluated: tuple[dict[int, float], dict[int, int]] = ({}, {})
+        self.latency_request = latency_request
+        self.group_tables: dict[str, LatencyTable] = {}  # stage -> its group's table
 
     def summary(self) -> None:
         s = self.settings
         log(
             INFO,
-            "\t├── %s: %d search rounds, %d clients/round, %d local epoch(s), target %.2f",
+            "\t├── %s: %d search rounds, %d clients/round, %d local epoch(s), target %s",
             type(self).__name__,
             s.train.rounds,
             s.train.clients_per_round,
             s.train.local_epochs,
-            s.target_flops,
+            f"{s.target_ms:g} ms" if s.resource == "latency" else f"{s.target_flops:.2f}",
         )
         log(
             INFO,
@@ -189,6 +207,43 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             if tag < 0:
                 tag = self.cluster_of(profile) if self.cluster_of is not None else 0
             self.cluster_of_partition[profile.partition_id] = tag
+        if self.settings.resource == "latency":
+            self.query_latency(grid, self.space, request=self.latency_request)
+
+    def stage_table(self, stage: str, partitions: Iterable[int]) -> LatencyTable | None:
+        """The latency table standing for ``partitions``' nodes (``latency.group_table``:
+        the per-entry median of their tables), kept in ``group_tables[stage]``; a node
+        whose table was dropped is left out; a group without any table gets every node's
+        group table, with a WARNING.  ``None`` with ``fdnas.resource = "flops"``."""
+        if self.settings.resource != "latency":
+            return None
+        nodes = self.nodes_of(partitions)
+        spec = self.space.spec
+        tables = [t for p in nodes if (t := self._table_of(p.node_id, spec)) is not None]
+        if len(tables) < len(nodes):
+            missing = sorted(
+                p.partition_id for p in nodes if self._table_of(p.node_id, spec) is None
+            )
+            log(INFO, "[%s] latency: no table from partition(s) %s, left out", stage, missing)
+        if not tables:
+            tables = [
+                t for n in sorted(self.profiles) if (t := self._table_of(n, spec)) is not None
+            ]
+            log(WARNING, "[%s] no node has a latency table: the all-nodes table stands in", stage)
+        self.group_tables[stage] = group_table(tables)
+        return self.group_tables[stage]
+
+    def check_target(self, key: str, target_ms: float, table: LatencyTable, stage: str) -> None:
+        """Refuse a latency target no path of the space meets on ``table`` (before any
+        training), naming the run-config ``key``."""
+        low, high = path_range_ms(table)
+        if target_ms * (1 + SLACK) < low:
+            raise ValueError(
+                f"run config {key!r} = {target_ms}: no net of the space fits in it on the "
+                f"latency table of stage {stage!r} (paths take {low:.4g}..{high:.4g} ms); "
+                f"allowed: at least {low:.4g}"
+            )
+        log(INFO, "[%s] latency target %.4g ms; paths %.4g..%.4g ms", stage, target_ms, low, high)
 
     def nodes_of(self, partitions: Iterable[int]) -> list[NodeProfile]:
         wanted = set(partitions)
@@ -197,11 +252,18 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     # --- one search round ---------------------------------------------------------
 
     def whole_search(self) -> SearchStage:
-        """The global search: every profiled node, ``fdnas.rounds``, ``fdnas.target-flops``."""
+        """The global search: every profiled node, ``fdnas.rounds``, ``fdnas.target-flops``
+        (``fdnas.target-ms`` on every node's group table with the resource latency)."""
         s = self.settings
+        table = self.group_tables.get(SEARCH) or self.stage_table(SEARCH, self.partitions())
+        target = s.target_flops if table is None else s.target_ms
         return SearchStage(
-            SEARCH, list(self.profiles.values()), s.train.rounds, s.target_flops, s.warmup_rounds
+            SEARCH, list(self.profiles.values()), s.train.rounds, target, s.warmup_rounds, table
         )
+
+    def partitions(self) -> list[int]:
+        """Every profiled node's partition id."""
+        return sorted(self.cluster_of_partition)
 
     def configure_train(
         self,
@@ -235,7 +297,11 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             **s.train.client_config(lr=lr),
             "alpha-lr": s.alpha_lr,
             "alpha-every": 0 if stage.warming_up(server_round) else s.alpha_every,
-            "target-flops": stage.target * self.space.max_flops(),
+            **(
+                {"target-flops": stage.target * self.space.max_flops()}
+                if stage.table is None
+                else latency_config(stage.table, stage.target)
+            ),
             "hardware-beta": s.hardware_beta,
             **space_to_config(self.space.spec),
         }
@@ -313,12 +379,14 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         target: float,
         warmup: int = 0,
         resume: Resume | None = None,
+        table: LatencyTable | None = None,
     ) -> tuple[ArrayRecord, list[dict[str, Any]]]:
         """``rounds`` FDNAS rounds over ``partitions`` (with ``resume``, those after its
         last), the first ``warmup`` of them weights only; returns the supernet and
-        history.  Only the global search (stage "search") is checkpointed; a cluster's
-        search is short and starts again."""
-        search = SearchStage(stage, self.nodes_of(partitions), rounds, target, warmup)
+        history.  With a latency ``table``, ``target`` is in ms on it.  Only the global
+        search (stage "search") is checkpointed; a cluster's search is short and starts
+        again."""
+        search = SearchStage(stage, self.nodes_of(partitions), rounds, target, warmup, table)
         history: list[dict[str, Any]] = []
         first = 1
         if resume is not None and resume.within(stage):
@@ -339,7 +407,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             arrays = new_arrays if new_arrays is not None else arrays
             if stage == SEARCH:
                 self._record_round(server_round, arrays, metrics)
-            arch = self.derive(arrays)
+            arch = self.derive(arrays, table, target)
             entry = {
                 "round": server_round,
                 "sent": len(messages),
@@ -347,6 +415,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
                 "derived": list(arch),
                 "derived-flops": self.space.cost(arch).flops,
                 "expected-flops": float(self.space.expected_flops().detach()),
+                **self._latency_entry(arch, table),
                 "alpha-entropy": self.alpha_entropy(),
                 "seconds": round(time.perf_counter() - started, 4),
             }
@@ -354,7 +423,10 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
                 INFO,
                 "%s",
                 clock.line(
-                    server_round, metrics, **{"derived-MFLOPs": entry["derived-flops"] / 1e6}
+                    server_round,
+                    metrics,
+                    **{"derived-MFLOPs": entry["derived-flops"] / 1e6},
+                    **{k: entry[k] for k in ("derived-ms", "expected-ms") if k in entry},
                 ),
             )
             history.append(entry)
@@ -367,6 +439,13 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
                 **self._cluster_progress(),
             )
         return arrays, history
+
+    def _latency_entry(self, arch: Sequence[int], table: LatencyTable | None) -> dict[str, float]:
+        """The derived net's and the supernet's expected table latency (resource latency)."""
+        if table is None:
+            return {}
+        expected = expected_latency(self.space, table.option_ms, table.fixed_ms)
+        return {"derived-ms": table.path_ms(arch), "expected-ms": float(expected.detach())}
 
     def _record_round(
         self, server_round: int, arrays: ArrayRecord, metrics: MetricRecord | None
@@ -395,25 +474,40 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             if not resume.within(SEARCH):
                 log(INFO, "Search skipped: resuming from a searched supernet (%s)", resume.path)
                 return resume.arrays, [dict(h) for h in resume.history]
+        stage = self.whole_search()
         return self.search(
             grid,
             arrays,
             stage=SEARCH,
-            partitions=sorted(self.cluster_of_partition),
+            partitions=self.partitions(),
             rounds=self.settings.train.rounds,
-            target=self.settings.target_flops,
+            target=stage.target,
             warmup=self.settings.warmup_rounds,
             resume=resume,
+            table=stage.table,
         )
 
     def _cluster_progress(self) -> dict[str, Any]:
         return {"cluster-of-partition": {str(p): t for p, t in self.cluster_of_partition.items()}}
 
-    def derive(self, arrays: ArrayRecord) -> tuple[int, ...]:
+    def derive(
+        self, arrays: ArrayRecord, table: LatencyTable | None = None, bound_ms: float = 0.0
+    ) -> tuple[int, ...]:
         """Argmax alpha per layer of the supernet ``arrays``; with ``max-flops`` below 1,
-        the most probable path within that fraction of the largest path's FLOPs."""
+        the most probable path within that fraction of the largest path's FLOPs; with a
+        latency ``table``, the most probable path within ``bound_ms`` on it."""
         self.space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        if table is not None:
+            return derive_within_ms(self.space, table, bound_ms)
         return self.space.derive(self.max_flops)
+
+    def with_latency(
+        self, net: DerivedNet, table: LatencyTable | None, target_ms: float
+    ) -> DerivedNet:
+        """``net`` with its predicted latency on ``table`` and its target (resource latency)."""
+        if table is not None:
+            net.latency_ms, net.target_ms = table.path_ms(net.arch), target_ms
+        return net
 
     def alpha_entropy(self) -> list[float]:
         """Entropy (nats) of ``softmax(alpha)`` of each searchable layer of the loaded
@@ -594,17 +688,22 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         ``evaluate.*`` message; ``evaluate_fn(round, supernet)`` is called after every
         search round. The constructor's ``resume`` continues a checkpointed search."""
         arrays = self.begin_search(grid, initial_arrays)
-        everyone = sorted(self.cluster_of_partition)
+        everyone = self.partitions()
+        stage = self.whole_search()
+        if stage.table is not None:
+            self.check_target("fdnas.target-ms", stage.target, stage.table, SEARCH)
         supernet, history = self.global_search(grid, arrays, self.resume)
-        arch = self.derive(supernet)
+        arch = self.derive(supernet, stage.table, stage.target)
         net = self.train_net(grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone)
         result = FDNASResult(
             supernet=supernet,
-            nets=[net],
+            nets=[self.with_latency(net, stage.table, stage.target)],
             cluster_of_partition=dict(self.cluster_of_partition),
             search_history=history,
             cluster_history={},
             ledger=self.ledger.summary(),
+            latency_tables=dict(self.latency_tables),
+            group_tables=dict(self.group_tables),
         )
         self.contract_result(result, supernet)
         return result
