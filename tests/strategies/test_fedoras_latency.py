@@ -307,3 +307,40 @@ def test_a_real_run_measures_tables_and_runs_all_three_stages(run_config):
     assert sorted(doc["tier-latency-tables"]) == ["1", "2", "3", "4"]
     assert all(math.isfinite(n["min-path-ms"]) for n in doc["latency-tables"]["nodes"])
     assert np.all([t.fixed_ms >= 0 for t in result.latency_tables.values()])
+
+
+# --- resume: the nodes' cached tables give the same tiers -------------------------------------
+
+
+def test_a_resumed_latency_stage1_equals_the_uninterrupted_one(run_config, tmp_path):
+    """Stopped before round 2 and resumed: the nodes answer the repeated latency query
+    from their caches, so the tiers, the assignment and the supernet are the whole run's."""
+    from tests.test_checkpoints import StoppingGrid, assert_same_weights, result_of, run_main
+
+    base = {**run_config, "fedoras.stop-after": "supernet", "checkpoint-every": 1}
+    nodes = {p: {"num-partitions": PARTITIONS} for p in range(4)}
+
+    def config(name, **extra):
+        return {**base, "output-dir": str(tmp_path / name), **extra}
+
+    whole = run_main(grid_of(config("whole"), nodes), config("whole"))
+    stopped_config = config("stopped")
+    grid = StoppingGrid(
+        client_app,
+        stopped_config,
+        len(nodes),
+        node_configs=nodes,
+        message_type=FEDORAS_SUPERNET,
+        stop=2,
+    )
+    with pytest.raises(ConnectionError):
+        run_main(grid, stopped_config)
+    (stopped,) = (tmp_path / "stopped").iterdir()
+    resumed_config = config("resumed", **{"resume-from": str(stopped / "checkpoint.pt")})
+    resumed = run_main(grid_of(resumed_config, nodes), resumed_config)
+    first, second = result_of(whole), result_of(resumed)
+    assert second["resumed-from"].endswith("checkpoint.pt")
+    assert first["tiers"] == second["tiers"]
+    assert first["tier-of-partition"] == second["tier-of-partition"]
+    assert first["latency-tables"] == second["latency-tables"]
+    assert_same_weights(whole / "supernet.pt", resumed / "supernet.pt")
