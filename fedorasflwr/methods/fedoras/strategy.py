@@ -231,10 +231,11 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         s = self.settings
         log(
             INFO,
-            "\t├── FedorAS Stage 1: %d rounds, %d clients/round, %d tiers",
+            "\t├── FedorAS Stage 1: %d rounds, %d clients/round, %d tiers of %s",
             s.train.rounds,
             s.train.clients_per_round,
             s.num_tiers,
+            "latency (ms, the nodes' own tables)" if s.resource == "latency" else "FLOPs",
         )
         log(
             INFO,
