@@ -272,13 +272,18 @@ def test_the_search_keeps_each_tier_within_its_bound_on_the_tiers_table(run_conf
     arrays = ArrayRecord(strategy.space.state_dict())
     searches, _ = strategy.search(grid, arrays)
     assert [s.tier for s in searches] == [0, 1, 2, 3]
+    placed_on = strategy.all_table  # the table the tiers were cut on
     for search in searches:
         tier, table = strategy.tiers[search.tier], strategy.tier_tables[search.tier]
         for point in search.evaluated:
-            assert point.latency_ms == pytest.approx(table.path_ms(point.path))
-            assert point.feasible == tier.contains(table.path_ms(point.path))
+            on_devices, placed = table.path_ms(point.path), placed_on.path_ms(point.path)
+            above = placed >= tier.low if tier.index == 0 else placed > tier.low
+            assert point.latency_ms == pytest.approx(on_devices)
+            assert point.feasible == (above and on_devices <= tier.high)
+        if search.tier > 0:  # tier 1's two slowest devices may run no path of it in time
+            assert any(p.feasible for p in search.evaluated)
         if any(p.feasible for p in search.evaluated):
-            assert tier.contains(table.path_ms(search.best))
+            assert table.path_ms(search.best) <= tier.high  # runs in time on the tier's devices
         summary = search.summary()
         assert all("latency-ms" in p and "flops" in p for p in summary["points"])
 

@@ -279,6 +279,7 @@ def random_search_tier(
     *,
     server_data: TensorDataset | None = None,
     cost: PathCost | None = None,
+    placement: PathCost | None = None,
 ) -> TierModel:
     """The random-search baseline of one tier, at a given client compute.
 
@@ -288,13 +289,14 @@ def random_search_tier(
     training FLOPs pay for (at least one).  The winner is the best on the
     server's validation slice after training (without one: the lowest final
     training loss); its test result is the baseline's.  ``cost``: what the tier
-    bounds (default: FLOPs).
+    bounds (default: FLOPs; ``placement``: what its lower bound is measured on,
+    ``search.TierBound``).
     """
     s = context.settings
     space = context.space
     nodes = context.eligible(tier.index)
     rng = context.federation.rng("random-search", tier.index)
-    paths = initial_paths(space, tier, rng, s.random_search_paths, cost=cost)
+    paths = initial_paths(space, tier, rng, s.random_search_paths, cost=cost, placement=placement)
     per_client = np.mean([p.num_train for p in nodes]) * s.finetune.local_epochs
     clients = min(s.finetune.clients_per_round, len(nodes))
     candidates = []

@@ -30,7 +30,7 @@ from ...search_spaces import SearchSpace
 from ...seeding import numpy_stream
 from .tiers import PathCost, Tier
 
-__all__ = ["Scored", "TierSearch", "initial_paths", "kendall_tau", "search_tier"]
+__all__ = ["Scored", "TierBound", "TierSearch", "initial_paths", "kendall_tau", "search_tier"]
 
 Path = tuple[int, ...]
 #: paths -> accuracy of each (one generation at a time)
@@ -100,6 +100,7 @@ def initial_paths(
     count: int,
     tries: int = 200,
     cost: PathCost | None = None,
+    placement: PathCost | None = None,
 ) -> list[Path]:
     """Up to ``count`` distinct paths, as many as ``tries x count`` draws find inside the tier.
 
@@ -108,14 +109,16 @@ def initial_paths(
     fill the population, the rest are the sampler's other (infeasible) draws.
     A small space or a narrow tier may hold fewer than ``count`` distinct
     paths: then all that were found are returned (the search's population
-    shrinks to them).  ``cost``: what the tier bounds (default: FLOPs).
+    shrinks to them).  ``cost``: what the tier's upper bound limits (default: FLOPs);
+    ``placement``: what its lower bound is measured on (default: ``cost``).
     """
     cost = PathCost(space) if cost is None else cost
+    bound = TierBound(tier, cost, cost if placement is None else placement)
     inside: dict[Path, None] = {}
     outside: dict[Path, None] = {}
     for _ in range(tries * count):
         path = cost.sample_path(rng, tier.high)
-        (inside if tier.contains(cost.of(path)) else outside)[path] = None
+        (inside if bound.violation(path) == 0 else outside)[path] = None
         if len(inside) >= count:
             break
     paths = list(inside)[:count]
@@ -123,13 +126,31 @@ def initial_paths(
     return paths
 
 
-def _violation(tier: Tier, value: float, floor: float = 1.0) -> float:
-    """0 inside the tier, else the distance to it (at least ``floor``: 1 FLOP) relative
-    to its width (> 0)."""
-    if tier.contains(value):
-        return 0.0
-    width = max(tier.high - tier.low, floor)
-    return max(tier.low - value, value - tier.high, floor) / width
+@dataclass(frozen=True)
+class TierBound:
+    """Whether a path lies in ``tier``: its ``cost`` within the upper bound and its
+    ``placement`` above the lower one (the lowest tier includes its lower bound).
+
+    With FLOPs both are the path's FLOPs (``Tier.contains``). With latency, ``cost`` is
+    the table of the tier's devices (the model must run within the bound there) and
+    ``placement`` the table the tiers were cut on (all nodes'): a faster tier whose own
+    table never reaches its lower bound still has paths that belong to it."""
+
+    tier: Tier
+    cost: PathCost
+    placement: PathCost
+
+    def violation(self, path: Path) -> float:
+        """0 inside the tier, else the distance to it (at least 1 FLOP, 1 us) relative to
+        its width (> 0)."""
+        tier, value = self.tier, self.cost.of(path)
+        placed = value if self.placement is self.cost else self.placement.of(path)
+        under = placed < tier.low if tier.index == 0 else placed <= tier.low
+        if not under and value <= tier.high:
+            return 0.0
+        floor = self.cost.violation_floor()
+        width = max(tier.high - tier.low, floor)
+        return max(max(tier.low - placed, 0.0) + max(value - tier.high, 0.0), floor) / width
 
 
 def search_tier(
@@ -144,28 +165,33 @@ def search_tier(
     objective: str = "flops",
     on_generation: Callable[[int, list[Scored]], None] | None = None,
     cost: PathCost | None = None,
+    placement: PathCost | None = None,
 ) -> TierSearch:
     """NSGA-II (pymoo, ask/tell) over ``space``'s paths inside ``tier``.
 
     Minimises (1 - accuracy, cost) subject to the tier's range, until
     ``evaluations`` paths have been scored.  The best-accuracy feasible path
     wins (ties: the cheaper); with no feasible path, the least-violating one.
-    ``cost`` is what the tier bounds (default: FLOPs); a latency ``cost`` (a
-    table of the tier's devices) bounds and, with ``objective`` "latency", is the
-    second objective.
+    ``cost`` is what the tier's upper bound limits (default: FLOPs); a latency
+    ``cost`` (the table of the tier's devices) is, with ``objective`` "latency", also
+    the second objective; ``placement`` is what the lower bound is measured on (the
+    tiers' own table; default: ``cost``), see :class:`TierBound`.
     """
     cost = PathCost(space) if cost is None else cost
+    bound = TierBound(tier, cost, cost if placement is None else placement)
     if objective not in ("flops", "params", "latency"):
         raise ValueError(f"objective must be 'flops', 'params' or 'latency', got {objective!r}")
     if objective == "latency" and cost.table is None:
         raise ValueError("objective 'latency' needs a latency cost (a table of the tier)")
-    floor = cost.violation_floor()
     sizes = np.asarray(space.num_options())
     problem = Problem(
         n_var=len(sizes), n_obj=2, n_ieq_constr=1, xl=np.zeros(len(sizes)), xu=sizes - 1.0
     )
     rng = numpy_stream(seed, "nsga2", tier.index)
-    start = np.asarray(initial_paths(space, tier, rng, population, cost=cost), dtype=float)
+    start = np.asarray(
+        initial_paths(space, tier, rng, population, cost=cost, placement=bound.placement),
+        dtype=float,
+    )
     algorithm = NSGA2(
         pop_size=len(start),
         n_offsprings=offspring,
@@ -197,7 +223,7 @@ def search_tier(
                     float(accuracy),
                     int(counted.flops),
                     int(counted.params),
-                    tier.contains(cost.of(path)),
+                    bound.violation(path) == 0,
                     generation,
                     latency,
                 )
@@ -205,7 +231,7 @@ def search_tier(
             on_generation(generation, [memo[p] for p in new])
         scored = [memo[p] for p in paths]
         objectives = np.array([[1.0 - s.accuracy, _objective(s, objective)] for s in scored])
-        constraints = np.array([[_violation(tier, cost.of(s.path), floor)] for s in scored])
+        constraints = np.array([[bound.violation(s.path)] for s in scored])
         # the algorithm's own evaluator, so that its n_eval termination counts these
         algorithm.evaluator.eval(StaticProblem(problem, F=objectives, G=constraints), pop)
         algorithm.tell(infills=pop)
@@ -215,7 +241,7 @@ def search_tier(
     if feasible:
         best = min(feasible, key=lambda s: (-s.accuracy, cost.of(s.path), s.path))
     else:
-        best = min(evaluated, key=lambda s: (_violation(tier, cost.of(s.path), floor), -s.accuracy))
+        best = min(evaluated, key=lambda s: (bound.violation(s.path), -s.accuracy))
     front = []
     if algorithm.opt is not None:
         front = sorted({tuple(int(round(v)) for v in x) for x in algorithm.opt.get("X")})

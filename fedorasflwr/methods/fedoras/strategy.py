@@ -770,6 +770,15 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                     evaluations=s.search_evaluations,
                     objective="latency" if s.resource == "latency" else s.search_objective,
                     cost=self.tier_cost(tier.index),
+                    placement=PathCost(self.space, self.all_table),
+                )
+            if not any(e.feasible for e in outcome.evaluated):
+                log(
+                    WARNING,
+                    "Tier %d: no path scored lies in the tier%s; its model is the least "
+                    "violating one",
+                    tier.index + 1,
+                    " on its devices' table" if s.resource == "latency" else "",
                 )
             if s.search_scoring == "both":
                 outcome.federated_accuracy = [score.recorded[e.path] for e in outcome.evaluated]
@@ -861,6 +870,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                     budget,
                     server_data=self.server_data,
                     cost=self.tier_cost(t),
+                    placement=PathCost(self.space, self.all_table),
                 )
             )
             for t in tiers
