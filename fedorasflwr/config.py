@@ -257,6 +257,9 @@ class FedorASSettings:
     # False: the paper's tier-unaware baseline (Figs. 1, 3): every client counts as able to
     # run every path (no tier bounds in Stage 1, every client eligible in Stages 2-3).
     tier_aware: bool = True
+    # What the tiers bound: "flops" (the paper) or "latency" (each node's latency table,
+    # measured on the node as run config ``latency.*`` asks; docs/fedoras.md).
+    resource: str = "flops"
     train: TrainingRecipe = TrainingRecipe(
         rounds=20, clients_per_round=10, local_epochs=5, batch_size=32, lr=0.1
     )
@@ -325,6 +328,7 @@ class FedorASSettings:
             ),
             tier_proportions=proportions,
             tier_aware=_get(cfg, p + "tier-aware", cls.tier_aware, bool),
+            resource=_one_of(cfg, p + "resource", cls.resource, ("flops", "latency")),
             train=train,
             comm_budget=_get(
                 cfg,

@@ -1,7 +1,8 @@
 """FedorAS client: the three stages' local work (paper §3.1-3.3).
 
 - Stage 1, ``train_supernet``: per batch the client samples one path of the
-  subspace it received within its tier's FLOPs budget and takes one SGD step
+  subspace it received within its tier's FLOPs budget (``resource`` "latency":
+  within its latency budget on its own latency table, both in the message) and takes one SGD step
   on it, counting the samples that went through each option.  It returns the
   fixed parts and the options it touched, with those counts, for OPA (or
   every key it received, for the plain-FedAvg comparison).
@@ -25,6 +26,7 @@ from torch.utils.data import Dataset
 
 from ...costs import training_flops
 from ...data import ClientData
+from ...latency import LatencyTable
 from ...protocol import ARRAYS, METRICS, space_from_config
 from ...search_spaces import SearchSpace, Subspace, build_space
 from ...seeding import numpy_generator, stream_words
@@ -39,9 +41,11 @@ from ...training import (
     torch_device,
 )
 from .evaluation import score_paths
+from .tiers import PathCost
 
 __all__ = [
     "SupernetWork",
+    "supernet_budget",
     "supernet_epochs",
     "evaluate_subnet",
     "load_supernet",
@@ -82,12 +86,15 @@ def supernet_epochs(
     words: Sequence[int],
     subspace: Subspace,
     max_flops: float,
+    cost: PathCost | None = None,
 ) -> SupernetWork:
     """The Stage-1 loop on ``torch_device()``: per batch one path of ``subspace`` within
-    ``max_flops``, one SGD step on it, and the samples it sent through each option.
+    ``max_flops`` (of ``cost``, default FLOPs: with a latency table, milliseconds), one
+    SGD step on it, and the samples it sent through each option.
 
     The loss is summed on the device and read once at the end (no host sync per step)."""
     rng = numpy_generator(words)
+    cost = PathCost(space) if cost is None else cost
     device = torch_device()
     space.to(device).train()
     optimizer = torch.optim.SGD(
@@ -105,7 +112,7 @@ def supernet_epochs(
     max_norm = float(config.get("grad-clip", 0.0))
     for _ in range(int(config["local-epochs"])):
         for inputs, targets in loader:
-            path = space.sample_path(rng, max_flops=max_flops, subspace=subspace)
+            path = cost.sample_path(rng, max_flops, subspace)
             optimizer.zero_grad(set_to_none=True)
             logits, flat = flatten_logits(space(inputs.to(device), path), targets.to(device))
             loss = criterion(logits, flat)
@@ -120,13 +127,35 @@ def supernet_epochs(
     return SupernetWork(counts, float(loss_sum), examples, flops)
 
 
+def supernet_budget(space: SearchSpace, config: Mapping[str, Any]) -> tuple[PathCost, float]:
+    """What a Stage-1 client's paths must fit: ``max-flops`` FLOPs, or with ``resource``
+    "latency", ``max-latency-ms`` milliseconds of the node's own latency table
+    (``latency-option-ms``, flat and layer-major, and ``latency-fixed-ms``)."""
+    if str(config.get("resource", "flops")) != "latency":
+        return PathCost(space), float(config["max-flops"])
+    flat = [float(v) for v in config["latency-option-ms"]]
+    sizes = space.num_options()
+    if len(flat) != sum(sizes):
+        raise ValueError(f"'latency-option-ms' has {len(flat)} entries, the space {sum(sizes)}")
+    offsets = np.cumsum([0, *sizes])
+    table = LatencyTable(
+        spec=space.spec,
+        device="",
+        threads=0,
+        option_ms=tuple(tuple(flat[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)),
+        fixed_ms=float(config["latency-fixed-ms"]),
+    )
+    return PathCost(space, table), float(config["max-latency-ms"])
+
+
 def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
     """Run the local Stage-1 epochs described by ``content``'s config; return the reply."""
     config: ConfigRecord = content.config_records["config"]
     space = load_supernet(config, content.array_records[ARRAYS])
     subspace = space.subspace_from_mask([int(v) for v in config["subspace-mask"]])
     words = stream_words(config["seed"], "fedoras-supernet", config["server-round"], partition_id)
-    work = supernet_epochs(space, data.train, config, words, subspace, float(config["max-flops"]))
+    cost, budget = supernet_budget(space, config)
+    work = supernet_epochs(space, data.train, config, words, subspace, budget, cost)
     offsets = np.cumsum([0, *space.num_options()])
     keys = set(space.fixed_keys())
     for layer, size in enumerate(space.num_options()):

@@ -48,7 +48,7 @@ from ...seeding import seed_torch
 from ...training import evaluate, torch_device
 from .context import StageContext
 from .search import initial_paths
-from .tiers import Tier
+from .tiers import PathCost, Tier
 
 __all__ = [
     "TierModel",
@@ -91,6 +91,8 @@ class TierModel:
     arrays: ArrayRecord
     history: list[dict[str, Any]] = field(default_factory=list)
     test: TierTest | None = None
+    #: predicted latency on the tier's devices (``fedoras.resource = "latency"``)
+    latency_ms: float | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -100,6 +102,7 @@ class TierModel:
             "options": self.names,
             "flops": self.flops,
             "params": self.params,
+            **({} if self.latency_ms is None else {"latency-ms": self.latency_ms}),
             "search-accuracy": None if math.isnan(self.search_accuracy) else self.search_accuracy,
             "test": None if self.test is None else vars(self.test),
             "history": self.history,
@@ -275,6 +278,8 @@ def random_search_tier(
     budget: float,
     *,
     server_data: TensorDataset | None = None,
+    cost: PathCost | None = None,
+    placement: PathCost | None = None,
 ) -> TierModel:
     """The random-search baseline of one tier, at a given client compute.
 
@@ -283,13 +288,15 @@ def random_search_tier(
     tier's eligible clients, for as many rounds as ``budget / paths`` client
     training FLOPs pay for (at least one).  The winner is the best on the
     server's validation slice after training (without one: the lowest final
-    training loss); its test result is the baseline's.
+    training loss); its test result is the baseline's.  ``cost``: what the tier
+    bounds (default: FLOPs; ``placement``: what its lower bound is measured on,
+    ``search.TierBound``).
     """
     s = context.settings
     space = context.space
     nodes = context.eligible(tier.index)
     rng = context.federation.rng("random-search", tier.index)
-    paths = initial_paths(space, tier, rng, s.random_search_paths)
+    paths = initial_paths(space, tier, rng, s.random_search_paths, cost=cost, placement=placement)
     per_client = np.mean([p.num_train for p in nodes]) * s.finetune.local_epochs
     clients = min(s.finetune.clients_per_round, len(nodes))
     candidates = []

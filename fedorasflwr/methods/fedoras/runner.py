@@ -12,6 +12,7 @@ from ...artifacts import check_state, load_checkpoint
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import load_server_data
+from ...latency import table_document
 from ...plots import (
     plot_finetune,
     plot_history,
@@ -21,6 +22,7 @@ from ...runs import (
     RunFiles,
     build_supernet,
     describe_space,
+    latency_document,
     resume_checkpoint,
     start,
     strategy_options,
@@ -30,7 +32,7 @@ from .evaluation import SupernetEvaluator
 from .finetune import SUPERNET_INIT
 from .strategy import FedorAS, FedorASResult
 
-__all__ = ["fedoras_plots", "resume_supernet", "run_fedoras"]
+__all__ = ["fedoras_plots", "latency_entries", "resume_supernet", "run_fedoras"]
 
 
 def run_fedoras(
@@ -54,6 +56,7 @@ def run_fedoras(
         space=space,
         settings=settings.fedoras,
         server_data=server_data if len(server_data) else None,
+        latency=settings.latency.request(settings.seed),
         **strategy_options(settings, resume),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
@@ -92,7 +95,22 @@ def run_fedoras(
         "kendall-tau": {str(t + 1): tau for t, tau in result.kendall_tau.items()},
         "models": [m.summary() for m in result.models],
         "ledger": result.ledger,
+        **latency_entries(strategy, result),
         **run.document(),
+    }
+
+
+def latency_entries(strategy: FedorAS, result: FedorASResult) -> dict[str, Any]:
+    """``result.json``'s latency entries of a run with ``fedoras.resource = "latency"``:
+    the resource, the nodes' tables and each tier's table (the median of its nodes')."""
+    if result.resource != "latency":
+        return {}
+    return {
+        "resource": result.resource,
+        "latency-tables": latency_document(strategy.profiles, result.latency_tables),
+        "tier-latency-tables": {
+            str(t + 1): table_document(table) for t, table in sorted(result.tier_tables.items())
+        },
     }
 
 

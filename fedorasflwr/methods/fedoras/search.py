@@ -3,10 +3,12 @@
 A path is a vector of option indices, one per searchable layer.  The two
 objectives are the validation error of the path with the supernet's weights
 and its cost (FLOPs or parameters); the constraint keeps the path's FLOPs in
-its tier's range.  pymoo's NSGA-II drives the search through ask/tell, so the
-scoring of a generation can be anything that maps paths to accuracies: the
-server's held-out slice, or a federated round trip (see ``FedorAS``).  Scores
-are memoised per path: a path NSGA-II proposes again costs nothing.
+its tier's range.  With ``fedoras.resource = "latency"`` the cost and the
+constraint are the path's table latency on the tier's devices (``PathCost``).
+pymoo's NSGA-II drives the search through ask/tell, so the scoring of a
+generation can be anything that maps paths to accuracies: the server's
+held-out slice, or a federated round trip (see ``FedorAS``).  Scores are
+memoised per path: a path NSGA-II proposes again costs nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from scipy.stats import kendalltau
 
 from ...search_spaces import SearchSpace
 from ...seeding import numpy_stream
-from .tiers import Tier
+from .tiers import PathCost, Tier
 
-__all__ = ["Scored", "TierSearch", "initial_paths", "kendall_tau", "search_tier"]
+__all__ = ["Scored", "TierBound", "TierSearch", "initial_paths", "kendall_tau", "search_tier"]
 
 Path = tuple[int, ...]
 #: paths -> accuracy of each (one generation at a time)
@@ -45,6 +47,8 @@ class Scored:
     params: int
     feasible: bool
     generation: int
+    #: table latency on the tier's devices (``fedoras.resource = "latency"``)
+    latency_ms: float | None = None
 
 
 @dataclass
@@ -77,6 +81,7 @@ class TierSearch:
                     "params": e.params,
                     "feasible": e.feasible,
                     "generation": e.generation,
+                    **({} if e.latency_ms is None else {"latency-ms": e.latency_ms}),
                     **(
                         {"federated-accuracy": self.federated_accuracy[i]}
                         if self.federated_accuracy
@@ -89,7 +94,13 @@ class TierSearch:
 
 
 def initial_paths(
-    space: SearchSpace, tier: Tier, rng: np.random.Generator, count: int, tries: int = 200
+    space: SearchSpace,
+    tier: Tier,
+    rng: np.random.Generator,
+    count: int,
+    tries: int = 200,
+    cost: PathCost | None = None,
+    placement: PathCost | None = None,
 ) -> list[Path]:
     """Up to ``count`` distinct paths, as many as ``tries x count`` draws find inside the tier.
 
@@ -98,13 +109,16 @@ def initial_paths(
     fill the population, the rest are the sampler's other (infeasible) draws.
     A small space or a narrow tier may hold fewer than ``count`` distinct
     paths: then all that were found are returned (the search's population
-    shrinks to them).
+    shrinks to them).  ``cost``: what the tier's upper bound limits (default: FLOPs);
+    ``placement``: what its lower bound is measured on (default: ``cost``).
     """
+    cost = PathCost(space) if cost is None else cost
+    bound = TierBound(tier, cost, cost if placement is None else placement)
     inside: dict[Path, None] = {}
     outside: dict[Path, None] = {}
     for _ in range(tries * count):
-        path = space.sample_path(rng, max_flops=tier.high)
-        (inside if tier.contains(space.cost(path).flops) else outside)[path] = None
+        path = cost.sample_path(rng, tier.high)
+        (inside if bound.violation(path) == 0 else outside)[path] = None
         if len(inside) >= count:
             break
     paths = list(inside)[:count]
@@ -112,12 +126,31 @@ def initial_paths(
     return paths
 
 
-def _violation(tier: Tier, flops: float) -> float:
-    """0 inside the tier, else the FLOPs distance to it relative to its width (> 0)."""
-    if tier.contains(flops):
-        return 0.0
-    width = max(tier.high - tier.low, 1.0)
-    return max(tier.low - flops, flops - tier.high, 1.0) / width
+@dataclass(frozen=True)
+class TierBound:
+    """Whether a path lies in ``tier``: its ``cost`` within the upper bound and its
+    ``placement`` above the lower one (the lowest tier includes its lower bound).
+
+    With FLOPs both are the path's FLOPs (``Tier.contains``). With latency, ``cost`` is
+    the table of the tier's devices (the model must run within the bound there) and
+    ``placement`` the table the tiers were cut on (all nodes'): a faster tier whose own
+    table never reaches its lower bound still has paths that belong to it."""
+
+    tier: Tier
+    cost: PathCost
+    placement: PathCost
+
+    def violation(self, path: Path) -> float:
+        """0 inside the tier, else the distance to it (at least 1 FLOP, 1 us) relative to
+        its width (> 0)."""
+        tier, value = self.tier, self.cost.of(path)
+        placed = value if self.placement is self.cost else self.placement.of(path)
+        under = placed < tier.low if tier.index == 0 else placed <= tier.low
+        if not under and value <= tier.high:
+            return 0.0
+        floor = self.cost.violation_floor()
+        width = max(tier.high - tier.low, floor)
+        return max(max(tier.low - placed, 0.0) + max(value - tier.high, 0.0), floor) / width
 
 
 def search_tier(
@@ -131,21 +164,34 @@ def search_tier(
     evaluations: int,
     objective: str = "flops",
     on_generation: Callable[[int, list[Scored]], None] | None = None,
+    cost: PathCost | None = None,
+    placement: PathCost | None = None,
 ) -> TierSearch:
     """NSGA-II (pymoo, ask/tell) over ``space``'s paths inside ``tier``.
 
-    Minimises (1 - accuracy, cost) subject to the tier's FLOPs range, until
+    Minimises (1 - accuracy, cost) subject to the tier's range, until
     ``evaluations`` paths have been scored.  The best-accuracy feasible path
     wins (ties: the cheaper); with no feasible path, the least-violating one.
+    ``cost`` is what the tier's upper bound limits (default: FLOPs); a latency
+    ``cost`` (the table of the tier's devices) is, with ``objective`` "latency", also
+    the second objective; ``placement`` is what the lower bound is measured on (the
+    tiers' own table; default: ``cost``), see :class:`TierBound`.
     """
-    if objective not in ("flops", "params"):
-        raise ValueError(f"objective must be 'flops' or 'params', got {objective!r}")
+    cost = PathCost(space) if cost is None else cost
+    bound = TierBound(tier, cost, cost if placement is None else placement)
+    if objective not in ("flops", "params", "latency"):
+        raise ValueError(f"objective must be 'flops', 'params' or 'latency', got {objective!r}")
+    if objective == "latency" and cost.table is None:
+        raise ValueError("objective 'latency' needs a latency cost (a table of the tier)")
     sizes = np.asarray(space.num_options())
     problem = Problem(
         n_var=len(sizes), n_obj=2, n_ieq_constr=1, xl=np.zeros(len(sizes)), xu=sizes - 1.0
     )
     rng = numpy_stream(seed, "nsga2", tier.index)
-    start = np.asarray(initial_paths(space, tier, rng, population), dtype=float)
+    start = np.asarray(
+        initial_paths(space, tier, rng, population, cost=cost, placement=bound.placement),
+        dtype=float,
+    )
     algorithm = NSGA2(
         pop_size=len(start),
         n_offsprings=offspring,
@@ -170,23 +216,22 @@ def search_tier(
         if new:
             accuracies = score(new)
             for path, accuracy in zip(new, accuracies, strict=True):
-                cost = space.cost(path)
+                counted = space.cost(path)
+                latency = None if cost.table is None else cost.table.path_ms(path)
                 memo[path] = Scored(
                     path,
                     float(accuracy),
-                    int(cost.flops),
-                    int(cost.params),
-                    tier.contains(cost.flops),
+                    int(counted.flops),
+                    int(counted.params),
+                    bound.violation(path) == 0,
                     generation,
+                    latency,
                 )
         if on_generation is not None:
             on_generation(generation, [memo[p] for p in new])
         scored = [memo[p] for p in paths]
-        objectives = np.array(
-            [[1.0 - s.accuracy, s.flops if objective == "flops" else s.params] for s in scored],
-            dtype=float,
-        )
-        constraints = np.array([[_violation(tier, s.flops)] for s in scored])
+        objectives = np.array([[1.0 - s.accuracy, _objective(s, objective)] for s in scored])
+        constraints = np.array([[bound.violation(s.path)] for s in scored])
         # the algorithm's own evaluator, so that its n_eval termination counts these
         algorithm.evaluator.eval(StaticProblem(problem, F=objectives, G=constraints), pop)
         algorithm.tell(infills=pop)
@@ -194,9 +239,9 @@ def search_tier(
     evaluated = sorted(memo.values(), key=lambda s: (s.generation, s.path))
     feasible = [s for s in evaluated if s.feasible]
     if feasible:
-        best = min(feasible, key=lambda s: (-s.accuracy, s.flops, s.path))
+        best = min(feasible, key=lambda s: (-s.accuracy, cost.of(s.path), s.path))
     else:
-        best = min(evaluated, key=lambda s: (_violation(tier, s.flops), -s.accuracy))
+        best = min(evaluated, key=lambda s: (bound.violation(s.path), -s.accuracy))
     front = []
     if algorithm.opt is not None:
         front = sorted({tuple(int(round(v)) for v in x) for x in algorithm.opt.get("X")})
@@ -208,6 +253,12 @@ def search_tier(
         front=front,
         generations=generation,
     )
+
+
+def _objective(scored: Scored, objective: str) -> float:
+    if objective == "latency":
+        return float(scored.latency_ms)  # type: ignore[arg-type]
+    return float(scored.flops if objective == "flops" else scored.params)
 
 
 def kendall_tau(first: Sequence[float], second: Sequence[float]) -> float | None:

@@ -30,17 +30,23 @@ Client contract
     With ``return-all`` (``fedoras.aggregation = "fedavg"``, the comparison
     with plain FedAvg of supernets) the reply holds every key it received.
 
+    With ``fedoras.resource = "latency"`` ``max-flops`` is the space's largest and
+    the config adds ``resource`` ("latency"), ``max-latency-ms`` (the node's budget)
+    and its own latency table, ``latency-option-ms`` (flat, layer-major) and
+    ``latency-fixed-ms``.
+
 Stages 2 and 3 are documented in ``scoring`` and ``finetune``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from logging import DEBUG, INFO, WARNING
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
@@ -53,6 +59,7 @@ from ...config import FEDORAS_STAGES, FedorASSettings
 from ...federation.aggregation import opa
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
+from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock
 from ...protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
 from ...search_spaces import SearchSpace, Subspace
@@ -67,13 +74,15 @@ from .scoring import (
     pooled_scores,
 )
 from .search import TierSearch, kendall_tau, search_tier
-from .tiers import Tier, assign_tiers, compute_tiers
+from .tiers import PathCost, Tier, assign_tiers, compute_tiers
 
 __all__ = ["STAGES", "FedorAS", "FedorASResult"]
 
 STAGE_SUPERNET = "supernet"
 #: the stages ``start`` can stop after, in order
 STAGES = FEDORAS_STAGES
+#: paths of a node's own table whose median latency orders nodes without a budget
+SPEED_PATHS = 200
 
 
 @dataclass(kw_only=True, repr=False)
@@ -90,6 +99,11 @@ class FedorASResult(Result):
     searches: list[TierSearch] = field(default_factory=list)
     kendall_tau: dict[int, float | None] = field(default_factory=dict)
     models: list[TierModel] = field(default_factory=list)
+    #: what the tiers bound (``fedoras.resource``); with "latency", the nodes' own
+    #: tables (by node id) and each tier's table (the median of its nodes' tables)
+    resource: str = "flops"
+    latency_tables: dict[int, LatencyTable] = field(default_factory=dict)
+    tier_tables: dict[int, LatencyTable] = field(default_factory=dict)
 
     def model(self, tier: int, init: str = SUPERNET_INIT) -> TierModel:
         """The fine-tuned model of ``tier`` (0-based) with the given initialisation."""
@@ -135,6 +149,9 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         mid-way: given the supernet they are deterministic and short).
     supernet_trained : bool (default: False)
         ``start``'s ``initial_arrays`` are a finished Stage 1: the run begins at the search.
+    latency : LatencyRequest, optional
+        How nodes time their latency tables when ``settings.resource`` is "latency"
+        (run config ``latency.*``; default: ``LatencyRequest(seed=seed)``).
     min_nodes
         See ``FederatedNASStrategy``.
 
@@ -154,6 +171,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         resume: Resume | None = None,
         supernet_trained: bool = False,
         min_nodes: int = 2,
+        latency: LatencyRequest | None = None,
     ) -> None:
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
         if settings.stop_after not in STAGES:
@@ -196,6 +214,13 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             )
         self.tiers: list[Tier] = []
         self.tier_of_partition: dict[int, int] = {}
+        self.latency_request = latency or LatencyRequest(seed=seed)
+        # fedoras.resource = "latency": the used nodes' own tables, each tier's table, the
+        # group table of every node (the tiers' bounds) and each node's Stage-1 budget (ms)
+        self.node_tables: dict[int, LatencyTable] = {}
+        self.tier_tables: dict[int, LatencyTable] = {}
+        self.all_table: LatencyTable | None = None
+        self.budget_ms: dict[int, float] = {}
         self._current = ArrayRecord()
         self._sent: dict[int, _Sent] = {}
         self._scoring = ("search-t1", 0)  # (ledger stage, paths) of configure_evaluate
@@ -206,10 +231,11 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         s = self.settings
         log(
             INFO,
-            "\t├── FedorAS Stage 1: %d rounds, %d clients/round, %d tiers",
+            "\t├── FedorAS Stage 1: %d rounds, %d clients/round, %d tiers of %s",
             s.train.rounds,
             s.train.clients_per_round,
             s.num_tiers,
+            "latency (ms, the nodes' own tables)" if s.resource == "latency" else "FLOPs",
         )
         log(
             INFO,
@@ -233,6 +259,9 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         """Profile the nodes, define the tiers and put every node in one."""
         profiles = self.profile_nodes(grid, ConfigRecord({"method": "fedoras"}))
         s = self.settings
+        latency = s.resource == "latency"
+        if latency:
+            profiles = self._query_tables(grid, profiles)
         self.tiers = compute_tiers(
             self.space,
             self.rng("tiers"),
@@ -240,6 +269,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             num_samples=s.tier_samples,
             rho_low=s.rho_low,
             rho_high=s.rho_high,
+            cost=PathCost(self.space, self.all_table),
         )
         # A node may declare its tier (node config ``tier``, 1 = lowest, as in the paper's T1..).
         declared = {
@@ -254,27 +284,119 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                     p.tier,
                     s.num_tiers,
                 )
+        budgeted = self._tiers_of_budgets(profiles) if latency else {}
+        free = [p for p in profiles.values() if p.partition_id not in budgeted]
         assigned = assign_tiers(
-            [p.partition_id for p in profiles.values()],
+            [p.partition_id for p in free],
             s.num_tiers,
             self.rng("assign-tiers"),
             s.tier_proportions,
+            self._slowness(free) if latency else None,
         )
-        self.tier_of_partition = {**assigned, **declared}
+        self.tier_of_partition = {**assigned, **budgeted, **declared}
         if not s.tier_aware:  # the tier-unaware baseline: every client in the top tier
             top = s.num_tiers - 1
             self.tier_of_partition = {pid: top for pid in self.tier_of_partition}
             log(INFO, "Tier-unaware: every client may train and run every path")
+        unit = PathCost(self.space, self.all_table).unit
         for tier in self.tiers:
             members = sum(1 for t in self.tier_of_partition.values() if t == tier.index)
             log(
                 INFO,
-                "Tier %d: FLOPs (%.4g, %.4g], %d client(s)",
+                "Tier %d: %s (%.4g, %.4g], %d client(s)",
                 tier.index + 1,
+                unit,
                 tier.low,
                 tier.high,
                 members,
             )
+        if latency:
+            self._latency_budgets()
+
+    # --- fedoras.resource = "latency" ------------------------------------------------
+
+    def _query_tables(
+        self, grid: Grid, profiles: Mapping[int, NodeProfile]
+    ) -> dict[int, NodeProfile]:
+        """Every profiled node's latency table of the space (``query.latency``; a node
+        answers a repeated query, e.g. on resume, from its cache). A node without a
+        well-formed table is left out of the run (logged); the profiles of the rest."""
+        self.query_latency(grid, self.space, request=self.latency_request)
+        spec = dict(self.space.spec)
+        self.node_tables = {
+            n: t for n, t in self.latency_tables.items() if n in profiles and dict(t.spec) == spec
+        }
+        for node_id in sorted(set(profiles) - set(self.node_tables)):
+            log(WARNING, "node %d: no latency table; left out of this run", node_id)
+            del self.profiles[node_id]
+        if not self.node_tables:
+            raise ValueError("fedoras.resource = 'latency': no node returned a latency table")
+        self.all_table = group_table([self.node_tables[n] for n in sorted(self.node_tables)])
+        return {n: p for n, p in profiles.items() if n in self.node_tables}
+
+    def _tiers_of_budgets(self, profiles: Mapping[int, NodeProfile]) -> dict[int, int]:
+        """Nodes declaring ``latency-budget-ms``: the largest tier whose upper bound is
+        within the budget (below every tier: the lowest, with a warning)."""
+        tiers: dict[int, int] = {}
+        for p in profiles.values():
+            if p.latency_budget_ms <= 0:
+                continue
+            fits = [t.index for t in self.tiers if t.high <= p.latency_budget_ms]
+            if not fits:
+                log(
+                    WARNING,
+                    "node %d: latency-budget-ms = %g is below every tier (the lowest ends at "
+                    "%.4g ms): put in tier 1",
+                    p.node_id,
+                    p.latency_budget_ms,
+                    self.tiers[0].high,
+                )
+            tiers[p.partition_id] = max(fits, default=0)
+        return tiers
+
+    def _slowness(self, profiles: Sequence[NodeProfile]) -> dict[int, float]:
+        """Per partition, the median latency of a fixed sample of paths on its node's own
+        table: the order in which nodes without a budget are dealt into tiers."""
+        rng = self.rng("node-speed")
+        paths = [self.space.sample_path(rng) for _ in range(SPEED_PATHS)]
+        return {
+            p.partition_id: float(
+                np.median([self.node_tables[p.node_id].path_ms(a) for a in paths])
+            )
+            for p in profiles
+        }
+
+    def _latency_budgets(self) -> None:
+        """Each tier's table (the median of its nodes' tables; none: every node's) and
+        each node's Stage-1 budget on its own table: its declared ``latency-budget-ms``,
+        else its tier's upper bound (raised to its own cheapest path, with a warning)."""
+        tier_of = {n: self.tier_of_node(n) for n in self.profiles}
+        for tier in self.tiers:
+            members = [self.node_tables[n] for n in sorted(tier_of) if tier_of[n] == tier.index]
+            self.tier_tables[tier.index] = group_table(members) if members else self.all_table
+        for node_id, profile in sorted(self.profiles.items()):
+            own = PathCost(self.space, self.node_tables[node_id])
+            if not self.settings.tier_aware:
+                budget = own.highest()
+            elif profile.latency_budget_ms > 0:
+                budget = profile.latency_budget_ms
+            else:
+                budget = self.tiers[tier_of[node_id]].high
+            if budget < own.lowest():
+                log(
+                    WARNING,
+                    "node %d: its budget %.4g ms is below its own fastest path (%.4g ms): "
+                    "it trains its fastest paths",
+                    node_id,
+                    budget,
+                    own.lowest(),
+                )
+                budget = own.lowest()
+            self.budget_ms[node_id] = budget
+
+    def tier_cost(self, tier: int) -> PathCost:
+        """What tier ``tier`` bounds: FLOPs, or latency on the tier's table."""
+        return PathCost(self.space, self.tier_tables.get(tier))
 
     def tier_of_node(self, node_id: int) -> int:
         return self.tier_of_partition[self.profiles[node_id].partition_id]
@@ -306,10 +428,9 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         messages = []
         for profile in chosen:
             tier = self.tiers[self.tier_of_node(profile.node_id)]
-            subspace = self.space.sample_subspace(
-                self.rng("subspace", server_round, profile.partition_id),
-                max_size=self.comm_size,
-                max_flops=tier.high,
+            cost, budget = self._client_cost(profile.node_id, tier)
+            subspace = cost.sample_subspace(
+                self.rng("subspace", server_round, profile.partition_id), self.comm_size, budget
             )
             sub_arrays = ArrayRecord({k: arrays[k] for k in self.space.subspace_keys(subspace)})
             self._sent[profile.node_id] = _Sent(tier.index, subspace, array_specs(sub_arrays))
@@ -317,6 +438,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                 {
                     **dict(config),
                     **self._client_config(server_round, tier, subspace),
+                    **self._latency_config(profile.node_id),
                 }
             )
             messages.append(
@@ -328,6 +450,25 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             )
         log(DEBUG, "configure_train: %d client(s) of %d", len(messages), len(candidates))
         return messages
+
+    def _client_cost(self, node_id: int, tier: Tier) -> tuple[PathCost, float]:
+        """What a node's Stage-1 paths must fit: its tier's FLOPs, or its latency budget
+        on its own table."""
+        if self.settings.resource != "latency":
+            return PathCost(self.space), tier.high
+        return PathCost(self.space, self.node_tables[node_id]), self.budget_ms[node_id]
+
+    def _latency_config(self, node_id: int) -> dict[str, Any]:
+        if self.settings.resource != "latency":
+            return {}
+        table = self.node_tables[node_id]
+        return {
+            "resource": "latency",
+            "max-flops": float(self.space.max_flops()),
+            "max-latency-ms": float(self.budget_ms[node_id]),
+            "latency-option-ms": [float(v) for layer in table.option_ms for v in layer],
+            "latency-fixed-ms": float(table.fixed_ms),
+        }
 
     def _client_config(self, server_round: int, tier: Tier, subspace: Subspace) -> dict[str, Any]:
         s = self.settings
@@ -493,7 +634,13 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         if resume is not None:
             self._check_resumed_tiers(resume)
             arrays, supernet_trained = resume.arrays, not resume.within(STAGE_SUPERNET)
-        result = FedorASResult(tiers=self.tiers, tier_of_partition=dict(self.tier_of_partition))
+        result = FedorASResult(
+            tiers=self.tiers,
+            tier_of_partition=dict(self.tier_of_partition),
+            resource=self.settings.resource,
+            latency_tables=dict(self.node_tables),
+            tier_tables=dict(self.tier_tables),
+        )
         if supernet_trained:
             log(INFO, "Stage 1 skipped: resuming from a trained supernet")
             result.history = list(resume.history) if resume is not None else []
@@ -621,7 +768,17 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                     population=s.search_population,
                     offspring=s.search_offspring,
                     evaluations=s.search_evaluations,
-                    objective=s.search_objective,
+                    objective="latency" if s.resource == "latency" else s.search_objective,
+                    cost=self.tier_cost(tier.index),
+                    placement=PathCost(self.space, self.all_table),
+                )
+            if not any(e.feasible for e in outcome.evaluated):
+                log(
+                    WARNING,
+                    "Tier %d: no path scored lies in the tier%s; its model is the least "
+                    "violating one",
+                    tier.index + 1,
+                    " on its devices' table" if s.resource == "latency" else "",
                 )
             if s.search_scoring == "both":
                 outcome.federated_accuracy = [score.recorded[e.path] for e in outcome.evaluated]
@@ -630,14 +787,26 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                 )
             log(
                 INFO,
-                "[SEARCH] tier %d: best %s, accuracy %.4f, %.4g FLOPs",
+                "[SEARCH] tier %d: best %s, accuracy %.4f, %.4g FLOPs%s",
                 tier.index + 1,
                 "-".join(self.space.option_names(outcome.best)),
                 outcome.best_accuracy,
                 self.space.cost(outcome.best).flops,
+                self._latency_note(tier.index, outcome.best),
             )
             searches.append(outcome)
         return searches, taus
+
+    def _latency_note(self, tier: int, path: Sequence[int]) -> str:
+        table = self.tier_tables.get(tier)
+        return "" if table is None else f", {table.path_ms(path):.4g} ms on the tier's table"
+
+    def _with_latency(self, model: TierModel) -> TierModel:
+        """``model`` with its predicted latency on its tier's table (resource latency)."""
+        table = self.tier_tables.get(model.tier)
+        if table is not None:
+            model.latency_ms = table.path_ms(model.arch)
+        return model
 
     def finetune(
         self, grid: Grid, arrays: ArrayRecord, searches: Sequence[TierSearch]
@@ -657,16 +826,18 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                 continue
             for init in inits:
                 models.append(
-                    finetune_tier(
-                        context,
-                        grid,
-                        arrays,
-                        outcome.tier,
-                        outcome.best,
-                        outcome.best_accuracy,
-                        init=init,
-                        server_data=self.server_data,
-                        rounds=self.settings.rand_init_rounds if init == RANDOM_INIT else None,
+                    self._with_latency(
+                        finetune_tier(
+                            context,
+                            grid,
+                            arrays,
+                            outcome.tier,
+                            outcome.best,
+                            outcome.best_accuracy,
+                            init=init,
+                            server_data=self.server_data,
+                            rounds=self.settings.rand_init_rounds if init == RANDOM_INIT else None,
+                        )
                     )
                 )
         return models
@@ -691,7 +862,17 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         log(INFO, "[random search] %.4g client training FLOPs per tier", budget)
         context = self.stage_context()
         return [
-            random_search_tier(context, grid, self.tiers[t], budget, server_data=self.server_data)
+            self._with_latency(
+                random_search_tier(
+                    context,
+                    grid,
+                    self.tiers[t],
+                    budget,
+                    server_data=self.server_data,
+                    cost=self.tier_cost(t),
+                    placement=PathCost(self.space, self.all_table),
+                )
+            )
             for t in tiers
         ]
 
