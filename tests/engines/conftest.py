@@ -194,6 +194,13 @@ def _urlopen_error(url: str, **kwargs: object) -> BaseException | None:
     return None
 
 
+#: the shared deployment run's SuperNodes: a budget above every tier and one below
+NODE_CONFIGS = [
+    {"device-class": "server", "latency-budget-ms": 1.0e6},
+    {"device-class": "watch", "latency-budget-ms": 1.0e-6},
+]
+
+
 @pytest.fixture(scope="session")
 def secure_deployment_run(
     tmp_path_factory: pytest.TempPathFactory, data_cache: Path
@@ -209,6 +216,11 @@ def secure_deployment_run(
         flwr_home=tmp / "flwr-home",
         tls=tls,
         node_keys=[key.private_key for key in keys],
+        # Latency as FedorAS's resource (issue 16): each SuperNode measures its own table
+        # and declares its device class and budget; the budgets place the two nodes in
+        # the top and the lowest tier.
+        node_configs=NODE_CONFIGS,
+        env={"FEDORASFLWR_CACHE": str(tmp / "node-cache")},
     )
     engine.__enter__()
     try:
@@ -238,9 +250,14 @@ def secure_deployment_run(
                 "fedoras.rounds": 1,
                 "fedoras.clients-per-round": 2,
                 "fedoras.finetune-clients-per-round": 2,
-                # Stages 2 and 3 still run (their handlers, each message in a fresh ClientApp
-                # process), for one tier's model: the engine is under test, not the tiers.
-                "fedoras.num-tiers": 1,
+                # Stages 2 and 3 run for two tiers (their handlers, each message in a fresh
+                # ClientApp process), tiers and paths in milliseconds of the nodes' tables.
+                "fedoras.num-tiers": 2,
+                "fedoras.min-replies": 1,
+                "fedoras.resource": "latency",
+                "latency.repeats": 3,
+                "latency.warmup": 1,
+                "latency.validation-paths": 4,
             },
         )
         run = engine.run(PROJECT_ROOT, config, timeout=900)

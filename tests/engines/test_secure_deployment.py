@@ -27,6 +27,7 @@ from fedorasflwr.launch import (
 )
 from fedorasflwr.launch.cli import _parse_args
 from fedorasflwr.launch.security import node_key
+from tests.engines.conftest import NODE_CONFIGS
 
 REFUSED = "No SuperNode found with the given public key"
 
@@ -165,6 +166,30 @@ def test_deployment_engine_runs_the_same_app(secure_deployment_run):
     assert [h["round"] for h in result["history"]] == [0, 1]
     assert result["history"][1]["clients"] == 2
     assert result["ledger"]["supernet"]["totals"]["replies"] == 2
-    assert [m["tier"] for m in result["models"]] == [1]
+    assert [m["tier"] for m in result["models"]] == [1, 2]
     assert "=== fedoras summary ===" in secure_deployment_run.run.stdout
     assert secure_deployment_run.left_running == []
+
+
+@pytest.mark.slow
+def test_supernodes_measure_their_tables_and_their_budgets_place_them(secure_deployment_run):
+    # Latency as FedorAS's resource on the deployment engine (the same shared run): each
+    # SuperNode times its own table, its node config's budget places it in a tier.
+    done = secure_deployment_run
+    result = done.result
+    assert result["resource"] == "latency"
+    assert result["tier-of-partition"] == {"0": 1, "1": 0}  # budget 1e6 ms: top; 1e-6: lowest
+    nodes = {n["partition-id"]: n for n in result["latency-tables"]["nodes"]}
+    assert sorted(nodes) == [0, 1]
+    for pid, config in enumerate(NODE_CONFIGS):
+        assert nodes[pid]["device-class"] == config["device-class"]
+        assert nodes[pid]["latency-budget-ms"] == config["latency-budget-ms"]
+        assert 0 < nodes[pid]["min-path-ms"] <= nodes[pid]["max-path-ms"]
+        assert nodes[pid]["validation"]["paths"] == 4
+    tiers = result["tiers"]
+    assert all(t["low"] < t["high"] for t in tiers) and tiers[-1]["high"] < 1.0e6
+    for model in result["models"]:
+        assert model["latency-ms"] > 0 and model["flops"] > 0
+    assert result["ledger"]["latency"]["totals"]["replies"] == 2
+    watch = done.node_ids[1]
+    assert f"node {watch}: latency-budget-ms = 1e-06 is below every tier" in done.run.stdout
