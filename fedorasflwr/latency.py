@@ -417,9 +417,15 @@ def validate(
         statistic=table.statistic,
         clock=table.clock,
     )
+    return compare(predicted, measured)
+
+
+def compare(predicted: Sequence[float], measured: Sequence[float]) -> LatencyValidation:
+    """Predicted against measured milliseconds of the same nets: Spearman's rho, the
+    median and 90th percentile of the relative error ``|predicted - measured| / measured``."""
     errors = [abs(p - m) / m for p, m in zip(predicted, measured, strict=True)]
     return LatencyValidation(
-        paths=len(paths),
+        paths=len(predicted),
         spearman_rho=spearman(predicted, measured),
         relative_error=float(np.median(errors)),
         relative_error_p90=float(np.quantile(errors, 0.9)),

@@ -49,7 +49,7 @@ from ...latency import (
     _statistic,
     _synchronize,
     _timed_ms,
-    spearman,
+    compare,
 )
 from ...search_spaces.prunable import meta_prunable
 from ...seeding import numpy_stream
@@ -377,13 +377,4 @@ def validation(
 ) -> LatencyValidation:
     """The table's predictions of the nets at ``widths`` against their ``measured`` ms:
     Spearman's rho, the median and 90th percentile of the relative error."""
-    predicted = [predict_ms(table, layout, w) for w in widths]
-    errors = [abs(p - m) / m for p, m in zip(predicted, measured, strict=True)]
-    return LatencyValidation(
-        paths=len(widths),
-        spearman_rho=spearman(predicted, measured),
-        relative_error=float(np.median(errors)),
-        relative_error_p90=float(np.quantile(errors, 0.9)),
-        predicted_ms=tuple(predicted),
-        measured_ms=tuple(measured),
-    )
+    return compare([predict_ms(table, layout, w) for w in widths], measured)
