@@ -20,12 +20,14 @@ __all__ = ["RESULTS", "ROOT", "headline", "report", "run_config", "warm_data_cac
 
 
 def run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The app's run config as Flower hands it over (``pyproject.toml``), plus ``overrides``."""
+    """The app's run config as Flower hands it over (``pyproject.toml``), without ONNX
+    copies of the final models (no benchmark measures them; 1-3 s per model), plus
+    ``overrides``."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from tests.runconfig import pyproject_run_config
 
-    return {**pyproject_run_config(), **overrides}
+    return {**pyproject_run_config(), "onnx": False, **overrides}
 
 
 def warm_data_cache(configs: Sequence[Mapping[str, Any]], num_clients: int) -> None:

@@ -970,6 +970,8 @@ class RunSettings:
     min_nodes: int = 2
     resume_from: str = ""
     checkpoint_every: int = 0
+    # Every final model also as ONNX, checked in onnxruntime (export.py); false: .pt only.
+    onnx: bool = True
     data: DataSpec = field(default_factory=DataSpec)
     space: SpaceSettings = field(default_factory=SpaceSettings)
     fedoras: FedorASSettings = field(default_factory=FedorASSettings)
@@ -1085,6 +1087,7 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         checkpoint_every=_get(
             cfg, "checkpoint-every", 0, int, lambda v: v >= 0, ">= 0 (0: at stage ends only)"
         ),
+        onnx=_get(cfg, "onnx", True, bool),
         data=DataSpec.from_config(data_cfg),
         space=SpaceSettings.from_config(cfg),
         fedoras=FedorASSettings.from_config(cfg),

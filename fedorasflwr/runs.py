@@ -202,7 +202,8 @@ class RunFiles:
         self.out_dir = out_dir
         self.space_spec = dict(space_spec)
         self.progress = progress
-        self.onnx = OnnxExports(out_dir, settings.data)
+        # run config ``onnx = false``: no ONNX copies (a sweep or benchmark that needs none)
+        self.onnx = OnnxExports(out_dir, settings.data) if settings.onnx else None
         self.written: list[Path] = []
 
     def save(
@@ -223,7 +224,7 @@ class RunFiles:
                 self.out_dir / f"{name}.pt", space_spec=spec, arrays=arrays, stage=stage, **extra
             )
         )
-        if model is not None:
+        if model is not None and self.onnx is not None:
             self.onnx.add(name, model, arrays)
 
     def add(self, *paths: Path | None) -> None:
@@ -233,6 +234,7 @@ class RunFiles:
     def document(self) -> dict[str, Any]:
         """The result document's ``onnx`` and ``files`` entries."""
         return {
-            "onnx": self.onnx.summary(),
-            "files": [p.name for p in self.written] + self.onnx.files(),
+            "onnx": {} if self.onnx is None else self.onnx.summary(),
+            "files": [p.name for p in self.written]
+            + ([] if self.onnx is None else self.onnx.files()),
         }

@@ -29,6 +29,7 @@ def tiny_fedoras(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
     config.update(
         {
             "data.cache-dir": str(cache_dir),
+            "onnx": False,  # ONNX export has its own tests (test_export.py, the README run)
             "data.partitioner": "iid",
             "space.width": 0.25,
             "fedoras.rounds": 2,
@@ -56,6 +57,7 @@ def tiny_fdnas(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
         {
             "method": "fdnas",
             "data.cache-dir": str(cache_dir),
+            "onnx": False,  # ONNX export has its own tests (test_export.py, the README run)
             "data.partitioner": "class-groups",
             "space.width": 0.25,
             "space.layers-per-block": 1,
@@ -76,6 +78,7 @@ def tiny_decnas(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
         {
             "method": "decnas",
             "data.cache-dir": str(cache_dir),
+            "onnx": False,  # ONNX export has its own tests (test_export.py, the README run)
             "space.width": 0.125,
             "decnas.initial-reduction": 0.1,
             "decnas.max-iterations": 1,

@@ -226,7 +226,7 @@ def test_mixed_op_scripts_traces_and_exports_without_warnings():
 
 
 def test_a_run_writes_checked_onnx_files(data_cache, tmp_path):
-    config = tiny_decnas(data_cache)
+    config = tiny_decnas(data_cache, onnx=True)  # the tiny configs write none
     settings = parse_run_config(config)
     grid = InProcessGrid(client_app, config, 6)
     document = runner("decnas")(grid, settings, tmp_path)
@@ -248,3 +248,20 @@ def test_a_run_writes_checked_onnx_files(data_cache, tmp_path):
         (logits,) = session.run(None, {INPUT_NAME: x.numpy()})
         with torch.no_grad():
             assert np.abs(logits - net(x).numpy()).max() < TOLERANCE
+
+
+def test_run_config_onnx_false_writes_checkpoints_only(data_cache, tmp_path):
+    from flwr.app import ArrayRecord
+
+    from fedorasflwr.runs import RunFiles
+
+    settings = parse_run_config(tiny_decnas(data_cache, onnx=False))
+    assert settings.onnx is False and parse_run_config({}).onnx is True
+    with pytest.raises(ValueError, match=r"run config 'onnx' = 'no': expected a bool"):
+        parse_run_config({"onnx": "no"})
+    model = nn.Linear(3, 2)
+    files = RunFiles(tmp_path, settings, {"name": "linear"}, None)
+    files.save("final", ArrayRecord(model.state_dict()), stage="final", model=model)
+    document = files.document()
+    assert document == {"onnx": {}, "files": ["final.pt"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt"]

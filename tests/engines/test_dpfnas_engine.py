@@ -18,6 +18,7 @@ def test_simulation_engine_runs_dpfnas(simulation_runner, flwr_home, tmp_path, d
         "method": "dpfnas",
         "output-dir": str(out),
         "data.cache-dir": str(data_cache),
+        "onnx": False,
         "data.partitioner": "iid",
         "space.width": 0.25,
         "space.layers-per-block": 2,

@@ -33,6 +33,7 @@ def tiny(output_dir: Path, data_cache: Path, **overrides) -> dict:
     config = {
         "output-dir": str(output_dir),
         "data.cache-dir": str(data_cache),
+        "onnx": False,  # ONNX export: test_export.py and the README run
         "space.width": 0.25,
         "fedoras.tier-samples": 500,
         "fedoras.eval-paths": 2,

@@ -31,6 +31,7 @@ def tiny(output_dir: Path, data_cache: Path, method: str) -> dict:
         "method": method,
         "output-dir": str(output_dir),
         "data.cache-dir": str(data_cache),
+        "onnx": False,
         "data.partitioner": "class-groups",
         "space.width": 0.25,
         "space.layers-per-block": 1,

@@ -43,6 +43,7 @@ def run_config_for(method: str, cache: Path | str) -> dict[str, Any]:
             **pyproject_run_config(),
             "method": "dpfnas",
             "data.cache-dir": str(cache),
+            "onnx": False,
             "data.partitioner": "iid",
             "space.name": "darts",
             "space.width": 0.25,

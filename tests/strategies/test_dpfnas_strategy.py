@@ -27,6 +27,7 @@ def tiny_dpfnas(cache_dir, **overrides):
         {
             "method": "dpfnas",
             "data.cache-dir": str(cache_dir),
+            "onnx": False,  # ONNX export has its own tests
             "data.partitioner": "iid",
             "space.name": "darts",
             "space.width": 0.25,
