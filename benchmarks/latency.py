@@ -33,10 +33,13 @@ real ClientApp through ``InProcessGrid``), ``fedoras.resource = "latency"``,
 "num-threads": 2}`` (``docs/latency.md``: on a loaded 2-core host 2 threads is usually the
 slower class). The node cache (``$FEDORASFLWR_CACHE``) is a fresh temporary directory.
 
-Budgets are chosen from the measured tables: a first setup of the strategy (no budgets)
-makes the nodes measure their tables through the real ``query.latency`` path (the run
-reads them back from the node cache) and gives the tiers, which do not depend on the
-budgets. The *slower* class (the larger median latency of :data:`BUDGET_PATHS` paths,
+Budgets are chosen from the measured tables: each class's table is measured first in a
+process of its own whose torch threads are set once (a device of the class, as a
+SuperNode with ``num-threads``; in one process that switches threads, a 2-thread node
+could time like a 1-thread one) and stored in the node cache, under the key the nodes of
+the class look up; a first setup of the strategy (no budgets) has the nodes answer
+``query.latency`` from that cache (checked) and gives the tiers, which do not depend on
+the budgets. The *slower* class (the larger median latency of :data:`BUDGET_PATHS` paths,
 stream ``(seed, "latency-paths")``, on its own table) declares ``latency-budget-ms`` =
 the upper bound of the lowest tier that holds at least a quarter of those paths on its
 own table (at most the second-highest tier); the faster class the bound of the tier
@@ -239,6 +242,26 @@ def _time_subnets(
     )
 
 
+def _class_table(spec: dict[str, Any], request: Any, threads: int) -> Any:
+    """In a fresh process: this device class's table, measured with torch threads set
+    once to ``threads`` and stored in the node cache (``$FEDORASFLWR_CACHE``) under the
+    key the run's nodes of the class look up."""
+    torch.set_num_threads(threads)
+    from fedorasflwr.clients.latency import cached_table
+    from fedorasflwr.search_spaces import build_space
+
+    table, _ = cached_table(build_space(**spec), request, torch.device("cpu"))
+    return table
+
+
+def in_fresh_process(function: Any, *args: Any) -> Any:
+    """``function(*args)`` in a new (spawned) process, as a device of a class is."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
+
+
 def time_in_fresh_process(
     spec: dict[str, Any],
     state: dict[str, Any],
@@ -247,13 +270,9 @@ def time_in_fresh_process(
     repeats: int,
     warmup: int,
 ) -> list[float]:
-    """:func:`_time_subnets` in a new (spawned) process: a device of the class, as a
-    SuperNode with ``num-threads`` is, apart from the run's process (whose nodes switch
-    torch between 1 and 2 threads)."""
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_time_subnets, (spec, state, archs, threads, repeats, warmup))
+    """:func:`_time_subnets` in a new process: a device of the class, as a SuperNode with
+    ``num-threads`` is, apart from the run's process (whose nodes switch torch threads)."""
+    return in_fresh_process(_time_subnets, spec, state, archs, threads, repeats, warmup)
 
 
 def fedoras_classes(quick: bool, threads: int) -> dict[str, Any]:
@@ -271,6 +290,7 @@ def fedoras_classes(quick: bool, threads: int) -> dict[str, Any]:
     # the end-to-end timing of the models: calls per process, and processes per class
     repeats, warmup, processes = (10, 2, 1) if quick else (50, 5, 3)
     class_of = {pid: CLASSES[0] if pid < nodes // 2 else CLASSES[1] for pid in range(nodes)}
+    threads_of = dict(CLASSES)
     started = time.perf_counter()
     saved_cache = os.environ.get("FEDORASFLWR_CACHE")
     load_before = os.getloadavg()[0]
@@ -286,8 +306,16 @@ def fedoras_classes(quick: bool, threads: int) -> dict[str, Any]:
                 for pid, (c, n) in class_of.items()
             }
 
-            # 1. the nodes measure their tables (cached); the tiers, which no budget moves
+            # 1. each class's table, measured in a process of its own (a device of the
+            # class) into the node cache, which the nodes read; the tiers, which no
+            # budget moves
             probe = _fedoras(config)
+            measured_table = {
+                c: in_fresh_process(
+                    _class_table, probe.space.spec, probe.latency_request, threads_of[c]
+                )
+                for c, _ in CLASSES
+            }
             probe_grid = InProcessGrid(app, config, nodes, node_configs=plain)
             probe.setup(probe_grid)
             tiers = probe.tiers
@@ -295,6 +323,12 @@ def fedoras_classes(quick: bool, threads: int) -> dict[str, Any]:
                 c: probe.node_tables[probe_grid.node_of_partition[pid]]
                 for pid, (c, _) in class_of.items()
             }
+            if any(
+                (t.option_ms, t.fixed_ms, t.threads)
+                != (measured_table[c].option_ms, measured_table[c].fixed_ms, threads_of[c])
+                for c, t in table_of.items()
+            ):
+                raise RuntimeError("the nodes did not read their class's table from the cache")
             paths = sample_paths(probe.space, BUDGET_PATHS, 0, "latency-paths")
             own_ms = {c: [t.path_ms(a) for a in paths] for c, t in table_of.items()}
             median_ms = {c: statistics.median(v) for c, v in own_ms.items()}
@@ -317,7 +351,6 @@ def fedoras_classes(quick: bool, threads: int) -> dict[str, Any]:
             run_seconds = time.perf_counter() - started - table_seconds
 
             # 3. each tier's chosen model, timed end to end on its nodes' device classes
-            threads_of = dict(CLASSES)
             classes_in: dict[int, list[str]] = {}
             for pid, tier in sorted(result.tier_of_partition.items()):
                 name = class_of[pid][0]
