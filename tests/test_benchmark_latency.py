@@ -1,5 +1,6 @@
 """``benchmarks/latency.py --quick`` finishes and reports consistent numbers (never
-compared with a wall-clock constant)."""
+compared with a wall-clock constant): the tables per space, and the FedorAS run with two
+emulated device classes, each tier's chosen model timed on its nodes' class."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tests.test_benchmarks import run_quick
 
 
 @pytest.mark.slow
-def test_latency_quick_reports_every_space_with_consistent_predictions():
+def test_latency_quick_reports_every_space_and_the_two_class_fedoras_run():
     saved = run_quick("latency")
     headline, rows = saved["headline"], saved["rows"]
     assert [row["space"] for row in rows] == ["cnn_s", "cnn_l", "rnn", "mbconv", "darts"]
@@ -35,3 +36,34 @@ def test_latency_quick_reports_every_space_with_consistent_predictions():
         assert row["relative_error"] == pytest.approx((errors[9] + errors[10]) / 2)
     assert headline["min_rho"] == pytest.approx(min(r["spearman_rho"] for r in rows))
     assert headline["goal_met"] == (headline["min_rho"] >= 0.9)
+    # the FedorAS run: two classes in adjacent tiers, each declaring its tier's bound
+    run = saved["fedoras"]
+    classes, rows = run["classes"], run["rows"]
+    assert sorted(classes) == ["1-thread", "2-threads"]
+    assert {name: c["threads"] for name, c in classes.items()} == {"1-thread": 1, "2-threads": 2}
+    (slow_tier,), (fast_tier,) = (
+        classes[run["slower_class"]]["tiers"],
+        next(c["tiers"] for n, c in classes.items() if n != run["slower_class"]),
+    )
+    assert fast_tier == slow_tier + 1 and headline["fedoras_distinct_tiers"] is True
+    bounds = {t["tier"]: t["high_ms"] for t in run["tiers"]}
+    assert [row["tier"] for row in rows] == sorted([slow_tier, fast_tier])
+    for row in rows:
+        name = row["class"]
+        assert classes[name]["tiers"] == [row["tier"]] and row["nodes"] == run["nodes"] // 2
+        assert row["budget_ms"] == classes[name]["budget_ms"] == bounds[row["tier"]]
+        assert row["tier_high_ms"] == bounds[row["tier"]]
+        # a tier of one class: its table is the class's; the search kept the model in it
+        assert row["predicted_ms"] == pytest.approx(row["class_predicted_ms"])
+        assert row["predicted_ms"] <= row["tier_high_ms"] * (1 + 1e-9)
+        assert row["measured_ms"] > 0
+        assert row["measured_over_predicted"] == pytest.approx(
+            row["measured_ms"] / row["class_predicted_ms"]
+        )
+        assert row["within_budget"] == (row["measured_ms"] <= row["budget_ms"])
+    within = sum(row["within_budget"] for row in rows) / len(rows)
+    assert headline["fedoras_tiers_within_measured_budget"] == pytest.approx(within)
+    ratios = sorted(row["measured_over_predicted"] for row in rows)
+    assert headline["fedoras_measured_over_predicted_median"] == pytest.approx(
+        (ratios[0] + ratios[-1]) / 2
+    )
