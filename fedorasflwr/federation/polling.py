@@ -1,6 +1,7 @@
 """A Grid that collects replies as soon as they arrive.
 
-Flower's ``HttpGrid`` (the ServerApp's grid on both engines, Flower 1.41) pulls the
+Flower's ``HttpGrid`` (the ServerApp's grid on the deployment engine, Flower 1.41; the
+simulation engine's ServerApp uses an in-memory grid pulling every 0.1 s) pulls the
 replies of ``send_and_receive`` and, while some are missing, sleeps 3 s before it pulls
 again: every step whose replies are not there at the first pull waits for the next
 multiple of 3 s. A round of 1.2 s of client work takes 3 s; a FedorAS default run has
