@@ -25,8 +25,10 @@ def run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:
     ``overrides``."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    from fedorasflwr.progress import setup_logging
     from tests.runconfig import pyproject_run_config
 
+    setup_logging(False)  # each log line once (as the ServerApp does), no DEBUG lines
     return {**pyproject_run_config(), "onnx": False, **overrides}
 
 

@@ -178,6 +178,9 @@ def run_case(config: dict[str, Any], clients: int, out_dir: str) -> dict[str, An
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.methods.fedoras.runner import run_fedoras
+    from fedorasflwr.progress import setup_logging
+
+    setup_logging(False)  # a spawned process: each log line once
 
     started = time.perf_counter()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
