@@ -36,7 +36,6 @@ __all__ = [
     "checkpointer",
     "describe_space",
     "latency_document",
-    "latency_tables",
     "resume_checkpoint",
     "start",
     "strategy_options",
@@ -107,29 +106,6 @@ def resume_checkpoint(settings: RunSettings, space: SearchSpace | PrunableNet) -
         reference=space.state_dict(),
         space=space.spec,
     )
-
-
-def latency_tables(
-    strategy: FederatedNASStrategy[Any],
-    grid: Grid,
-    space: SearchSpace,
-    settings: RunSettings,
-    nodes: Sequence[int] | None = None,
-) -> dict[int, LatencyTable]:
-    """Every profiled node's (or ``nodes``') latency table of ``space``, measured on the
-    node as run config ``latency.*`` asks (``query.latency``: once per node and space; a
-    node answers later queries from its disk cache). A node whose reply was dropped has
-    no table; the caller decides what that node may still do."""
-    strategy.query_latency(
-        grid, space, nodes=nodes, request=settings.latency.request(settings.seed)
-    )
-    wanted = sorted(strategy.profiles) if nodes is None else list(nodes)
-    spec = dict(space.spec)
-    return {
-        n: strategy.latency_tables[n]
-        for n in wanted
-        if n in strategy.latency_tables and dict(strategy.latency_tables[n].spec) == spec
-    }
 
 
 def latency_document(
