@@ -52,7 +52,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker more than the cores, at most 4. Engine tests spend much of
     their time waiting (a SuperNode's polls, a lost node's heartbeats, process starts):
-    on 2 cores, 2 workers kept the CPUs about 45% busy (user + system time over wall time
-    of the whole suite), 3 workers about 100% and finished sooner. More than 4 would
-    only compete for memory (each engine run starts its own processes and Ray cluster)."""
+    on 2 cores, 2 workers kept the CPUs about 45% busy (user + system time of the suite
+    over twice its wall time), 3 workers about 100%, and finished in 1040 s against 1175 s
+    (one pair of runs, both next to another job: compare -n 2 and -n 3 on an idle
+    machine). More than 4 would only compete for memory (each engine run starts its own
+    processes and Ray cluster)."""
     return max(1, min((os.cpu_count() or 1) + 1, 4))
