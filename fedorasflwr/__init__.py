@@ -5,7 +5,8 @@ import os
 # Idle threads of torch's OpenMP pool sleep instead of spinning. A spinning pool costs
 # little on a machine of its own, but a federated run shares its host: the ServerApp
 # with the engine's clients, several SuperNodes, other jobs. There, two spinning threads
-# on two busy cores made the server's path scoring 10x slower (benchmarks/threads.py).
+# and one core busy elsewhere made the server's path scoring 1.8x slower (load 2.3;
+# ``python benchmarks/threads.py --rounds 3 --evaluations 2``).
 # libgomp reads this once, when torch is first imported: it must be set before that (a
 # process that imported torch earlier keeps its policy; an explicit setting wins).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -349,3 +350,37 @@ def test_a_resumed_latency_stage1_equals_the_uninterrupted_one(run_config, tmp_p
     assert first["tier-of-partition"] == second["tier-of-partition"]
     assert first["latency-tables"] == second["latency-tables"]
     assert_same_weights(whole / "supernet.pt", resumed / "supernet.pt")
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"latency-option-ms": "short"}, "'latency-option-ms' has 3 entries"),
+        ({"latency-option-ms": "nan"}, "not a finite number > 0"),
+        ({"latency-option-ms": "zero"}, "not a finite number > 0"),
+        ({"latency-fixed-ms": -1.0}, "'latency-fixed-ms' = -1.0"),
+        ({"max-latency-ms": math.inf}, "'max-latency-ms' = inf"),
+    ],
+)
+def test_the_client_refuses_a_table_or_budget_it_cannot_use(run_config, change, reason):
+    from fedorasflwr.methods.fedoras.client import supernet_budget
+
+    space = build_supernet(parse_run_config(run_config))
+    count = sum(space.num_options())
+    options = {
+        "short": [1.0, 1.0, 1.0],
+        "nan": [math.nan] + [1.0] * (count - 1),
+        "zero": [0.0] + [1.0] * (count - 1),
+    }
+    config = {
+        "resource": "latency",
+        "latency-option-ms": [1.0] * count,
+        "latency-fixed-ms": 0.5,
+        "max-latency-ms": 10.0,
+    }
+    cost, budget = supernet_budget(space, config)  # the well-formed one is taken
+    assert budget == 10.0 and cost.table is not None
+    key, value = next(iter(change.items()))
+    config[key] = options.get(value, value) if isinstance(value, str) else value
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        supernet_budget(space, config)

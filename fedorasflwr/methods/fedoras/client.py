@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,15 +138,24 @@ def supernet_budget(space: SearchSpace, config: Mapping[str, Any]) -> tuple[Path
     sizes = space.num_options()
     if len(flat) != sum(sizes):
         raise ValueError(f"'latency-option-ms' has {len(flat)} entries, the space {sum(sizes)}")
+    budget = float(config["max-latency-ms"])
+    fixed = float(config["latency-fixed-ms"])
+    if not all(math.isfinite(v) and v > 0 for v in flat):
+        raise ValueError("'latency-option-ms' has an entry that is not a finite number > 0")
+    if not (math.isfinite(fixed) and fixed >= 0 and math.isfinite(budget) and budget > 0):
+        raise ValueError(
+            f"'latency-fixed-ms' = {fixed!r} / 'max-latency-ms' = {budget!r}: "
+            "expected finite numbers, >= 0 and > 0"
+        )
     offsets = np.cumsum([0, *sizes])
     table = LatencyTable(
         spec=space.spec,
         device="",
         threads=0,
         option_ms=tuple(tuple(flat[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)),
-        fixed_ms=float(config["latency-fixed-ms"]),
+        fixed_ms=fixed,
     )
-    return PathCost(space, table), float(config["max-latency-ms"])
+    return PathCost(space, table), budget
 
 
 def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
