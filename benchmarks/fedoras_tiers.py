@@ -13,7 +13,11 @@ grid (the real ClientApp and strategy, no engine), same seed:
 - **OPA vs FedAvg of supernets** (alpha = 0.1): Stage 1 with ``aggregation="fedavg"``
   (clients return every weight they got; plain averaging), then the same Stages 2-3;
 - **communication budget** (alpha = 0.1): B_comm = the whole supernet and 1/4 of it,
-  against the default 1/2.
+  against the default 1/2;
+- **tier-unaware baseline** (paper Figs. 1 and 3; alpha = 0.1, at every seed like the main
+  runs): ``fedoras.tier-aware = false`` puts every client in the top tier, so every path
+  trains on every client and every tier's model is fine-tuned and tested on all clients:
+  what the tiers' models would score if device limits did not exist.
 
 Accuracy = the tier's model on the pooled test splits of the clients able to run it.
 Cases run two at a time in fresh processes with one torch thread each.  Prints one
@@ -120,19 +124,28 @@ CASES: list[dict[str, Any]] = [
         "alpha": SKEWED,
         "overrides": {"fedoras.comm-budget": 0.25, "fedoras.compare-rand-init": False},
     },
+    {
+        "name": "tier-unaware",
+        "alpha": SKEWED,
+        "overrides": {"fedoras.tier-aware": False, "fedoras.compare-rand-init": False},
+    },
 ]
 """Every FedorAS run in the table: name, alpha and run-config overrides (only the main
 runs, named "opa", train the rand-init comparison)."""
 
+EVERY_SEED = ("opa", "tier-unaware")
+"""Runs repeated at every seed; the others (OPA against FedAvg, B_comm) run at the first."""
+
 
 def cases(seeds: list[int], only: list[str]) -> list[dict[str, Any]]:
-    """The runs for ``seeds``: the main ones at every seed, the comparisons (OPA against
-    FedAvg, B_comm) at the first; ``only`` keeps just the named ones (all if empty)."""
+    """The runs for ``seeds``: the main ones and the tier-unaware baseline at every seed,
+    the other comparisons (OPA against FedAvg, B_comm) at the first; ``only`` keeps just the
+    named ones (all if empty)."""
     return [
         {**case, "seed": seed}
         for i, seed in enumerate(seeds)
         for case in CASES
-        if (not only or case["name"] in only) and (case["name"] == "opa" or i == 0)
+        if (not only or case["name"] in only) and (case["name"] in EVERY_SEED or i == 0)
     ]
 
 
@@ -323,13 +336,15 @@ def main(argv: list[str] | None = None) -> int:
         "fedavg": "FedAvg of supernets (B=1/2)",
         "budget-1": "OPA, B = whole supernet",
         "budget-1/4": "OPA, B = 1/4",
+        "tier-unaware": "tier-unaware (every client in the top tier; tested on all clients)",
     }
     for run in runs:
         if run["name"] in labels:
             down = f"{run['stage1-bytes-down-per-message'] / 1e6:.3f}"
+            at = f" (seed {run['seed']})" if len(args.seeds) > 1 else ""
             rows.append(
                 (
-                    labels[run["name"]],
+                    labels[run["name"]] + at,
                     f"{run['alpha']}",
                     accuracies(run, "supernet", num_tiers),
                     down,
@@ -374,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "mean_gain_pp_alpha1.0": statistics.fmean(mild) if mild else float("nan"),
         "fedavg_mean_acc": mean_acc(first("fedavg", SKEWED)),
         "opa_mean_acc": mean_acc(first("opa", SKEWED)),
+        "tier_unaware_mean_acc": mean_acc(first("tier-unaware", SKEWED)),
         "clients": clients,
     }
     for alpha, per_seed in gains.items():  # (seed, tier) cells where FedorAS >= rand-init

@@ -17,6 +17,7 @@ def test_fedoras_tiers_quick_reports_every_comparison():
         ("fedavg", 0.1),
         ("budget-1", 0.1),
         ("budget-1/4", 0.1),
+        ("tier-unaware", 0.1),
     }
     for (name, _alpha), case in cases.items():
         tiers = case["tiers"]
@@ -28,5 +29,9 @@ def test_fedoras_tiers_quick_reports_every_comparison():
         if name == "opa":  # rand-init trains the same architectures
             arch = {(m["tier"], m["init"]): m["arch"] for m in case["models"]}
             assert all(arch[(t, "random")] == arch[(t, "supernet")] for t, _ in arch)
+    # the tier-unaware baseline: every client in the top tier, every model tested on all
+    unaware = cases[("tier-unaware", 0.1)]
+    assert {m["test"]["clients"] for m in unaware["models"]} == {8}
+    assert [m["test"]["clients"] for m in cases[("opa", 0.1)]["models"][::2]] != [8, 8]
     down = {name: cases[(name, 0.1)]["stage1-bytes-down-per-message"] for name, _ in cases}
     assert down["budget-1/4"] < down["opa"] < down["budget-1"]
