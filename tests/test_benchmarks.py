@@ -48,11 +48,14 @@ def load_benchmark(name: str):
 def test_fedoras_tiers_runs_the_main_cases_at_every_seed_and_merges_earlier_files(tmp_path):
     tiers = load_benchmark("fedoras_tiers")
     keys = [tiers.case_key(c) for c in tiers.cases([0, 1, 2], [])]
-    assert len(keys) == len(set(keys)) == 3 * 2 + 3
+    assert len(keys) == len(set(keys)) == 3 * 2 + 3 + 3
     assert {k for k in keys if k[0] != "opa"} == {
         ("fedavg", 0.1, 0),
         ("budget-1", 0.1, 0),
         ("budget-1/4", 0.1, 0),
+        ("tier-unaware", 0.1, 0),  # the baseline, like the main runs, at every seed
+        ("tier-unaware", 0.1, 1),
+        ("tier-unaware", 0.1, 2),
     }
     assert [tiers.case_key(c) for c in tiers.cases([1, 2], ["opa"])] == [
         ("opa", 0.1, 1),
