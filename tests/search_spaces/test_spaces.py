@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedorasflwr.search_spaces import SearchSpace, build_space
+from fedorasflwr.search_spaces import SearchSpace, build_space, build_subnet
 
 TINY = {
     "cnn_l": {
@@ -205,3 +205,25 @@ def test_cnn_l_handles_odd_feature_maps():
     for arch in _archs(space, 3):
         assert space.cost(arch).flops == _flops(space.subnet(arch), x)
         assert space(x, arch).shape == (1, 10)
+
+
+def test_build_subnet_copies_a_path_of_a_kept_template_that_training_leaves_alone():
+    spec = build_space("cnn_s", in_channels=1, input_height=28, input_width=28, width=0.25).spec
+    arch = [1] * 4
+    first = build_subnet(spec, arch)
+    reference = build_space(**spec).subnet(arch)
+    assert first.state_dict().keys() == reference.state_dict().keys()
+    assert (first.arch, first.spec) == (reference.arch, reference.spec)
+    before = {k: v.clone() for k, v in build_subnet(spec, arch).state_dict().items()}
+    # a client trains its copy in place: the next copy starts from the template again
+    with torch.no_grad():
+        for p in first.parameters():
+            p.add_(1.0)
+    second = build_subnet(spec, arch)
+    assert second is not first
+    for key, value in second.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    # the full load every caller does makes it the sender's net, whatever the template holds
+    second.load_state_dict(reference.state_dict(), strict=True)
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(second.eval()(x), reference.eval()(x), rtol=0, atol=0)

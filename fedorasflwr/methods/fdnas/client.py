@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
-from ...search_spaces import SearchSpace, Subnet, build_space
+from ...search_spaces import SearchSpace, Subnet, build_space, build_subnet
 from ...search_spaces.differentiable import require_differentiable
 from ...seeding import numpy_generator, stream_words, substream
 from ...training import (
@@ -234,8 +234,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
 
 
 def _load_net(config: Mapping[str, Any], arrays: ArrayRecord) -> Subnet:
-    space = build_space(**space_from_config(config))
-    net = space.subnet([int(v) for v in config["arch"]])
+    net = build_subnet(space_from_config(config), [int(v) for v in config["arch"]])
     net.load_state_dict(arrays.to_torch_state_dict(), strict=True)
     return net
 

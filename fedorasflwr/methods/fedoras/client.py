@@ -29,7 +29,7 @@ from ...costs import training_flops
 from ...data import ClientData
 from ...latency import LatencyTable
 from ...protocol import ARRAYS, METRICS, space_from_config
-from ...search_spaces import SearchSpace, Subspace, build_space
+from ...search_spaces import SearchSpace, Subspace, build_space, build_subnet
 from ...seeding import numpy_generator, stream_words
 from ...training import (
     clip_gradients,
@@ -221,7 +221,7 @@ def score_paths_locally(content: RecordDict, data: ClientData, partition_id: int
 
 
 def _load_subnet(config: Mapping[str, Any], arrays: ArrayRecord) -> nn.Module:
-    net = build_space(**space_from_config(config)).subnet([int(v) for v in config["arch"]])
+    net = build_subnet(space_from_config(config), [int(v) for v in config["arch"]])
     net.load_state_dict(arrays.to_torch_state_dict(), strict=True)
     return net
 
