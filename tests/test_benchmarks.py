@@ -95,3 +95,23 @@ def test_threads_quick_compares_the_wait_policies():
     assert saved["competitors"] == 0  # the smoke run takes no core from the suite
     (ratio,) = saved["headline"].values()
     assert ratio > 0
+
+
+def test_fedoras_text_gain_is_rand_init_perplexity_minus_fedoras_per_tier():
+    text = load_benchmark("fedoras_text")
+    run = {
+        "models": [
+            {"tier": 1, "init": "supernet", "test": {"perplexity": 10.0, "accuracy": 0.4}},
+            {"tier": 1, "init": "random", "test": {"perplexity": 14.5, "accuracy": 0.3}},
+            {"tier": 2, "init": "supernet", "test": {"perplexity": 12.0, "accuracy": 0.35}},
+            {"tier": 2, "init": "random", "test": None},  # not tested: no gain
+        ]
+    }
+    assert text.per_tier(run, "random", "perplexity", 2) == [14.5, None]
+    assert text.gains([run], 2) == [[4.5, None]]
+    # the recipe is the paper's for its RNN task (Tables 9-11), at every size
+    for quick in (True, False):
+        recipe = text.settings(quick)
+        assert recipe["space.name"] == "rnn" and recipe["fedoras.grad-clip"] == "auto"
+        assert recipe["fedoras.finetune-lr-schedule"] == "step"
+        assert recipe["fedoras.rand-init-rounds"] == recipe["fedoras.rounds"]
