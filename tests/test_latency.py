@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -144,6 +146,34 @@ def test_the_node_replies_with_its_table_and_measures_it_once(measurements, cach
     # another request (no validation) is another table
     answer_latency(query(space, LatencyRequest(repeats=2, warmup=1, validation_paths=0)))
     assert measurements == {"cnn_s": 2}
+
+
+def test_processes_asking_at_once_share_one_measurement(measurements, monkeypatch):
+    # the simulation engine's workers answer several nodes of one host at the same time:
+    # the first takes the cache file's lock and measures, the others read its table
+    measure = latency.measure_and_validate
+
+    def slow(space, request, **kwargs):
+        time.sleep(0.5)  # long enough for every asker to arrive while it measures
+        return measure(space, request, **kwargs)
+
+    monkeypatch.setattr(latency, "measure_and_validate", slow)
+    start = threading.Barrier(3)
+    replies: list[RecordDict] = []
+
+    def ask() -> None:
+        start.wait()
+        replies.append(answer_latency(query(tiny_space())))
+
+    askers = [threading.Thread(target=ask) for _ in range(3)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join(timeout=60)
+    assert measurements == {"cnn_s": 1}
+    tables = [r.metric_records[METRICS][latency.OPTION_MS] for r in replies]
+    assert len(tables) == 3 and tables[1:] == tables[:-1]
+    assert sorted(r.metric_records[METRICS][latency.MEASURED] for r in replies) == [0, 0, 1]
 
 
 def test_the_cache_is_keyed_by_threads(measurements):

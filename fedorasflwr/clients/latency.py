@@ -10,7 +10,11 @@ request, so a second query (another run, another process) does not measure again
 Cache files live in ``$FEDORASFLWR_CACHE/latency`` (default ``~/.cache/fedorasflwr/latency``),
 are written atomically (a temporary file, then ``os.replace``) and carry a SHA-256 digest
 of their content: a file that does not parse, whose digest, key or shape does not match,
-or with a non-finite entry is ignored with a WARNING and measured again.
+or with a non-finite entry is ignored with a WARNING and measured again. Processes of one
+host that ask for the same table at once (the simulation engine's ClientApp workers) take
+turns on an exclusive lock next to the file (``fcntl.flock``, POSIX): the first measures,
+the others read its table, so the nodes of one host and configuration hold one table
+instead of several timings of the same device.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import math
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
@@ -141,6 +145,22 @@ def _write(path: Path, key: dict[str, Any], table: LatencyTable) -> None:
     write_cache_file(path, json.dumps(payload, sort_keys=True), "latency cache")
 
 
+def _lock(path: Path) -> IO[str] | None:
+    """An exclusive lock on ``<path>.lock`` (held until the returned file is closed), or
+    None where there is none to take (not POSIX, or a read-only cache directory)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_suffix(".lock"), "a")  # noqa: SIM115 - closed by the caller
+    except OSError:
+        return None
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
 def cached_table(
     space: SearchSpace, request: LatencyRequest, device: torch.device | None = None
 ) -> tuple[LatencyTable, bool]:
@@ -152,9 +172,17 @@ def cached_table(
     table = _read(path, key, space)
     if table is not None:
         return table, False
-    table = latency.measure_and_validate(space, request, device=device)
-    _write(path, key, table)
-    return table, True
+    lock = _lock(path)
+    try:
+        table = _read(path, key, space) if lock is not None else None  # measured meanwhile?
+        if table is not None:
+            return table, False
+        table = latency.measure_and_validate(space, request, device=device)
+        _write(path, key, table)
+        return table, True
+    finally:
+        if lock is not None:
+            lock.close()  # releases the lock
 
 
 def answer_latency(content: RecordDict) -> RecordDict:
