@@ -345,10 +345,24 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
+def _with_latency(
+    header: list[str], rows: list[list[Any]], entries: Sequence[Mapping[str, Any]], key: str
+) -> tuple[list[str], list[list[Any]]]:
+    """Adds an ``ms`` column after the FLOPs / MACs one when the run budgeted by latency
+    (its entries carry ``key``: milliseconds on their group's latency table)."""
+    if not any(key in entry for entry in entries):
+        return header, rows
+    at = 4 if header[0] == "tier" else 3
+    for row, entry in zip(rows, entries, strict=True):
+        row.insert(at, entry.get(key, "-"))
+    return [*header[:at], "ms", *header[at:]], rows
+
+
 def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
     header = ["tier", "init", "model", "MFLOPs", "params", "search acc", "test acc"]
     rows = []
-    for m in document.get("models", []):
+    models = document.get("models", [])
+    for m in models:
         test = m.get("test") or {}
         rows.append(
             [
@@ -361,7 +375,7 @@ def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any
                 test.get("accuracy"),
             ]
         )
-    return header, rows
+    return _with_latency(header, rows, models, "latency-ms")
 
 
 def _fdnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
@@ -378,7 +392,7 @@ def _fdnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]
         ]
         for n in document.get("nets", [])
     ]
-    return header, rows
+    return _with_latency(header, rows, document.get("nets", []), "predicted-ms")
 
 
 def _decnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
@@ -395,7 +409,7 @@ def _decnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]
         ]
         for m in document.get("frontier", [])
     ]
-    return header, rows
+    return _with_latency(header, rows, document.get("frontier", []), "latency-ms")
 
 
 def _dpfnas_lines(document: Mapping[str, Any], delta: float | None) -> list[str]:
@@ -412,6 +426,12 @@ def _dpfnas_lines(document: Mapping[str, Any], delta: float | None) -> list[str]
         f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
         f"{fmt(space.get('max-flops', 0) / 1e6)}",
     ]
+    budget = document.get("latency") or {}
+    if "predicted-ms" in budget:
+        lines.append(
+            f"latency on the parties' table: {fmt(budget['predicted-ms'])} ms "
+            f"(budget {fmt(budget.get('budget-ms'))} ms)"
+        )
     header = ["parties", "epsilon", "eps weights", "eps arch", "steps"]
     # Parties that spent the same (most do: equal batches and steps) share one row.
     spent: dict[tuple[Any, ...], list[int]] = {}

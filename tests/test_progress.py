@@ -212,6 +212,28 @@ def test_dpfnas_summary_has_privacy_per_party() -> None:
     assert lines[-1].startswith("bytes moved: 4 MiB")
 
 
+def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
+    fedoras = _fedoras()
+    fedoras["models"] = [
+        {**m, "latency-ms": 0.25 * (i + 1)} for i, m in enumerate(fedoras["models"])
+    ]
+    lines = summary_lines("fedoras", fedoras)
+    assert lines[1].split()[:5] == ["tier", "init", "model", "MFLOPs", "ms"]
+    assert _row(lines, "T1")[3:5] == ["0.2684", "0.25"]
+    fdnas = _fdnas()
+    fdnas["nets"] = [{**n, "predicted-ms": 1.5} for n in fdnas["nets"]]
+    assert _row(summary_lines("fdnas", fdnas), "cluster-1")[2:4] == ["0.1431", "1.5"]
+    decnas = _decnas()
+    decnas["frontier"] = [{**m, "latency-ms": 0.125} for m in decnas["frontier"]]
+    assert _row(summary_lines("decnas", decnas), "GM_2")[2:4] == ["0.3714", "0.125"]
+    dpfnas = {**_dpfnas(), "latency": {"budget-ms": 2.0, "predicted-ms": 1.75}}
+    text = "\n".join(summary_lines("dpfnas", dpfnas))
+    assert "latency on the parties' table: 1.75 ms (budget 2 ms)" in text
+    # by FLOPs: no such column or line
+    assert "ms" not in summary_lines("fedoras", _fedoras())[1].split()
+    assert "latency" not in "\n".join(summary_lines("dpfnas", _dpfnas()))
+
+
 def test_summary_of_unknown_method_is_refused() -> None:
     with pytest.raises(ValueError, match="no summary for method 'fednas'"):
         summary_lines("fednas", {})
