@@ -25,13 +25,14 @@ def test_fedoras_tiers_quick_reports_every_comparison():
             tier = tiers[model["tier"] - 1]
             assert tier["low"] <= model["flops"] <= tier["high"]
         inits = {m["init"] for m in case["models"]}
-        assert inits == ({"supernet", "random"} if name == "opa" else {"supernet"})
-        if name == "opa":  # rand-init trains the same architectures
+        with_rand_init = name in ("opa", "tier-unaware")
+        assert inits == ({"supernet", "random"} if with_rand_init else {"supernet"})
+        if with_rand_init:  # rand-init trains the same architectures
             arch = {(m["tier"], m["init"]): m["arch"] for m in case["models"]}
             assert all(arch[(t, "random")] == arch[(t, "supernet")] for t, _ in arch)
     # the tier-unaware baseline: every client in the top tier, every model tested on all
     unaware = cases[("tier-unaware", 0.1)]
-    assert {m["test"]["clients"] for m in unaware["models"]} == {8}
+    assert {m["test"]["clients"] for m in unaware["models"]} == {8}  # both inits
     assert [m["test"]["clients"] for m in cases[("opa", 0.1)]["models"][::2]] != [8, 8]
     down = {name: cases[(name, 0.1)]["stage1-bytes-down-per-message"] for name, _ in cases}
     assert down["budget-1/4"] < down["opa"] < down["budget-1"]
