@@ -4,6 +4,8 @@ a FedorAS Stage-1 round and a DecNAS round on the in-process grid, one load per 
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -332,3 +334,18 @@ def test_the_app_pickles_for_the_simulation_engine_after_serving_a_node() -> Non
     profile = profile_of(grid, grid.node_of_partition[0])
     assert profile["num-train"] == len(splits(0)[0])
     assert sum(load_data.calls.values()) == 1  # the copy's loader: the pickled one's calls
+
+
+def test_the_client_app_imports_no_library_its_handlers_do_not_need_at_import():
+    # Every deployment message starts a fresh ClientApp process that imports the app:
+    # opacus alone (with scipy and torch.distributed.tensor) cost as much as torch.
+    heavy = ["opacus", "scipy", "matplotlib", "pymoo", "torchvision", "datasets", "onnx"]
+    heavy += ["onnxruntime", "sklearn", "pandas", "flwr_datasets", "mlxtend", "ray"]
+    code = (
+        "import sys, fedorasflwr.client_app; "
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert done.stdout.strip() == ""
