@@ -32,7 +32,7 @@ a round) per rule, the supernet's mean validation accuracy over 8 fixed random p
 (the server's held-out slice, BN recalibrated) after the last round.
 
     python benchmarks/attacks.py            # 6 rounds per rule for the accuracy cost (~5 min)
-    python benchmarks/attacks.py --quick    # CI smoke run (1 round, < 2 minutes)
+    python benchmarks/attacks.py --quick    # CI smoke run (1 round, ~30 s CPU)
 """
 
 # ruff: noqa: E402 (the package is imported after this checkout is put on sys.path)

@@ -25,7 +25,7 @@ excluded.  Accuracy: GM_t on the clients' pooled test splits (centralised: its o
 test split), after the search, and GM_T after the long-term tuning.
 
     python benchmarks/decnas_cost.py            # full run (numbers: benchmarks/README.md)
-    python benchmarks/decnas_cost.py --quick    # CI smoke run (< 2 minutes)
+    python benchmarks/decnas_cost.py --quick    # CI smoke run (~20 s CPU)
 """
 
 from __future__ import annotations
