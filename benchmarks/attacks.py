@@ -124,6 +124,8 @@ class Round:
     grid: InProcessGrid
     current: ArrayRecord
     replies: list[Message]
+    # (attack, attackers) -> the attacked replies, made once for every rule
+    attacked: dict[tuple[str, int], list[Message]] = dataclasses.field(default_factory=dict)
 
 
 def honest_round(config: dict[str, Any]) -> Round:
@@ -165,11 +167,14 @@ def _instruction(reply: Message) -> Message:
 
 def attacked(run: Round, attack: str, attackers: int) -> tuple[list[Message], set[int]]:
     """The replies with the first ``attackers`` replaced; and the attackers' node ids."""
-    replies = list(run.replies)
-    inflate = INFLATION if attack.startswith("inflate") else 1
-    for i in range(attackers):
-        if attack != "honest":
-            replies[i] = poisoned(replies[i], run.current, inflate)
+    if (attack, attackers) not in run.attacked:
+        replies = list(run.replies)
+        inflate = INFLATION if attack.startswith("inflate") else 1
+        for i in range(attackers):
+            if attack != "honest":
+                replies[i] = poisoned(replies[i], run.current, inflate)
+        run.attacked[attack, attackers] = replies
+    replies = list(run.attacked[attack, attackers])
     return replies, {r.metadata.src_node_id for r in replies[:attackers]}
 
 
