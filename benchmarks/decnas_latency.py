@@ -34,9 +34,12 @@ from common import report, run_config
 
 
 def settings(quick: bool, cache_dir: Path) -> dict[str, Any]:
+    # --quick: the smoke test checks that both runs report and that the run by latency
+    # meets the budget; so a fifth of MNIST-5k, a coarse table and no long-term tuning
     return {
         "method": "decnas",
         "data.cache-dir": str(cache_dir),
+        **({"data.server-fraction": 0.8} if quick else {}),  # the clients get 1,000 samples
         "data.partitioner": "dirichlet",
         "data.alpha": 1.0,
         "space.width": 0.25 if quick else 0.5,
@@ -44,14 +47,14 @@ def settings(quick: bool, cache_dir: Path) -> dict[str, Any]:
         "decnas.target": 0.8 if quick else 0.5,
         "decnas.initial-reduction": 0.1,
         "decnas.decay": 0.93,
-        "decnas.max-iterations": 2 if quick else 10,
+        "decnas.max-iterations": 1 if quick else 10,
         "decnas.num-groups": 3,
         "decnas.rounds": "1" if quick else "1,2",
         "decnas.rounds-every": 2,
         "decnas.batch-size": 32,
         "decnas.gm0-rounds": 1 if quick else 10,
-        "decnas.final-rounds": 1 if quick else 10,
-        "decnas.latency-grid": 4 if quick else 8,
+        "decnas.final-rounds": 0 if quick else 10,
+        "decnas.latency-grid": 2 if quick else 8,
         "latency.statistic": "min",
         "latency.repeats": 3 if quick else 20,
         "latency.warmup": 1 if quick else 5,
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         lat_result = by_latency.start(lat_grid, gm0.arrays, by_latency.settings.max_iterations)
 
         finals = [macs_result.frontier[-1].widths, lat_result.frontier[-1].widths, gm0.widths]
-        measured = measure_nets(layout, finals, repeats=50, warmup=5, statistic="min")
+        repeats, warmup = (5, 1) if args.quick else (50, 5)
+        measured = measure_nets(layout, finals, repeats=repeats, warmup=warmup, statistic="min")
     rows = [
         summarise("by MACs", macs_result, predict, measured[0]),
         summarise("by latency", lat_result, predict, measured[1]),
