@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from opacus.validators import ModuleValidator
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
@@ -74,6 +73,10 @@ def per_sample_problem(space: SearchSpace, samples: int = 2) -> str | None:
 
 
 def _problem(space: SearchSpace, samples: int) -> str | None:
+    # imported here, not at the top: only the server's check needs opacus, and its import
+    # (about 1.3 CPU-s) would otherwise be paid by every ClientApp process of every method
+    from opacus.validators import ModuleValidator
+
     errors = ModuleValidator.validate(space, strict=False)
     if errors:
         return "opacus ModuleValidator: " + "; ".join(dict.fromkeys(str(e) for e in errors))
