@@ -51,7 +51,7 @@ def augment_settings(quick: bool) -> dict[str, Any]:
     return {
         "epochs": 1 if quick else 10,
         "seeds": [0] if quick else [0, 1, 2],
-        "batch-size": 64,
+        "batch-size": 256 if quick else 64,
         "lr": 0.1,  # cosine-annealed to 0 over the run
         "momentum": 0.9,
         "weight-decay": 3e-4,
@@ -67,7 +67,7 @@ def settings(quick: bool, cache_dir: Path) -> dict[str, Any]:
         "space.name": "darts",
         "space.width": 0.25 if quick else 0.5,  # C = 2 / 4
         "space.layers-per-block": 2,  # two cells, both reductions (see the module docstring)
-        "dpfnas.iterations": 2 if quick else 10,
+        "dpfnas.iterations": 1 if quick else 10,
         "dpfnas.batch-size": 16,
         "dpfnas.eval-every": 0,
         "dpfnas.delta": DELTA,

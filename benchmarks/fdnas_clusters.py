@@ -63,17 +63,17 @@ def settings(quick: bool, cache_dir: Path, knobs: dict[str, Any]) -> dict[str, A
         "data.test-fraction": 0.1,
         "space.width": 0.25 if quick else 0.5,
         "space.layers-per-block": 1 if quick else 2,
-        "fdnas.rounds": 2 if quick else 10,
+        "fdnas.rounds": 1 if quick else 10,
         "fdnas.cluster-rounds": 1 if quick else 2,
         "fdnas.local-epochs": 1,
-        "fdnas.batch-size": 64 if quick else 32,
+        "fdnas.batch-size": 128 if quick else 32,
         # ten rounds at ProxylessNAS's 6e-3 leave alpha nearly flat, so the argmax
         # net sits on the cheapest options whatever the target; the same for every row
         "fdnas.alpha-lr": 0.03,
         "fdnas.target-flops": knobs["target_flops"],
         "fdnas.max-flops": knobs["max_flops"],
         "fdnas.cluster-target-flops": str(knobs["cluster_target_flops"]),
-        "fdnas.final-rounds": 2 if quick else knobs["final_rounds"],
+        "fdnas.final-rounds": 1 if quick else knobs["final_rounds"],
         "fdnas.final-local-epochs": 1,
         "fdnas.final-init": knobs["final_init"],  # every net of the table starts the same way
     }

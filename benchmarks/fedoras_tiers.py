@@ -22,7 +22,8 @@ grid (the real ClientApp and strategy, no engine), same seed:
   the paper's tier-unaware baseline of Fig. 3.
 
 Accuracy = the tier's model on the pooled test splits of the clients able to run it.
-Cases run two at a time in fresh processes with one torch thread each.  Prints one
+Cases run two at a time in fresh processes with one torch thread each (``--quick``: one
+after the other in one process, without the runs' figures).  Prints one
 Markdown table and ``headline: ...``; writes ``benchmarks/results/fedoras_tiers.json``
 (``.quick.json`` for ``--quick``).  The memory side of the issue (single path against a
 DARTS-style mixed step) is ``benchmarks/fedoras_memory.py``.
@@ -70,20 +71,26 @@ def settings(quick: bool) -> dict[str, Any]:
         "fedoras.compare-rand-init": True,
     }
     if quick:
+        # The smallest run that still makes every comparison: each stage once, the fewest
+        # clients and steps (batches of 128: a client's ~470 digits in 4 steps), one NSGA-II
+        # generation after the first, a 200-digit server slice for scoring and curves.
         return {
             **common,
             "fedoras.num-tiers": 2,  # every comparison still made, on half the fine-tuning jobs
             "space.width": 0.25,
-            "fedoras.rounds": 2,
-            "fedoras.clients-per-round": 4,
+            "data.server-fraction": 0.04,
+            "fedoras.rounds": 1,
+            "fedoras.clients-per-round": 2,
             "fedoras.local-epochs": 1,
-            "fedoras.tier-samples": 500,
-            "fedoras.search-population": 4,
-            "fedoras.search-offspring": 2,
-            "fedoras.search-evaluations": 6,
+            "fedoras.batch-size": 128,
+            "fedoras.tier-samples": 100,
+            "fedoras.search-population": 2,
+            "fedoras.search-offspring": 1,
+            "fedoras.search-evaluations": 3,
             "fedoras.finetune-rounds": 1,
             "fedoras.finetune-clients-per-round": 2,
-            "fedoras.rand-init-rounds": 2,
+            "fedoras.finetune-batch-size": 128,
+            "fedoras.rand-init-rounds": 1,
         }
     # A client holds about 90 training digits (3 batches of 32).  As in the paper, a Stage-1
     # round trains much more per client than a fine-tuning or rand-init round (CIFAR-10:
@@ -184,24 +191,31 @@ def results_name(seeds: list[int], only: list[str]) -> str:
     return name + ("." + "-".join(n.replace("/", "_") for n in only) if only else "")
 
 
-def run_case(config: dict[str, Any], clients: int, out_dir: str) -> dict[str, Any]:
-    """One whole FedorAS run in this (fresh) process; its per-tier models and costs."""
+def run_case(
+    config: dict[str, Any], clients: int, out_dir: str, plots: bool = True
+) -> dict[str, Any]:
+    """One whole FedorAS run in this (fresh) process; its per-tier models and costs.
+    ``plots=False`` skips the run's figures, which no number here comes from."""
+    from unittest import mock
+
     import torch
 
     torch.set_num_threads(1)
     from fedorasflwr.client_app import app
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
-    from fedorasflwr.methods.fedoras.runner import run_fedoras
+    from fedorasflwr.methods.fedoras import runner
     from fedorasflwr.progress import setup_logging
 
     setup_logging(False)  # a spawned process: each log line once
 
     started = time.perf_counter()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    document = run_fedoras(
-        InProcessGrid(app, config, clients), parse_run_config(config), Path(out_dir)
-    )
+    figures = runner.fedoras_plots if plots else lambda *_: []
+    with mock.patch.object(runner, "fedoras_plots", figures):
+        document = runner.run_fedoras(
+            InProcessGrid(app, config, clients), parse_run_config(config), Path(out_dir)
+        )
     stage1 = document["ledger"]["supernet"]["totals"]
     return {
         "models": document["models"],
@@ -239,7 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI smoke run")
     parser.add_argument("--clients", type=int, default=None, help="default: 40 (quick: 8)")
-    parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="cases run at once, each in a fresh process (default 2); 0: one after the other "
+        "in this process, without the figures of each run (--quick's default: a process's "
+        "imports cost as much CPU as a quick case)",
+    )
     parser.add_argument(
         "--seeds",
         type=int,
@@ -272,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     clients = args.clients or (8 if args.quick else 40)
+    jobs = args.jobs if args.jobs is not None else 0 if args.quick else 2
     started = time.perf_counter()
     runs = cases(args.seeds, args.only)
     measured = settings(args.quick)
@@ -285,13 +307,20 @@ def main(argv: list[str] | None = None) -> int:
             {**base, "seed": c["seed"], "data.alpha": c["alpha"], **c["overrides"]} for c in todo
         ]
         warm_data_cache(configs, clients)
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
-            futures = [
-                pool.submit(run_case, config, clients, str(Path(tmp) / f"case{i}"))
-                for i, config in enumerate(configs)
+        out_dirs = [str(Path(tmp) / f"case{i}") for i in range(len(configs))]
+        if jobs == 0:
+            outcomes = [
+                run_case(config, clients, out_dir, plots=False)
+                for config, out_dir in zip(configs, out_dirs, strict=True)
             ]
-            outcomes = [f.result() for f in futures]
+        else:
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+                futures = [
+                    pool.submit(run_case, config, clients, out_dir)
+                    for config, out_dir in zip(configs, out_dirs, strict=True)
+                ]
+                outcomes = [f.result() for f in futures]
     for case, outcome in zip(todo, outcomes, strict=True):
         case.update(outcome)
     runs = [done.get(case_key(c), c) for c in runs]
