@@ -228,6 +228,7 @@ def test_a_resumed_dpfnas_search_equals_the_uninterrupted_one(data_cache, tmp_pa
             "dpfnas.iterations": 3,
             "dpfnas.order": 2,
             "checkpoint-every": 2,
+            "space.layers-per-block": 1,  # one cell: the second-order gradient dominates
         },
     )
     whole, stopped, resumed = dpfnas_runs(base, tmp_path, stop=3)
@@ -248,7 +249,13 @@ def test_a_resumed_private_search_spends_the_same_epsilon(data_cache, tmp_path):
     mechanism carry over, and the resumed run reports the epsilon (per iteration and per
     party) of the run never stopped."""
     base = tiny_dpfnas(
-        data_cache, **{"dpfnas.iterations": 3, "dpfnas.final-rounds": 0, "checkpoint-every": 1}
+        data_cache,
+        **{
+            "dpfnas.iterations": 3,
+            "dpfnas.final-rounds": 0,
+            "checkpoint-every": 1,
+            "space.layers-per-block": 1,
+        },
     )
     whole, stopped, resumed = dpfnas_runs(base, tmp_path, stop=2)
     saved = load_checkpoint(stopped / "checkpoint.pt")["progress"]["steps"]

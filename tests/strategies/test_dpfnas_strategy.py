@@ -43,6 +43,12 @@ def tiny_dpfnas(cache_dir, **overrides):
     return config
 
 
+def small_dpfnas(cache_dir, **overrides):
+    """``tiny_dpfnas`` with one darts cell: what this module's claims need (the cell's
+    mixed ops are most of a search's CPU, the second-order gradient's above all)."""
+    return tiny_dpfnas(cache_dir, **{"space.layers-per-block": 1, **overrides})
+
+
 def run(config, num_nodes=2, faults=None):
     settings = parse_run_config(config)
     grid = InProcessGrid(client_app, config, num_nodes, faults=faults)
@@ -52,7 +58,7 @@ def run(config, num_nodes=2, faults=None):
 
 @pytest.fixture(scope="module")
 def finished(data_cache):
-    return run(tiny_dpfnas(data_cache))
+    return run(small_dpfnas(data_cache))
 
 
 def test_search_derive_train_and_report(finished):
@@ -65,7 +71,7 @@ def test_search_derive_train_and_report(finished):
     weights = [m for m in grid.sent if m.metadata.message_type == DPFNAS_WEIGHTS]
     assert len(weights) == 2 * 2
     # the architecture variables moved, the weights moved
-    initial = ArrayRecord(build_supernet(parse_run_config(tiny_dpfnas("-"))).state_dict())
+    initial = ArrayRecord(build_supernet(parse_run_config(small_dpfnas("-"))).state_dict())
     for key in DartsSpace.ARCH_KEYS + ("net.classifier.weight",):
         assert not np.allclose(result.arrays[key].numpy(), initial[key].numpy())
 
@@ -86,8 +92,8 @@ def test_reported_epsilon_is_opacus_for_the_same_mechanism(finished):
 def test_same_seed_same_search_only_with_insecure_reproducible_noise(finished, data_cache):
     """Private noise comes from each party's OS CSPRNG: only the insecure key reproduces it."""
     insecure = {"dpfnas.final-rounds": 0, "dpfnas.insecure-reproducible-noise": True}
-    _, _, first = run(tiny_dpfnas(data_cache, **insecure))
-    _, _, again = run(tiny_dpfnas(data_cache, **insecure))
+    _, _, first = run(small_dpfnas(data_cache, **insecure))
+    _, _, again = run(small_dpfnas(data_cache, **insecure))
     for key in DartsSpace.ARCH_KEYS:
         np.testing.assert_array_equal(again.arrays[key].numpy(), first.arrays[key].numpy())
     assert any(  # the default (secure) run of the same seed drew other noise
@@ -97,7 +103,7 @@ def test_same_seed_same_search_only_with_insecure_reproducible_noise(finished, d
 
 
 def test_privacy_target_stops_the_search(data_cache, caplog):
-    config = tiny_dpfnas(
+    config = small_dpfnas(
         data_cache,
         **{"dpfnas.target-epsilon": 1.46, "dpfnas.iterations": 5, "dpfnas.final-rounds": 0},
     )
@@ -119,7 +125,7 @@ def test_malformed_gradient_is_dropped_and_logged(data_cache, caplog):
         metrics = reply.content.metric_records[METRICS]
         return replace_content(reply, RecordDict({ARRAYS: bad, METRICS: metrics}))
 
-    config = tiny_dpfnas(data_cache, **{"dpfnas.iterations": 1, "dpfnas.final-rounds": 0})
+    config = small_dpfnas(data_cache, **{"dpfnas.iterations": 1, "dpfnas.final-rounds": 0})
     with caplog.at_level(logging.WARNING):
         strategy, grid, result = run(config, faults={1: poison})
     node = grid.node_of_partition[1]
@@ -133,7 +139,7 @@ def test_malformed_gradient_is_dropped_and_logged(data_cache, caplog):
 def test_final_training_privacy(finished, data_cache):
     # non-private final training: the training split's epsilon is honestly infinite
     assert all(math.isinf(p["training-split-epsilon"]) for p in finished[2].final_privacy)
-    config = tiny_dpfnas(
+    config = small_dpfnas(
         data_cache,
         **{"dpfnas.iterations": 1, "dpfnas.final-noise": 1.0, "dpfnas.final-batch-size": 256},
     )
@@ -156,7 +162,7 @@ def test_second_order_search_sends_the_previous_weights(data_cache):
     from fedorasflwr.methods.dpfnas.contract import PREVIOUS_PREFIX
     from fedorasflwr.protocol import DPFNAS_ARCH
 
-    config = tiny_dpfnas(data_cache, **{"dpfnas.order": 2, "dpfnas.final-rounds": 0})
+    config = small_dpfnas(data_cache, **{"dpfnas.order": 2, "dpfnas.final-rounds": 0})
     strategy, grid, result = run(config)
     assert result.iterations == 2 and result.stopped == "completed"
     weights = [m for m in grid.sent if m.metadata.message_type == DPFNAS_WEIGHTS]
@@ -178,7 +184,7 @@ def test_second_order_search_sends_the_previous_weights(data_cache):
 
 def test_batch_larger_than_a_split_is_warned(data_cache, caplog):
     """Many parties -> tiny validation splits: a rate capped at 1 is logged (huge epsilon)."""
-    config = tiny_dpfnas(
+    config = small_dpfnas(
         data_cache, **{"dpfnas.iterations": 0, "dpfnas.final-rounds": 0, "dpfnas.batch-size": 8}
     )
     with caplog.at_level(logging.WARNING):

@@ -307,7 +307,10 @@ def test_cfdnas_by_keyword(data_cache):
 
 
 def test_dpfnas_by_keyword(data_cache):
-    config = tiny_dpfnas(data_cache, **{"dpfnas.iterations": 3, "dpfnas.eval-every": 1})
+    config = tiny_dpfnas(
+        data_cache,
+        **{"dpfnas.iterations": 3, "dpfnas.eval-every": 1, "space.layers-per-block": 1},
+    )
     settings = parse_run_config(config)
     space = build_supernet(settings)
     strategy = DPFNAS(space=space, settings=settings.dpfnas, seed=settings.seed)
