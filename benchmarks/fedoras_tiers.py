@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = " | ".join(cell(v, digits) for v in values)
         print(f"| {name} | {alpha} | {cells} | {cell(mean(values), digits)} | {down} |")
     print()
-    if len(args.seeds) > 1:
+    if len(args.seeds) > 1 and gains:  # (none with --only tier-unaware)
         print("Gain FedorAS - rand-init (pp), per seed and averaged over the seeds:\n")
         print(f"| alpha | seed | {tiers} | mean |")
         print("| --- | --- | " + "--- | " * num_tiers + "--- |")
