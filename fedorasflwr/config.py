@@ -534,7 +534,12 @@ class FDNASSettings:
                 cfg, p + "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
             ),
             warmup_rounds=_get(
-                cfg, p + "warmup-rounds", cls.warmup_rounds, int, lambda v: v >= 0, ">= 0"
+                cfg,
+                p + "warmup-rounds",
+                cls.warmup_rounds,
+                int,
+                lambda v: v == 0 or 0 < v < train.rounds,
+                f"0 <= N < fdnas.rounds = {train.rounds} (at least one round updates alpha)",
             ),
             target_flops=_get(cfg, p + "target-flops", cls.target_flops, float, *fraction),
             max_flops=_get(cfg, p + "max-flops", cls.max_flops, float, *fraction),
@@ -570,6 +575,14 @@ class FDNASSettings:
             min_replies=min_replies,
             **_fdnas_latency(cfg, p),
         )
+
+    def fresh_cluster_warmup(self) -> int:
+        """Warm-up rounds of a fresh cluster supernet (naive-CFDNAS): the global search's
+        share of its rounds, rounded down, so that a short cluster search still updates
+        alpha."""
+        if not self.train.rounds:
+            return 0
+        return self.warmup_rounds * self.cluster_rounds // self.train.rounds
 
     def cluster_target(self, index: int) -> float:
         """The target of the ``index``-th cluster in sorted tag order: a fraction of the

@@ -43,6 +43,7 @@ def test_pyproject_defaults_parse():
         ("fedoras.rand-init-rounds", -2, "fedoras.rand-init-rounds"),
         ("fedoras.rand-init-lr", -0.1, "fedoras.rand-init-lr"),
         ("fdnas.max-flops", 0.0, "fdnas.max-flops"),
+        ("fdnas.warmup-rounds", 10, "fdnas.rounds = 10"),  # no round would update alpha
         ("data.dataset", "imagenet", "data.dataset"),
         ("data.alpha", -1.0, "data.alpha"),
     ],
@@ -55,6 +56,16 @@ def test_bad_values_name_the_key_and_value(key, value, fragment):
     message = str(info.value)
     assert fragment in message
     assert str(value) in message
+
+
+def test_a_fresh_cluster_supernet_warms_up_for_the_global_searchs_share_of_its_rounds():
+    config = {**pyproject_run_config(), "fdnas.rounds": 10, "fdnas.cluster-rounds": 5}
+    for warmup, fresh in ((0, 0), (2, 1), (8, 4), (9, 4)):
+        settings = parse_run_config({**config, "fdnas.warmup-rounds": warmup}).fdnas
+        assert settings.fresh_cluster_warmup() == fresh
+    # the paper presets: 8 of 125 search rounds, 25 cluster rounds -> 1 (8 * 25 // 125)
+    paper = {**config, "fdnas.rounds": 125, "fdnas.cluster-rounds": 25, "fdnas.warmup-rounds": 8}
+    assert parse_run_config(paper).fdnas.fresh_cluster_warmup() == 1
 
 
 def test_ints_are_accepted_for_floats():

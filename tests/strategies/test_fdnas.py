@@ -197,7 +197,7 @@ def test_alphas_stay_frozen_in_the_warm_up_rounds(run_config):
     alphas = [v for k, v in state.items() if k.endswith(".alpha")]
     assert all(torch.equal(a, b) for a, b in zip(alphas, before, strict=True))
     # the server: rounds 1-2 of 3 warm up, whatever alphas come back
-    strategy = make_strategy({**run_config, "fdnas.warmup-rounds": 2})
+    strategy = make_strategy({**run_config, "fdnas.rounds": 3, "fdnas.warmup-rounds": 2})
     grid = InProcessGrid(client_app, run_config, NUM_NODES)
     strategy.setup(grid)
     arrays = ArrayRecord(strategy.space.state_dict())

@@ -100,8 +100,9 @@ class CFDNAS(FDNAS):
                 partitions=members[tag],
                 rounds=s.cluster_rounds,  # naive-CFDNAS: equal rounds, fresh start
                 target=target,
-                # a fresh supernet warms up as the global search does; an inherited one is warm
-                warmup=0 if self.inherit else s.warmup_rounds,
+                # a fresh supernet warms up for the global search's share of its rounds;
+                # an inherited one is warm
+                warmup=0 if self.inherit else s.fresh_cluster_warmup(),
                 table=tables[tag],
             )
             arch = self.derive(cluster_arrays, tables[tag], target)
