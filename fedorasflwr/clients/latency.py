@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -166,6 +167,21 @@ def cached_table(
 ) -> tuple[LatencyTable, bool]:
     """This node's table of ``space`` (from its cache, else measured and stored), and
     whether it was measured now."""
+    return cached(
+        space, request, device, lambda d: latency.measure_and_validate(space, request, device=d)
+    )
+
+
+def cached(
+    space: SearchSpace,
+    request: LatencyRequest,
+    device: torch.device | None,
+    measure: Callable[[torch.device], LatencyTable],
+) -> tuple[LatencyTable, bool]:
+    """The cached table of ``space`` (anything with a ``spec`` and ``num_options``, such as
+    DecNAS's layer layout), else ``measure(device)``'s, stored; and whether it was measured
+    now. Processes of one host that ask at once measure once: the first takes the cache
+    file's lock and measures, the others wait and read what it wrote."""
     device = torch_device() if device is None else torch.device(device)
     key = _key(space, device, request)
     path = cache_path(space, device, request)
@@ -177,7 +193,7 @@ def cached_table(
         table = _read(path, key, space) if lock is not None else None  # measured meanwhile?
         if table is not None:
             return table, False
-        table = latency.measure_and_validate(space, request, device=device)
+        table = measure(device)
         _write(path, key, table)
         return table, True
     finally:

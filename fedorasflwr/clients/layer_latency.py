@@ -14,8 +14,7 @@ from .. import latency
 from ..latency import LatencyRequest, LatencyTable
 from ..methods.decnas.latency import GRID_KEY, LayerLayout, layer_layout, measure_layer_table
 from ..protocol import CONFIG, LATENCY, METRICS, space_from_config
-from ..training import torch_device
-from .latency import _key, _read, _write, cache_path
+from .latency import cached
 
 __all__ = ["answer_layer_latency", "cached_layer_table"]
 
@@ -23,17 +22,14 @@ __all__ = ["answer_layer_latency", "cached_layer_table"]
 def cached_layer_table(
     layout: LayerLayout, request: LatencyRequest, device: torch.device | None = None
 ) -> tuple[LatencyTable, bool]:
-    """This node's table of ``layout`` (from its cache, else measured and stored), and
-    whether it was measured now."""
-    device = torch_device() if device is None else torch.device(device)
-    key = _key(layout, device, request)  # type: ignore[arg-type]  # spec and num_options
-    path = cache_path(layout, device, request)  # type: ignore[arg-type]
-    table = _read(path, key, layout)  # type: ignore[arg-type]
-    if table is not None:
-        return table, False
-    table = measure_layer_table(layout, request, device=device)
-    _write(path, key, table)
-    return table, True
+    """This node's table of ``layout`` (from its cache, else measured and stored, one
+    measurement per host as in ``cached_table``), and whether it was measured now."""
+    return cached(
+        layout,  # type: ignore[arg-type]  # spec and num_options
+        request,
+        device,
+        lambda d: measure_layer_table(layout, request, device=d),
+    )
 
 
 def answer_layer_latency(content: RecordDict) -> RecordDict:

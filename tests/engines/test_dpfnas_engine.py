@@ -26,8 +26,20 @@ def test_simulation_engine_runs_dpfnas(simulation_runner, flwr_home, tmp_path, d
         "dpfnas.batch-size": 8,
         "dpfnas.eval-every": 0,
         "dpfnas.final-rounds": 1,
+        # by latency: each party times its table; a budget above every genotype
+        "dpfnas.resource": "latency",
+        "dpfnas.latency-budget-ms": 1000.0,
+        "latency.repeats": 1,
+        "latency.warmup": 0,
+        "latency.validation-paths": 2,
     }
-    simulation_runner(num_supernodes=2, client_num_cpus=1, run_config=overrides, timeout=300)
+    simulation_runner(
+        num_supernodes=2,
+        client_num_cpus=1,
+        run_config=overrides,
+        timeout=300,
+        env={"FEDORASFLWR_CACHE": str(tmp_path / "node-cache")},
+    )
     results = list(Path(out).glob("dpfnas-*/result.json"))
     assert len(results) == 1, results
     result = json.loads(results[0].read_text())
@@ -38,4 +50,8 @@ def test_simulation_engine_runs_dpfnas(simulation_runner, flwr_home, tmp_path, d
     assert 0.0 <= result["test-accuracy"] <= 1.0
     assert result["ledger"]["weights"]["totals"]["replies"] == 2
     assert {"supernet.pt", "derived.pt"} <= set(result["files"])
+    tables = result["latency-tables"]
+    assert [n["partition-id"] for n in tables["nodes"]] == [0, 1]
+    assert 0 < result["latency"]["predicted-ms"] <= result["latency"]["budget-ms"] == 1000.0
+    assert result["ledger"]["latency"]["totals"]["replies"] == 2
     assert find_pids(flwr_home=flwr_home) == []

@@ -25,6 +25,17 @@ pytestmark = pytest.mark.slow
 
 NUM_NODES = 6
 
+# The engine run budgets by latency: every node times its table of the search space
+# (docs/latency.md); targets above every path of the tiny space, on any machine.
+BY_LATENCY = {
+    "fdnas.resource": "latency",
+    "fdnas.target-ms": 1000.0,
+    "fdnas.cluster-target-ms": "1000",
+    "latency.repeats": 1,
+    "latency.warmup": 0,
+    "latency.validation-paths": 2,
+}
+
 
 def tiny(output_dir: Path, data_cache: Path, method: str) -> dict:
     return {
@@ -49,11 +60,20 @@ def only_result(output_dir: Path, method: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cfdnas_on_engine(module_simulation_runner, tmp_path_factory, data_cache) -> dict:
-    """CFDNAS on 6 simulated SuperNodes: its FDNAS phase and its clusters."""
+def node_cache(tmp_path_factory) -> Path:
+    """The nodes' cache (``$FEDORASFLWR_CACHE``) of the engine run: their latency tables."""
+    return tmp_path_factory.mktemp("node-cache")
+
+
+@pytest.fixture(scope="module")
+def cfdnas_on_engine(module_simulation_runner, tmp_path_factory, data_cache, node_cache) -> dict:
+    """CFDNAS by latency on 6 simulated SuperNodes: its FDNAS phase and its clusters."""
     out = tmp_path_factory.mktemp("cfdnas") / "out"
     _, home = module_simulation_runner(
-        num_supernodes=NUM_NODES, client_num_cpus=1, run_config=tiny(out, data_cache, "cfdnas")
+        num_supernodes=NUM_NODES,
+        client_num_cpus=1,
+        run_config={**tiny(out, data_cache, "cfdnas"), **BY_LATENCY},
+        env={"FEDORASFLWR_CACHE": str(node_cache)},
     )
     assert find_pids(flwr_home=home) == []
     return only_result(out, "cfdnas")
@@ -90,3 +110,16 @@ def test_cfdnas_runs_on_the_simulation_engine(cfdnas_on_engine):
     ]
     assert result["cluster-of-partition"] == {str(p): p // 2 for p in range(NUM_NODES)}
     assert all(len(net["partitions"]) == 2 for net in result["nets"][1:])
+
+
+def test_cfdnas_by_latency_on_the_engine_times_one_table_per_host(cfdnas_on_engine, node_cache):
+    tables = cfdnas_on_engine["latency-tables"]
+    assert [n["partition-id"] for n in tables["nodes"]] == list(range(NUM_NODES))
+    assert sorted(tables["groups"]) == ["cluster-0", "cluster-1", "cluster-2", "search"]
+    # one host, one thread per ClientApp: the first node to ask timed the table (under the
+    # cache's lock), the five others read it from the node cache
+    assert len({json.dumps(n["option-ms"]) for n in tables["nodes"]}) == 1
+    assert len(list((node_cache / "latency").glob("*.json"))) == 1
+    for net in cfdnas_on_engine["nets"]:
+        assert net["target-ms"] == 1000.0
+        assert 0 < net["predicted-ms"] <= net["target-ms"]

@@ -24,7 +24,23 @@ from tests.runconfig import ROOT
 pytestmark = pytest.mark.slow
 
 PRESET = "configs/quick-decnas.toml"  # the cheapest quick preset
-SHRINK = {"decnas.max-iterations": 1, "decnas.gm0-rounds": 1, "decnas.final-rounds": 1}
+SHRINK = {
+    "decnas.max-iterations": 1,
+    "decnas.gm0-rounds": 1,
+    "decnas.final-rounds": 1,
+    # by latency (NetAdapt's resource): every node a target, each timing GM_0's layer table.
+    # At the preset's width 0.125 the ConvNet's latency is mostly dispatch (every path
+    # 0.126-0.159 ms here): no one layer can shed the first step's 15%, so a wider net and a
+    # 10% step; a table of 5 timed calls per entry (1 call: noise decides the pruning).
+    "space.width": 0.5,
+    "decnas.initial-reduction": 0.1,
+    "decnas.resource": "latency",
+    "decnas.latency-grid": 2,
+    "latency.repeats": 5,
+    "latency.warmup": 2,
+    "latency.statistic": "min",
+    "latency.validation-paths": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +52,9 @@ def preset_run(tmp_path_factory, data_cache):
     command = [sys.executable, "-m", "fedorasflwr.launch", "--app-dir", str(ROOT)]
     command += ["--num-supernodes", "6", "--output-dir", str(out), "--timeout", "600"]
     command += ["--run-config", str(ROOT / PRESET), "--run-config", overrides]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's launcher, not an installed one
+    # this checkout's launcher, not an installed one; the nodes' latency tables in a cache
+    # of this run's own
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FEDORASFLWR_CACHE=str(tmp_path / "node-cache"))
     done = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
     )
@@ -54,7 +72,8 @@ def test_quick_preset_runs_through_the_launcher_and_stays_listable(preset_run):
     results = list(out.glob("decnas-*/result.json"))
     assert len(results) == 1
     result = json.loads(results[0].read_text())
-    assert result["settings"]["space"]["width"] == 0.125  # from the preset
+    assert result["settings"]["decnas"]["num_groups"] == 3  # from the preset
+    assert result["settings"]["space"]["width"] == 0.5  # from the second --run-config
     assert len(result["frontier"]) == 2  # GM_0 and GM_1: max-iterations from the override
 
     match = re.search(r"FLWR_HOME=(\S+) flwr log (\d+) local --show", done.stdout)
@@ -88,13 +107,17 @@ def test_quick_preset_runs_through_the_launcher_and_stays_listable(preset_run):
 
 def test_decnas_runs_on_the_simulation_engine(preset_run):
     # DecNAS, unchanged, on the simulation engine: the preset's run (one DecNAS engine run
-    # is enough), GM_0 then one pruning iteration of one round, 6 SuperNodes in 3 groups.
+    # is enough), GM_0 then one pruning iteration of one round, 6 SuperNodes in 3 groups,
+    # by latency on the tables the 6 nodes timed (one host: one table, read from the cache).
     done, out = preset_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = out.glob("decnas-*")
     result = json.loads((run_dir / "result.json").read_text())
     gm0, gm1 = result["frontier"]
-    assert gm1["macs"] <= gm1["budget"] < gm0["macs"]
+    assert gm1["latency-ms"] <= gm1["budget"] < gm0["latency-ms"]
+    assert gm1["macs"] < gm0["macs"]
+    assert [n["partition-id"] for n in result["latency"]["nodes"]] == list(range(6))
+    assert result["ledger"]["latency"]["totals"]["replies"] == 6
     assert 0.0 <= gm1["tuned-test-accuracy"] <= 1.0
     (entry,) = result["history"]
     assert len(entry["dropped"]) == 2 and len(entry["survivors"]) == 4

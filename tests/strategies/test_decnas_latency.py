@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -139,6 +141,35 @@ def test_measuring_times_every_entry_in_table_order(monkeypatch):
     expected = sorted(100.0 - predict_ms(zero, layout, w) for w in nets)[len(nets) // 2]
     assert table.fixed_ms == pytest.approx(expected)
     assert table.validation is not None and table.validation.paths == 3
+
+
+def test_nodes_of_one_host_asking_at_once_measure_one_layer_table(monkeypatch):
+    # as query.latency's tables: the first asker takes the cache file's lock and measures,
+    # the others wait and read it (seen on the simulation engine without the lock: 6 nodes
+    # of one host, two different tables)
+    layout, measured = two_conv(), []
+
+    def slow(layout, request, device):
+        measured.append(1)
+        time.sleep(0.5)  # long enough for every asker to arrive while it measures
+        return hand_table(layout)
+
+    monkeypatch.setattr(node_side, "measure_layer_table", slow)
+    request = LatencyRequest(repeats=1, warmup=0, validation_paths=0, seed=0)
+    start, answers = threading.Barrier(3), []
+
+    def ask() -> None:
+        start.wait()
+        answers.append(node_side.cached_layer_table(layout, request, device="cpu"))
+
+    askers = [threading.Thread(target=ask) for _ in range(3)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join(timeout=60)
+    assert measured == [1]
+    assert sorted(fresh for _, fresh in answers) == [False, False, True]
+    assert len({table.option_ms for table, _ in answers}) == 1
 
 
 def test_pruning_by_a_table_keeps_the_most_filters_that_fit():
