@@ -23,17 +23,15 @@ Markdown table and ``headline: ...``; writes ``benchmarks/results/fedoras_text.j
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common import report, run_config, warm_data_cache
-from fedoras_tiers import cell, mean, run_case
+from common import report, run_config
+from fedoras_tiers import cell, mean, run_cases
 
 CLIENTS = 20
 
@@ -117,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny run (8 clients, seconds)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="runs at once, each in a fresh process (default 2); 0: one after the other here",
+    )
     args = parser.parse_args(argv)
     clients = 8 if args.quick else CLIENTS
     started = time.perf_counter()
@@ -125,14 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = run_config({**measured, "data.cache-dir": str(Path(tmp) / "cache")})
         configs = [{**base, "seed": seed} for seed in args.seeds]
-        warm_data_cache(configs, clients)
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
-            futures = [
-                pool.submit(run_case, config, clients, str(Path(tmp) / f"seed{config['seed']}"))
-                for config in configs
-            ]
-            outcomes = [f.result() for f in futures]
+        outcomes = run_cases(configs, clients, Path(tmp), args.jobs)
     runs = [{"seed": seed, **o} for seed, o in zip(args.seeds, outcomes, strict=True)]
 
     num_tiers = base["fedoras.num-tiers"]

@@ -226,6 +226,28 @@ def run_case(
     }
 
 
+def run_cases(
+    configs: list[dict[str, Any]], clients: int, tmp: Path, jobs: int
+) -> list[dict[str, Any]]:
+    """``run_case`` of every config (data partitions built once first, outputs under
+    ``tmp``): ``jobs`` at a time in fresh spawned processes, or with ``jobs = 0`` one after
+    the other in this process, without the runs' figures."""
+    warm_data_cache(configs, clients)
+    out_dirs = [str(tmp / f"case{i}") for i in range(len(configs))]
+    if jobs == 0:
+        return [
+            run_case(config, clients, out_dir, plots=False)
+            for config, out_dir in zip(configs, out_dirs, strict=True)
+        ]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [
+            pool.submit(run_case, config, clients, out_dir)
+            for config, out_dir in zip(configs, out_dirs, strict=True)
+        ]
+        return [f.result() for f in futures]
+
+
 def accuracies(run: dict[str, Any], init: str, num_tiers: int) -> list[float | None]:
     """Per tier (1-based order), the test accuracy of the ``init`` model, if any."""
     by_tier = {m["tier"]: m for m in run["models"] if m["init"] == init and m["test"]}
@@ -306,21 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = [
             {**base, "seed": c["seed"], "data.alpha": c["alpha"], **c["overrides"]} for c in todo
         ]
-        warm_data_cache(configs, clients)
-        out_dirs = [str(Path(tmp) / f"case{i}") for i in range(len(configs))]
-        if jobs == 0:
-            outcomes = [
-                run_case(config, clients, out_dir, plots=False)
-                for config, out_dir in zip(configs, out_dirs, strict=True)
-            ]
-        else:
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                futures = [
-                    pool.submit(run_case, config, clients, out_dir)
-                    for config, out_dir in zip(configs, out_dirs, strict=True)
-                ]
-                outcomes = [f.result() for f in futures]
+        outcomes = run_cases(configs, clients, Path(tmp), jobs)
     for case, outcome in zip(todo, outcomes, strict=True):
         case.update(outcome)
     runs = [done.get(case_key(c), c) for c in runs]
