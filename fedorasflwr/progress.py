@@ -352,7 +352,7 @@ def _with_latency(
     (its entries carry ``key``: milliseconds on their group's latency table)."""
     if not any(key in entry for entry in entries):
         return header, rows
-    at = 4 if header[0] == "tier" else 3
+    at = next(i for i, name in enumerate(header) if name in ("MFLOPs", "MMACs")) + 1
     for row, entry in zip(rows, entries, strict=True):
         row.insert(at, entry.get(key, "-"))
     return [*header[:at], "ms", *header[at:]], rows
