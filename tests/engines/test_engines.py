@@ -1,9 +1,7 @@
 """The app, unchanged, on the simulation engine (`flwr run`, Ray).
 
 One real run per thing only an engine shows: Stage 1 on the simulation engine equals the
-in-process computation (a tiny run here, by latency: the nodes time their tables on the
-engine, the in-process run reads them from the same node cache); a bad run config fails the
-run. All three stages
+in-process computation (a tiny run here); a bad run config fails the run. All three stages
 with their exports: the README's default run (`test_readme_run.py`); the deployment engine:
 `test_secure_deployment.py` (one run, TLS and authenticated SuperNodes, as by default).
 """
@@ -65,7 +63,6 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
         settings=settings.fedoras,
         seed=settings.seed,
         server_data=load_server_data(settings.data),
-        latency=settings.latency.request(settings.seed),
     )
     strategy.settings = replace(strategy.settings, stop_after="supernet")
     grid = InProcessGrid(client_app, config, num_nodes)
@@ -74,9 +71,9 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
 
 
 def test_simulation_engine_runs_stage1_as_in_process_and_stops_everything(
-    simulation_runner, flwr_home, tmp_path, data_cache, monkeypatch
+    simulation_runner, flwr_home, tmp_path, data_cache
 ):
-    # Stage 1 on a tiny config, by latency: the engine must not change the computation
+    # Stage 1 on a tiny config: the engine must not change the computation
     out = tmp_path / "out"
     overrides = tiny(
         out,
@@ -86,26 +83,10 @@ def test_simulation_engine_runs_stage1_as_in_process_and_stops_everything(
             "fedoras.clients-per-round": 5,
             "fedoras.local-epochs": 1,
             "fedoras.stop-after": "supernet",
-            "fedoras.resource": "latency",
-            "latency.repeats": 1,
-            "latency.warmup": 0,
-            "latency.validation-paths": 2,
         },
     )
-    node_cache = tmp_path / "node-cache"
-    simulation_runner(
-        num_supernodes=10,
-        client_num_cpus=1,
-        run_config=overrides,
-        env={"FEDORASFLWR_CACHE": str(node_cache)},
-    )
+    simulation_runner(num_supernodes=10, client_num_cpus=1, run_config=overrides)
     result = only_result(out)
-    # one host, one thread per ClientApp: the first node to ask timed the table (under the
-    # cache's lock), the nine others read it
-    tables = result["latency-tables"]["nodes"]
-    assert [n["partition-id"] for n in tables] == list(range(10))
-    assert len({json.dumps(n["option-ms"]) for n in tables}) == 1
-    assert len(list((node_cache / "latency").glob("*.json"))) == 1
     assert [h["round"] for h in result["history"]] == [0, 1, 2]
     assert all(h["clients"] == 5 for h in result["history"][1:])
     ledger = result["ledger"]["supernet"]
@@ -115,9 +96,7 @@ def test_simulation_engine_runs_stage1_as_in_process_and_stops_everything(
     assert find_pids(flwr_home=flwr_home) == []
     run_dir = next(out.glob("fedoras-*"))
     engine = load_checkpoint(run_dir / "supernet.pt")["state_dict"]
-    monkeypatch.setenv("FEDORASFLWR_CACHE", str(node_cache))  # the engine nodes' tables
     expected = in_process_supernet(overrides, num_nodes=10)
-    assert len(list((node_cache / "latency").glob("*.json"))) == 1  # read, not timed again
     assert engine.keys() == expected.keys()
     # Same draws, same batches, same paths: equal up to float32 rounding (depthwise-conv
     # kernels may sum in another order on deserialized buffers; seen: <= 3e-8).  A real
