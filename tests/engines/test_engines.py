@@ -1,7 +1,8 @@
 """The app, unchanged, on the simulation engine (`flwr run`, Ray).
 
 One real run per thing only an engine shows: Stage 1 on the simulation engine equals the
-in-process computation (a tiny run here); a bad run config fails the run. All three stages
+in-process computation (a tiny run here); by latency, the nodes time their tables on the
+engine and the server tiers them as in-process; a bad run config fails the run. All three stages
 with their exports: the README's default run (`test_readme_run.py`); the deployment engine:
 `test_secure_deployment.py` (one run, TLS and authenticated SuperNodes, as by default).
 """
@@ -54,8 +55,8 @@ def only_result(output_dir: Path) -> dict:
     return json.loads(results[0].read_text())
 
 
-def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
-    """The same run on the in-process grid: the engine must not change the computation."""
+def in_process_fedoras(overrides: dict, num_nodes: int) -> tuple[FedorAS, InProcessGrid]:
+    """The run's strategy, built as the ServerApp builds it, on an in-process grid."""
     config = {**pyproject_run_config(), **overrides}
     settings = parse_run_config(config)
     strategy = FedorAS(
@@ -63,10 +64,16 @@ def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
         settings=settings.fedoras,
         seed=settings.seed,
         server_data=load_server_data(settings.data),
+        latency=settings.latency.request(settings.seed),
     )
     strategy.settings = replace(strategy.settings, stop_after="supernet")
-    grid = InProcessGrid(client_app, config, num_nodes)
-    result = strategy.start(grid, ArrayRecord(), num_rounds=settings.fedoras.train.rounds)
+    return strategy, InProcessGrid(client_app, config, num_nodes)
+
+
+def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
+    """The same run on the in-process grid: the engine must not change the computation."""
+    strategy, grid = in_process_fedoras(overrides, num_nodes)
+    result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.train.rounds)
     return result.arrays.to_torch_state_dict()
 
 
@@ -103,6 +110,66 @@ def test_simulation_engine_runs_stage1_as_in_process_and_stops_everything(
     # difference (another path, batch or thread count) moves weights by ~1e-2.
     for key, value in expected.items():
         torch.testing.assert_close(engine[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_simulation_engine_tiers_stage1_by_the_nodes_own_latency_tables(
+    simulation_runner, tmp_path, data_cache, monkeypatch
+):
+    # fedoras.resource = "latency" on the engine: the nodes time their tables, the server
+    # forms tiers in milliseconds from them and gives each node its budget, Stage 1 trains.
+    out = tmp_path / "out"
+    overrides = tiny(
+        out,
+        data_cache,
+        **{
+            "fedoras.rounds": 1,
+            "fedoras.clients-per-round": 5,
+            "fedoras.local-epochs": 1,
+            "fedoras.stop-after": "supernet",
+            "fedoras.resource": "latency",
+            "latency.repeats": 1,
+            "latency.warmup": 0,
+            "latency.validation-paths": 2,
+        },
+    )
+    node_cache = tmp_path / "node-cache"
+    simulation_runner(
+        num_supernodes=10,
+        client_num_cpus=1,
+        run_config=overrides,
+        env={"FEDORASFLWR_CACHE": str(node_cache)},
+    )
+    result = only_result(out)
+    assert result["resource"] == "latency"
+    # one host, one thread per ClientApp: the first node to ask timed the table (under the
+    # cache's lock), the nine others read it
+    tables = result["latency-tables"]["nodes"]
+    assert [n["partition-id"] for n in tables] == list(range(10))
+    assert len({json.dumps(n["option-ms"]) for n in tables}) == 1
+    (cache_file,) = (node_cache / "latency").glob("*.json")
+    assert result["ledger"]["latency"]["totals"]["replies"] == 10
+    assert [h["round"] for h in result["history"]] == [0, 1]
+    assert result["history"][1]["clients"] == 5
+    # The tiers split the table's path range in milliseconds.
+    option_ms = tables[0]["option-ms"]
+    fixed = tables[0]["fixed-ms"]
+    lowest = fixed + sum(min(layer) for layer in option_ms)
+    highest = fixed + sum(max(layer) for layer in option_ms)
+    tiers = result["tiers"]
+    assert [t["index"] for t in tiers] == [0, 1, 2, 3]
+    assert all(t["low"] < t["high"] for t in tiers)
+    assert lowest * (1 - 1e-9) <= tiers[0]["low"] and tiers[-1]["high"] <= highest * (1 + 1e-9)
+    # The same tiers and placements as this process computes from the same cached table
+    # (the server's setup only: training on deserialized buffers may round differently).
+    monkeypatch.setenv("FEDORASFLWR_CACHE", str(node_cache))
+    before = cache_file.read_bytes()
+    strategy, grid = in_process_fedoras(overrides, num_nodes=10)
+    strategy.setup(grid)
+    assert cache_file.read_bytes() == before  # read, not timed again
+    assert [(t.low, t.high) for t in strategy.tiers] == [(t["low"], t["high"]) for t in tiers]
+    expected = {str(p): t for p, t in strategy.tier_of_partition.items()}
+    assert result["tier-of-partition"] == expected
+    assert sorted(result["tier-latency-tables"]) == ["1", "2", "3", "4"]
 
 
 def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, data_cache):
