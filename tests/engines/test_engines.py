@@ -49,6 +49,17 @@ def tiny(output_dir: Path, data_cache: Path, **overrides) -> dict:
     return config
 
 
+def tiny_stage1(output_dir: Path, data_cache: Path, rounds: int, **overrides) -> dict:
+    """`tiny`, Stage 1 only: ``rounds`` rounds of 5 of the 10 nodes, 1 local epoch."""
+    stage1 = {
+        "fedoras.rounds": rounds,
+        "fedoras.clients-per-round": 5,
+        "fedoras.local-epochs": 1,
+        "fedoras.stop-after": "supernet",
+    }
+    return tiny(output_dir, data_cache, **stage1, **overrides)
+
+
 def only_result(output_dir: Path) -> dict:
     results = list(output_dir.glob("fedoras-*/result.json"))
     assert len(results) == 1, results
@@ -82,16 +93,7 @@ def test_simulation_engine_runs_stage1_as_in_process_and_stops_everything(
 ):
     # Stage 1 on a tiny config: the engine must not change the computation
     out = tmp_path / "out"
-    overrides = tiny(
-        out,
-        data_cache,
-        **{
-            "fedoras.rounds": 2,
-            "fedoras.clients-per-round": 5,
-            "fedoras.local-epochs": 1,
-            "fedoras.stop-after": "supernet",
-        },
-    )
+    overrides = tiny_stage1(out, data_cache, rounds=2)
     simulation_runner(num_supernodes=10, client_num_cpus=1, run_config=overrides)
     result = only_result(out)
     assert [h["round"] for h in result["history"]] == [0, 1, 2]
@@ -118,14 +120,11 @@ def test_simulation_engine_tiers_stage1_by_the_nodes_own_latency_tables(
     # fedoras.resource = "latency" on the engine: the nodes time their tables, the server
     # forms tiers in milliseconds from them and gives each node its budget, Stage 1 trains.
     out = tmp_path / "out"
-    overrides = tiny(
+    overrides = tiny_stage1(
         out,
         data_cache,
+        rounds=1,
         **{
-            "fedoras.rounds": 1,
-            "fedoras.clients-per-round": 5,
-            "fedoras.local-epochs": 1,
-            "fedoras.stop-after": "supernet",
             "fedoras.resource": "latency",
             "latency.repeats": 1,
             "latency.warmup": 0,
