@@ -253,6 +253,9 @@ def secure_deployment_run(
                 # Stages 2 and 3 run for two tiers (their handlers, each message in a fresh
                 # ClientApp process), tiers and paths in milliseconds of the nodes' tables.
                 "fedoras.num-tiers": 2,
+                # one NSGA-II generation per tier (its population): each scoring message
+                # is a ClientApp process start, and more generations show nothing more here
+                "fedoras.search-evaluations": 4,
                 "fedoras.min-replies": 1,
                 "fedoras.resource": "latency",
                 "latency.repeats": 3,

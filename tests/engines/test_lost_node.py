@@ -51,6 +51,7 @@ def test_a_supernode_killed_mid_round_is_booked_once_to_itself(
             "reply-timeout": 240.0,  # the SuperLink declares a node lost after ~60 s
             "fedoras.rounds": 1,
             "fedoras.num-tiers": 1,  # every node eligible for fine-tuning: 2 survivors suffice
+            "fedoras.search-evaluations": 4,  # one generation: Stage 2 runs, in fewer messages
             "fedoras.clients-per-round": 3,
             "fedoras.min-replies": 2,
             "fedoras.finetune-clients-per-round": 3,
