@@ -648,14 +648,13 @@ def build_subnet(spec: Mapping[str, Any], arch: Sequence[int]) -> Subnet:
     """``build_space(**spec).subnet(arch)`` without building the whole space each time.
 
     A client extracts a path from a freshly built supernet for every Stage-3 or test
-    message, and building the supernet initialises every option of every layer where the
-    path needs one option per layer copied. The space
-    is built once per spec and process and kept as a template that is never changed:
-    :meth:`SearchSpace.subnet` copies the path's modules, so the caller gets a standalone
-    net with the template's initial weights, to be overwritten by a full
-    ``load_state_dict`` (as every caller does). Building draws from torch's global RNG,
-    which no client loop uses (they draw from seeded generators), so the cache changes no
-    result."""
+    message, and building the supernet initialises every option of every layer, while the
+    path needs one option per layer, copied. The space is built once per spec and process
+    and kept as a template that is never changed: :meth:`SearchSpace.subnet` copies the
+    path's modules, so the caller gets a standalone net with the template's initial
+    weights, to be overwritten by a full ``load_state_dict`` (as every caller does).
+    Building draws from torch's global RNG, which no client loop uses (they draw from
+    seeded generators), so the cache changes no result."""
     key = repr(sorted(spec.items()))
     template = _TEMPLATES.get(key)
     if template is None:

@@ -118,7 +118,7 @@ def test_simulation_engine_tiers_stage1_by_the_nodes_own_latency_tables(
     simulation_runner, tmp_path, data_cache, monkeypatch
 ):
     # fedoras.resource = "latency" on the engine: the nodes time their tables, the server
-    # forms tiers in milliseconds from them and gives each node its budget, Stage 1 trains.
+    # forms tiers in milliseconds from them and places the nodes, Stage 1 trains.
     out = tmp_path / "out"
     overrides = tiny_stage1(
         out,
