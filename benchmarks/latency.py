@@ -42,8 +42,13 @@ the class look up; a first setup of the strategy (no budgets) has the nodes answ
 the budgets. The *slower* class (the larger median latency of :data:`BUDGET_PATHS` paths,
 stream ``(seed, "latency-paths")``, on its own table) declares ``latency-budget-ms`` =
 the upper bound of the lowest tier that holds at least a quarter of those paths on its
-own table (at most the second-highest tier); the faster class the bound of the tier
-above. So the classes land in adjacent tiers, the faster one higher.
+own table, and whose bound is at least its own fastest path (at most the second-highest
+tier); the faster class the bound of the tier above. So the classes land in adjacent
+tiers, the faster one higher. The tiers are cut on every node's table (the median of
+the two classes'), so on a loaded host the slower class's fastest path can lie above
+every tier's bound: its tier's search then finds no path within the bound on its
+devices and keeps the least violating one (the row's ``reachable`` is false, and the
+headline's ``fedoras_budgets_reachable``).
 
 After the run, each tier's chosen model (``init`` "supernet") is built standalone
 (``space.subnet(arch)``, the run's weights) and timed end to end at batch 1 in a fresh
@@ -282,6 +287,7 @@ def fedoras_classes(quick: bool, threads: int) -> dict[str, Any]:
     from fedorasflwr.client_app import app
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.latency import sample_paths
+    from fedorasflwr.methods.fedoras.tiers import PathCost
 
     nodes = 4 if quick else 8
     # the data split in this many partitions, the nodes holding the first ones (quick: a
@@ -334,7 +340,9 @@ def fedoras_classes(quick: bool, threads: int) -> dict[str, Any]:
             median_ms = {c: statistics.median(v) for c, v in own_ms.items()}
             slower = max(median_ms, key=median_ms.__getitem__)
             faster = next(c for c in median_ms if c != slower)
-            share = _quantile(own_ms[slower], BUDGET_SHARE)
+            fastest = {c: PathCost(probe.space, t).lowest() for c, t in table_of.items()}
+            # a bound the slower class can reach (its fastest path), if any tier's can
+            share = max(_quantile(own_ms[slower], BUDGET_SHARE), fastest[slower])
             low = next((t.index for t in tiers if t.high >= share), len(tiers) - 2)
             low = min(low, len(tiers) - 2)
             budget_of = {slower: tiers[low].high, faster: tiers[low + 1].high}
@@ -397,6 +405,8 @@ def fedoras_classes(quick: bool, threads: int) -> dict[str, Any]:
                     "arch": list(model.arch),
                     "predicted_ms": model.latency_ms,
                     "class_predicted_ms": own,
+                    "class_fastest_ms": fastest[name],
+                    "reachable": fastest[name] <= tier.high * (1 + 1e-9),
                     "measured_ms": ms,
                     "measured_ms_per_process": measured[(model.tier, name)],
                     "measured_over_predicted": ms / own,
@@ -477,6 +487,7 @@ def fedoras_summary(run: dict[str, Any]) -> dict[str, Any]:
         "fedoras_measured_over_predicted_median": (
             statistics.median(r["measured_over_predicted"] for r in rows) if rows else float("nan")
         ),
+        "fedoras_budgets_reachable": all(r["reachable"] for r in rows),
         "fedoras_class_tiers": ",".join(
             f"{name}:{'+'.join(map(str, t))}" for name, t in tiers.items()
         ),

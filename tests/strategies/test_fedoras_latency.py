@@ -385,3 +385,23 @@ def test_the_client_refuses_a_table_or_budget_it_cannot_use(run_config, change, 
     config[key] = options.get(value, value) if isinstance(value, str) else value
     with pytest.raises(ValueError, match=re.escape(reason)):
         supernet_budget(space, config)
+
+
+def test_a_tier_whose_devices_run_no_path_in_time_searches_their_fastest_paths(
+    run_config, known_tables, caplog
+):
+    # two 1-thread nodes among 4-thread ones: the tiers are cut on the median table (the
+    # 4-thread one), and the lowest tier's bound lies below the 1-thread nodes' fastest
+    # path (4x every entry): no path of the tier runs in time on its devices
+    strategy, grid = set_up(run_config, threads(1, 1, 4, 4, 4, 4, 4, 4))
+    slow = {n for n in strategy.profiles if strategy.node_tables[n].threads == 1}
+    assert {n for n in strategy.profiles if strategy.tier_of_node(n) == 0} == slow
+    cost = strategy.tier_cost(0)
+    assert cost.lowest() > strategy.tiers[0].high
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        searches, _ = strategy.search(grid, ArrayRecord(strategy.space.state_dict()))
+    lowest = next(s for s in searches if s.tier == 0)
+    assert lowest.evaluated and not any(p.feasible for p in lowest.evaluated)
+    # the least violating path it scored: nearest the bound on the tier's devices
+    assert cost.of(lowest.best) == min(cost.of(p.path) for p in lowest.evaluated)
+    assert "Tier 1: no path scored lies in the tier" in caplog.text

@@ -111,13 +111,19 @@ def initial_paths(
     paths: then all that were found are returned (the search's population
     shrinks to them).  ``cost``: what the tier's upper bound limits (default: FLOPs);
     ``placement``: what its lower bound is measured on (default: ``cost``).
+
+    By latency, a tier's devices may be too slow for any path within its upper bound (the
+    tiers are cut on every node's table, ``cost`` is the tier's own): then every path is
+    outside, and the draws are the fastest paths on ``cost``, what the tier's clients
+    train (the search returns the least violating path it scores).
     """
     cost = PathCost(space) if cost is None else cost
     bound = TierBound(tier, cost, cost if placement is None else placement)
+    budget = max(tier.high, cost.lowest())
     inside: dict[Path, None] = {}
     outside: dict[Path, None] = {}
     for _ in range(tries * count):
-        path = cost.sample_path(rng, tier.high)
+        path = cost.sample_path(rng, budget)
         (inside if bound.violation(path) == 0 else outside)[path] = None
         if len(inside) >= count:
             break
