@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,35 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     machine). More than 4 would only compete for memory (each engine run starts its own
     processes and Ray cluster)."""
     return max(1, min((os.cpu_count() or 1) + 1, 4))
+
+
+# --- where the suite's CPU goes (``benchmarks/suite_cpu.py``) ------------------------------
+
+#: with this set to a file, every test appends one JSON line: the machine's CPU seconds
+#: (user + nice + system over all cores, from /proc/stat: Ray's clients run at nice 15, and
+#: an engine's processes are not this process's children) and the wall seconds from its
+#: setup to its teardown. Only meaningful on one worker (``-n 0``) with nothing else running.
+SUITE_CPU_LOG_ENV = "FEDORASFLWR_SUITE_CPU_LOG"
+
+
+def _machine_cpu_seconds() -> float:
+    with open("/proc/stat") as stat:
+        user, nice, system = (int(v) for v in stat.readline().split()[1:4])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    path = os.environ.get(SUITE_CPU_LOG_ENV)
+    if not path:
+        yield
+        return
+    cpu, wall = _machine_cpu_seconds(), time.monotonic()
+    yield
+    record = {
+        "id": item.nodeid,
+        "cpu": round(_machine_cpu_seconds() - cpu, 2),
+        "wall": round(time.monotonic() - wall, 2),
+    }
+    with open(path, "a") as log:
+        log.write(json.dumps(record) + "\n")

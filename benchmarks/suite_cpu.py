@@ -1,0 +1,125 @@
+"""Where the test suite's CPU goes: every test's machine CPU seconds, on one worker.
+
+Runs ``python -m pytest -n 0`` (one test at a time) with ``$FEDORASFLWR_SUITE_CPU_LOG``
+set: ``tests/conftest.py`` then logs, per test, the CPU seconds of the whole machine
+(user + nice + system over all cores, ``/proc/stat``) from its setup to its teardown, and
+its wall seconds. Machine-wide, because an engine test's work is in other processes (the
+SuperLink, SuperNodes, Ray's client workers, which run at nice 15) that pytest does not
+wait on; so run it with nothing else on the machine. Prints per module and per test, with
+each one's share, and the **floor** the CPU alone puts under the suite on this machine's
+cores (total CPU seconds / cores: what ``-n auto`` could reach with perfect packing and no
+waiting).
+
+    python benchmarks/suite_cpu.py                  # the whole suite (about 25 min here)
+    python benchmarks/suite_cpu.py --from LOG.jsonl # summarise a log of an earlier run
+    python benchmarks/suite_cpu.py --quick          # smoke: two small test modules
+
+Writes ``benchmarks/results/suite_cpu.json`` (``.quick.json`` for ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, report
+
+LOG_ENV = "FEDORASFLWR_SUITE_CPU_LOG"  # tests/conftest.py: SUITE_CPU_LOG_ENV
+QUICK_TESTS = ("tests/test_config.py", "tests/test_layout.py")
+TOP = 20
+
+
+def run_suite(log: Path, tests: list[str]) -> tuple[int, float]:
+    """``pytest -n 0`` on ``tests`` (all: none given), logging to ``log``; its exit code
+    and wall seconds."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
+        cwd=ROOT,
+        env=dict(os.environ, **{LOG_ENV: str(log)}),
+    )
+    return done.returncode, time.monotonic() - started
+
+
+def summarise(records: list[dict[str, Any]], cores: int) -> dict[str, Any]:
+    """Totals, per module and the top tests by CPU, each with its share of the total."""
+    total = sum(r["cpu"] for r in records)
+    modules: Counter[str] = Counter()
+    for r in records:
+        modules[r["id"].split("::")[0]] += r["cpu"]
+
+    def share(cpu: float) -> float:
+        return round(cpu / total, 4) if total else 0.0
+
+    return {
+        "tests": len(records),
+        "cpu_seconds": round(total, 1),
+        "wall_seconds": round(sum(r["wall"] for r in records), 1),
+        "cores": cores,
+        "floor_seconds": round(total / cores, 1),
+        "modules": [
+            {"module": m, "cpu": round(c, 1), "share": share(c)} for m, c in modules.most_common()
+        ],
+        "top_tests": [
+            {**r, "share": share(r["cpu"])}
+            for r in sorted(records, key=lambda r: r["cpu"], reverse=True)[:TOP]
+        ],
+    }
+
+
+def table(summary: dict[str, Any]) -> str:
+    lines = ["| module | CPU s | share |", "|---|---:|---:|"]
+    lines += [
+        f"| {m['module']} | {m['cpu']:.1f} | {100 * m['share']:.1f}% |"
+        for m in summary["modules"][:TOP]
+    ]
+    lines += ["", "| test | CPU s | wall s | share |", "|---|---:|---:|---:|"]
+    lines += [
+        f"| {t['id']} | {t['cpu']:.1f} | {t['wall']:.1f} | {100 * t['share']:.1f}% |"
+        for t in summary["top_tests"]
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke: two small test modules")
+    parser.add_argument("--from", dest="source", type=Path, help="summarise this log instead")
+    args = parser.parse_args(argv)
+    cores = os.cpu_count() or 1
+    exit_code, wall, load = None, None, os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        log = args.source
+        if log is None:
+            log = Path(tmp) / "suite-cpu.jsonl"
+            exit_code, wall = run_suite(log, list(QUICK_TESTS) if args.quick else [])
+        records = [json.loads(line) for line in log.read_text().splitlines() if line]
+    summary = summarise(records, cores)
+    print(table(summary))
+    headline = {
+        "tests": summary["tests"],
+        "cpu_s": summary["cpu_seconds"],
+        "wall_s": summary["wall_seconds"],
+        "floor_s": summary["floor_seconds"],
+        "cores": cores,
+        "top_module_share": summary["modules"][0]["share"] if summary["modules"] else 0.0,
+    }
+    report(
+        "suite_cpu",
+        args.quick,
+        headline,
+        {**summary, "pytest_exit_code": exit_code, "pytest_wall": wall, "load_before": load},
+    )
+    return 0 if exit_code in (None, 0) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

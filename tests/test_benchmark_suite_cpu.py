@@ -1,0 +1,40 @@
+"""``benchmarks/suite_cpu.py``: the per-test CPU log of ``tests/conftest.py`` and its summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_benchmarks import load_benchmark, run_quick
+
+
+def test_the_summary_adds_cpu_per_module_and_divides_by_the_cores():
+    suite_cpu = load_benchmark("suite_cpu")
+    records = [
+        {"id": "tests/a.py::x", "cpu": 30.0, "wall": 20.0},
+        {"id": "tests/a.py::y", "cpu": 10.0, "wall": 12.0},
+        {"id": "tests/b.py::z", "cpu": 60.0, "wall": 70.0},
+    ]
+    summary = suite_cpu.summarise(records, cores=2)
+    assert (summary["tests"], summary["cpu_seconds"], summary["wall_seconds"]) == (3, 100, 102)
+    assert summary["floor_seconds"] == 50  # 100 CPU-s on 2 cores
+    assert summary["modules"] == [
+        {"module": "tests/b.py", "cpu": 60.0, "share": 0.6},
+        {"module": "tests/a.py", "cpu": 40.0, "share": 0.4},
+    ]
+    assert [t["id"] for t in summary["top_tests"]] == [
+        "tests/b.py::z",
+        "tests/a.py::x",
+        "tests/a.py::y",
+    ]
+    assert summary["top_tests"][1]["share"] == pytest.approx(0.3)
+
+
+def test_suite_cpu_quick_logs_every_test_of_its_modules():
+    saved = run_quick("suite_cpu")
+    assert saved["pytest_exit_code"] == 0
+    modules = {m["module"] for m in saved["modules"]}
+    assert modules == {"tests/test_config.py", "tests/test_layout.py"}
+    assert saved["tests"] == saved["headline"]["tests"] > len(modules)
+    assert all(t["cpu"] >= 0 and t["wall"] >= 0 for t in saved["top_tests"])
+    assert sum(m["cpu"] for m in saved["modules"]) == pytest.approx(saved["cpu_seconds"], abs=0.2)
+    assert saved["floor_seconds"] == pytest.approx(saved["cpu_seconds"] / saved["cores"], abs=0.1)
