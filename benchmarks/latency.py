@@ -206,18 +206,9 @@ def fedoras_settings(quick: bool, nodes: int) -> dict[str, Any]:
 
 def _fedoras(config: dict[str, Any]) -> Any:
     from fedorasflwr.config import parse_run_config
-    from fedorasflwr.data import load_server_data
-    from fedorasflwr.methods.fedoras.strategy import FedorAS
-    from fedorasflwr.runs import build_supernet
+    from fedorasflwr.methods.fedoras.runner import build_fedoras
 
-    run = parse_run_config(config)
-    return FedorAS(
-        space=build_supernet(run),
-        settings=run.fedoras,
-        seed=run.seed,
-        latency=run.latency.request(run.seed),
-        server_data=load_server_data(run.data),
-    )
+    return build_fedoras(parse_run_config(config))
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -20,11 +20,10 @@ from flwr.app import ArrayRecord
 from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
-from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import FlowerRunError, find_pids
+from fedorasflwr.methods.fedoras.runner import build_fedoras
 from fedorasflwr.methods.fedoras.strategy import FedorAS
-from fedorasflwr.runs import build_supernet
 from tests.runconfig import pyproject_run_config
 
 pytestmark = pytest.mark.slow
@@ -69,14 +68,7 @@ def only_result(output_dir: Path) -> dict:
 def in_process_fedoras(overrides: dict, num_nodes: int) -> tuple[FedorAS, InProcessGrid]:
     """The run's strategy, built as the ServerApp builds it, on an in-process grid."""
     config = {**pyproject_run_config(), **overrides}
-    settings = parse_run_config(config)
-    strategy = FedorAS(
-        space=build_supernet(settings),
-        settings=settings.fedoras,
-        seed=settings.seed,
-        server_data=load_server_data(settings.data),
-        latency=settings.latency.request(settings.seed),
-    )
+    strategy = build_fedoras(parse_run_config(config))
     strategy.settings = replace(strategy.settings, stop_after="supernet")
     return strategy, InProcessGrid(client_app, config, num_nodes)
 

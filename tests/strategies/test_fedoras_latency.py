@@ -22,11 +22,9 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 import fedorasflwr.latency as latency
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
-from fedorasflwr.data import load_server_data
 from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.latency import LatencyTable, group_table
-from fedorasflwr.methods.fedoras.runner import latency_entries
-from fedorasflwr.methods.fedoras.strategy import FedorAS
+from fedorasflwr.methods.fedoras.runner import build_fedoras, latency_entries
 from fedorasflwr.methods.fedoras.tiers import PathCost
 from fedorasflwr.protocol import FEDORAS_SUPERNET, METRICS, QUERY_LATENCY
 from fedorasflwr.runs import build_supernet
@@ -81,16 +79,8 @@ def known_tables(monkeypatch):
     monkeypatch.setattr(latency, "measure_and_validate", measure)
 
 
-def make_strategy(config, **overrides):
-    settings = parse_run_config(config)
-    overrides.setdefault("server_data", load_server_data(settings.data))
-    return FedorAS(
-        space=build_supernet(settings),
-        settings=settings.fedoras,
-        seed=settings.seed,
-        latency=settings.latency.request(settings.seed),
-        **overrides,
-    )
+def make_strategy(config):
+    return build_fedoras(parse_run_config(config))
 
 
 def grid_of(config, node_configs, faults=None):

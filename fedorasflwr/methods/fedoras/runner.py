@@ -7,9 +7,10 @@ from typing import Any
 
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
+from torch.utils.data import TensorDataset
 
 from ...artifacts import check_state, load_checkpoint
-from ...checkpoints import Checkpointer
+from ...checkpoints import Checkpointer, Resume
 from ...config import RunSettings
 from ...data import load_server_data
 from ...latency import table_document
@@ -32,7 +33,7 @@ from .evaluation import SupernetEvaluator
 from .finetune import SUPERNET_INIT
 from .strategy import FedorAS, FedorASResult
 
-__all__ = ["fedoras_plots", "latency_entries", "resume_supernet", "run_fedoras"]
+__all__ = ["build_fedoras", "fedoras_plots", "latency_entries", "resume_supernet", "run_fedoras"]
 
 
 def run_fedoras(
@@ -52,13 +53,7 @@ def run_fedoras(
             num_paths=settings.fedoras.eval_paths,
             seed=settings.seed,
         )
-    strategy = FedorAS(
-        space=space,
-        settings=settings.fedoras,
-        server_data=server_data if len(server_data) else None,
-        latency=settings.latency.request(settings.seed),
-        **strategy_options(settings, resume),
-    )
+    strategy = build_fedoras(settings, space=space, server_data=server_data, resume=resume)
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.fedoras.train.rounds
     result = start(
@@ -98,6 +93,28 @@ def run_fedoras(
         **latency_entries(strategy, result),
         **run.document(),
     }
+
+
+def build_fedoras(
+    settings: RunSettings,
+    *,
+    space: SearchSpace | None = None,
+    server_data: TensorDataset | None = None,
+    resume: Resume | None = None,
+) -> FedorAS:
+    """FedorAS from a run config, as the ServerApp builds it: the run's supernet and the
+    server's held-out slice (built and loaded here unless given; an empty slice: none),
+    the nodes' latency request, and the options every strategy takes (seed, partition
+    check, ``min-nodes``, ``resume``)."""
+    space = build_supernet(settings) if space is None else space
+    server_data = load_server_data(settings.data) if server_data is None else server_data
+    return FedorAS(
+        space=space,
+        settings=settings.fedoras,
+        server_data=server_data if len(server_data) else None,
+        latency=settings.latency.request(settings.seed),
+        **strategy_options(settings, resume),
+    )
 
 
 def latency_entries(strategy: FedorAS, result: FedorASResult) -> dict[str, Any]:
