@@ -66,7 +66,10 @@ PYTEST_CASES = [
     ("process faults", "tests/test_checkpoints.py::test_a_search_failure_keeps_the_supernet"),
 ]
 ENGINE_CASES = [
-    ("process faults", "tests/engines/test_lost_node.py"),
+    (
+        "process faults",
+        "tests/engines/test_secure_deployment.py::test_a_supernode_killed_mid_round_is_booked_once_to_itself",
+    ),
 ]
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import ssl
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -168,8 +171,9 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory) -> ReadmeRun:
 @dataclass(frozen=True)
 class SecureDeploymentRun:
     """One tiny FedorAS run on the deployment engine as `Deployment` starts it by default:
-    TLS with throwaway certificates, SuperNode authentication, and a rogue SuperNode with
-    an unregistered key trying to join. What each test asserts is recorded here."""
+    TLS with throwaway certificates, SuperNode authentication, a rogue SuperNode with an
+    unregistered key trying to join, and a registered SuperNode killed in the middle of
+    its Stage-1 round. What each test asserts is recorded here."""
 
     tls: TlsFiles
     superlink_args: list[str]
@@ -184,6 +188,9 @@ class SecureDeploymentRun:
     run: RunResult
     result: dict
     left_running: list[int]  # Flower processes found after stop()
+    victim_id: int  # the SuperNode killed mid-round (the last one)
+    victim_killed: bool  # the watcher saw its Stage-1 message arrive and killed it
+    victim_exit: int | None  # its exit code after the run (None: still running)
 
 
 def _urlopen_error(url: str, **kwargs: object) -> BaseException | None:
@@ -194,31 +201,47 @@ def _urlopen_error(url: str, **kwargs: object) -> BaseException | None:
     return None
 
 
-#: the shared deployment run's SuperNodes: a budget above every tier and one below
+#: the shared deployment run's SuperNodes: a budget above every tier and one below; the
+#: third, like the first, is killed when its Stage-1 message arrives
 NODE_CONFIGS = [
     {"device-class": "server", "latency-budget-ms": 1.0e6},
     {"device-class": "watch", "latency-budget-ms": 1.0e-6},
+    {"device-class": "server", "latency-budget-ms": 1.0e6},
 ]
+#: what a SuperNode logs when a Stage-1 message reaches it
+SUPERNET_MESSAGE = "Receiving: train.fedoras_supernet message"
+
+
+def kill_when_logged(pid: int, log_file: Path, text: str, killed: threading.Event) -> None:
+    """SIGKILL the process group ``pid`` leads as soon as ``text`` is in ``log_file``."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if log_file.exists() and text in log_file.read_text(errors="replace"):
+            os.killpg(pid, signal.SIGKILL)  # the SuperNode and its running ClientApp
+            killed.set()
+            return
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
 def secure_deployment_run(
     tmp_path_factory: pytest.TempPathFactory, data_cache: Path
 ) -> SecureDeploymentRun:
-    """The deployment engine's one app run, shared by the deployment test of
-    `test_engines.py` and the security test of `test_secure_deployment.py` (engine time is
-    dear: both ran the same tiny FedorAS on two SuperNodes)."""
+    """The deployment engine's one app run, shared by the tests of
+    `test_secure_deployment.py`: the same app as on the simulation engine, TLS and
+    SuperNode authentication, latency tables measured by the nodes, and a SuperNode lost
+    mid-round (engine time is dear: these were three runs of the same tiny FedorAS)."""
     tmp = tmp_path_factory.mktemp("secure-deployment")
     tls = make_tls_files(tmp / "certs")
-    keys = [make_node_key(tmp / "keys", f"node-{i}") for i in range(2)]
+    keys = [make_node_key(tmp / "keys", f"node-{i}") for i in range(len(NODE_CONFIGS))]
     engine = Deployment(
-        num_supernodes=2,
+        num_supernodes=len(NODE_CONFIGS),
         flwr_home=tmp / "flwr-home",
         tls=tls,
         node_keys=[key.private_key for key in keys],
         # Latency as FedorAS's resource (issue 16): each SuperNode measures its own table
-        # and declares its device class and budget; the budgets place the two nodes in
-        # the top and the lowest tier.
+        # and declares its device class and budget; the budgets place the nodes in the
+        # top and the lowest tier.
         node_configs=NODE_CONFIGS,
         env={"FEDORASFLWR_CACHE": str(tmp / "node-cache")},
     )
@@ -226,6 +249,7 @@ def secure_deployment_run(
     try:
         superlink = list(engine.processes[0].args)
         supernodes = [list(node.args) for node in engine.supernodes]
+        victim = engine.supernodes[-1]  # before the rogue joins the list
         http_error = _urlopen_error(f"http://{LOOPBACK}:{engine.port}/health")
         https_error = _urlopen_error(
             f"https://{LOOPBACK}:{engine.port}/health", context=ssl.create_default_context()
@@ -233,7 +257,7 @@ def secure_deployment_run(
         # A SuperNode with a key nobody registered: refused at sign-in, it exits.
         rogue_key = make_node_key(tmp / "rogue", "rogue")
         rogue = engine.start_supernode(
-            "rogue", {"partition-id": 0, "num-partitions": 2}, rogue_key.private_key
+            "rogue", {"partition-id": 0, "num-partitions": len(keys)}, rogue_key.private_key
         )
         try:
             rogue_exit: int | None = rogue.wait(timeout=90)
@@ -242,13 +266,24 @@ def secure_deployment_run(
         logs = engine.flwr_home / "logs"
         rogue_log = (logs / "rogue.log").read_text(errors="replace")
         superlink_log = (logs / "superlink.log").read_text(errors="replace")
+        # The last SuperNode dies (with its running ClientApp) once its Stage-1 message
+        # arrives: the round must complete on the other two and book the loss to it once.
+        killed = threading.Event()
+        watcher = threading.Thread(
+            target=kill_when_logged,
+            args=(victim.pid, logs / f"supernode-{len(keys) - 1}.log", SUPERNET_MESSAGE, killed),
+            daemon=True,
+        )
+        watcher.start()
         out = tmp / "out"
         config = tiny_fedoras(
             data_cache,
             **{
                 "output-dir": str(out),
+                "reply-timeout": 240.0,  # the SuperLink declares a node lost after ~60 s
                 "fedoras.rounds": 1,
-                "fedoras.clients-per-round": 2,
+                "fedoras.clients-per-round": 3,
+                "fedoras.min-replies": 1,  # the top tier fine-tunes on its one survivor
                 "fedoras.finetune-clients-per-round": 2,
                 # Stages 2 and 3 run for two tiers (their handlers, each message in a fresh
                 # ClientApp process), tiers and paths in milliseconds of the nodes' tables.
@@ -256,7 +291,6 @@ def secure_deployment_run(
                 # one NSGA-II generation per tier (its population): each scoring message
                 # is a ClientApp process start, and more generations show nothing more here
                 "fedoras.search-evaluations": 4,
-                "fedoras.min-replies": 1,
                 "fedoras.resource": "latency",
                 "latency.repeats": 3,
                 "latency.warmup": 1,
@@ -264,10 +298,12 @@ def secure_deployment_run(
             },
         )
         run = engine.run(PROJECT_ROOT, config, timeout=900)
+        watcher.join(timeout=1)
+        victim_exit = victim.poll()
         listed = {int(node["node-id"]): node["status"] for node in engine.list_nodes()}
         (result_file,) = out.glob("fedoras-*/result.json")
         result = json.loads(result_file.read_text())
-        node_ids = list(engine.node_ids)
+        node_ids = list(engine.node_ids)  # registered in SuperNode order
     finally:
         engine.stop()
     return SecureDeploymentRun(
@@ -284,4 +320,7 @@ def secure_deployment_run(
         run=run,
         result=result,
         left_running=find_pids(flwr_home=engine.flwr_home),
+        victim_id=node_ids[-1],
+        victim_killed=killed.is_set(),
+        victim_exit=victim_exit,
     )

@@ -1,7 +1,8 @@
 """Secure deployment: certificates, keys and launcher flags (fast), and a whole tiny
 FedorAS run over TLS with authenticated SuperNodes where an unregistered SuperNode is
-refused (slow: the session's one deployment run, ``secure_deployment_run`` in
-tests/engines/conftest.py, shared with the deployment test of test_engines.py)."""
+refused and a registered one is killed mid-round (slow: the session's one deployment run,
+``secure_deployment_run`` in tests/engines/conftest.py, which every test of the
+deployment engine's app run asserts on, so they all live in this module)."""
 
 from __future__ import annotations
 
@@ -128,8 +129,9 @@ def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(secure_d
     assert REFUSED in done.superlink_log
 
     registered = set(done.node_ids)
-    assert len(registered) == 2
-    assert set(done.listed) == registered and set(done.listed.values()) == {"online"}
+    assert len(registered) == 3
+    assert set(done.listed) == registered
+    assert {done.listed[n] for n in registered - {done.victim_id}} == {"online"}
     result = done.result
     assert [h["round"] for h in result["history"]] == [0, 1]
     # A model per tier that some client can run: tiers 1 .. the highest held (0-based there).
@@ -141,7 +143,7 @@ def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(secure_d
     for stage in ledger.values():
         assert {int(n) for n in stage["nodes"]} <= registered
     assert ledger["supernet"]["totals"]["replies"] == 2
-    assert ledger["supernet"]["totals"]["failed"] == 0
+    assert ledger["supernet"]["totals"]["failed"] == 1  # the killed node's, below
     assert done.left_running == []
 
 
@@ -160,8 +162,9 @@ def test_relative_certificate_and_key_paths_are_made_absolute():
 @pytest.mark.slow
 def test_deployment_engine_runs_the_same_app(secure_deployment_run):
     # The session's one deployment run (TLS and SuperNode authentication, as `Deployment`
-    # starts by default), shared with the security test above: two SuperNodes, one
-    # Stage-1 round, then Stages 2 and 3 for one tier, each message in a fresh ClientApp.
+    # starts by default), shared with the security test above: three SuperNodes (one
+    # killed mid-round), one Stage-1 round, then Stages 2 and 3 for two tiers, each
+    # message in a fresh ClientApp.
     result = secure_deployment_run.result
     assert [h["round"] for h in result["history"]] == [0, 1]
     assert result["history"][1]["clients"] == 2
@@ -178,9 +181,10 @@ def test_supernodes_measure_their_tables_and_their_budgets_place_them(secure_dep
     done = secure_deployment_run
     result = done.result
     assert result["resource"] == "latency"
-    assert result["tier-of-partition"] == {"0": 1, "1": 0}  # budget 1e6 ms: top; 1e-6: lowest
+    # budget 1e6 ms: top; 1e-6: lowest
+    assert result["tier-of-partition"] == {"0": 1, "1": 0, "2": 1}
     nodes = {n["partition-id"]: n for n in result["latency-tables"]["nodes"]}
-    assert sorted(nodes) == [0, 1]
+    assert sorted(nodes) == [0, 1, 2]
     for pid, config in enumerate(NODE_CONFIGS):
         assert nodes[pid]["device-class"] == config["device-class"]
         assert nodes[pid]["latency-budget-ms"] == config["latency-budget-ms"]
@@ -190,6 +194,42 @@ def test_supernodes_measure_their_tables_and_their_budgets_place_them(secure_dep
     assert all(t["low"] < t["high"] for t in tiers) and tiers[-1]["high"] < 1.0e6
     for model in result["models"]:
         assert model["latency-ms"] > 0 and model["flops"] > 0
-    assert result["ledger"]["latency"]["totals"]["replies"] == 2
+    assert result["ledger"]["latency"]["totals"]["replies"] == 3
     watch = done.node_ids[1]
     assert f"node {watch}: latency-budget-ms = 1e-06 is below every tier" in done.run.stdout
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_mid_round_is_booked_once_to_itself(secure_deployment_run):
+    # The same shared run: the last SuperNode was killed (with its running ClientApp) when
+    # its Stage-1 message arrived. The run completes on the others, and the ledger books
+    # the lost message once, to the killed node, as lost; no phantom node.
+    done = secure_deployment_run
+    assert done.victim_killed and done.victim_exit is not None
+    victim_id = done.victim_id
+    result = done.result
+    ledger = result["ledger"]
+    nodes = set(done.node_ids)
+    assert {int(n) for n in ledger["profile"]["nodes"]} == nodes
+    for name, stage in ledger.items():
+        assert {int(n) for n in stage["nodes"]} <= nodes, f"phantom node in {name}"
+    supernet = ledger["supernet"]["nodes"][str(victim_id)]
+    assert (supernet["messages"], supernet["replies"], supernet["failed"]) == (1, 0, 1)
+    # Lost, not timed out: the SuperLink gives up on a silent node after ~60 s (two missed
+    # 30-s heartbeats) and answers NODE_UNAVAILABLE, well before the 240-s reply timeout.
+    assert (supernet["lost"], supernet["timed_out"], supernet["error_replies"]) == (1, 0, 0)
+    assert ledger["supernet"]["totals"]["replies"] == 2
+    # Booked once: each failed message once, to the victim, split by kind; no one else fails.
+    for name, stage in ledger.items():
+        for node, costs in stage["nodes"].items():
+            kinds = costs["lost"] + costs["timed_out"] + costs["error_replies"]
+            assert costs["failed"] == kinds, (name, node, costs)
+            unanswered = costs["messages"] - costs["replies"]
+            if int(node) == victim_id:
+                assert costs["failed"] == unanswered and costs["error_replies"] == 0
+            else:
+                assert costs["failed"] == 0, (name, node, costs)
+        assert stage["totals"]["failed"] == stage["nodes"].get(str(victim_id), {}).get("failed", 0)
+    assert [h["round"] for h in result["history"]] == [0, 1]
+    assert f"[supernet] node {victim_id} lost: error code 5" in done.run.stdout
+    assert "node 1 " not in done.run.stdout  # the SuperLink's own id never stands for a node
