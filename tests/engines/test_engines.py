@@ -1,8 +1,9 @@
 """The app, unchanged, on the simulation engine (`flwr run`, Ray).
 
-One real run per thing only an engine shows: Stage 1 on the simulation engine equals the
-in-process computation (a tiny run here); by latency, the nodes time their tables on the
-engine and the server tiers them as in-process; a bad run config fails the run. All three stages
+One real run per thing only an engine shows: Stage 1 on the simulation engine, by latency,
+equals the in-process computation (a tiny run here: the nodes time their tables on the
+engine, the server tiers them as in-process, and the supernet it trains is the in-process
+one); a bad run config fails the run. All three stages
 with their exports: the README's default run (`test_readme_run.py`); the deployment engine:
 `test_secure_deployment.py` (one run, TLS and authenticated SuperNodes, as by default).
 """
@@ -73,49 +74,17 @@ def in_process_fedoras(overrides: dict, num_nodes: int) -> tuple[FedorAS, InProc
     return strategy, InProcessGrid(client_app, config, num_nodes)
 
 
-def in_process_supernet(overrides: dict, num_nodes: int) -> dict:
-    """The same run on the in-process grid: the engine must not change the computation."""
-    strategy, grid = in_process_fedoras(overrides, num_nodes)
-    result = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.train.rounds)
-    return result.arrays.to_torch_state_dict()
-
-
-def test_simulation_engine_runs_stage1_as_in_process_and_stops_everything(
-    simulation_runner, flwr_home, tmp_path, data_cache
-):
-    # Stage 1 on a tiny config: the engine must not change the computation
-    out = tmp_path / "out"
-    overrides = tiny_stage1(out, data_cache, rounds=2)
-    simulation_runner(num_supernodes=10, client_num_cpus=1, run_config=overrides)
-    result = only_result(out)
-    assert [h["round"] for h in result["history"]] == [0, 1, 2]
-    assert all(h["clients"] == 5 for h in result["history"][1:])
-    ledger = result["ledger"]["supernet"]
-    assert ledger["totals"]["messages"] == 10 and ledger["totals"]["replies"] == 10
-    assert ledger["totals"]["bytes_down"] > 0 and ledger["totals"]["bytes_up"] > 0
-    assert len(result["tier-of-partition"]) == 10
-    assert find_pids(flwr_home=flwr_home) == []
-    run_dir = next(out.glob("fedoras-*"))
-    engine = load_checkpoint(run_dir / "supernet.pt")["state_dict"]
-    expected = in_process_supernet(overrides, num_nodes=10)
-    assert engine.keys() == expected.keys()
-    # Same draws, same batches, same paths: equal up to float32 rounding (depthwise-conv
-    # kernels may sum in another order on deserialized buffers; seen: <= 3e-8).  A real
-    # difference (another path, batch or thread count) moves weights by ~1e-2.
-    for key, value in expected.items():
-        torch.testing.assert_close(engine[key], value, rtol=0, atol=1e-6, msg=key)
-
-
-def test_simulation_engine_tiers_stage1_by_the_nodes_own_latency_tables(
-    simulation_runner, tmp_path, data_cache, monkeypatch
+def test_simulation_engine_runs_stage1_by_the_nodes_tables_as_in_process_and_stops_everything(
+    simulation_runner, flwr_home, tmp_path, data_cache, monkeypatch
 ):
     # fedoras.resource = "latency" on the engine: the nodes time their tables, the server
-    # forms tiers in milliseconds from them and places the nodes, Stage 1 trains.
+    # forms tiers in milliseconds from them and places the nodes, Stage 1 trains; the engine
+    # must not change the computation (one tiny run shows both).
     out = tmp_path / "out"
     overrides = tiny_stage1(
         out,
         data_cache,
-        rounds=1,
+        rounds=2,
         **{
             "fedoras.resource": "latency",
             "latency.repeats": 1,
@@ -131,6 +100,13 @@ def test_simulation_engine_tiers_stage1_by_the_nodes_own_latency_tables(
         env={"FEDORASFLWR_CACHE": str(node_cache)},
     )
     result = only_result(out)
+    assert [h["round"] for h in result["history"]] == [0, 1, 2]
+    assert all(h["clients"] == 5 for h in result["history"][1:])
+    ledger = result["ledger"]["supernet"]
+    assert ledger["totals"]["messages"] == 10 and ledger["totals"]["replies"] == 10
+    assert ledger["totals"]["bytes_down"] > 0 and ledger["totals"]["bytes_up"] > 0
+    assert len(result["tier-of-partition"]) == 10
+    assert find_pids(flwr_home=flwr_home) == []
     assert result["resource"] == "latency"
     # one host, one thread per ClientApp: the first node to ask timed the table (under the
     # cache's lock), the nine others read it
@@ -139,8 +115,6 @@ def test_simulation_engine_tiers_stage1_by_the_nodes_own_latency_tables(
     assert len({json.dumps(n["option-ms"]) for n in tables}) == 1
     (cache_file,) = (node_cache / "latency").glob("*.json")
     assert result["ledger"]["latency"]["totals"]["replies"] == 10
-    assert [h["round"] for h in result["history"]] == [0, 1]
-    assert result["history"][1]["clients"] == 5
     # The tiers split the table's path range in milliseconds.
     option_ms = tables[0]["option-ms"]
     fixed = tables[0]["fixed-ms"]
@@ -150,17 +124,26 @@ def test_simulation_engine_tiers_stage1_by_the_nodes_own_latency_tables(
     assert [t["index"] for t in tiers] == [0, 1, 2, 3]
     assert all(t["low"] < t["high"] for t in tiers)
     assert lowest * (1 - 1e-9) <= tiers[0]["low"] and tiers[-1]["high"] <= highest * (1 + 1e-9)
-    # The same tiers and placements as this process computes from the same cached table
-    # (the server's setup only: training on deserialized buffers may round differently).
+    assert sorted(result["tier-latency-tables"]) == ["1", "2", "3", "4"]
+    # The same run in this process, from the same cached table: the same tiers and
+    # placements, and the same supernet.
     monkeypatch.setenv("FEDORASFLWR_CACHE", str(node_cache))
     before = cache_file.read_bytes()
     strategy, grid = in_process_fedoras(overrides, num_nodes=10)
-    strategy.setup(grid)
+    expected = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.train.rounds)
     assert cache_file.read_bytes() == before  # read, not timed again
     assert [(t.low, t.high) for t in strategy.tiers] == [(t["low"], t["high"]) for t in tiers]
-    expected = {str(p): t for p, t in strategy.tier_of_partition.items()}
-    assert result["tier-of-partition"] == expected
-    assert sorted(result["tier-latency-tables"]) == ["1", "2", "3", "4"]
+    placed = {str(p): t for p, t in strategy.tier_of_partition.items()}
+    assert result["tier-of-partition"] == placed
+    run_dir = next(out.glob("fedoras-*"))
+    engine = load_checkpoint(run_dir / "supernet.pt")["state_dict"]
+    expected_state = expected.arrays.to_torch_state_dict()
+    assert engine.keys() == expected_state.keys()
+    # Same draws, same batches, same paths: equal up to float32 rounding (depthwise-conv
+    # kernels may sum in another order on deserialized buffers; seen: <= 3e-8).  A real
+    # difference (another path, batch or thread count) moves weights by ~1e-2.
+    for key, value in expected_state.items():
+        torch.testing.assert_close(engine[key], value, rtol=0, atol=1e-6, msg=key)
 
 
 def test_bad_run_config_fails_before_any_training(simulation_runner, tmp_path, data_cache):
