@@ -1,7 +1,7 @@
 """FedorAS Stage 1 on the three ways to run it, side by side, and where a deployment
 message's time goes.
 
-One run, same seed, same data cache, 3 clients:
+One run, same seed, same data cache, 3 clients (2 in the ``--quick`` smoke run):
 
 - **inprocess**: strategy and ClientApp in this process through
   ``fedorasflwr.inprocess.InProcessGrid`` (clients one after the other);
@@ -30,7 +30,13 @@ cost (process start until the handler runs) is compared with a bare
 ``python -c "import torch"`` timed here.
 
     python benchmarks/engines.py            # tiny (3 rounds) and default (2 rounds)
-    python benchmarks/engines.py --quick    # tiny only, 2 rounds, one bare import (CI smoke run)
+    python benchmarks/engines.py --quick    # tiny, 2 nodes, 2 rounds, one bare import (CI smoke)
+
+Headline, per config: ``deployment_over_simulation`` and ``simulation_over_inprocess``
+(what the simulation engine adds to a Stage-1 round against the same strategy and
+ClientApp in one process, clients one after the other: the measure of the former
+``stage1_overhead.py``, folded in here), the median rounds, and the fixed cost against
+the bare import.
 """
 
 from __future__ import annotations
@@ -50,8 +56,15 @@ from typing import Any
 from common import ROOT, report, run_config, warm_data_cache
 
 NUM_CLIENTS = 3
+QUICK_CLIENTS = 2  # the smoke run: 2 nodes, 6 deployment messages instead of 9
+
 ENGINES = ("inprocess", "simulation", "deployment")
 TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"  # fedorasflwr.client_app.TIMING_LOG_ENV
+
+
+def num_clients(quick: bool) -> int:
+    """Nodes on every engine: the smoke run's 2 or the full run's 3."""
+    return QUICK_CLIENTS if quick else NUM_CLIENTS
 
 
 def settings(config: str, quick: bool, output_dir: Path, cache_dir: Path) -> dict[str, Any]:
@@ -59,14 +72,14 @@ def settings(config: str, quick: bool, output_dir: Path, cache_dir: Path) -> dic
     common = {
         "output-dir": str(output_dir),
         "data.cache-dir": str(cache_dir),
-        "min-nodes": NUM_CLIENTS,
+        "min-nodes": num_clients(quick),  # also how many nodes every engine runs
         "fedoras.stop-after": "supernet",
     }
     if config == "tiny":
         return common | {
             "space.width": 0.25,
             "fedoras.rounds": 2 if quick else 3,
-            "fedoras.clients-per-round": NUM_CLIENTS,
+            "fedoras.clients-per-round": num_clients(quick),
             "fedoras.local-epochs": 1,
             "fedoras.tier-samples": 2000,
             "fedoras.eval-every": 0,
@@ -102,8 +115,9 @@ def run_inprocess(overrides: dict[str, Any], timing_log: Path) -> float:
     started = time.perf_counter()
     try:
         # one torch thread per client, as a Ray actor and a deployment ClientApp here get
-        threads = {pid: {"num-threads": 1} for pid in range(NUM_CLIENTS)}
-        grid = InProcessGrid(app, config, NUM_CLIENTS, node_configs=threads)
+        nodes = int(overrides["min-nodes"])
+        threads = {pid: {"num-threads": 1} for pid in range(nodes)}
+        grid = InProcessGrid(app, config, nodes, node_configs=threads)
         document = run_fedoras(grid, run, out_dir)
     finally:
         del os.environ[TIMING_LOG_ENV]
@@ -119,7 +133,7 @@ def run_simulation_engine(
 
     result = run_simulation(
         ROOT,
-        num_supernodes=NUM_CLIENTS,
+        num_supernodes=int(overrides["min-nodes"]),
         run_config=overrides,
         client_num_cpus=1,
         timeout=3600,
@@ -134,7 +148,8 @@ def run_deployment(
     from fedorasflwr.launch import Deployment
 
     env = {TIMING_LOG_ENV: str(timing_log), **(env or {})}
-    with Deployment(num_supernodes=NUM_CLIENTS, env=env, startup_timeout=180) as deployment:
+    nodes = int(overrides["min-nodes"])
+    with Deployment(num_supernodes=nodes, env=env, startup_timeout=180) as deployment:
         result = deployment.run(ROOT, run_config=overrides, timeout=3600)
     return result.wall_time
 
@@ -219,7 +234,7 @@ def transport_seconds(records: Sequence[Mapping[str, Any]], rounds: Sequence[flo
 def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
     """Run one config on every engine; rounds, walls and the ClientApp timings."""
     cache = tmp / "cache"
-    warm_data_cache([run_config(settings(name, quick, tmp, cache))], NUM_CLIENTS)
+    warm_data_cache([run_config(settings(name, quick, tmp, cache))], num_clients(quick))
     warm_cost_cache(run_config(settings(name, quick, tmp, cache)))
     measured: dict[str, Any] = {}
     for engine in ENGINES + (() if quick else FULL_ONLY):
@@ -245,6 +260,9 @@ def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
     measured["deployment_over_simulation"] = round(
         measured["deployment"]["median_round_after_first"] / sim, 3
     )
+    measured["simulation_over_inprocess"] = round(
+        sim / measured["inprocess"]["median_round_after_first"], 3
+    )
     return measured
 
 
@@ -269,7 +287,7 @@ def print_table(results: Mapping[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny config, 2 rounds")
+    parser.add_argument("--quick", action="store_true", help="tiny config, 2 nodes, 2 rounds")
     parser.add_argument(
         "--configs", default="tiny,default", help="comma-separated: tiny, default (full run)"
     )
@@ -291,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, measured in results.items():
         fixed = measured["deployment"]["breakdown"]["fixed_start_to_handler"]
         summary[f"{name}_deployment_over_simulation"] = measured["deployment_over_simulation"]
+        summary[f"{name}_simulation_over_inprocess"] = measured["simulation_over_inprocess"]
         summary[f"{name}_deployment_round_s"] = measured["deployment"]["median_round_after_first"]
         summary[f"{name}_simulation_round_s"] = measured["simulation"]["median_round_after_first"]
         summary[f"{name}_inprocess_round_s"] = measured["inprocess"]["median_round_after_first"]
@@ -311,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         summary,
         {
             "settings": {c: settings(c, args.quick, Path("-"), Path("-")) for c in configs},
-            "clients": NUM_CLIENTS,
+            "clients": num_clients(args.quick),
             "bare_torch_import_seconds": bare,
             "bare_torch_import_3_at_once_seconds": bare_at_once,
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
