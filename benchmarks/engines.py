@@ -15,7 +15,7 @@ One run, same seed, same data cache, 3 clients (2 in the ``--quick`` smoke run):
   (The simulation engine's ServerApp pulls from an in-memory grid every 0.1 s: nothing
   to gain there.)
 
-Two configs: **tiny** (width 0.25, 3 clients per round, 1 local epoch: overhead
+Two configs: **tiny** (width 0.25, every node every round, 1 local epoch: overhead
 dominates) and **default** (the pyproject defaults with ``fedoras.stop-after=supernet``
 and fewer rounds: local training dominates).  Round seconds come from the ServerApp's
 history (configure to aggregate); round 1 pays one-off start-up, so medians use the
@@ -67,6 +67,11 @@ def num_clients(quick: bool) -> int:
     return QUICK_CLIENTS if quick else NUM_CLIENTS
 
 
+def nodes_of(overrides: Mapping[str, Any]) -> int:
+    """How many nodes a runner starts: the run's ``min-nodes`` (see `settings`)."""
+    return int(overrides["min-nodes"])
+
+
 def settings(config: str, quick: bool, output_dir: Path, cache_dir: Path) -> dict[str, Any]:
     """Run-config overrides of one config."""
     common = {
@@ -115,9 +120,8 @@ def run_inprocess(overrides: dict[str, Any], timing_log: Path) -> float:
     started = time.perf_counter()
     try:
         # one torch thread per client, as a Ray actor and a deployment ClientApp here get
-        nodes = int(overrides["min-nodes"])
-        threads = {pid: {"num-threads": 1} for pid in range(nodes)}
-        grid = InProcessGrid(app, config, nodes, node_configs=threads)
+        threads = {pid: {"num-threads": 1} for pid in range(nodes_of(overrides))}
+        grid = InProcessGrid(app, config, nodes_of(overrides), node_configs=threads)
         document = run_fedoras(grid, run, out_dir)
     finally:
         del os.environ[TIMING_LOG_ENV]
@@ -133,7 +137,7 @@ def run_simulation_engine(
 
     result = run_simulation(
         ROOT,
-        num_supernodes=int(overrides["min-nodes"]),
+        num_supernodes=nodes_of(overrides),
         run_config=overrides,
         client_num_cpus=1,
         timeout=3600,
@@ -148,7 +152,7 @@ def run_deployment(
     from fedorasflwr.launch import Deployment
 
     env = {TIMING_LOG_ENV: str(timing_log), **(env or {})}
-    nodes = int(overrides["min-nodes"])
+    nodes = nodes_of(overrides)
     with Deployment(num_supernodes=nodes, env=env, startup_timeout=180) as deployment:
         result = deployment.run(ROOT, run_config=overrides, timeout=3600)
     return result.wall_time

@@ -11,10 +11,17 @@ cores (total CPU seconds / cores: what ``-n auto`` could reach with perfect pack
 waiting).
 
     python benchmarks/suite_cpu.py                  # the whole suite (about 25 min here)
+    python benchmarks/suite_cpu.py tests/engines    # only these tests (pytest's paths / ids)
     python benchmarks/suite_cpu.py --from LOG.jsonl # summarise a log of an earlier run
     python benchmarks/suite_cpu.py --quick          # smoke: two small test modules
 
-Writes ``benchmarks/results/suite_cpu.json`` (``.quick.json`` for ``--quick``).
+A log of another checkout (e.g. before a change) comes from its own ``tests/conftest.py``:
+``FEDORASFLWR_SUITE_CPU_LOG=LOG python -m pytest -q -n 0 -p no:cacheprovider PATHS`` there,
+then ``--from LOG`` here.
+
+Writes ``benchmarks/results/suite_cpu.json`` (``.quick.json`` for ``--quick``); a run of
+chosen tests writes ``suite_cpu.selected.json`` unless ``--save-as NAME`` names another
+``results/NAME.json`` (the whole suite's record is not overwritten by a part of it).
 """
 
 from __future__ import annotations
@@ -93,14 +100,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke: two small test modules")
     parser.add_argument("--from", dest="source", type=Path, help="summarise this log instead")
+    parser.add_argument("tests", nargs="*", help="test paths or ids (default: the whole suite)")
+    parser.add_argument(
+        "--save-as",
+        metavar="NAME",
+        help="write results/NAME.json (default: suite_cpu; suite_cpu.selected for chosen tests)",
+    )
     args = parser.parse_args(argv)
+    if args.source is not None and (args.tests or args.quick):
+        parser.error("--from summarises a log: give no test paths and no --quick with it")
     cores = os.cpu_count() or 1
-    exit_code, wall, load = None, None, os.getloadavg()[0]
+    exit_code, wall, load = None, None, None  # of a run made here (none with --from)
     with tempfile.TemporaryDirectory() as tmp:
         log = args.source
         if log is None:
-            log = Path(tmp) / "suite-cpu.jsonl"
-            exit_code, wall = run_suite(log, list(QUICK_TESTS) if args.quick else [])
+            log, load = Path(tmp) / "suite-cpu.jsonl", os.getloadavg()[0]
+            exit_code, wall = run_suite(log, list(QUICK_TESTS) if args.quick else args.tests)
         records = [json.loads(line) for line in log.read_text().splitlines() if line]
     summary = summarise(records, cores)
     print(table(summary))
@@ -112,11 +127,18 @@ def main(argv: list[str] | None = None) -> int:
         "cores": cores,
         "top_module_share": summary["modules"][0]["share"] if summary["modules"] else 0.0,
     }
+    name = args.save_as or ("suite_cpu.selected" if args.tests else "suite_cpu")
     report(
-        "suite_cpu",
+        name,
         args.quick,
         headline,
-        {**summary, "pytest_exit_code": exit_code, "pytest_wall": wall, "load_before": load},
+        {
+            **summary,
+            "selected": args.tests,
+            "pytest_exit_code": exit_code,
+            "pytest_wall": wall,
+            "load_before": load,
+        },
     )
     return 0 if exit_code in (None, 0) else 1
 

@@ -38,3 +38,26 @@ def test_suite_cpu_quick_logs_every_test_of_its_modules():
     assert all(t["cpu"] >= 0 and t["wall"] >= 0 for t in saved["top_tests"])
     assert sum(m["cpu"] for m in saved["modules"]) == pytest.approx(saved["cpu_seconds"], abs=0.2)
     assert saved["floor_seconds"] == pytest.approx(saved["cpu_seconds"] / saved["cores"], abs=0.1)
+
+
+def test_chosen_tests_are_run_and_saved_apart_from_the_whole_suites_record(monkeypatch, tmp_path):
+    suite_cpu = load_benchmark("suite_cpu")
+    ran, saved = [], []
+
+    def run_suite(log, tests):
+        ran.append(tests)
+        log.write_text('{"id": "tests/a.py::x", "cpu": 3.0, "wall": 2.0}\n')
+        return 0, 2.5
+
+    monkeypatch.setattr(suite_cpu, "run_suite", run_suite)
+    monkeypatch.setattr(suite_cpu, "report", lambda name, quick, *_: saved.append(name))
+    assert suite_cpu.main(["tests/a.py", "tests/b.py::y"]) == 0
+    assert suite_cpu.main(["tests/a.py", "--save-as", "suite_cpu.before"]) == 0
+    assert suite_cpu.main([]) == 0
+    assert ran == [["tests/a.py", "tests/b.py::y"], ["tests/a.py"], []]
+    assert saved == ["suite_cpu.selected", "suite_cpu.before", "suite_cpu"]
+    log = tmp_path / "log.jsonl"
+    log.write_text("")
+    with pytest.raises(SystemExit) as refused:
+        suite_cpu.main(["--from", str(log), "tests/a.py"])
+    assert refused.value.code == 2

@@ -202,7 +202,7 @@ def _urlopen_error(url: str, **kwargs: object) -> BaseException | None:
 
 
 #: the shared deployment run's SuperNodes: a budget above every tier and one below; the
-#: third, like the first, is killed when its Stage-1 message arrives
+#: third, of the first one's class and budget, is killed when its Stage-1 message arrives
 NODE_CONFIGS = [
     {"device-class": "server", "latency-budget-ms": 1.0e6},
     {"device-class": "watch", "latency-budget-ms": 1.0e-6},
