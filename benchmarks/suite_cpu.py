@@ -19,6 +19,10 @@ A log of another checkout (e.g. before a change) comes from its own ``tests/conf
 ``FEDORASFLWR_SUITE_CPU_LOG=LOG python -m pytest -q -n 0 -p no:cacheprovider PATHS`` there,
 then ``--from LOG`` here.
 
+The run's own last line (``tests/conftest.py``, printed by every pytest run, CI's too) gives
+the machine's CPU over the whole session, setup and collection included, and how busy it kept
+the cores; it is saved as ``session``.
+
 Writes ``benchmarks/results/suite_cpu.json`` (``.quick.json`` for ``--quick``); a run of
 chosen tests writes ``suite_cpu.selected.json`` unless ``--save-as NAME`` names another
 ``results/NAME.json`` (the whole suite's record is not overwritten by a part of it).
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -44,16 +49,37 @@ QUICK_TESTS = ("tests/test_config.py", "tests/test_layout.py")
 TOP = 20
 
 
-def run_suite(log: Path, tests: list[str]) -> tuple[int, float]:
-    """``pytest -n 0`` on ``tests`` (all: none given), logging to ``log``; its exit code
-    and wall seconds."""
+#: the line tests/conftest.py's ``pytest_terminal_summary`` ends every run with
+SESSION_LINE = re.compile(
+    r"machine CPU during the suite: (?P<cpu>[\d.]+) CPU-s in (?P<wall>[\d.]+) s wall "
+    r"on (?P<cores>\d+) cores"
+)
+
+
+def session_totals(output: str) -> dict[str, float] | None:
+    """The machine's CPU seconds, wall seconds and busy share over a pytest session, from
+    its last line (None: not printed)."""
+    matches = list(SESSION_LINE.finditer(output))
+    if not matches:
+        return None
+    found = matches[-1]
+    cpu, wall, cores = float(found["cpu"]), float(found["wall"]), int(found["cores"])
+    return {"cpu_seconds": cpu, "wall_seconds": wall, "busy": round(cpu / (wall * cores), 3)}
+
+
+def run_suite(log: Path, tests: list[str]) -> tuple[int, float, dict[str, float] | None]:
+    """``pytest -n 0`` on ``tests`` (all: none given), logging to ``log``; its exit code,
+    wall seconds and session totals (:func:`session_totals`). Its output is echoed."""
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
         cwd=ROOT,
         env=dict(os.environ, **{LOG_ENV: str(log)}),
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    return done.returncode, time.monotonic() - started
+    print(done.stdout, end="")
+    return done.returncode, time.monotonic() - started, session_totals(done.stdout)
 
 
 def summarise(records: list[dict[str, Any]], cores: int) -> dict[str, Any]:
@@ -110,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.source is not None and (args.tests or args.quick):
         parser.error("--from summarises a log: give no test paths and no --quick with it")
     cores = os.cpu_count() or 1
-    exit_code, wall, load = None, None, None  # of a run made here (none with --from)
+    exit_code, wall, load, session = None, None, None, None  # of a run made here (not --from)
     with tempfile.TemporaryDirectory() as tmp:
         log = args.source
         if log is None:
             log, load = Path(tmp) / "suite-cpu.jsonl", os.getloadavg()[0]
-            exit_code, wall = run_suite(log, list(QUICK_TESTS) if args.quick else args.tests)
+            tests = list(QUICK_TESTS) if args.quick else args.tests
+            exit_code, wall, session = run_suite(log, tests)
         records = [json.loads(line) for line in log.read_text().splitlines() if line]
     summary = summarise(records, cores)
     print(table(summary))
@@ -138,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "pytest_exit_code": exit_code,
             "pytest_wall": wall,
             "load_before": load,
+            "session": session,
         },
     )
     return 0 if exit_code in (None, 0) else 1

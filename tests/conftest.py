@@ -77,6 +77,33 @@ def _machine_cpu_seconds() -> float:
     return (user + nice + system) / os.sysconf("SC_CLK_TCK")
 
 
+#: the machine's CPU and the wall clock when the session started (the controlling process
+#: only: with pytest-xdist, not on its workers)
+_SESSION_START: dict[str, float] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):
+        _SESSION_START.update(cpu=_machine_cpu_seconds(), wall=time.monotonic())
+
+
+@pytest.hookimpl(trylast=True)  # after the warnings and the durations: next to the verdict
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """One line at the end of every run (CI's too): the machine's CPU seconds over the
+    session, its wall seconds, and how busy that kept the cores. On a machine running
+    nothing else, wall ~= CPU / cores when the cores were busy throughout: then only less
+    CPU makes the suite faster. ``benchmarks/suite_cpu.py`` reads this line."""
+    if "cpu" not in _SESSION_START:
+        return
+    cpu = _machine_cpu_seconds() - _SESSION_START["cpu"]
+    wall = time.monotonic() - _SESSION_START["wall"]
+    cores = os.cpu_count() or 1
+    terminalreporter.write_line(
+        f"machine CPU during the suite: {cpu:.1f} CPU-s in {wall:.1f} s wall on {cores} "
+        f"cores ({cpu / max(wall * cores, 1e-9):.0%} busy; every process on the machine counts)"
+    )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     path = os.environ.get(SUITE_CPU_LOG_ENV)

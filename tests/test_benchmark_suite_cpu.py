@@ -38,6 +38,25 @@ def test_suite_cpu_quick_logs_every_test_of_its_modules():
     assert all(t["cpu"] >= 0 and t["wall"] >= 0 for t in saved["top_tests"])
     assert sum(m["cpu"] for m in saved["modules"]) == pytest.approx(saved["cpu_seconds"], abs=0.2)
     assert saved["floor_seconds"] == pytest.approx(saved["cpu_seconds"] / saved["cores"], abs=0.1)
+    # the session's own line (tests/conftest.py): all of the session, so at least its tests
+    session = saved["session"]
+    assert session["cpu_seconds"] >= saved["cpu_seconds"] - 0.2
+    assert saved["wall_seconds"] - 0.2 <= session["wall_seconds"] <= saved["pytest_wall"]
+    assert 0 < session["busy"] <= 1.01
+
+
+def test_the_session_line_is_read_back_and_its_absence_is_none():
+    suite_cpu = load_benchmark("suite_cpu")
+    output = (
+        "... 3 passed\n"
+        "machine CPU during the suite: 1907.7 CPU-s in 957.8 s wall on 2 cores (100% busy; ...)\n"
+    )
+    assert suite_cpu.session_totals(output) == {
+        "cpu_seconds": 1907.7,
+        "wall_seconds": 957.8,
+        "busy": pytest.approx(1907.7 / (2 * 957.8), abs=1e-3),
+    }
+    assert suite_cpu.session_totals("3 passed in 1.0s") is None
 
 
 def test_chosen_tests_are_run_and_saved_apart_from_the_whole_suites_record(monkeypatch, tmp_path):
@@ -47,7 +66,7 @@ def test_chosen_tests_are_run_and_saved_apart_from_the_whole_suites_record(monke
     def run_suite(log, tests):
         ran.append(tests)
         log.write_text('{"id": "tests/a.py::x", "cpu": 3.0, "wall": 2.0}\n')
-        return 0, 2.5
+        return 0, 2.5, None
 
     monkeypatch.setattr(suite_cpu, "run_suite", run_suite)
     monkeypatch.setattr(suite_cpu, "report", lambda name, quick, *_: saved.append(name))
