@@ -21,6 +21,7 @@ from dataclasses import astuple
 from pathlib import Path
 from types import TracebackType
 
+from .fab import packable_app
 from .flwr_cli import (
     DEPLOYMENT_CONNECTION,
     ConfigValue,
@@ -165,9 +166,10 @@ class Deployment:
             If the run did not start, timed out or did not finish as completed; the
             message carries the tails of the run, SuperLink and SuperNode logs.
         """
-        command = _run_command(app_dir, DEPLOYMENT_CONNECTION, run_config)
         env = self._env(self.flwr_home)
-        return _flwr_run(command, DEPLOYMENT_CONNECTION, env, timeout, echo, self.log_files)
+        with packable_app(app_dir) as app:
+            command = _run_command(app, DEPLOYMENT_CONNECTION, run_config)
+            return _flwr_run(command, DEPLOYMENT_CONNECTION, env, timeout, echo, self.log_files)
 
     def stop(self) -> None:
         """Stop all processes started here (then any stragglers) and remove a temp home."""

@@ -7,6 +7,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from .fab import packable_app
 from .flwr_cli import (
     SIMULATION_CONNECTION,
     ConfigValue,
@@ -100,11 +101,12 @@ def run_simulation(
     if client_num_cpus is not None:
         federation["client-resources-num-cpus"] = client_num_cpus
     federation |= dict(federation_config or {})
-    command = _run_command(app_dir, SIMULATION_CONNECTION, run_config, federation)
     try:
         _add_connection(home, SIMULATION_CONNECTION, {"address": ":local:"})
         log_file = home / "local-superlink" / "superlink.log"
-        return _flwr_run(command, SIMULATION_CONNECTION, run_env, timeout, echo, [log_file])
+        with packable_app(app_dir) as app:
+            command = _run_command(app, SIMULATION_CONNECTION, run_config, federation)
+            return _flwr_run(command, SIMULATION_CONNECTION, run_env, timeout, echo, [log_file])
     finally:
         _stop_flower_processes(home)
         if flwr_home is None:
