@@ -22,7 +22,8 @@ Facts about Flower 1.41 this package relies on:
   Both engines unpack the FAB under ``$FLWR_HOME/apps`` and import the app from there.
 
 The package's parts: `processes` (free ports, finding and stopping processes),
-`flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``),
+`flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``), `fab` (the
+copy of the app ``flwr run`` packs: `packable_app`),
 `simulation` (`run_simulation`), `deployment` (`Deployment`), `security` (TLS
 certificates and SuperNode keys: `TlsFiles`, `make_tls_files`, `make_node_key`) and
 `cli` (``python -m fedorasflwr.launch``).
