@@ -69,17 +69,23 @@ def session_totals(output: str) -> dict[str, float] | None:
 
 def run_suite(log: Path, tests: list[str]) -> tuple[int, float, dict[str, float] | None]:
     """``pytest -n 0`` on ``tests`` (all: none given), logging to ``log``; its exit code,
-    wall seconds and session totals (:func:`session_totals`). Its output is echoed."""
+    wall seconds and session totals (:func:`session_totals`). Its output is echoed as it
+    comes."""
     started = time.monotonic()
-    done = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
         cwd=ROOT,
         env=dict(os.environ, **{LOG_ENV: str(log)}),
         stdout=subprocess.PIPE,
         text=True,
-    )
-    print(done.stdout, end="")
-    return done.returncode, time.monotonic() - started, session_totals(done.stdout)
+    ) as pytest_run:
+        assert pytest_run.stdout is not None
+        lines = []
+        for line in pytest_run.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+    output = "".join(lines)
+    return pytest_run.returncode, time.monotonic() - started, session_totals(output)
 
 
 def summarise(records: list[dict[str, Any]], cores: int) -> dict[str, Any]:

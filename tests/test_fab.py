@@ -60,3 +60,11 @@ def test_the_copy_is_removed_when_the_run_fails(tmp_path):
     with pytest.raises(RuntimeError), packable_app(tmp_path) as copy:
         raise RuntimeError("flwr run failed")
     assert not copy.exists()
+
+
+def test_a_directory_without_pyproject_is_given_as_it_is(tmp_path):
+    # not an app: `flwr run` refuses it, and its message names the directory the user gave
+    (tmp_path / "task.py").write_text("")
+    with packable_app(tmp_path) as given:
+        assert given == tmp_path.resolve()
+    assert (tmp_path / "task.py").exists()

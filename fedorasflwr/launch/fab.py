@@ -12,8 +12,10 @@ could keep: it does not descend into a directory that Flower's publish excludes 
 app's ``.gitignore`` ignore as a whole (the latter only if the ``.gitignore`` re-includes
 nothing, i.e. has no ``!`` line), and copies only files matching Flower's publish includes.
 Flower's own filters then run on the copy, so the FAB holds the same files with the same
-bytes (``tests/test_fab.py`` builds both and compares them). Symbolic links are not copied:
-Flower skips them too.
+bytes (``benchmarks/fab.py`` builds both for this project and fails if they differ; its
+smoke run is in the suite). Symbolic links are not copied: Flower skips them too. A
+directory without a ``pyproject.toml`` is not copied at all: ``flwr run`` gets it as given
+and its error names it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def packable_app(app_dir: Path) -> Iterator[Path]:
     """A temporary copy of ``app_dir`` holding its `packable_files`, removed on exit; give it
     to ``flwr run`` in place of ``app_dir``."""
     root = Path(app_dir).resolve()
+    if not (root / "pyproject.toml").is_file():  # not an app: Flower's error names the dir
+        yield root
+        return
     with tempfile.TemporaryDirectory(prefix="fedorasflwr-app-") as tmp:
         copy = Path(tmp) / root.name
         for path in packable_files(root):
