@@ -42,7 +42,12 @@ def test_suite_cpu_quick_logs_every_test_of_its_modules():
     session = saved["session"]
     assert session["cpu_seconds"] >= saved["cpu_seconds"] - 0.2
     assert saved["wall_seconds"] - 0.2 <= session["wall_seconds"] <= saved["pytest_wall"]
-    assert 0 < session["busy"] <= 1.01
+    assert session["busy"] == pytest.approx(
+        session["cpu_seconds"] / (session["wall_seconds"] * saved["cores"]), abs=1e-3
+    )
+    # machine-wide: at most every core busy throughout (CI's other workers may fill them),
+    # give or take 1 CPU-s, as /proc/stat and the clock are read at different instants
+    assert 0 < session["cpu_seconds"] <= saved["cores"] * session["wall_seconds"] + 1.0
 
 
 def test_the_session_line_is_read_back_and_its_absence_is_none():
