@@ -8,13 +8,14 @@ step, cached per (noise, rate), and remembers every epsilon.
 
 Two measurements, same seed, in-process grid (the real ClientApp):
 
-1. **a real search**: ``PARTIES`` parties of MNIST-5k, the ``darts`` space, a privacy
-   target (so the look-ahead runs too); the same search twice, once with the accounting
+1. **a real search**: parties of MNIST-5k, the ``darts`` space, a privacy
+   target (so the look-ahead runs too); 10 parties, 4 iterations (quick: 4, 2); the same
+   search twice, once with the accounting
    of before (a ``DPFNAS`` whose ``privacy`` is the old uncached loop), once as it is.
    Reported: the seconds of one iteration and of its accounting, and their ratio;
-2. **the accounting alone at scale**: ``SCALE_PARTIES`` parties with distinct split sizes
-   (distinct rates, no two parties share a history: the cache's worst case) over
-   ``SCALE_ITERATIONS`` iterations, before and after; checked equal.
+2. **the accounting alone at scale**: 50 parties (quick: 20) with distinct split sizes
+   (distinct rates, no two parties share a history: the cache's worst case) over 5
+   iterations (quick: 3), before and after; checked equal.
 
     python benchmarks/dpfnas_accounting.py            # numbers: benchmarks/README.md
     python benchmarks/dpfnas_accounting.py --quick    # smoke run (< 1 minute)
@@ -205,7 +206,7 @@ def main() -> None:
             + f" s in iterations 1..{row['iterations']}: first {100 * row['first-share']:.2f}%,"
             f" later {100 * row['later-share']:.3f}% of an iteration"
         )
-    scale = accounting_alone(20 if quick else 100, 3 if quick else 10)
+    scale = accounting_alone(20 if quick else 50, 3 if quick else 5)
     print(
         f"{scale['parties']} parties, distinct rates: {scale['before-s-per-iteration']:.3f} s "
         f"of accounting per iteration before, after {scale['after-s-first-iteration']:.3f} s "
