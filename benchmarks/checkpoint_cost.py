@@ -37,9 +37,9 @@ def main() -> None:
     args = parser.parse_args()
     quick = args.quick
 
-    from fedorasflwr.checkpoints import Checkpointer, Snapshot, bound_settings
+    from fedorasflwr.checkpoints import Checkpointer, Snapshot
     from fedorasflwr.client_app import app as client_app
-    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.config import bound_settings, parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.server_app import runner
 

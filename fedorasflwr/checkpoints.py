@@ -18,9 +18,9 @@ own state), ``history``, ``ledger``, ``settings``.  Run config ``resume-from`` h
 checkpoint back as a ``Resume``; the strategy continues at the next round of its stage.
 
 A checkpoint is bound to the settings that made its state: ``settings`` holds every
-run-config value the run read (given or default; ``bound_settings``) except the keys a
-resume may change (``RESUME_SAFE_KEYS``: where files go, when they are written, where
-loops compute, how long to wait) and the other methods' tables.  ``read_resume`` refuses
+run-config value the run read (given or default; ``config.bound_settings``) except the keys
+a resume may change (``config.RESUME_SAFE_KEYS``: where files go, when they are written,
+where loops compute, how long to wait) and the other methods' tables.  ``read_resume`` refuses
 a run whose values differ, naming every differing key with both values, and checks the
 stage, the step (within the stage's rounds) and the ledger's counters.
 
@@ -42,50 +42,22 @@ import torch
 from flwr.app import ArrayRecord
 
 from .artifacts import load_checkpoint, plain, write_json
+from .config import RESUME_SAFE_KEYS
 from .ledger import Ledger, check_summary
 
 __all__ = [
     "CHECKPOINT_FILE",
     "FORMAT",
-    "RESUME_SAFE_KEYS",
     "Checkpointer",
     "Resume",
     "Snapshot",
     "atomic_save",
-    "bound_settings",
     "finite",
     "read_resume",
 ]
 
 #: 2: ``settings`` (the run config a resume must keep); 1: none (refused on resume)
 FORMAT = 2
-#: Run-config keys a resume may change: they decide where files go and when they are
-#: written (``output-dir``, ``resume-from``, ``checkpoint-every``, ``onnx``,
-#: ``data.cache-dir``), where loops compute (``device``), how long the server waits
-#: (``reply-timeout``, ``min-nodes``) and where a FedorAS run stops (``fedoras.stop-after``),
-#: never what the weights, the history, the ledger or the privacy account hold.
-RESUME_SAFE_KEYS = frozenset(
-    {
-        "output-dir",
-        "resume-from",
-        "fedoras.resume-from",
-        "checkpoint-every",
-        "onnx",
-        "data.cache-dir",
-        "device",
-        "reply-timeout",
-        "min-nodes",
-        "fedoras.stop-after",
-    }
-)
-#: method -> its run-config table; another method's table does not bind its checkpoints
-METHOD_TABLES = {
-    "fedoras": "fedoras.",
-    "fdnas": "fdnas.",
-    "cfdnas": "fdnas.",
-    "dpfnas": "dpfnas.",
-    "decnas": "decnas.",
-}
 CHECKPOINT_FILE = "checkpoint.pt"
 RESULT_FILE = "result.json"
 
@@ -146,18 +118,6 @@ def finite(value: Any) -> Any:
     return value
 
 
-def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The run-config ``values`` (``RunSettings.values``) a checkpoint of ``method`` is bound
-    to: all but ``RESUME_SAFE_KEYS`` and the keys of the other methods' tables."""
-    own = METHOD_TABLES.get(method, f"{method}.")
-    others = tuple(t for t in set(METHOD_TABLES.values()) if t != own)
-    return {
-        str(k): plain(v)
-        for k, v in sorted(values.items())
-        if k not in RESUME_SAFE_KEYS and not str(k).startswith(others)
-    }
-
-
 def check_bound_settings(where: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Raise a ``ValueError`` naming every key whose value differs between the checkpoint's
     ``saved`` settings and this run's ``current`` ones (both values)."""
@@ -185,8 +145,8 @@ class Checkpointer:
     method, seed : str, int
         Recorded in every checkpoint (a resume must match both).
     settings : mapping
-        The run config the checkpoint is bound to (``bound_settings``); a resume must
-        have the same.
+        The run config the checkpoint is bound to (``config.bound_settings``); a resume
+        must have the same.
     space : mapping, optional
         ``build_space`` arguments of the weights (unless a snapshot names its own);
         the runner sets it once it has built the space.
@@ -317,7 +277,7 @@ def read_resume(
     stages: Mapping[str, int | None] | None = None,
 ) -> Resume:
     """A checkpoint to continue from, checked (``load_checkpoint``) against the run's
-    space, ``method``, ``seed`` and (given) ``settings`` (``bound_settings``: every
+    space, ``method``, ``seed`` and (given) ``settings`` (``config.bound_settings``: every
     differing key is named), and checked in itself: with ``stages`` (stage -> its rounds,
     ``None``: a stage of counted items, no round bound) its stage must be one of them and
     its step within ``[0, rounds]``; the ledger's counters non-negative integers.

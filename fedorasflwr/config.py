@@ -39,6 +39,8 @@ __all__ = [
     "known_keys",
     "parse_run_config",
     "space_kwargs",
+    "RESUME_SAFE_KEYS",
+    "bound_settings",
 ]
 
 METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas")
@@ -1038,6 +1040,47 @@ def parse_run_config(cfg: Mapping[str, Any]) -> RunSettings:
         _READ.reset(token)
     read.update({f"data.{key}": value for key, value in settings.data.to_config().items()})
     return replace(settings, values=dict(sorted(read.items())))
+
+
+#: Run-config keys a resume may change: they decide where files go and when they are
+#: written (``output-dir``, ``resume-from``, ``checkpoint-every``, ``onnx``,
+#: ``data.cache-dir``), where loops compute (``device``), how long the server waits
+#: (``reply-timeout``, ``min-nodes``) and where a FedorAS run stops (``fedoras.stop-after``),
+#: never what the weights, the history, the ledger or the privacy account hold.
+RESUME_SAFE_KEYS = frozenset(
+    {
+        "output-dir",
+        "resume-from",
+        "fedoras.resume-from",
+        "checkpoint-every",
+        "onnx",
+        "data.cache-dir",
+        "device",
+        "reply-timeout",
+        "min-nodes",
+        "fedoras.stop-after",
+    }
+)
+#: method -> its run-config table; another method's table does not bind its checkpoints
+METHOD_TABLES = {
+    "fedoras": "fedoras.",
+    "fdnas": "fdnas.",
+    "cfdnas": "fdnas.",
+    "dpfnas": "dpfnas.",
+    "decnas": "decnas.",
+}
+
+
+def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-config ``values`` (``RunSettings.values``) a checkpoint of ``method`` is bound
+    to: all but ``RESUME_SAFE_KEYS`` and the keys of the other methods' tables."""
+    own = METHOD_TABLES.get(method, f"{method}.")
+    others = tuple(t for t in set(METHOD_TABLES.values()) if t != own)
+    return {
+        str(k): v
+        for k, v in sorted(values.items())
+        if k not in RESUME_SAFE_KEYS and not str(k).startswith(others)
+    }
 
 
 class _RecordingConfig(Mapping[str, Any]):

@@ -16,8 +16,8 @@ from flwr.serverapp import Grid
 from torch import nn
 
 from .artifacts import save_checkpoint
-from .checkpoints import Checkpointer, Resume, bound_settings, read_resume
-from .config import RunSettings, space_kwargs
+from .checkpoints import Checkpointer, Resume, read_resume
+from .config import RunSettings, bound_settings, space_kwargs
 from .data import dataset_info
 from .export import OnnxExports
 from .federation.aggregation import Aggregation
@@ -104,7 +104,7 @@ def resume_checkpoint(
     stages: dict[str, int | None],
 ) -> Resume | None:
     """The checkpoint of run config ``resume-from`` (``None``: none given), checked
-    against this run's method, seed, settings (``checkpoints.bound_settings``) and space
+    against this run's method, seed, settings (``config.bound_settings``) and space
     (``None``: the strategy checks the weights itself), its stage one of ``stages`` and
     its step within that stage's rounds (``None``: not bounded by rounds)."""
     if not settings.resume_from:

@@ -15,8 +15,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from .artifacts import run_directory
-from .checkpoints import Checkpointer, bound_settings
-from .config import parse_run_config
+from .checkpoints import Checkpointer
+from .config import bound_settings, parse_run_config
 from .federation.polling import prompt
 from .progress import format_seconds, setup_logging, summary_lines
 from .runs import Runner

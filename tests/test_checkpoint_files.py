@@ -11,15 +11,8 @@ import torch
 from flwr.app import ArrayRecord
 
 from fedorasflwr.artifacts import load_checkpoint, save_checkpoint
-from fedorasflwr.checkpoints import (
-    CHECKPOINT_FILE,
-    RESUME_SAFE_KEYS,
-    Checkpointer,
-    Snapshot,
-    bound_settings,
-    read_resume,
-)
-from fedorasflwr.config import parse_run_config
+from fedorasflwr.checkpoints import CHECKPOINT_FILE, Checkpointer, Snapshot, read_resume
+from fedorasflwr.config import RESUME_SAFE_KEYS, bound_settings, parse_run_config
 from fedorasflwr.ledger import Ledger
 from fedorasflwr.search_spaces import build_space
 from tests.runconfig import pyproject_run_config

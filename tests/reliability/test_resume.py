@@ -2,7 +2,7 @@
 
 Through the ServerApp's ``main`` on a grid that fails at the first training instruction:
 a resume whose run config differs from the checkpoint's in a key that is not on the safe
-list (``checkpoints.RESUME_SAFE_KEYS``), or whose file holds a step beyond the stage's
+list (``config.RESUME_SAFE_KEYS``), or whose file holds a step beyond the stage's
 rounds, an unknown stage or a ledger with negative counters, is refused before any
 training with a ``ValueError`` naming the file and the key or field."""
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
-from fedorasflwr.checkpoints import Checkpointer, Snapshot, bound_settings
+from fedorasflwr.checkpoints import Checkpointer, Snapshot
 from fedorasflwr.client_app import app as client_app
-from fedorasflwr.config import parse_run_config
+from fedorasflwr.config import bound_settings, parse_run_config
 from fedorasflwr.ledger import Ledger
 from fedorasflwr.runs import build_supernet
 from tests.reliability.conftest import NoTrainingGrid
