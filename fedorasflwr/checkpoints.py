@@ -14,8 +14,15 @@ A checkpoint holds plain values and tensors only, so ``torch.load(weights_only=T
 reads it (``artifacts.load_checkpoint`` also checks it).  Its entries:
 ``format``, ``method``, ``seed``, ``space`` (what rebuilds the weights),
 ``state_dict``, ``stage``, ``step``, ``stage-done``, ``progress`` (the strategy's
-own state), ``history``, ``ledger``.  Run config ``resume-from`` hands a checkpoint
-back as a ``Resume``; the strategy continues at the next round of its stage.
+own state), ``history``, ``ledger``, ``settings``.  Run config ``resume-from`` hands a
+checkpoint back as a ``Resume``; the strategy continues at the next round of its stage.
+
+A checkpoint is bound to the settings that made its state: ``settings`` holds every
+run-config value the run read (given or default; ``config.bound_settings``) except the keys
+a resume may change (``config.RESUME_SAFE_KEYS``: where files go, when they are written,
+where loops compute, how long to wait) and the other methods' tables.  ``read_resume`` refuses
+a run whose values differ, naming every differing key with both values, and checks the
+stage, the step (within the stage's rounds) and the ledger's counters.
 
 Randomness needs no saved stream: every generator the strategies and clients use
 is derived afresh from (seed, purpose, round or iteration, partition) by
@@ -35,7 +42,8 @@ import torch
 from flwr.app import ArrayRecord
 
 from .artifacts import load_checkpoint, plain, write_json
-from .ledger import Ledger
+from .config import RESUME_SAFE_KEYS
+from .ledger import Ledger, check_summary
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -48,7 +56,8 @@ __all__ = [
     "read_resume",
 ]
 
-FORMAT = 1
+#: 2: ``settings`` (the run config a resume must keep); 1: none (refused on resume)
+FORMAT = 2
 CHECKPOINT_FILE = "checkpoint.pt"
 RESULT_FILE = "result.json"
 
@@ -109,6 +118,23 @@ def finite(value: Any) -> Any:
     return value
 
 
+def check_bound_settings(where: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Raise a ``ValueError`` naming every key whose value differs between the checkpoint's
+    ``saved`` settings and this run's ``current`` ones (both values)."""
+    absent = "(absent)"
+    differing = [
+        f"{key!r} = {saved.get(key, absent)!r} there, {current.get(key, absent)!r} here"
+        for key in sorted(set(saved) | set(current))
+        if key not in saved or key not in current or saved[key] != current[key]
+    ]
+    if differing:
+        raise ValueError(
+            f"{where}: written by a run with other settings; a resume continues the same "
+            f"configuration, so it must keep them (only {sorted(RESUME_SAFE_KEYS)} may change): "
+            + "; ".join(differing)
+        )
+
+
 class Checkpointer:
     """Writes one run's checkpoints and partial ``result.json``.
 
@@ -118,6 +144,9 @@ class Checkpointer:
         The run directory.
     method, seed : str, int
         Recorded in every checkpoint (a resume must match both).
+    settings : mapping
+        The run config the checkpoint is bound to (``config.bound_settings``); a resume
+        must have the same.
     space : mapping, optional
         ``build_space`` arguments of the weights (unless a snapshot names its own);
         the runner sets it once it has built the space.
@@ -140,10 +169,12 @@ class Checkpointer:
         every: int = 0,
         header: Mapping[str, Any] | None = None,
         stage_files: Mapping[str, str] | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.method = method
         self.seed = seed
+        self.settings = dict(settings or {})
         self.space = dict(space or {})
         self.every = every
         self.header = dict(header or {})
@@ -186,6 +217,7 @@ class Checkpointer:
             "progress": plain(snapshot.progress),
             "history": history,
             "ledger": ledger,
+            "settings": dict(self.settings),
         }
         self.written = atomic_save(content, self.path)
         name = self.stage_files.get(snapshot.stage)
@@ -241,10 +273,18 @@ def read_resume(
     reference: Mapping[str, torch.Tensor] | None,
     space: Mapping[str, Any] | None,
     key: str = "resume-from",
+    settings: Mapping[str, Any] | None = None,
+    stages: Mapping[str, int | None] | None = None,
 ) -> Resume:
     """A checkpoint to continue from, checked (``load_checkpoint``) against the run's
-    space, ``method`` and ``seed``.  A checkpoint without ``format`` is a Stage-1
-    ``supernet.pt`` of an earlier version (FedorAS only): a finished Stage 1."""
+    space, ``method``, ``seed`` and (given) ``settings`` (``config.bound_settings``: every
+    differing key is named), and checked in itself: with ``stages`` (stage -> its rounds,
+    ``None``: a stage of counted items, no round bound) its stage must be one of them and
+    its step within ``[0, rounds]``; the ledger's counters non-negative integers.
+
+    A checkpoint without ``format`` is a Stage-1 ``supernet.pt`` of an earlier version
+    (FedorAS only): a finished Stage 1, weights only, so no settings to compare.  One of
+    format 1 records no settings: refused."""
     content = load_checkpoint(path, reference=reference, space=space, key=key)
     where = f"run config {key!r} = {str(path)!r}"
     if "format" not in content:
@@ -254,6 +294,13 @@ def read_resume(
                 "only a FedorAS Stage-1 supernet.pt of that format can be resumed"
             )
         content = {**content, "method": method, "seed": seed, "step": 0, "stage-done": True}
+        settings = None
+    elif content["format"] != FORMAT:
+        raise ValueError(
+            f"{where}: 'format' = {content['format']!r}, this version reads format {FORMAT} "
+            "(format 1 records no run settings, so a resume cannot check that it continues "
+            "the same configuration); start the run afresh"
+        )
     for name, expected in (("method", method), ("seed", seed)):
         if content.get(name) != expected:
             raise ValueError(
@@ -263,11 +310,36 @@ def read_resume(
     missing = [k for k in ("step", "stage-done") if k not in content]
     if missing:
         raise ValueError(f"{where}: lacks the entries {missing}")
+    if settings is not None:
+        saved = content.get("settings")
+        if not isinstance(saved, dict):
+            raise ValueError(f"{where}: 'settings' = {saved!r}, expected a dict of run config")
+        check_bound_settings(where, saved, settings)
+    stage, step, stage_done = content["stage"], content["step"], content["stage-done"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"{where}: 'step' = {step!r}, expected an integer >= 0")
+    if not isinstance(stage_done, bool):
+        raise ValueError(f"{where}: 'stage-done' = {stage_done!r}, expected true or false")
+    if stages is not None:
+        if stage not in stages:
+            raise ValueError(
+                f"{where}: 'stage' = {stage!r} is not a stage of {method}; allowed: "
+                + ", ".join(map(repr, stages))
+            )
+        rounds = stages[stage]
+        if rounds is not None and step > rounds:
+            raise ValueError(
+                f"{where}: 'step' = {step} of stage {stage!r}, which has {rounds} rounds; "
+                f"allowed: 0..{rounds}"
+            )
+    reason = check_summary(content.get("ledger") or {})
+    if reason is not None:
+        raise ValueError(f"{where}: 'ledger' {reason}")
     return Resume(
         path=str(path),
-        stage=str(content["stage"]),
-        step=int(content["step"]),
-        stage_done=bool(content["stage-done"]),
+        stage=str(stage),
+        step=step,
+        stage_done=stage_done,
         arrays=ArrayRecord(content["state_dict"]),
         progress=dict(content.get("progress") or {}),
         history=content.get("history") or [],

@@ -11,6 +11,7 @@ are the ones the parser reads (:func:`known_keys`), so there is no second list.
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import functools
 import math
@@ -38,6 +39,8 @@ __all__ = [
     "known_keys",
     "parse_run_config",
     "space_kwargs",
+    "RESUME_SAFE_KEYS",
+    "bound_settings",
 ]
 
 METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas")
@@ -68,7 +71,17 @@ def _get(
         raise ValueError(f"run config '{key}' = {value!r}: expected a finite number")
     if check is not None and not check(value):
         raise ValueError(f"run config '{key}' = {value!r}: allowed: {allowed}")
+    read = _READ.get()
+    if read is not None:
+        read[key] = value
     return value
+
+
+#: While ``parse_run_config`` runs: every key ``_get`` read, with the value it took (the
+#: run config's or the default) -> ``RunSettings.values``.
+_READ: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "run_config_read", default=None
+)
 
 
 def _positive(value: float) -> bool:
@@ -133,14 +146,15 @@ class TrainingRecipe:
         keys: Iterable[str] = tuple(_RECIPE_KEYS),
         names: Mapping[str, str] | None = None,
         all_clients: bool = False,
+        min_rounds: int = 0,
     ) -> TrainingRecipe:
         """Read the fields in ``keys`` from ``<prefix><key>`` (``names`` renames a key);
         the others keep ``default``'s values.  ``all_clients``: 0 clients per round means
-        every node."""
+        every node; ``min_rounds`` 1: a stage that must run (0 rounds refused)."""
         names = {**_RECIPE_KEYS, **(names or {})}
         low_clients = 0 if all_clients else 1
         checks: dict[str, tuple[type, Callable[[Any], bool], str]] = {
-            "rounds": (int, lambda v: v >= 0, ">= 0"),
+            "rounds": (int, lambda v: v >= min_rounds, f">= {min_rounds}"),
             "clients_per_round": (
                 int,
                 lambda v: v >= low_clients,
@@ -317,7 +331,7 @@ class FedorASSettings:
         proportions = _parse_proportions(
             _get(cfg, p + "tier-proportions", "", str), num_tiers, p + "tier-proportions"
         )
-        train = TrainingRecipe.from_config(cfg, p, cls.train)
+        train = TrainingRecipe.from_config(cfg, p, cls.train, min_rounds=1)  # Stage 1 must run
         min_replies = _min_replies(cfg, p, cls.min_replies, train)
         return cls(
             num_tiers=num_tiers,
@@ -445,6 +459,7 @@ def _fedoras_stages_2_3(
             p + "finetune-",
             replace(cls.finetune, weight_decay=train.weight_decay),
             keys=("rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "momentum"),
+            min_rounds=1,  # Stage 3 must run: a tier model is a fine-tuned one
         ),
         "finetune_lr_decay": _get(
             cfg,
@@ -515,7 +530,7 @@ class FDNASSettings:
         p = "fdnas."
         _check_table(cfg, p)
         fraction = (lambda v: 0 < v <= 1, "fraction of the largest path's FLOPs, 0 < f <= 1")
-        train = TrainingRecipe.from_config(cfg, p, cls.train)
+        train = TrainingRecipe.from_config(cfg, p, cls.train, min_rounds=1)  # the search runs
         min_replies = _min_replies(cfg, p, cls.min_replies, train)
         text = _get(cfg, p + "cluster-target-flops", "0.35", str)
         try:
@@ -555,7 +570,7 @@ class FDNASSettings:
                 ">= 1 (used unless the partitioner is class-groups or nodes declare 'cluster')",
             ),
             cluster_rounds=_get(
-                cfg, p + "cluster-rounds", cls.cluster_rounds, int, lambda v: v >= 0, ">= 0"
+                cfg, p + "cluster-rounds", cls.cluster_rounds, int, _positive, ">= 1"
             ),
             cluster_target_flops=targets,
             final=TrainingRecipe.from_config(
@@ -727,7 +742,7 @@ class DPFNASSettings:
                 lambda v: v in ("dpfnas", "fnas", "single"),
                 "dpfnas, fnas or single",
             ),
-            iterations=count("iterations", cls.iterations, 0),
+            iterations=count("iterations", cls.iterations),  # >= 1: the search must run
             batch_size=count("batch-size", cls.batch_size),
             weight_lr=number("weight-lr", cls.weight_lr),
             weight_momentum=number("weight-momentum", cls.weight_momentum, momentum, "0 <= m < 1"),
@@ -982,7 +997,7 @@ class RunSettings:
     reply_timeout: float = 600.0
     min_nodes: int = 2
     resume_from: str = ""
-    checkpoint_every: int = 0
+    checkpoint_every: int = 1
     # Every final model also as ONNX, checked in onnxruntime (export.py); false: .pt only.
     onnx: bool = True
     data: DataSpec = field(default_factory=DataSpec)
@@ -997,6 +1012,9 @@ class RunSettings:
     aggregation_trim: float = 0.2
     # Where loops compute (training.py ``torch_device``); a node's config wins.
     device: str = "auto"
+    # Every key the parser read and the value it took (given or default): what binds a
+    # checkpoint to its run's settings (checkpoints.py, ``bound_settings``).
+    values: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def output_path(self) -> Path:
@@ -1014,7 +1032,55 @@ def parse_run_config(cfg: Mapping[str, Any]) -> RunSettings:
         the closest known one.
     """
     check_known_keys(cfg)
-    return _parse(cfg)
+    token = _READ.set({})
+    try:
+        settings = _parse(cfg)
+        read = dict(_READ.get() or {})
+    finally:
+        _READ.reset(token)
+    read.update({f"data.{key}": value for key, value in settings.data.to_config().items()})
+    return replace(settings, values=dict(sorted(read.items())))
+
+
+#: Run-config keys a resume may change: they decide where files go and when they are
+#: written (``output-dir``, ``resume-from``, ``checkpoint-every``, ``onnx``,
+#: ``data.cache-dir``), where loops compute (``device``), how long the server waits
+#: (``reply-timeout``, ``min-nodes``) and where a FedorAS run stops (``fedoras.stop-after``),
+#: never what the weights, the history, the ledger or the privacy account hold.
+RESUME_SAFE_KEYS = frozenset(
+    {
+        "output-dir",
+        "resume-from",
+        "fedoras.resume-from",
+        "checkpoint-every",
+        "onnx",
+        "data.cache-dir",
+        "device",
+        "reply-timeout",
+        "min-nodes",
+        "fedoras.stop-after",
+    }
+)
+#: method -> its run-config table; another method's table does not bind its checkpoints
+METHOD_TABLES = {
+    "fedoras": "fedoras.",
+    "fdnas": "fdnas.",
+    "cfdnas": "fdnas.",
+    "dpfnas": "dpfnas.",
+    "decnas": "decnas.",
+}
+
+
+def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-config ``values`` (``RunSettings.values``) a checkpoint of ``method`` is bound
+    to: all but ``RESUME_SAFE_KEYS`` and the keys of the other methods' tables."""
+    own = METHOD_TABLES.get(method, f"{method}.")
+    others = tuple(t for t in set(METHOD_TABLES.values()) if t != own)
+    return {
+        str(k): v
+        for k, v in sorted(values.items())
+        if k not in RESUME_SAFE_KEYS and not str(k).startswith(others)
+    }
 
 
 class _RecordingConfig(Mapping[str, Any]):
@@ -1098,7 +1164,7 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         min_nodes=_get(cfg, "min-nodes", 2, int, _positive, ">= 1"),
         resume_from=_resume_from(cfg, method),
         checkpoint_every=_get(
-            cfg, "checkpoint-every", 0, int, lambda v: v >= 0, ">= 0 (0: at stage ends only)"
+            cfg, "checkpoint-every", 1, int, lambda v: v >= 0, ">= 0 (0: at stage ends only)"
         ),
         onnx=_get(cfg, "onnx", True, bool),
         data=DataSpec.from_config(data_cfg),

@@ -11,6 +11,7 @@ of every result.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import Any, Literal
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
 
-__all__ = ["FailureKind", "Ledger", "NodeCosts", "failure_kind"]
+__all__ = ["FailureKind", "Ledger", "NodeCosts", "check_summary", "failure_kind"]
 
 FailureKind = Literal["lost", "timeout", "error"]
 """Why a message got no usable reply: node lost, no reply in time, or an error reply."""
@@ -65,6 +66,43 @@ class NodeCosts:
     lost: int = 0
     timed_out: int = 0
     error_replies: int = 0
+
+
+def check_summary(summary: Any) -> str | None:
+    """Why ``summary`` is not a ledger ``summary()`` (per stage: ``seconds`` finite and >= 0,
+    ``totals`` and ``nodes`` of integer node ids, each counter of ``NodeCosts`` a
+    non-negative integer), naming the field; ``None`` if it is one."""
+    if not isinstance(summary, dict):
+        return f"is a {type(summary).__name__}, expected a dict of stages"
+    names = set(NodeCosts.__dataclass_fields__)
+    for stage, content in summary.items():
+        if not isinstance(content, dict):
+            return f"stage {stage!r} is a {type(content).__name__}, expected a dict"
+        seconds = content.get("seconds", 0.0)
+        if (
+            not isinstance(seconds, int | float)
+            or isinstance(seconds, bool)
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            return f"[{stage!r}]['seconds'] = {seconds!r}, expected a finite number >= 0"
+        tables = [(f"[{stage!r}]['totals']", content.get("totals", {}))]
+        nodes = content.get("nodes", {})
+        if not isinstance(nodes, dict):
+            return f"[{stage!r}]['nodes'] is a {type(nodes).__name__}, expected a dict"
+        for node, counters in nodes.items():
+            if not str(node).lstrip("-").isdigit():
+                return f"[{stage!r}]['nodes'] has the node id {node!r}, expected an integer"
+            tables.append((f"[{stage!r}]['nodes'][{node!r}]", counters))
+        for field, counters in tables:
+            if not isinstance(counters, dict):
+                return f"{field} is a {type(counters).__name__}, expected a dict"
+            for name, value in counters.items():
+                if name not in names:
+                    return f"{field} has the unknown counter {name!r}"
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    return f"{field}[{name!r}] = {value!r}, expected an integer >= 0"
+    return None
 
 
 class Ledger:
@@ -119,7 +157,11 @@ class Ledger:
             self._seconds[stage] += time.perf_counter() - start
 
     def restore(self, summary: dict[str, Any]) -> None:
-        """Add the counters and seconds of an earlier ``summary()`` (a resumed run's)."""
+        """Add the counters and seconds of an earlier ``summary()`` (a resumed run's);
+        ``ValueError`` if it is not one (``check_summary``)."""
+        reason = check_summary(summary)
+        if reason is not None:
+            raise ValueError(f"ledger to restore: {reason}")
         for stage, content in summary.items():
             self._seconds[stage] += float(content.get("seconds", 0.0))
             for node, counters in content.get("nodes", {}).items():

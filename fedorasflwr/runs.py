@@ -17,7 +17,7 @@ from torch import nn
 
 from .artifacts import save_checkpoint
 from .checkpoints import Checkpointer, Resume, read_resume
-from .config import RunSettings, space_kwargs
+from .config import RunSettings, bound_settings, space_kwargs
 from .data import dataset_info
 from .export import OnnxExports
 from .federation.aggregation import Aggregation
@@ -87,24 +87,36 @@ def checkpointer(
     """The run's ``Checkpointer`` (a new one if the caller gave none), set to ``space``."""
     if progress is None:
         progress = Checkpointer(
-            out_dir, method=settings.method, seed=settings.seed, every=settings.checkpoint_every
+            out_dir,
+            method=settings.method,
+            seed=settings.seed,
+            every=settings.checkpoint_every,
+            settings=bound_settings(settings.method, settings.values),
         )
     progress.space = dict(space)
     progress.stage_files.update(stage_files)
     return progress
 
 
-def resume_checkpoint(settings: RunSettings, space: SearchSpace | PrunableNet) -> Resume | None:
+def resume_checkpoint(
+    settings: RunSettings,
+    space: SearchSpace | PrunableNet | None,
+    stages: dict[str, int | None],
+) -> Resume | None:
     """The checkpoint of run config ``resume-from`` (``None``: none given), checked
-    against this run's method, seed and space."""
+    against this run's method, seed, settings (``config.bound_settings``) and space
+    (``None``: the strategy checks the weights itself), its stage one of ``stages`` and
+    its step within that stage's rounds (``None``: not bounded by rounds)."""
     if not settings.resume_from:
         return None
     return read_resume(
         settings.resume_from,
         method=settings.method,
         seed=settings.seed,
-        reference=space.state_dict(),
-        space=space.spec,
+        reference=None if space is None else space.state_dict(),
+        space=None if space is None else space.spec,
+        settings=bound_settings(settings.method, settings.values),
+        stages=stages,
     )
 
 

@@ -16,7 +16,7 @@ from flwr.supercore import log
 
 from .artifacts import run_directory
 from .checkpoints import Checkpointer
-from .config import parse_run_config
+from .config import bound_settings, parse_run_config
 from .federation.polling import prompt
 from .progress import format_seconds, setup_logging, summary_lines
 from .runs import Runner
@@ -60,6 +60,7 @@ def main(grid: Grid, context: Context) -> None:
         method=settings.method,
         seed=settings.seed,
         every=settings.checkpoint_every,
+        settings=bound_settings(settings.method, settings.values),
         header={
             "method": settings.method,
             "settings": settings,

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord
 
 from fedorasflwr.artifacts import load_checkpoint, save_checkpoint
 from fedorasflwr.checkpoints import CHECKPOINT_FILE, Checkpointer, Snapshot, read_resume
-from fedorasflwr.config import parse_run_config
+from fedorasflwr.config import RESUME_SAFE_KEYS, bound_settings, parse_run_config
 from fedorasflwr.ledger import Ledger
 from fedorasflwr.search_spaces import build_space
 from tests.runconfig import pyproject_run_config
@@ -132,12 +132,14 @@ def test_another_space(space, tmp_path):
     assert_rejected(write(tmp_path, content), space, "holds weights of the space")
 
 
-def checkpoint(tmp_path: Path, space, **snapshot) -> Path:
-    writer = Checkpointer(tmp_path, method="fedoras", seed=3, space=space.spec, every=2)
+def checkpoint(tmp_path: Path, space, settings=None, step: int = 2, **snapshot) -> Path:
+    writer = Checkpointer(
+        tmp_path, method="fedoras", seed=3, space=space.spec, every=2, settings=settings
+    )
     writer(
         Snapshot(
             stage="supernet",
-            step=2,
+            step=step,
             arrays=ArrayRecord(space.state_dict()),
             ledger=Ledger(),
             history=[{"round": 0}],
@@ -213,3 +215,142 @@ def test_resume_keys_parse():
         parse_run_config({**base, "resume-from": "a.pt", "fedoras.resume-from": "b.pt"})
     with pytest.raises(ValueError, match="'checkpoint-every' = -1"):
         parse_run_config({**base, "checkpoint-every": -1})
+
+
+# --- a checkpoint is bound to the settings that made it --------------------------------
+
+
+def fedoras_settings(**overrides) -> dict:
+    """The bound settings of a FedorAS run of the app's run config (seed 3) with ``overrides``."""
+    settings = parse_run_config({**pyproject_run_config(), "seed": 3, **overrides})
+    return bound_settings(settings.method, settings.values)
+
+
+def resume_with(path: Path, space, settings, **checks):
+    return read_resume(
+        str(path),
+        method="fedoras",
+        seed=3,
+        reference=space.state_dict(),
+        space=space.spec,
+        settings=settings,
+        **checks,
+    )
+
+
+def test_a_resume_with_other_settings_is_refused_naming_every_key_and_both_values(space, tmp_path):
+    path = checkpoint(tmp_path, space, settings=fedoras_settings())
+    changed = {
+        "fedoras.lr": 0.5,
+        "data.partitioner": "iid",
+        "fedoras.clients-per-round": 3,
+        "data.seed": 11,
+    }
+    before = parse_run_config({**pyproject_run_config(), "seed": 3}).values
+    with pytest.raises(ValueError, match="other settings") as error:
+        resume_with(path, space, fedoras_settings(**changed))
+    message = str(error.value)
+    assert str(path) in message
+    for key, value in changed.items():
+        assert f"{key!r} = {before[key]!r} there, {value!r} here" in message
+    assert "'seed'" not in message.split("may change")[1]  # only the keys that differ
+
+
+def test_a_resume_may_change_the_safe_keys_and_other_methods_tables(space, tmp_path):
+    path = checkpoint(tmp_path, space, settings=fedoras_settings())
+    safe = {
+        "output-dir": str(tmp_path / "elsewhere"),
+        "checkpoint-every": 5,
+        "device": "cpu",
+        "reply-timeout": 30.0,
+        "min-nodes": 1,
+        "onnx": False,
+        "data.cache-dir": str(tmp_path / "cache"),
+        "fedoras.stop-after": "search",
+        "dpfnas.noise-weights": 4.0,  # DP-FNAS's table: no part of a FedorAS state
+    }
+    assert {k for k in safe if not k.startswith("dpfnas.")} <= RESUME_SAFE_KEYS
+    resume = resume_with(path, space, fedoras_settings(**safe))
+    assert resume.step == 2
+
+
+def test_a_checkpoint_without_its_settings_is_refused(space, tmp_path):
+    path = checkpoint(tmp_path, space, settings=fedoras_settings())
+    content = torch.load(path, weights_only=True)
+    del content["settings"]
+    with pytest.raises(ValueError, match="'settings' = None"):
+        resume_with(write(tmp_path, content), space, fedoras_settings())
+    with pytest.raises(ValueError, match="'format' = 1.*records no run settings"):
+        resume_with(write(tmp_path, {**content, "format": 1}), space, fedoras_settings())
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"step": 4}, "'step' = 4 of stage 'supernet', which has 3 rounds; allowed: 0..3"),
+        ({"step": -1}, "'step' = -1, expected an integer >= 0"),
+        ({"step": 1.5}, "'step' = 1.5, expected an integer >= 0"),
+        ({"stage": "warmup"}, "'stage' = 'warmup' is not a stage of fedoras"),
+        ({"stage-done": "yes"}, "'stage-done' = 'yes', expected true or false"),
+    ],
+)
+def test_a_step_or_stage_out_of_range_is_refused(space, tmp_path, change, fragment):
+    path = checkpoint(tmp_path, space)
+    content = {**torch.load(path, weights_only=True), **change}
+    stages = {"supernet": 3, "search": None, "finetune": None}
+    with pytest.raises(ValueError, match=fragment.replace("(", "\\(").replace(")", "\\)")):
+        resume_with(write(tmp_path, content), space, None, stages=stages)
+    assert resume_with(path, space, None, stages=stages).step == 2
+
+
+def ledger_of(stage: str = "supernet") -> dict:
+    ledger = Ledger()
+    ledger.sent(stage, 5, 100)
+    ledger.received(stage, 5, 80, train_flops=7)
+    return ledger.summary()
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "fragment"),
+    [
+        (lambda led: led["supernet"]["nodes"]["5"].update(bytes_up=-80), "'bytes_up'\\] = -80"),
+        (lambda led: led["supernet"]["totals"].update(messages=-1), "'messages'\\] = -1"),
+        (lambda led: led["supernet"]["nodes"]["5"].update(replies=1.5), "'replies'\\] = 1.5"),
+        (lambda led: led["supernet"]["nodes"]["5"].update(failed=True), "'failed'\\] = True"),
+        (lambda led: led["supernet"]["nodes"]["5"].update(stolen=1), "unknown counter 'stolen'"),
+        (lambda led: led["supernet"].update(seconds=-2.0), "'seconds'\\] = -2.0"),
+        (lambda led: led["supernet"]["nodes"].update(x={}), "node id 'x'"),
+    ],
+)
+def test_a_ledger_with_negative_or_foreign_counters_is_refused(space, tmp_path, corrupt, fragment):
+    path = checkpoint(tmp_path, space)
+    content = torch.load(path, weights_only=True)
+    content["ledger"] = ledger_of()
+    assert resume_with(write(tmp_path, content, "good.pt"), space, None).ledger
+    corrupt(content["ledger"])
+    with pytest.raises(ValueError, match="'ledger' .*" + fragment) as error:
+        resume_with(write(tmp_path, content), space, None)
+    assert "bad.pt" in str(error.value)
+    with pytest.raises(ValueError, match="ledger to restore"):
+        Ledger().restore(content["ledger"])
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "fedoras.rounds",
+        "fedoras.finetune-rounds",
+        "fdnas.rounds",
+        "fdnas.cluster-rounds",
+        "dpfnas.iterations",
+    ],
+)
+def test_zero_rounds_of_a_stage_that_must_run_are_refused(key):
+    with pytest.raises(ValueError, match=f"run config '{key}' = 0: allowed: >= 1"):
+        parse_run_config({**pyproject_run_config(), key: 0})
+
+
+def test_a_checkpoint_is_written_every_round_by_default():
+    base = {k: v for k, v in pyproject_run_config().items() if k != "checkpoint-every"}
+    assert parse_run_config(base).checkpoint_every == 1
+    assert pyproject_run_config()["checkpoint-every"] == 1

@@ -331,19 +331,24 @@ def test_a_resumed_decnas_continues_after_its_last_global_model(data_cache, tmp_
 
 
 def test_a_resume_with_other_tiers_is_refused_before_training(data_cache, fedoras_runs, tmp_path):
+    """Other tiers and another learning rate: the checkpoint is bound to its run config, so
+    the resume is refused naming both keys with both values (``stop-after`` and
+    ``checkpoint-every`` differ too, and may)."""
     _, stopped, _ = fedoras_runs
     config = tiny_fedoras(
         data_cache,
         **{
             "fedoras.rounds": 3,
             "fedoras.num-tiers": 3,
+            "fedoras.lr": 0.5,
             "output-dir": str(tmp_path / "out"),
             "resume-from": str(stopped / "checkpoint.pt"),
         },
     )
     grid = InProcessGrid(client_app, config, NUM_NODES)
-    with pytest.raises(ValueError, match="resume-from.*tiers or tier assignment"):
+    fragment = "resume-from.*other settings.*'fedoras.lr' = 0.1 there, 0.5 here"
+    with pytest.raises(ValueError, match=fragment + "; 'fedoras.num-tiers' = 4 there, 3 here$"):
         run_main(grid, config)
     assert not [m for m in grid.sent if m.metadata.message_type == FEDORAS_SUPERNET]
     (run_dir,) = (tmp_path / "out").iterdir()
-    assert "tiers or tier assignment" in result_of(run_dir)["status"]["error"]
+    assert "'fedoras.num-tiers' = 4 there" in result_of(run_dir)["status"]["error"]

@@ -275,11 +275,22 @@ SEMANTIC = [
 ]
 
 
+#: the rounds of a stage that must run: 0 is refused too (0 of an optional stage skips it)
+ZERO_ROUNDS = (
+    "fedoras.rounds",
+    "fedoras.finetune-rounds",
+    "fdnas.rounds",
+    "fdnas.cluster-rounds",
+    "dpfnas.iterations",
+)
+
+
 def bad_configs(defaults: Mapping[str, Any]) -> list[BadConfig]:
     """Every type and range mutation of every key of ``defaults`` (the app's run config),
-    plus the hand-written cross-key cases.  Mutations a key legitimately accepts
-    (negative values of keys documented to allow them) are found by the suite, not listed."""
-    out = []
+    zero rounds of every stage that must run, plus the hand-written cross-key cases.
+    Mutations a key legitimately accepts (negative values of keys documented to allow
+    them) are found by the suite, not listed."""
+    out = [BadConfig(f"{key}: zero rounds", key, {key: 0}) for key in ZERO_ROUNDS]
     for key, default in defaults.items():
         for label, value in _mutations(default):
             if key in FREE_TEXT and isinstance(value, str):

@@ -184,17 +184,23 @@ def test_second_order_search_sends_the_previous_weights(data_cache):
 
 def test_batch_larger_than_a_split_is_warned(data_cache, caplog):
     """Many parties -> tiny validation splits: a rate capped at 1 is logged (huge epsilon)."""
-    config = small_dpfnas(
-        data_cache, **{"dpfnas.iterations": 0, "dpfnas.final-rounds": 0, "dpfnas.batch-size": 8}
-    )
+    config = small_dpfnas(data_cache, **{"dpfnas.final-rounds": 0, "dpfnas.batch-size": 8})
+
+    def set_up(config):  # the warning comes from setup: no search needed
+        settings = parse_run_config(config)
+        space = build_supernet(settings)
+        strategy = DPFNAS(space=space, settings=settings.dpfnas, seed=settings.seed)
+        strategy.setup(InProcessGrid(client_app, config, 20))
+        return strategy
+
     with caplog.at_level(logging.WARNING):
-        strategy, _, _ = run(config, num_nodes=20)
+        strategy = set_up(config)
     smallest = min(p.num_val for p in strategy.parties)
     assert smallest <= 25  # MNIST-5k over 20 parties: ~22 validation digits each
     assert "sample rate is capped at 1" not in caplog.text  # 8 < 22: still subsampled
     caplog.clear()
     config["dpfnas.batch-size"] = smallest
     with caplog.at_level(logging.WARNING):
-        strategy, _, _ = run(config, num_nodes=20)
+        strategy = set_up(config)
     assert "sample rate is capped at 1" in caplog.text
     assert max(strategy.sample_rates(p)[1] for p in strategy.parties) == 1.0

@@ -8,7 +8,7 @@ from typing import Any
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
-from ...checkpoints import Checkpointer, read_resume
+from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
 from ...plots import (
@@ -17,11 +17,13 @@ from ...plots import (
 from ...runs import (
     RunFiles,
     latency_document,
+    resume_checkpoint,
     start,
     strategy_options,
 )
 from ...search_spaces.prunable import PrunableNet, build_prunable
 from ...seeding import seed_torch
+from .stages import GM0, ITERATIONS
 from .strategy import DecNAS
 
 __all__ = ["build_decnas_net", "run_decnas"]
@@ -49,16 +51,9 @@ def run_decnas(
 ) -> dict[str, Any]:
     """DecNAS: GM_0, NetAdapt iterations with client groups, tuning; frontier and models."""
     net = build_decnas_net(settings)
-    resume = None
-    if settings.resume_from:
-        # GM_t's widths differ from GM_0's: the strategy checks each saved GM against its own
-        resume = read_resume(
-            settings.resume_from,
-            method=settings.method,
-            seed=settings.seed,
-            reference=None,
-            space=None,
-        )
+    # GM_t's widths differ from GM_0's: the strategy checks each saved GM against its own
+    stages = {GM0: settings.decnas.train.rounds, ITERATIONS: settings.decnas.max_iterations}
+    resume = resume_checkpoint(settings, None, stages)
     strategy = DecNAS(
         net=net,
         settings=settings.decnas,

@@ -56,7 +56,14 @@ def run_dpfnas(
         space=space,
         settings=settings.dpfnas,
         latency_request=settings.latency.request(settings.seed),
-        **strategy_options(settings, resume_checkpoint(settings, space)),
+        **strategy_options(
+            settings,
+            resume_checkpoint(
+                settings,
+                space,
+                {"search": settings.dpfnas.iterations, "final": settings.dpfnas.final.rounds},
+            ),
+        ),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.dpfnas.iterations

@@ -82,9 +82,9 @@ from ...seeding import seed_torch
 from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_layout
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .per_sample import per_sample_problem
-from .privacy import PartyPrivacy, composed_epsilon
+from .privacy import Accountant, PartyPrivacy, Segment, add_steps, composed_epsilon
 
-__all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report"]
+__all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report", "restore_history"]
 
 WEIGHTS, ARCH, FINAL = "weights", "arch", "final"
 SEARCH = "search"
@@ -181,6 +181,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         self.arch_keys = tuple(space.arch_keys)
         self.parties: list[NodeProfile] = []
         self.steps: dict[int, dict[str, int]] = {}
+        # per party and mechanism: the (noise, rate, steps) segments its steps were taken at
+        self.accounts: dict[int, dict[str, list[Segment]]] = {}
+        self.accountant = Accountant(settings.accountant, settings.delta)
         self._momentum: dict[str, np.ndarray] = {}
         self._previous: ArrayRecord | None = None
         self._sent: dict[int, dict[str, Any]] = {}
@@ -235,6 +238,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 )
         self.parties = parties
         self.steps = {p.partition_id: {WEIGHTS: 0, ARCH: 0} for p in parties}
+        self.accounts = {p.partition_id: {WEIGHTS: [], ARCH: []} for p in parties}
         if self.settings.resource == "latency":
             self.latency_budget([p.node_id for p in parties], grid)
         b = self.settings.batch_size
@@ -321,22 +325,20 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         return Bound(max(rate * n, 1e-12), f"sample-rate {rate:.6g} x num-{split} {n}", exact=True)
 
     def privacy(self, extra_steps: int = 0) -> list[PartyPrivacy]:
-        """Each party's guarantees after its steps so far (plus ``extra_steps`` each)."""
+        """Each party's guarantees after its steps so far, composed from its accounts
+        (each step at the noise and rate it was taken with), plus ``extra_steps`` each at
+        today's noise and rates; composed by the cached ``Accountant``."""
         report = []
         for party in self.parties:
             rate_train, rate_val = self.sample_rates(party)
-            steps = self.steps[party.partition_id]
+            account = self.accounts[party.partition_id]
             report.append(
-                PartyPrivacy.compute(
+                PartyPrivacy.of(
                     party.partition_id,
-                    sigma=self.sigma,
-                    tau=self.tau,
-                    rate_train=rate_train,
-                    rate_val=rate_val,
-                    steps_weights=steps[WEIGHTS] + extra_steps,
-                    steps_arch=steps[ARCH] + extra_steps,
-                    delta=self.settings.delta,
-                    accountant=self.settings.accountant,
+                    weights=add_steps(account[WEIGHTS], self.sigma, rate_train, extra_steps),
+                    arch=add_steps(account[ARCH], self.tau, rate_val, extra_steps),
+                    account=self.accountant,
+                    current=(self.sigma, self.tau, rate_train, rate_val),
                 )
             )
         return report
@@ -370,6 +372,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             self._sent[party.node_id] = specs
             self._expected_batch[party.node_id] = self.expected_batch(party, phase)
             self.steps[party.partition_id][phase] += 1
+            account = self.accounts[party.partition_id]
+            noise, rate = (self.sigma, rate_train) if phase == WEIGHTS else (self.tau, rate_val)
+            account[phase] = add_steps(account[phase], noise, rate)
             message_config = ConfigRecord(
                 {
                     **dict(config),
@@ -603,23 +608,32 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
 
     def progress(self, stopped: str, done: int) -> dict[str, Any]:
         """What resuming the search needs besides W and A: the accountant's steps per party
-        and mechanism, the server momentum, the previous W (order 2), why it stopped."""
+        and mechanism and their history (``accounts``: [noise, rate, steps] segments), the
+        server momentum, the previous W (order 2), why it stopped."""
         return {
             "stopped": stopped,
             "iterations": done,
             "steps": {str(pid): dict(steps) for pid, steps in self.steps.items()},
+            "accounts": {
+                str(pid): {m: [list(seg) for seg in history] for m, history in account.items()}
+                for pid, account in self.accounts.items()
+            },
             "momentum": {k: torch.from_numpy(np.array(v)) for k, v in self._momentum.items()},
             "previous": None if self._previous is None else self._previous.to_torch_state_dict(),
         }
 
     def restore_progress(self, resume: Resume) -> int:
-        """Take the accountant's steps, momentum and previous W from ``resume``; returns
-        the search iterations done."""
+        """Take the accountant's steps and their history, momentum and previous W from
+        ``resume``; returns the search iterations done."""
         where = f"run config 'resume-from' = {resume.path!r}"
         try:
             steps = {
                 int(pid): {WEIGHTS: int(s[WEIGHTS]), ARCH: int(s[ARCH])}
                 for pid, s in resume.progress["steps"].items()
+            }
+            accounts = {
+                int(pid): {m: restore_history(where, pid, m, a[m]) for m in (WEIGHTS, ARCH)}
+                for pid, a in resume.progress["accounts"].items()
             }
             momentum = {k: v.numpy() for k, v in resume.progress["momentum"].items()}
             previous = resume.progress["previous"]
@@ -631,7 +645,21 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 f"{where}: written for the parties {sorted(steps)}, this run has "
                 f"{sorted(self.steps)}; the accountant cannot carry over"
             )
+        for pid, account in accounts.items():
+            for mechanism, history in account.items():
+                total = sum(k for _, _, k in history)
+                if pid not in steps or total != steps[pid][mechanism]:
+                    raise ValueError(
+                        f"{where}: the privacy history of party {pid} ({mechanism}) has "
+                        f"{total} steps, its step count {steps.get(pid, {}).get(mechanism)}"
+                    )
+        if set(accounts) != set(steps):
+            raise ValueError(
+                f"{where}: privacy histories of the parties {sorted(accounts)}, step counts "
+                f"of {sorted(steps)}"
+            )
         self.steps = steps
+        self.accounts = accounts
         self._momentum = momentum
         self._previous = None if previous is None else ArrayRecord(previous)
         return done
@@ -754,8 +782,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             steps = s.final.rounds * final_steps(
                 party.num_train, s.final.batch_size, s.final.local_epochs
             )
+            # the search's W steps as they were taken (``accounts``), then the final training
             mechanisms = [(s.final_noise, rate_final, steps)]
-            mechanisms.append((self.sigma, rate_search, self.steps[party.partition_id][WEIGHTS]))
+            mechanisms += self.accounts[party.partition_id][WEIGHTS]
             report.append(
                 {
                     "partition_id": party.partition_id,
@@ -766,6 +795,35 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 }
             )
         return report
+
+
+def restore_history(where: str, pid: Any, mechanism: str, history: Any) -> list[Segment]:
+    """A checkpoint's privacy history of one party's mechanism, checked: a list of
+    [noise >= 0, 0 < rate <= 1, steps >= 1] segments; else ``ValueError`` naming it."""
+    field = f"progress['accounts'][{pid!r}][{mechanism!r}]"
+    if not isinstance(history, list):
+        raise ValueError(f"{where}: {field} = {history!r}, expected a list of segments")
+    segments: list[Segment] = []
+    for segment in history:
+        ok = isinstance(segment, list | tuple) and len(segment) == 3
+        if ok:
+            noise, rate, steps = segment
+            ok = (
+                all(isinstance(v, int | float) and not isinstance(v, bool) for v in segment)
+                and math.isfinite(noise)
+                and noise >= 0
+                and math.isfinite(rate)
+                and 0 < rate <= 1
+                and isinstance(steps, int)
+                and steps >= 1
+            )
+        if not ok:
+            raise ValueError(
+                f"{where}: {field} holds {segment!r}; allowed: [noise multiplier >= 0, "
+                "0 < sample rate <= 1, steps >= 1]"
+            )
+        segments.append((float(segment[0]), float(segment[1]), int(segment[2])))
+    return segments
 
 
 def privacy_report(report: Sequence[PartyPrivacy]) -> list[dict[str, Any]]:

@@ -71,7 +71,9 @@ def _run_fdnas(
         settings=settings.fdnas,
         cluster_of=cluster_tagger(settings),
         latency_request=settings.latency.request(settings.seed),
-        **strategy_options(settings, resume_checkpoint(settings, space)),
+        **strategy_options(
+            settings, resume_checkpoint(settings, space, {"search": settings.fdnas.train.rounds})
+        ),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial = ArrayRecord(space.state_dict())

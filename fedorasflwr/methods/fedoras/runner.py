@@ -42,7 +42,9 @@ def run_fedoras(
     """FedorAS, all three stages (or from a checkpoint, run config ``resume-from``);
     returns the result document and writes checkpoints and plots to ``out_dir``."""
     space = build_supernet(settings)
-    resume = resume_checkpoint(settings, space)
+    # Stage 1 is counted in rounds; the search and fine-tuning in tiers and models
+    stages = {"supernet": settings.fedoras.train.rounds, "search": None, "finetune": None}
+    resume = resume_checkpoint(settings, space, stages)
     trained = resume is not None and not resume.within("supernet")
     server_data = load_server_data(settings.data)
     evaluator = None
