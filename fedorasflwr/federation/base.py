@@ -465,17 +465,17 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         which partitions it can take."""
         return None
 
-    def refresh_profiles(self, grid: Grid) -> None:
+    def refresh_profiles(self, grid: Grid) -> set[int]:
         """Before a sampling step: profile every connected node never asked (e.g. a SuperNode
         that reconnected under a new node id), with the same rules; log every profiled node
         that is gone, its partition now missing.
 
         A newcomer claiming the partition of a node that is gone takes it over; of a node
         still connected, both are refused (as at the start). Bad newcomers are dropped and
-        logged; none of this can stop the run."""
-        if not self._asked:  # not profiled yet
-            return
+        logged; none of this can stop the run. Returns the node ids connected now."""
         connected = set(grid.get_node_ids())
+        if not self._asked:  # not profiled yet
+            return connected
         for node_id in sorted(set(self.profiles) - connected - self._gone):
             self._gone.add(node_id)
             log(
@@ -487,9 +487,8 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         self._gone -= connected
         new = sorted(connected - self._asked)
         if not new:
-            return
+            return connected
         arrived = self._valid_profiles(self._ask_profiles(grid, new))
-        self._reasons.pop("profile", None)  # a mid-run profiling has no minimum
         arrived = self._unique_partitions(arrived, log_missing=False)
         for node_id, profile in sorted(arrived.items()):
             reason = self.admit_late(profile)
@@ -528,12 +527,13 @@ class FederatedNASStrategy(Strategy, Generic[R]):
                     profile.partition_id,
                 )
             self.profiles[node_id] = profile
+        self._reasons.pop("profile", None)  # a mid-run profiling has no minimum
+        return connected
 
     def connected_profiles(self, grid: Grid) -> list[NodeProfile]:
         """``refresh_profiles``, then the profiles of the nodes connected now, ordered by
         partition id: the nodes a sampling step may choose from."""
-        self.refresh_profiles(grid)
-        connected = set(grid.get_node_ids())
+        connected = self.refresh_profiles(grid)
         nodes = [p for p in self.profiles.values() if p.node_id in connected]
         return sorted(nodes, key=lambda p: (p.partition_id, p.node_id))
 
