@@ -41,6 +41,9 @@ Client contract
     ``insecure-reproducible-noise``.
     Reply: the trained arrays and ``num-examples``, ``train-loss``; or
     ``num-examples``, ``loss``, ``accuracy`` on the test split.
+
+A party whose node config lacks ``allow-reproducible-noise = true`` refuses (an error
+reply, booked as its failure) every noised message with ``insecure-reproducible-noise``.
 """
 
 from __future__ import annotations
