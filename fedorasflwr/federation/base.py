@@ -288,6 +288,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         self._asked: set[int] = set()
         self._gone: set[int] = set()
         self._agreed: dict[str, int | None] = {}
+        self._profile_config = ConfigRecord()  # the config of every query.profile
         self.latency_tables: dict[int, LatencyTable] = {}
         self._reasons: dict[str, list[str]] = {}
         self.user_train_config: dict[str, Any] = {}
@@ -419,10 +420,9 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         return profiles
 
     def _ask_profiles(self, grid: Grid, node_ids: Iterable[int]) -> list[Message]:
-        config = getattr(self, "_profile_config", None) or ConfigRecord()
         messages = [
             Message(
-                content=RecordDict({CONFIG: config}),
+                content=RecordDict({CONFIG: self._profile_config}),
                 message_type=QUERY_PROFILE,
                 dst_node_id=node_id,
             )
@@ -441,7 +441,9 @@ class FederatedNASStrategy(Strategy, Generic[R]):
             node_id = reply.metadata.src_node_id
             try:
                 parsed[node_id] = NodeProfile.from_reply(reply)
-            except (KeyError, TypeError, ValueError) as exc:
+            except KeyError as exc:
+                self._drop("profile", node_id, f"malformed profile: no field {exc}")
+            except (TypeError, ValueError) as exc:
                 self._drop("profile", node_id, f"malformed profile: {exc}")
         if not self._agreed:
             self._agreed = {

@@ -268,3 +268,35 @@ def test_decnas_regroups_with_a_node_that_appeared_mid_run(data_cache, caplog):
         second = strategy.regroup(grid, 2)["groups"]
     assert sorted(sum(second, [])) == sorted(sum(first, [])) == list(range(NUM_NODES))
     assert new in {p.node_id for group in strategy.groups for p in group}
+
+
+def test_a_dpfnas_party_that_reconnects_keeps_its_place_and_a_stranger_cannot_join(
+    data_cache, caplog
+):
+    config = tiny_dpfnas(data_cache, **{"dpfnas.iterations": 1, "dpfnas.final-rounds": 0})
+    settings = parse_run_config(config)
+    grid = InProcessGrid(client_app, config, 4)
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    grid.remove_node(grid.node_of_partition[3])  # partition 3 has no node at the start
+    strategy.setup(grid)
+    assert [p.partition_id for p in strategy.parties] == [0, 1, 2]
+    old = grid.node_of_partition[1]
+    grid.remove_node(old)
+    new = grid.add_node(1)
+    stranger = grid.add_node(3)
+    arrays = ArrayRecord(strategy.space.state_dict())
+    with caplog.at_level(logging.INFO):
+        messages = strategy.configure_train(1, arrays, ConfigRecord({"phase": "weights"}), grid)
+    assert sorted(m.metadata.dst_node_id for m in messages) == sorted(
+        [grid.node_of_partition[0], new, grid.node_of_partition[2]]
+    )
+    assert [p.node_id for p in strategy.parties] == [
+        grid.node_of_partition[0],
+        new,
+        grid.node_of_partition[2],
+    ]
+    assert strategy.steps[1]["weights"] == 1  # the partition's privacy account goes on
+    assert (
+        f"node {stranger}: cannot join mid-run: partition 3 is not one of the run's parties"
+        in caplog.text
+    )
