@@ -300,3 +300,22 @@ def test_a_dpfnas_party_that_reconnects_keeps_its_place_and_a_stranger_cannot_jo
         f"node {stranger}: cannot join mid-run: partition 3 is not one of the run's parties"
         in caplog.text
     )
+
+
+def test_fdnas_samples_a_node_that_joins_a_partition_without_a_node(data_cache, caplog):
+    from tests.runconfig import tiny_fdnas
+    from tests.strategies.test_fdnas import make_strategy
+
+    config = tiny_fdnas(data_cache, **{"fdnas.clients-per-round": NUM_NODES})
+    grid = InProcessGrid(client_app, config, NUM_NODES)
+    grid.remove_node(grid.node_of_partition[5])  # partition 5 has no node at the start
+    strategy = make_strategy(config)
+    strategy.setup(grid)
+    assert 5 not in strategy.cluster_of_partition
+    new = grid.add_node(5)
+    arrays = ArrayRecord(strategy.space.state_dict())
+    with caplog.at_level(logging.INFO):
+        messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    assert new in {m.metadata.dst_node_id for m in messages}
+    assert 5 in strategy.cluster_of_partition
+    assert f"node {new} joined with partition 5" in caplog.text
