@@ -1,6 +1,6 @@
 """The fault benchmark: every fault of the reliability catalogue, tried for real, in one table.
 
-Four kinds of fault, each tried and counted:
+Five kinds of fault, each tried and counted:
 
 - **malformed replies**: every kind in ``tests/reliability/catalog.py`` (NaN / Inf / wrong
   shape / wrong dtype / unknown key / missing records / negative or inflated counts /
@@ -9,6 +9,13 @@ Four kinds of fault, each tried and counted:
   clients and data.  "Handled" = dropped with a WARNING naming the node and booked in the
   ledger; "corrupted nothing" = the run's result equals, to the bit, the run in which
   those replies were never sent.
+- **bad profiles**: every kind in ``PROFILE_FAULTS`` (negative, fractional or boolean
+  counts, a missing field, ``num-train`` 0, a label histogram of another length, with a
+  negative entry or not adding up, ``num-train`` x 10^6, a partition id out of range,
+  another ``num-partitions``), each sent by its own node in one run of each method.
+  "Handled" = the node dropped with a WARNING naming it and booked as rejected, the run not
+  lost (it did not raise: ``lost`` counts the runs that did); "corrupted nothing" = the
+  run equals, to the bit, the run in which those nodes sent no profile.
 - **bad run configs**: every type and range mutation and a misspelling of every key, plus
   cross-key mistakes; "handled" = refused with a ``ValueError`` naming the key before any
   training instruction was sent.
@@ -21,7 +28,7 @@ Four kinds of fault, each tried and counted:
 Prints a Markdown table and ``headline: ...``; writes ``benchmarks/results/faults.json``.
 
     python benchmarks/faults.py            # every method, the engine test too (~10 min)
-    python benchmarks/faults.py --quick    # FedorAS replies, configs, files only (CI smoke run)
+    python benchmarks/faults.py --quick    # FedorAS replies and profiles, configs, files (CI)
 """
 
 from __future__ import annotations
@@ -136,7 +143,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="FedorAS only, no engine test")
     args = parser.parse_args()
 
-    from tests.reliability.trials import METHODS, config_trial, reply_trial
+    from tests.reliability.trials import METHODS, config_trial, profile_trial, reply_trial
 
     started = time.perf_counter()
     table: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -156,6 +163,16 @@ def main() -> None:
                 crash["tried"] += 1
                 crash["handled"] += row["logged"] and row["booked"] > 0
                 crash["corrupted nothing"] += row["corrupted-nothing"]
+        profiles, lost_runs = [], 0
+        for method in ("fedoras",) if args.quick else METHODS:
+            trial = profile_trial(method, cache, out / ("profiles-" + method))
+            profiles += trial["rows"]
+            lost_runs += bool(trial["lost"])
+        for row in profiles:
+            cell = table["bad profiles (" + row["method"] + ")"]
+            cell["tried"] += 1
+            cell["handled"] += row["logged"] and row["booked"] > 0 and not row["lost"]
+            cell["corrupted nothing"] += row["corrupted-nothing"]
         configs = config_trial(cache, out / "configs")
         cell = table["bad run configs"]
         for row in configs:
@@ -177,6 +194,7 @@ def main() -> None:
         print(f"| {name} | {cell['tried']} | {cell['handled']} | {cell['corrupted nothing']} |")
     unhandled = [r for r in replies if not (r["logged"] and r["booked"] > 0)]
     unhandled += [r for r in configs if r["outcome"] != "refused" or not r["names-key"]]
+    unhandled += [r for r in profiles if not (r["logged"] and r["booked"] > 0) or r["lost"]]
     unhandled += [r for r in cases if not r["handled"]]
     for row in unhandled:
         print("not handled:", row)
@@ -186,6 +204,8 @@ def main() -> None:
         "faults_tried": tried,
         "faults_handled": handled,
         "reply_kinds": len({r["kind"] for r in replies}),
+        "profile_kinds": len({r["kind"] for r in profiles}),
+        "runs_lost": lost_runs,
         "methods": len({r["method"] for r in replies}),
         "configs_tried": len(configs),
         "all_handled": handled == tried,
@@ -194,6 +214,7 @@ def main() -> None:
     document = {
         "table": {k: dict(v) for k, v in table.items()},
         "replies": replies,
+        "profiles": profiles,
         "configs": [r for r in configs if r["outcome"] != "refused" or not r["names-key"]],
         "cases": cases,
     }

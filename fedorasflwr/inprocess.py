@@ -62,6 +62,37 @@ class InProcessGrid(Grid):
         }
         self.faults = {self.node_of_partition[p]: f for p, f in (faults or {}).items()}
         self.sent: list[Message] = []
+        self._run_config = dict(run_config)
+        self._num_nodes = num_nodes
+
+    def add_node(
+        self,
+        partition_id: int,
+        node_config: Mapping[str, Any] | None = None,
+        *,
+        fault: Fault | None = None,
+    ) -> int:
+        """Connect a new node (a new node id, as a SuperNode that reconnects gets) holding
+        ``partition_id``; returns its node id."""
+        node = max([*self.contexts, 90_000]) + 1
+        self.contexts[node] = Context(
+            run_id=1,
+            node_id=node,
+            node_config={
+                "partition-id": partition_id,
+                "num-partitions": self._num_nodes,
+                **dict(node_config or {}),
+            },
+            state=RecordDict(),
+            run_config=dict(self._run_config),
+        )
+        if fault is not None:
+            self.faults[node] = fault
+        return node
+
+    def remove_node(self, node_id: int) -> None:
+        """Disconnect ``node_id``: it is no longer among ``get_node_ids``."""
+        del self.contexts[node_id]
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)

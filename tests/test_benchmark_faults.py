@@ -17,3 +17,5 @@ def test_faults_quick_tries_every_kind_and_handles_all():
     table = saved["table"]
     assert table["corrupted files"]["tried"] >= 20
     assert table["malformed replies (fedoras)"]["corrupted nothing"] == headline["reply_kinds"]
+    assert headline["profile_kinds"] >= 12 and headline["runs_lost"] == 0
+    assert table["bad profiles (fedoras)"]["corrupted nothing"] == headline["profile_kinds"]

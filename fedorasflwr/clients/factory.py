@@ -26,7 +26,7 @@ from ..methods.decnas import client as decnas
 from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
 from ..methods.fedoras import client as fedoras
-from ..protocol import PROFILE
+from ..protocol import CONFIG, PROFILE
 from ..training import device_mod
 from .latency import answer_latency
 from .layer_latency import answer_layer_latency
@@ -81,6 +81,17 @@ def _plain(work: Callable[[RecordDict, ClientData], RecordDict]) -> Work:
     return lambda content, node, _: work(content, node.data)
 
 
+def _private(work: Callable[[RecordDict, ClientData, int], RecordDict]) -> Work:
+    """A DP-FNAS computation, done only if the node's owner allows the noise the message
+    asks for (``dpfnas.check_noise_consent``: node config ``allow-reproducible-noise``)."""
+
+    def answer(content: RecordDict, node: NodeData, context: Context) -> RecordDict:
+        dpfnas.check_noise_consent(content.config_records[CONFIG], context.node_config)
+        return work(content, node.data, node.partition_id)
+
+    return answer
+
+
 def _tune(content: RecordDict, node: NodeData, context: Context) -> RecordDict:
     return decnas.tune_candidate(content, node.data, node.partition_id, context.state)
 
@@ -106,9 +117,9 @@ HANDLERS: tuple[Handler, ...] = (
     Handler("train", "fdnas_search", _seeded(fdnas.search_supernet), "FDNAS / CFDNAS search"),
     Handler("train", "fdnas_final", _seeded(fdnas.train_net), "FDNAS / CFDNAS final FedAvg"),
     Handler("evaluate", "fdnas_final", _plain(fdnas.evaluate_net), "FDNAS / CFDNAS test"),
-    Handler("train", "dpfnas_weights", _seeded(dpfnas.weight_gradient), "DP-FNAS exchange (a)"),
-    Handler("train", "dpfnas_arch", _seeded(dpfnas.architecture_gradient), "DP-FNAS exchange (b)"),
-    Handler("train", "dpfnas_final", _seeded(dpfnas.train_final), "DP-FNAS final FedAvg"),
+    Handler("train", "dpfnas_weights", _private(dpfnas.weight_gradient), "DP-FNAS exchange (a)"),
+    Handler("train", "dpfnas_arch", _private(dpfnas.architecture_gradient), "DP-FNAS exchange (b)"),
+    Handler("train", "dpfnas_final", _private(dpfnas.train_final), "DP-FNAS final FedAvg"),
     Handler("evaluate", "dpfnas_final", _plain(dpfnas.evaluate_final), "DP-FNAS test"),
     Handler("train", "decnas_tune", _tune, "DecNAS: tune a candidate, keep its weights"),
     Handler("train", "decnas_upload", _upload, "DecNAS: upload a survivor's kept weights"),

@@ -59,6 +59,7 @@ __all__ = [
     "answered_node",
     "destinations",
     "NodeProfile",
+    "ProfileRules",
     "StageFailedError",
     "sample_nodes",
     "stable_hash",
@@ -120,18 +121,23 @@ class NodeProfile:
 
     @classmethod
     def from_reply(cls, message: Message) -> NodeProfile:
+        """The profile a ``query.profile`` reply declares; ``ValueError`` naming the field
+        when a count or id is not an integer >= 0 (``label-counts``: a list of them)."""
         record = message.content.config_records[PROFILE]
         budget = float(record.get("latency-budget-ms", 0.0))
         if not math.isfinite(budget) or budget < 0:
             raise ValueError(f"latency-budget-ms = {budget!r} is not a finite number >= 0")
+        labels = record["label-counts"]
+        if not isinstance(labels, list):
+            raise ValueError(f"label-counts = {labels!r} is not a list of integers >= 0")
         return cls(
             node_id=message.metadata.src_node_id,
-            partition_id=int(record["partition-id"]),
-            num_partitions=int(record["num-partitions"]),
-            num_train=int(record["num-train"]),
-            num_val=int(record["num-val"]),
-            num_test=int(record["num-test"]),
-            label_counts=tuple(int(v) for v in record["label-counts"]),
+            partition_id=_count("partition-id", record["partition-id"]),
+            num_partitions=_count("num-partitions", record["num-partitions"]),
+            num_train=_count("num-train", record["num-train"]),
+            num_val=_count("num-val", record["num-val"]),
+            num_test=_count("num-test", record["num-test"]),
+            label_counts=tuple(_count("label-counts", v) for v in labels),
             tier=int(record.get("tier", -1)),
             cluster=int(record.get("cluster", -1)),
             device_class=str(record.get("device-class", "")),
@@ -150,6 +156,92 @@ class NodeProfile:
         if per_sample != 1:
             basis = f"({basis}) x {per_sample} predictions per sample"
         return Bound(limit, f"node declared {basis}")
+
+
+def _count(key: str, value: Any) -> int:
+    """``value`` of profile field ``key`` when it is an integer >= 0, else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} = {value!r} is not an integer >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class ProfileRules:
+    """What every profile must satisfy to be kept, on arrival (docs/protocol.md, "Profiles").
+
+    Always: every count and id an integer >= 0, ``num-train`` >= 1 (every method trains on
+    it), the ``num-partitions`` most nodes declare (a node declaring another is dropped),
+    and, when that is > 0, ``partition-id`` below it.
+
+    Attributes
+    ----------
+    num_classes : int or None
+        The length ``label-counts`` must have (the run's class count; text: the vocabulary);
+        None: not known, any length (with ``same_length``: the length most nodes declare).
+    targets_per_sample : int
+        ``sum(label-counts) == num-train x targets_per_sample``: 1 for a class per sample, a
+        text window's length for next-token text (a target per position); 0: not checked.
+    min_val : int
+        Fewest validation samples a node must have (DP-FNAS: 1).
+    same_length : bool
+        Every kept node's ``label-counts`` has one length (DecNAS's grouping adds them).
+    """
+
+    num_classes: int | None = None
+    targets_per_sample: int = 1
+    min_val: int = 0
+    same_length: bool = False
+
+    @classmethod
+    def of_spec(cls, spec: Mapping[str, Any], **options: Any) -> ProfileRules:
+        """The rules a model ``spec`` implies: its ``num_classes`` (or ``vocab_size``) and,
+        for text, ``seq_len`` targets per sample."""
+        classes = spec.get("num_classes", spec.get("vocab_size"))
+        return cls(
+            num_classes=None if classes is None else int(classes),
+            targets_per_sample=int(spec.get("seq_len", 1)),
+            **options,
+        )
+
+    def problem(self, profile: NodeProfile, num_partitions: int | None) -> str | None:
+        """Why ``profile`` is refused (naming the field and what is allowed), or None."""
+        if profile.num_train < 1:
+            return f"num-train = {profile.num_train}: a node needs training data (>= 1)"
+        if profile.num_val < self.min_val:
+            return f"num-val = {profile.num_val}: this method needs >= {self.min_val}"
+        if num_partitions is not None and profile.num_partitions != num_partitions:
+            return (
+                f"num-partitions = {profile.num_partitions}: the other nodes declare "
+                f"{num_partitions}"
+            )
+        if profile.num_partitions > 0 and profile.partition_id >= profile.num_partitions:
+            return (
+                f"partition-id = {profile.partition_id}: must be in "
+                f"[0, num-partitions = {profile.num_partitions})"
+            )
+        length = len(profile.label_counts)
+        if self.num_classes is not None and length != self.num_classes:
+            return (
+                f"label-counts has {length} entries: the run's task has {self.num_classes} classes"
+            )
+        if self.targets_per_sample:
+            expected = profile.num_train * self.targets_per_sample
+            total = sum(profile.label_counts)
+            if total != expected:
+                per = "" if self.targets_per_sample == 1 else f" x {self.targets_per_sample}"
+                return (
+                    f"label-counts sum to {total}: num-train = {profile.num_train}{per} "
+                    f"makes {expected}"
+                )
+        return None
+
+
+def _most_common(values: Iterable[int]) -> int | None:
+    """The value most often in ``values`` (ties: the smallest), None when empty."""
+    counts: dict[int, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return min(counts, key=lambda v: (-counts[v], v)) if counts else None
 
 
 def sample_nodes(
@@ -191,6 +283,12 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         self.min_nodes = min_nodes
         self.ledger = Ledger()
         self.profiles: dict[int, NodeProfile] = {}
+        # node ids asked for a profile (each once), profiled nodes seen gone, and what the
+        # first profiling settled (num-partitions, the label-counts length)
+        self._asked: set[int] = set()
+        self._gone: set[int] = set()
+        self._agreed: dict[str, int | None] = {}
+        self._profile_config = ConfigRecord()  # the config of every query.profile
         self.latency_tables: dict[int, LatencyTable] = {}
         self._reasons: dict[str, list[str]] = {}
         self.user_train_config: dict[str, Any] = {}
@@ -296,32 +394,150 @@ class FederatedNASStrategy(Strategy, Generic[R]):
             time.sleep(0.5)
         return node_ids
 
+    def profile_rules(self) -> ProfileRules:
+        """The rules every profile must meet (``ProfileRules``): here those of the
+        strategy's ``space`` when it has one (its classes; text: ``seq_len`` targets per
+        sample), else the defaults; a method adds its own."""
+        space = getattr(self, "space", None)
+        if isinstance(space, SearchSpace):
+            return ProfileRules.of_spec(space.spec)
+        return ProfileRules()
+
     def profile_nodes(self, grid: Grid, config: ConfigRecord) -> dict[int, NodeProfile]:
-        """Ask every connected node for its profile; keep the well-formed answers."""
+        """Ask every connected node for its profile; keep those meeting ``profile_rules``
+        (the others dropped, naming the node and the field) with a partition id of their own."""
         node_ids = self.wait_for_nodes(grid)
+        self._profile_config = config
+        replies = self._ask_profiles(grid, node_ids)
+        self._agreed = {}
+        profiles = self._unique_partitions(self._valid_profiles(replies))
+        self.require("profile", len(profiles), len(node_ids))
+        self.profiles = profiles
+        self._gone = set()
+        log(INFO, "Profiled %d node(s)", len(profiles))
+        if self.validate_profiles is not None:  # e.g. the runner's check of the partitions
+            self.validate_profiles(list(profiles.values()))
+        return profiles
+
+    def _ask_profiles(self, grid: Grid, node_ids: Iterable[int]) -> list[Message]:
         messages = [
             Message(
-                content=RecordDict({CONFIG: config}),
+                content=RecordDict({CONFIG: self._profile_config}),
                 message_type=QUERY_PROFILE,
                 dst_node_id=node_id,
             )
             for node_id in node_ids
         ]
-        replies = self.exchange(grid, "profile", messages)
-        profiles: dict[int, NodeProfile] = {}
+        self._asked.update(m.metadata.dst_node_id for m in messages)
+        return self.exchange(grid, "profile", messages)
+
+    def _valid_profiles(self, replies: Iterable[Message]) -> dict[int, NodeProfile]:
+        """The profiles of ``replies`` meeting ``profile_rules``; the rest dropped, logged
+        and booked as rejected. The first profiling settles ``num-partitions`` (and, with
+        ``same_length``, the label-counts length) by majority; later ones must match."""
+        rules = self.profile_rules()
+        parsed: dict[int, NodeProfile] = {}
         for reply in replies:
             node_id = reply.metadata.src_node_id
             try:
-                profiles[node_id] = NodeProfile.from_reply(reply)
-            except (KeyError, TypeError, ValueError) as exc:
-                self._drop("profile", node_id, f"malformed profile: {exc!r}")
-        profiles = self._unique_partitions(profiles)
-        self.require("profile", len(profiles), len(messages))
-        self.profiles = profiles
-        log(INFO, "Profiled %d node(s)", len(profiles))
-        if self.validate_profiles is not None:  # e.g. the runner's check of the partitions
-            self.validate_profiles(list(profiles.values()))
-        return profiles
+                parsed[node_id] = NodeProfile.from_reply(reply)
+            except KeyError as exc:
+                self._drop("profile", node_id, f"malformed profile: no field {exc}")
+            except (TypeError, ValueError) as exc:
+                self._drop("profile", node_id, f"malformed profile: {exc}")
+        if not self._agreed:
+            self._agreed = {
+                "num-partitions": _most_common(p.num_partitions for p in parsed.values()),
+                "length": _most_common(len(p.label_counts) for p in parsed.values()),
+            }
+        if rules.same_length and rules.num_classes is None:
+            rules = replace(rules, num_classes=self._agreed["length"])
+        kept: dict[int, NodeProfile] = {}
+        for node_id, profile in parsed.items():
+            reason = rules.problem(profile, self._agreed["num-partitions"])
+            if reason is None:
+                kept[node_id] = profile
+            else:
+                self._drop("profile", node_id, f"profile refused: {reason}")
+        return kept
+
+    def admit_late(self, profile: NodeProfile) -> str | None:
+        """Why a node profiled mid-run (``refresh_profiles``) cannot join this run, or None
+        (it joins). A method whose setup fixed per-partition state (tiers, parties) says
+        which partitions it can take."""
+        return None
+
+    def refresh_profiles(self, grid: Grid) -> set[int]:
+        """Before a sampling step: profile every connected node never asked (e.g. a SuperNode
+        that reconnected under a new node id), with the same rules; log every profiled node
+        that is gone, its partition now missing.
+
+        A newcomer claiming the partition of a node that is gone takes it over; of a node
+        still connected, both are refused (as at the start). Bad newcomers are dropped and
+        logged; none of this can stop the run. Returns the node ids connected now."""
+        connected = set(grid.get_node_ids())
+        if not self._asked:  # not profiled yet
+            return connected
+        for node_id in sorted(set(self.profiles) - connected - self._gone):
+            self._gone.add(node_id)
+            log(
+                WARNING,
+                "[profile] node %d is gone: partition %d has no node",
+                node_id,
+                self.profiles[node_id].partition_id,
+            )
+        self._gone -= connected
+        new = sorted(connected - self._asked)
+        if not new:
+            return connected
+        arrived = self._valid_profiles(self._ask_profiles(grid, new))
+        arrived = self._unique_partitions(arrived, log_missing=False)
+        for node_id, profile in sorted(arrived.items()):
+            reason = self.admit_late(profile)
+            if reason is not None:
+                self._drop("profile", node_id, f"cannot join mid-run: {reason}")
+                continue
+            holders = [
+                n for n, p in self.profiles.items() if p.partition_id == profile.partition_id
+            ]
+            live = [n for n in holders if n in connected]
+            if live:
+                names = ", ".join(str(n) for n in sorted([*live, node_id]))
+                for other in sorted([*live, node_id]):
+                    self._drop(
+                        "profile",
+                        other,
+                        f"partition id {profile.partition_id} declared by nodes {names}: "
+                        "all refused",
+                    )
+                    self.profiles.pop(other, None)
+                continue
+            for old in holders:
+                del self.profiles[old]
+                log(
+                    INFO,
+                    "[profile] node %d takes over partition %d from node %d (gone)",
+                    node_id,
+                    profile.partition_id,
+                    old,
+                )
+            if not holders:
+                log(
+                    INFO,
+                    "[profile] node %d joined with partition %d",
+                    node_id,
+                    profile.partition_id,
+                )
+            self.profiles[node_id] = profile
+        self._reasons.pop("profile", None)  # a mid-run profiling has no minimum
+        return connected
+
+    def connected_profiles(self, grid: Grid) -> list[NodeProfile]:
+        """``refresh_profiles``, then the profiles of the nodes connected now, ordered by
+        partition id: the nodes a sampling step may choose from."""
+        connected = self.refresh_profiles(grid)
+        nodes = [p for p in self.profiles.values() if p.node_id in connected]
+        return sorted(nodes, key=lambda p: (p.partition_id, p.node_id))
 
     def query_latency(
         self,
@@ -372,7 +588,9 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         table = self.latency_tables.get(node_id)
         return table if table is not None and dict(table.spec) == dict(spec) else None
 
-    def _unique_partitions(self, profiles: dict[int, NodeProfile]) -> dict[int, NodeProfile]:
+    def _unique_partitions(
+        self, profiles: dict[int, NodeProfile], *, log_missing: bool = True
+    ) -> dict[int, NodeProfile]:
         """Refuse every node of a partition id declared more than once, naming them all.
 
         Which of the nodes tells the truth cannot be known (the first to answer
@@ -393,7 +611,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
                         f"partition id {partition_id} declared by nodes {names}: all refused",
                     )
                     del kept[node_id]
-        if kept and len(kept) < len(profiles):
+        if log_missing and kept and len(kept) < len(profiles):
             total = max(p.num_partitions for p in profiles.values())
             held = {p.partition_id for p in kept.values()}
             missing = [pid for pid in range(total) if pid not in held]

@@ -1,9 +1,11 @@
 """The reliability catalogue: the faults the suite and ``benchmarks/faults.py`` try.
 
-Four kinds, each a list a person can read:
+Five kinds, each a list a person can read:
 
 - ``REPLY_FAULTS``: ways a client's reply to a training instruction can be wrong,
   each a function of the honest reply's content (``None``: the client never answers);
+- ``PROFILE_FAULTS``: ways a node's profile (its reply to ``query.profile``) can be
+  wrong, each a function of the honest profile's fields;
 - ``bad_configs()``: run configs that must be refused before any training, with the
   key the message must name;
 - the corrupted files are in ``tests/reliability/test_files.py`` (they need the
@@ -19,17 +21,19 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedorasflwr.inprocess import Fault, error_reply, replace_content
-from fedorasflwr.protocol import ARRAYS, METRICS
+from fedorasflwr.protocol import ARRAYS, METRICS, PROFILE, QUERY_PROFILE
 
 __all__ = [
     "ARRAY_FAULTS",
     "MULTI_FAULTS",
+    "PROFILE_FAULTS",
     "REPLY_FAULTS",
     "BadConfig",
     "bad_configs",
+    "profile_fault",
     "reply_fault",
 ]
 
@@ -210,6 +214,58 @@ def reply_fault(
             return error_reply(reply, "ClientApp raised RuntimeError('injected')")
         changed = mutation(reply.content) if mutation is not None else None
         return None if changed is None else replace_content(reply, changed)
+
+    return fault
+
+
+# --- profiles ---------------------------------------------------------------------
+
+Profile = dict[str, Any]
+
+
+def _scaled_profile(profile: Profile, factor: int, *, labels: bool) -> Profile:
+    scaled = {**profile, "num-train": profile["num-train"] * factor}
+    if labels:
+        scaled["label-counts"] = [c * factor for c in profile["label-counts"]]
+    return scaled
+
+
+#: kind -> the bad profile a node sends instead of its honest one (each refused on arrival)
+PROFILE_FAULTS: dict[str, Callable[[Profile], Profile]] = {
+    "negative-count": lambda p: {**p, "num-val": -1},
+    "fractional-count": lambda p: {**p, "num-train": p["num-train"] + 0.5},
+    "bool-count": lambda p: {**p, "num-test": True},
+    "missing-field": lambda p: {k: v for k, v in p.items() if k != "num-train"},
+    "label-counts-not-a-list": lambda p: {**p, "label-counts": "1,2,3"},
+    "zero-train": lambda p: {**p, "num-train": 0, "label-counts": [0] * len(p["label-counts"])},
+    "other-label-length": lambda p: {**p, "label-counts": [*p["label-counts"], 0]},
+    "negative-label-count": lambda p: {
+        **p,
+        "label-counts": [-1, *p["label-counts"][1:-1], p["label-counts"][-1] + 1],
+    },
+    "inflated-train": lambda p: _scaled_profile(p, 10**6, labels=False),
+    "labels-not-adding-up": lambda p: {
+        **p,
+        "label-counts": [*p["label-counts"][:-1], p["label-counts"][-1] + 7],
+    },
+    "partition-out-of-range": lambda p: {**p, "partition-id": p["num-partitions"] + 3},
+    "other-num-partitions": lambda p: {**p, "num-partitions": p["num-partitions"] + 1},
+}
+
+
+def profile_fault(kind: str, *, silent: bool = False) -> Fault:
+    """An ``InProcessGrid`` fault replacing a node's profile by ``PROFILE_FAULTS[kind]`` of
+    it (other replies pass unchanged). With ``silent`` the node sends no profile at all
+    (what a correct server must make of a bad one: a run without that node)."""
+    change = PROFILE_FAULTS[kind]
+
+    def fault(reply: Message) -> Message | None:
+        if reply.has_error() or reply.metadata.message_type != QUERY_PROFILE:
+            return reply
+        if silent:
+            return None
+        honest = dict(reply.content.config_records[PROFILE])
+        return replace_content(reply, RecordDict({PROFILE: ConfigRecord(change(honest))}))
 
     return fault
 

@@ -12,11 +12,18 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.server_app import runner
-from tests.reliability.catalog import REPLY_FAULTS, SEMANTIC, bad_configs, reply_fault
+from tests.reliability.catalog import (
+    PROFILE_FAULTS,
+    REPLY_FAULTS,
+    SEMANTIC,
+    bad_configs,
+    profile_fault,
+    reply_fault,
+)
 from tests.reliability.conftest import NoTrainingGrid, TrainingStartedError
 from tests.runconfig import pyproject_run_config, tiny_decnas, tiny_fdnas, tiny_fedoras
 
-__all__ = ["METHODS", "config_trial", "reply_trial", "run_config_for"]
+__all__ = ["METHODS", "config_trial", "profile_trial", "reply_trial", "run_config_for"]
 
 KINDS = list(REPLY_FAULTS)
 METHODS = ("fedoras", "fdnas", "decnas", "dpfnas")
@@ -66,9 +73,9 @@ class _Records(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _run(method: str, config: dict[str, Any], faults, out_dir: Path):
+def _run(method: str, config: dict[str, Any], faults, out_dir: Path, nodes: int = NODES):
     settings = parse_run_config(config)
-    grid = InProcessGrid(client_app, config, NODES, faults=faults)
+    grid = InProcessGrid(client_app, config, nodes, faults=faults)
     out_dir.mkdir(parents=True, exist_ok=True)
     return grid, runner(method)(grid, settings, out_dir)
 
@@ -148,6 +155,53 @@ def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]
             }
         )
     return {"rows": rows, "identical": identical}
+
+
+def profile_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]:
+    """One run of ``method`` in which node i sends the i-th kind of bad profile
+    (``PROFILE_FAULTS``), and one in which those nodes send no profile at all. Per kind:
+    whether a WARNING named the node, whether it was booked as rejected, and whether the
+    run was lost (it raised); plus whether the two runs' results and weight files are
+    identical to the bit (the bad profiles reshaped nothing)."""
+    kinds = list(PROFILE_FAULTS)
+    nodes = len(kinds) + 3  # three honest nodes besides
+    config = run_config_for(method, cache)
+    handler = _Records()
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(handler)
+    faults = {pid: profile_fault(kind) for pid, kind in enumerate(kinds)}
+    grid = InProcessGrid(client_app, config, nodes, faults=faults)
+    lost = ""
+    try:
+        (out_dir / "attacked").mkdir(parents=True, exist_ok=True)
+        attacked = runner(method)(grid, parse_run_config(config), out_dir / "attacked")
+    except Exception as exc:  # noqa: BLE001 - a lost run is what this trial counts
+        attacked, lost = {}, f"{type(exc).__name__}: {exc}"
+    finally:
+        flwr_logger.removeHandler(handler)
+    quiet_faults = {pid: profile_fault(kind, silent=True) for pid, kind in enumerate(kinds)}
+    _, quiet = _run(method, config, quiet_faults, out_dir / "quiet", nodes)
+    identical = (
+        not lost
+        and comparable(attacked) == comparable(quiet)
+        and same_weights(out_dir / "attacked", out_dir / "quiet")
+    )
+    profile = attacked.get("ledger", {}).get("profile", {}).get("nodes", {})
+    rows = []
+    for pid, kind in enumerate(kinds):
+        node = grid.node_of_partition[pid]
+        rows.append(
+            {
+                "method": method,
+                "kind": kind,
+                "node": node,
+                "logged": any(f"node {node}" in line for line in handler.lines),
+                "booked": profile.get(str(node), {}).get("rejected", 0),
+                "lost": lost,
+                "corrupted-nothing": identical,
+            }
+        )
+    return {"rows": rows, "identical": identical, "lost": lost}
 
 
 def config_trial(cache: Path | str, out_dir: Path) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
+from fedorasflwr.federation.base import StageFailedError
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.dpfnas.client import (
     architecture_gradient,
@@ -185,7 +186,8 @@ def test_insecure_run_warns_and_says_so_in_the_result(data_cache, tmp_path, capl
     )
     settings = parse_run_config(config)
     assert settings.dpfnas.insecure_reproducible_noise
-    grid = InProcessGrid(client_app, config, 2)
+    allowed = dict.fromkeys(range(2), {"allow-reproducible-noise": True})  # the owners opt in
+    grid = InProcessGrid(client_app, config, 2, node_configs=allowed)
     with caplog.at_level(logging.WARNING):
         document = run_dpfnas(grid, settings, tmp_path)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -207,3 +209,68 @@ def test_default_is_private_against_the_server(data_cache):
     fnas = parse_run_config(tiny_dpfnas(data_cache, **{"dpfnas.mode": "fnas"}))
     strategy = DPFNAS(space=build_supernet(fnas), settings=fnas.dpfnas, seed=0)
     assert strategy.noise_statement()["private-against-server"] is False
+
+
+@pytest.mark.parametrize("allowed", [None, False, "false"])
+def test_a_party_refuses_seeded_noise_unless_its_owner_allows_it(data_cache, caplog, allowed):
+    """Without node config allow-reproducible-noise = true, a party refuses every private
+    computation asking for seeded noise, saying why; the server books the refusal as that
+    node's failure with the reason, and with no party left the search stops, naming it."""
+    config = tiny_dpfnas(
+        data_cache,
+        **{
+            "dpfnas.iterations": 1,
+            "dpfnas.final-rounds": 0,
+            "dpfnas.insecure-reproducible-noise": True,
+        },
+    )
+    settings = parse_run_config(config)
+    node_configs = {} if allowed is None else {0: {"allow-reproducible-noise": allowed}}
+    grid = InProcessGrid(client_app, config, 2, node_configs=node_configs)
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    with caplog.at_level(logging.WARNING), pytest.raises(StageFailedError) as failed:
+        strategy.start(grid, ArrayRecord(), 1)
+    assert "allow-reproducible-noise = true" in str(failed.value)
+    assert strategy.ledger.stage_totals("weights").failed == 2
+    for node in grid.node_of_partition.values():
+        assert any(
+            f"node {node} failed" in r.getMessage() and "has not allowed it" in r.getMessage()
+            for r in caplog.records
+        )
+
+
+def test_a_party_whose_owner_allows_it_obeys_while_the_other_refuses(data_cache, caplog):
+    config = tiny_dpfnas(
+        data_cache,
+        **{
+            "dpfnas.iterations": 1,
+            "dpfnas.final-rounds": 0,
+            "dpfnas.insecure-reproducible-noise": True,
+        },
+    )
+    settings = parse_run_config(config)
+    grid = InProcessGrid(
+        client_app, config, 2, node_configs={1: {"allow-reproducible-noise": "true"}}
+    )
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    with caplog.at_level(logging.WARNING):
+        result = strategy.start(grid, ArrayRecord(), 1)
+    assert result.stopped == "completed"
+    refuser, obeyer = grid.node_of_partition[0], grid.node_of_partition[1]
+    nodes = result.ledger["weights"]["nodes"]
+    assert nodes[str(refuser)]["failed"] == 1 and nodes[str(obeyer)].get("failed", 0) == 0
+    assert any(f"node {refuser} failed" in r.getMessage() for r in caplog.records)
+    assert not any(f"node {obeyer} failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_consent_check_itself():
+    from fedorasflwr.methods.dpfnas.client import check_noise_consent
+
+    asks = {INSECURE_KEY: True, "noise-multiplier": 1.0}
+    with pytest.raises(PermissionError, match="allow-reproducible-noise = true"):
+        check_noise_consent(asks, {})
+    check_noise_consent(asks, {"allow-reproducible-noise": True})
+    check_noise_consent({**asks, INSECURE_KEY: False}, {})  # private noise: nothing to allow
+    check_noise_consent({**asks, "noise-multiplier": 0.0}, {})  # no noise at all
+    with pytest.raises(ValueError, match="allow-reproducible-noise = 'maybe'"):
+        check_noise_consent(asks, {"allow-reproducible-noise": "maybe"})

@@ -49,9 +49,9 @@ def small_dpfnas(cache_dir, **overrides):
     return tiny_dpfnas(cache_dir, **{"space.layers-per-block": 1, **overrides})
 
 
-def run(config, num_nodes=2, faults=None):
+def run(config, num_nodes=2, faults=None, node_configs=None):
     settings = parse_run_config(config)
-    grid = InProcessGrid(client_app, config, num_nodes, faults=faults)
+    grid = InProcessGrid(client_app, config, num_nodes, faults=faults, node_configs=node_configs)
     strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=settings.seed)
     return strategy, grid, strategy.start(grid, ArrayRecord(), settings.dpfnas.iterations)
 
@@ -92,8 +92,9 @@ def test_reported_epsilon_is_opacus_for_the_same_mechanism(finished):
 def test_same_seed_same_search_only_with_insecure_reproducible_noise(finished, data_cache):
     """Private noise comes from each party's OS CSPRNG: only the insecure key reproduces it."""
     insecure = {"dpfnas.final-rounds": 0, "dpfnas.insecure-reproducible-noise": True}
-    _, _, first = run(small_dpfnas(data_cache, **insecure))
-    _, _, again = run(small_dpfnas(data_cache, **insecure))
+    allowed = dict.fromkeys(range(2), {"allow-reproducible-noise": True})  # the owners opt in
+    _, _, first = run(small_dpfnas(data_cache, **insecure), node_configs=allowed)
+    _, _, again = run(small_dpfnas(data_cache, **insecure), node_configs=allowed)
     for key in DartsSpace.ARCH_KEYS:
         np.testing.assert_array_equal(again.arrays[key].numpy(), first.arrays[key].numpy())
     assert any(  # the default (secure) run of the same seed drew other noise

@@ -17,12 +17,15 @@ groups, the rest wait for the next wave (the paper's queue).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 __all__ = [
+    "PLAUSIBLE_FACTOR",
     "balance_ratio",
+    "clip_declared",
     "group_clients",
     "label_distribution",
     "mean_label_distance",
@@ -42,6 +45,35 @@ def _distance(counts: np.ndarray, target: np.ndarray) -> float:
     if counts.sum() <= 0:
         return 2.0  # an empty group is as far as two distributions can be
     return float(np.abs(label_distribution(counts) - target).sum())
+
+
+#: a node declaring more training samples than this many times the median of the
+#: profiled nodes' counts weighs in the grouping as that bound (``clip_declared``)
+PLAUSIBLE_FACTOR = 4.0
+
+
+def clip_declared(
+    sizes: Sequence[int], label_counts: Sequence[Sequence[int]], factor: float = PLAUSIBLE_FACTOR
+) -> tuple[list[int], list[list[int]], list[int]]:
+    """Sizes and label histograms as the grouping uses them: a size above ``factor`` x the
+    median size is cut to that bound and its histogram scaled down with it (rounded), so a
+    node that declares an implausible size (its counts adding up) moves the groups of the
+    others no more than a node of ``factor`` x the median would. Returns the sizes, the
+    histograms and the indices of the clients cut."""
+    if not sizes:
+        return [], [], []
+    limit = max(1, math.floor(factor * float(np.median(sizes))))
+    out_sizes, out_counts, cut = [], [], []
+    for index, (size, counts) in enumerate(zip(sizes, label_counts, strict=True)):
+        if size > limit:
+            cut.append(index)
+            scale = limit / size
+            out_sizes.append(limit)
+            out_counts.append([round(c * scale) for c in counts])
+        else:
+            out_sizes.append(int(size))
+            out_counts.append([int(c) for c in counts])
+    return out_sizes, out_counts, cut
 
 
 def group_clients(

@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import Result
 from ...artifacts import check_weights
 from ...checkpoints import Resume
 from ...config import DecNASSettings
-from ...federation.base import FederatedNASStrategy, NodeProfile
+from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
 from ...latency import LatencyRequest, LatencyTable
@@ -154,6 +154,11 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         self.target_tables: dict[int, LatencyTable] = {}
         self.layer_table: LatencyTable | None = None
 
+    def profile_rules(self) -> ProfileRules:
+        """The net's classes (``num_classes``; a net without: the length most nodes declare):
+        the grouping adds the nodes' label histograms, which must have one length."""
+        return ProfileRules.of_spec(self.net.spec, same_length=True)
+
     def train_config(self, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """The ConfigRecord content every DecNAS message about the model ``spec`` carries."""
         s = self.settings
@@ -278,10 +283,9 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         return resource(net, self.settings.resource)
 
     def connected(self, grid: Grid) -> list[NodeProfile]:
-        """Profiled nodes connected now, by partition id."""
-        connected = set(grid.get_node_ids())
-        nodes = [p for p in self.profiles.values() if p.node_id in connected]
-        return sorted(nodes, key=lambda p: (p.partition_id, p.node_id))
+        """Profiled nodes connected now, by partition id (nodes appearing mid-run profiled
+        first: ``refresh_profiles``)."""
+        return self.connected_profiles(grid)
 
     def evaluate(self, grid: Grid, model: GlobalModel, split: str, stage: str) -> float:
         """Accuracy of ``model`` pooled over every connected client's ``split`` (val/test)."""
@@ -349,6 +353,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         """``rounds`` rounds of FedAvg over the profiled clients (Flower's, seeded)."""
         if rounds == 0:
             return arrays
+        self.refresh_profiles(grid)
         nodes = list(self.profiles.values())
         strategy = SeededFedAvg(
             nodes=nodes,

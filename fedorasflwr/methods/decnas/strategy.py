@@ -77,7 +77,9 @@ from ...protocol import (
 )
 from ...search_spaces.prunable import PrunableNet, prune_to_budget
 from .grouping import (
+    PLAUSIBLE_FACTOR,
     balance_ratio,
+    clip_declared,
     group_clients,
     mean_label_distance,
     random_groups,
@@ -221,8 +223,20 @@ class DecNAS(PrunedModelStages):
     def regroup(self, grid: Grid, iteration: int) -> dict[str, Any]:
         """Partition the connected clients into ``self.groups`` (one group: grouping off)."""
         nodes = self.connected(grid)
-        sizes = [p.num_train for p in nodes]
-        labels = [p.label_counts for p in nodes]
+        sizes, labels, cut = clip_declared(
+            [p.num_train for p in nodes], [p.label_counts for p in nodes]
+        )
+        for i in cut:
+            log(
+                WARNING,
+                "Groups of iteration %d: node %d declares num-train = %d, above %g x the "
+                "median: grouped as %d",
+                iteration,
+                nodes[i].node_id,
+                nodes[i].num_train,
+                PLAUSIBLE_FACTOR,
+                sizes[i],
+            )
         groups_n = self.settings.num_groups if self.settings.grouping else 1
         indices = group_clients(sizes, labels, groups_n, self.settings.balance_ratio)
         self.groups = [[nodes[i] for i in g] for g in indices]

@@ -16,7 +16,9 @@ divides by |I_t|.)  Replies carry only the noised gradient and public numbers.
 Every noise draw and Poisson sample of a private computation (both exchanges,
 the second-order training batch, DP final training) comes from the party's OS
 CSPRNG, which the server cannot regenerate (``secure_random``); only
-``insecure-reproducible-noise`` in the message config seeds them instead.
+``insecure-reproducible-noise`` in the message config seeds them instead, and a party
+obeys that only when its owner set the node config ``allow-reproducible-noise = true``
+(``check_noise_consent``; default: it refuses the message, saying why).
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ from ...search_spaces import SearchSpace, build_space
 from ...search_spaces.darts_style import build_derived_network, require_darts_style, weight_keys
 from ...seeding import stream_words, substream
 from ...training import held_out_metrics, local_sgd, torch_device
-from .contract import PREVIOUS_PREFIX, final_steps
+from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .per_sample import CHUNK, per_sample_gradients
 from .secure_random import NoiseSource, SampleSource, gaussian, party_randomness
 
 __all__ = [
+    "CONSENT_KEY",
     "architecture_gradient",
+    "check_noise_consent",
     "clip_and_noise",
     "evaluate_final",
     "per_sample_gradients",
@@ -50,6 +54,41 @@ __all__ = [
     "train_final",
     "weight_gradient",
 ]
+
+
+#: node config key: the party's owner lets the server seed its DP noise (default false)
+CONSENT_KEY = "allow-reproducible-noise"
+
+
+def _consents(node_config: Mapping[str, Any]) -> bool:
+    value = node_config.get(CONSENT_KEY, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"node config {CONSENT_KEY} = {value!r} is invalid: true or false")
+
+
+def check_noise_consent(config: Mapping[str, Any], node_config: Mapping[str, Any]) -> None:
+    """Refuse a private computation (noise multiplier > 0) whose message asks for seeded
+    noise (``insecure-reproducible-noise = true``) unless this node's owner allowed it
+    (node config ``allow-reproducible-noise = true``): seeded noise can be regenerated, and
+    removed, by the server, so the party's data would have no privacy against it.
+
+    Raises
+    ------
+    PermissionError
+        Naming both keys and why; Flower sends the server an error reply.
+    ValueError
+        The node config's value is not a boolean.
+    """
+    private = float(config.get("noise-multiplier", 0.0)) > 0
+    if private and bool(config.get(INSECURE_KEY, False)) and not _consents(node_config):
+        raise PermissionError(
+            f"refused: the server asks for {INSECURE_KEY} = true (DP noise seeded from the "
+            "run seed, which the server can regenerate and subtract: no privacy against it); "
+            f"this node's owner has not allowed it (node config {CONSENT_KEY} = true)"
+        )
 
 
 def poisson_sample(rng: SampleSource, size: int, rate: float) -> np.ndarray:

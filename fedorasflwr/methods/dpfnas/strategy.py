@@ -41,6 +41,9 @@ Client contract
     ``insecure-reproducible-noise``.
     Reply: the trained arrays and ``num-examples``, ``train-loss``; or
     ``num-examples``, ``loss``, ``accuracy`` on the test split.
+
+A party whose node config lacks ``allow-reproducible-noise = true`` refuses (an error
+reply, booked as its failure) every noised message with ``insecure-reproducible-noise``.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from logging import INFO, WARNING
 from typing import Any
 
@@ -61,7 +64,7 @@ from flwr.supercore import log
 
 from ...checkpoints import Resume
 from ...config import DPFNASSettings
-from ...federation.base import FederatedNASStrategy, NodeProfile
+from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import Bound, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
@@ -229,13 +232,6 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                     len(parties),
                 )
             parties = parties[:1]
-        for party in parties:
-            if party.num_train < 1 or party.num_val < 1:
-                raise ValueError(
-                    f"partition {party.partition_id} has {party.num_train} training and "
-                    f"{party.num_val} validation samples; DP-FNAS needs both "
-                    "(data.val-fraction > 0)"
-                )
         self.parties = parties
         self.steps = {p.partition_id: {WEIGHTS: 0, ARCH: 0} for p in parties}
         self.accounts = {p.partition_id: {WEIGHTS: [], ARCH: []} for p in parties}
@@ -255,6 +251,26 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 len(parties),
                 min(min(p.num_train, p.num_val) for p in small),
             )
+
+    def profile_rules(self) -> ProfileRules:
+        """The space's rules, and a validation split: a party without one is dropped
+        (``num-val`` >= 1; a run where none has one needs ``data.val-fraction`` > 0)."""
+        return replace(super().profile_rules(), min_val=1)
+
+    def admit_late(self, profile: NodeProfile) -> str | None:
+        """The parties are fixed at the start (each accounts its own privacy): a node
+        profiled mid-run joins only as a party's partition, in place of its gone node."""
+        if all(p.partition_id != profile.partition_id for p in self.parties):
+            return f"partition {profile.partition_id} is not one of the run's parties"
+        return None
+
+    def current_parties(self, grid: Grid) -> list[NodeProfile]:
+        """The parties, each under the node that holds its partition now (a node that took
+        a gone party's partition over mid-run replaces it: ``refresh_profiles``)."""
+        self.refresh_profiles(grid)
+        holder = {p.partition_id: p for p in self.profiles.values()}
+        self.parties = [holder.get(p.partition_id, p) for p in self.parties]
+        return self.parties
 
     def latency_budget(self, nodes: list[int], grid: Grid) -> None:
         """The parties' latency tables (``query.latency``: timings of the supernet on zero
@@ -364,7 +380,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         self._sent = {}
         self._expected_batch = {}
         messages = []
-        for party in self.parties:
+        for party in self.current_parties(grid):
             if party.node_id not in connected:
                 log(WARNING, "[%s] party %d is not connected", phase, party.partition_id)
                 continue

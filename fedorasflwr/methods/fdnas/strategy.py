@@ -210,6 +210,16 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         if self.settings.resource == "latency":
             self.query_latency(grid, self.space, request=self.latency_request)
 
+    def admit_late(self, profile: NodeProfile) -> str | None:
+        """A node profiled mid-run joins with its partition's cluster (a new partition: the
+        cluster it declares or ``cluster_of`` gives, as at the start)."""
+        if profile.partition_id not in self.cluster_of_partition:
+            tag = profile.cluster
+            if tag < 0:
+                tag = self.cluster_of(profile) if self.cluster_of is not None else 0
+            self.cluster_of_partition[profile.partition_id] = tag
+        return None
+
     def stage_table(self, stage: str, partitions: Iterable[int]) -> LatencyTable | None:
         """The latency table standing for ``partitions``' nodes (``latency.group_table``:
         the per-entry median of their tables), kept in ``group_tables[stage]``; a node
@@ -276,10 +286,11 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     ) -> Iterable[Message]:
         """Sample ``stage``'s clients (default: the global search over every node); send
         each the whole supernet (w and alpha)."""
+        connected = self.connected_profiles(grid)  # nodes profiled mid-run join here
         stage = self.whole_search() if stage is None else stage
         s = self.settings
-        connected = set(grid.get_node_ids())
-        candidates = [p for p in stage.nodes if p.node_id in connected]
+        wanted = {p.partition_id for p in stage.nodes}
+        candidates = [p for p in connected if p.partition_id in wanted]
         chosen = sample_nodes(
             self.rng(stage.name, "sample", server_round), candidates, s.train.clients_per_round
         )

@@ -398,6 +398,16 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         """What tier ``tier`` bounds: FLOPs, or latency on the tier's table."""
         return PathCost(self.space, self.tier_tables.get(tier))
 
+    def admit_late(self, profile: NodeProfile) -> str | None:
+        """A node profiled mid-run joins in its partition's tier; a partition the tiers
+        were not dealt to, or (resource latency) a node whose table was never measured,
+        cannot join."""
+        if profile.partition_id not in self.tier_of_partition:
+            return f"partition {profile.partition_id} was given no tier at the start"
+        if self.settings.resource == "latency":
+            return "fedoras.resource = 'latency': its latency table was not measured at the start"
+        return None
+
     def tier_of_node(self, node_id: int) -> int:
         return self.tier_of_partition[self.profiles[node_id].partition_id]
 
@@ -418,8 +428,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Sample clients; give each a subspace within B_comm and its tier's budget."""
-        connected = set(grid.get_node_ids())
-        candidates = [p for p in self.profiles.values() if p.node_id in connected]
+        candidates = self.connected_profiles(grid)
         chosen = sample_nodes(
             self.rng("sample", server_round), candidates, self.settings.train.clients_per_round
         )
