@@ -134,7 +134,8 @@ def test_aggregate_train_called_directly_screens_as_exchange_does(method, data_c
 class ReplayGrid(InProcessGrid):
     """The in-process grid; node ``replayer`` answers each search instruction from the second on
     with its previous reply's content (its nonce included): ``"alone"``: instead of the
-    fresh reply; ``"first"``: before it; or (``"no-nonce"``) the fresh reply without nonce."""
+    fresh reply; ``"first"``: before it; or the fresh reply without nonce (``"no-nonce"``)
+    or as a reply of another type (``"wrong-type"``)."""
 
     def __init__(self, *args, mode: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -159,12 +160,15 @@ class ReplayGrid(InProcessGrid):
                 )
                 replies.append(replace_content(reply, content, keep_nonce=False))
                 continue
+            if self.mode == "wrong-type":
+                replies.append(as_type(reply, QUERY_PROFILE))
+                continue
             stale = replace_content(reply, previous.content)
             replies.extend([stale] if self.mode == "alone" else [stale, reply])
         return replies
 
 
-@pytest.mark.parametrize("mode", ["first", "alone", "no-nonce"])
+@pytest.mark.parametrize("mode", ["first", "alone", "no-nonce", "wrong-type"])
 def test_a_stale_or_unbound_reply_is_booked_once_and_never_displaces(mode, data_cache, caplog):
     run_config, strategy = fdnas(data_cache)
     grid = ReplayGrid(client_app, run_config, NODES, mode=mode)
@@ -184,8 +188,11 @@ def test_a_stale_or_unbound_reply_is_booked_once_and_never_displaces(mode, data_
     booked = strategy.ledger.node("search", node)
     assert (booked.rejected, booked.failed) == (1, 0)
     assert f"node {node} did not reply" not in caplog.text
-    reason = "no nonce" if mode == "no-nonce" else "stage search, step 1, sent stage search, step 2"
-    assert f"dropped reply of node {node}: answers another instruction: {reason}" in caplog.text
+    reason = {
+        "no-nonce": "answers another instruction: no nonce",
+        "wrong-type": f"reply of type '{QUERY_PROFILE}' to a '{FDNAS_SEARCH}' instruction",
+    }.get(mode, "answers another instruction: stage search, step 1, sent stage search, step 2")
+    assert f"dropped reply of node {node}: {reason}" in caplog.text
     wanted = {m.metadata.dst_node_id: nonce_of(m) for m in sent}
     assert all(nonce_of(r) == wanted[r.metadata.src_node_id] for r in replies)
 
@@ -255,3 +262,33 @@ def test_seeded_fedavg_aggregates_in_partition_order_whatever_the_arrival():
     # the two orders do give different sums: the order is what the test pins down
     assert (1e20 + 1.0) - 1e20 != (1e20 - 1e20) + 1.0
     assert ordered["w"].numpy()[0] == ((1e20 / 3 + 1 / 3) - 1e20 / 3)
+
+
+def test_seeded_fedavg_books_a_stale_reply_once_as_rejected():
+    """SeededFedAvg's own screening: a node whose only reply answers the round before is
+    booked once, as rejected (not also as timed out); the others are aggregated."""
+    grid = InProcessGrid(demo, {}, 3)
+    nodes = [
+        NodeProfile(grid.node_of_partition[p], p, 3, 10, 0, 0, (10,), tier=0) for p in range(3)
+    ]
+    ledger = Ledger()
+    strategy = SeededFedAvg(
+        nodes=nodes,
+        seed=0,
+        stage="order",
+        ledger=ledger,
+        clients_per_round=3,
+        train_message_type="train.order",
+        arrayrecord_key=ARRAYS,
+    )
+    arrays = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float64))})
+    earlier = list(grid.send_and_receive(strategy.configure_train(1, arrays, ConfigRecord(), grid)))
+    fresh = list(grid.send_and_receive(strategy.configure_train(2, arrays, ConfigRecord(), grid)))
+    node = grid.node_of_partition[1]
+    old = next(r for r in earlier if r.metadata.src_node_id == node)
+    replies = [
+        replace_content(r, old.content) if r.metadata.src_node_id == node else r for r in fresh
+    ]
+    strategy.aggregate_train(2, replies)
+    booked = ledger.node("order", node)
+    assert (booked.rejected, booked.failed) == (1, 0)
