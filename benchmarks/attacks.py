@@ -64,7 +64,8 @@ from fedorasflwr.federation.fedavg import SeededFedAvg
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.fedoras.evaluation import SupernetEvaluator
 from fedorasflwr.methods.fedoras.strategy import FedorAS
-from fedorasflwr.protocol import ARRAYS, METRICS
+from fedorasflwr.nonce import echo
+from fedorasflwr.protocol import ARRAYS, METRICS, NONCE
 from fedorasflwr.runs import build_supernet
 
 NUM_CLIENTS = 10
@@ -153,7 +154,8 @@ def poisoned(reply: Message, current: ArrayRecord, inflate: int) -> Message:
     metrics["num-examples"] = int(metrics["num-examples"]) * inflate
     if "option-counts" in metrics:
         metrics["option-counts"] = [int(c) * inflate for c in metrics["option-counts"]]
-    content = RecordDict({ARRAYS: target, METRICS: metrics})
+    # the attacker echoes the nonce it was sent: its reply answers this round's instruction
+    content = RecordDict({ARRAYS: target, METRICS: metrics, NONCE: reply.content[NONCE]})
     return Message(content, reply_to=_instruction(reply))
 
 
@@ -209,8 +211,13 @@ def fedavg_aggregate(run: Round, rule: Aggregation) -> Aggregate:
         )
         sent = strategy.configure_train(1, run.current, ConfigRecord(), run.grid)
         by_node = {m.metadata.dst_node_id: m for m in sent}
-        answers = [
-            Message(r.content, reply_to=by_node[r.metadata.src_node_id])
+        answers = [  # the same content, answering (and echoing the nonce of) FedAvg's messages
+            echo(
+                by_node[r.metadata.src_node_id],
+                Message(
+                    RecordDict(dict(r.content.items())), reply_to=by_node[r.metadata.src_node_id]
+                ),
+            )
             for r in replies
             if r.metadata.src_node_id in by_node
         ]

@@ -4,7 +4,8 @@ Five kinds of fault, each tried and counted:
 
 - **malformed replies**: every kind in ``tests/reliability/catalog.py`` (NaN / Inf / wrong
   shape / wrong dtype / unknown key / missing records / negative or inflated counts /
-  a non-finite metric / a crash / a duplicate, a second altered or a wrong-type reply),
+  a non-finite metric / a crash / a duplicate, a second altered or a wrong-type reply /
+  an earlier round's reply re-sent, alone or before the fresh one / no nonce echoed),
   each sent by its own node in one run of each method on the in-process grid with real
   clients and data.  "Handled" = dropped with a WARNING naming the node and booked in the
   ledger; "corrupted nothing" = the run's result equals, to the bit, the run in which
@@ -203,6 +204,7 @@ def main() -> None:
     summary = {
         "faults_tried": tried,
         "faults_handled": handled,
+        "faults_lost": tried - handled,
         "reply_kinds": len({r["kind"] for r in replies}),
         "profile_kinds": len({r["kind"] for r in profiles}),
         "runs_lost": lost_runs,

@@ -87,10 +87,11 @@ def standin_app(clock: StandinClock) -> Callable[[Any, Any], Any]:
 
     from fedorasflwr.costs import training_flops
     from fedorasflwr.methods.decnas.client import STATE_PREFIX, state_key
+    from fedorasflwr.nonce import echo_nonce
     from fedorasflwr.protocol import ARRAYS, CONFIG, METRICS, PROFILE, space_from_config
     from fedorasflwr.search_spaces import build_space
 
-    app = ClientApp()
+    app = ClientApp(mods=[echo_nonce])  # its replies echo the nonce, as the library's
     spaces: dict[str, Any] = {}
     kept: dict[int, dict[str, ArrayRecord]] = {}  # DecNAS: node -> tuned candidates
 

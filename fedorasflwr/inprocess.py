@@ -17,6 +17,8 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from .protocol import NONCE
+
 __all__ = ["Fault", "InProcessGrid", "error_reply", "replace_content"]
 
 #: reply -> altered reply, several replies (a node that sends twice), or None (timed out)
@@ -140,8 +142,13 @@ class InProcessGrid(Grid):
         raise NotImplementedError
 
 
-def replace_content(reply: Message, content: RecordDict) -> Message:
-    """A reply to the same instruction carrying ``content`` instead."""
+def replace_content(reply: Message, content: RecordDict, *, keep_nonce: bool = True) -> Message:
+    """A reply to the same instruction carrying ``content`` instead: with ``keep_nonce``,
+    ``reply``'s nonce too when ``content`` carries none (a client altering its answer
+    still echoes the nonce it was sent; a stale ``content`` brings its own)."""
+    nonce = reply.content.config_records.get(NONCE) if reply.has_content() else None
+    if keep_nonce and nonce is not None and NONCE not in content.config_records:
+        content = RecordDict({**dict(content.items()), NONCE: nonce})
     return Message(content, reply_to=_instruction_of(reply))
 
 

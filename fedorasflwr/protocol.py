@@ -15,6 +15,7 @@ __all__ = [
     "METRICS",
     "PROFILE",
     "LATENCY",
+    "NONCE",
     "DPFNAS_ARCH",
     "DECNAS_EVALUATE",
     "DECNAS_TRAIN",
@@ -42,6 +43,8 @@ CONFIG = "config"
 METRICS = "metrics"
 PROFILE = "profile"
 LATENCY = "latency"  # ConfigRecord of a query.latency reply: device, statistic
+#: ConfigRecord of every instruction (``stage``, ``step``, ``tag``), echoed unchanged by its reply
+NONCE = "nonce"
 
 QUERY_PROFILE = "query.profile"
 QUERY_LATENCY = "query.latency"  # the node's latency table (fedorasflwr/latency.py)

@@ -26,6 +26,7 @@ from ..methods.decnas import client as decnas
 from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
 from ..methods.fedoras import client as fedoras
+from ..nonce import echo
 from ..protocol import CONFIG, PROFILE
 from ..training import device_mod
 from .latency import answer_latency
@@ -155,7 +156,8 @@ def _positive_threads(value: object) -> int:
 
 def _answer(handler: Handler, nodes: NodeDataCache) -> Callable[[Message, Context], Message]:
     def answer(msg: Message, context: Context) -> Message:
-        return Message(handler.work(msg.content, nodes(context), context), reply_to=msg)
+        # every reply echoes its instruction's nonce (docs/protocol.md)
+        return echo(msg, Message(handler.work(msg.content, nodes(context), context), reply_to=msg))
 
     answer.__name__ = handler.action
     answer.__doc__ = handler.doc

@@ -7,7 +7,13 @@
 - one ``exchange`` that sends messages, counts bytes in the ledger, waits,
   and sorts replies into accepted / failed / missing / rejected, logging each
   dropped reply with the node id and the reason (one reply per addressed node,
-  of the type sent: ``one_reply_per_node``); one node per partition id;
+  of the type sent, echoing its instruction's nonce: ``one_reply_per_node``); one
+  node per partition id;
+- every step's instructions carry a nonce (``instruct``), and every public
+  ``aggregate_*`` screens its replies against what its ``configure_*`` sent
+  (``screened``) before anything else, whoever calls it; accepted replies are
+  taken in partition-id order (``in_order``), so float sums do not depend on
+  which node answered first;
 - what each node can honestly count (``NodeProfile.bound``, ``claim``), for the
   reply checks, and the run's choice of ``aggregation`` (mean or robust);
 - the minimum-replies rule: a step with too few good replies raises
@@ -37,6 +43,7 @@ from ..checkpoints import Snapshot
 from ..costs import array_record_bytes
 from ..latency import LatencyRequest, LatencyTable, table_from_records
 from ..ledger import FailureKind, Ledger, failure_kind
+from ..nonce import nonce_of, stamp
 from ..progress import format_metrics
 from ..protocol import (
     ARRAYS,
@@ -291,6 +298,8 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         self._profile_config = ConfigRecord()  # the config of every query.profile
         self.latency_tables: dict[int, LatencyTable] = {}
         self._reasons: dict[str, list[str]] = {}
+        self._steps: dict[str, int] = {}  # exchanges per stage (their nonces' step)
+        self._outbox: dict[str, list[Message]] = {}  # category -> the last configure_*'s
         self.user_train_config: dict[str, Any] = {}
         self.user_evaluate_config: dict[str, Any] = {}
         self.train_metrics: dict[int, MetricRecord] = {}
@@ -621,14 +630,22 @@ class FederatedNASStrategy(Strategy, Generic[R]):
     # --- messages ----------------------------------------------------------------
 
     def exchange(self, grid: Grid, stage: str, messages: Sequence[Message]) -> list[Message]:
-        """Send ``messages``, count them, and return the replies without error.
+        """Send ``messages``, count them, and return the replies without error, in
+        partition-id order.
 
-        Failed replies (client exception, node gone) and missing ones (timed out)
-        are logged with the node id and counted; they never reach the caller.  A
-        reply is booked to the node its message was sent to (matched by
-        ``reply_to_message_id``): Flower's SuperLink itself answers for a lost node.
+        Every message carries a nonce (``instruct``; one without is stamped here) and
+        only a reply that echoes it counts (``one_reply_per_node``).  Failed replies
+        (client exception, node gone) and missing ones (timed out) are logged with the
+        node id and counted; they never reach the caller; a node whose only replies were
+        refused is booked once, as rejected, not also as timed out.  A reply is booked
+        to the node its message was sent to (matched by ``reply_to_message_id``):
+        Flower's SuperLink itself answers for a lost node.
         """
         expected = {m.metadata.dst_node_id for m in messages}
+        if any(nonce_of(m) is None for m in messages):
+            self._steps[stage] = step = self._steps.get(stage, 0) + 1
+            for message in messages:
+                stamp(message, stage, step)
         for message in messages:
             extra = self.user_config(message.metadata.message_type)
             if extra and CONFIG in message.content.config_records:
@@ -641,7 +658,8 @@ class FederatedNASStrategy(Strategy, Generic[R]):
             return []
         with self.ledger.timed(stage):
             replies = list(grid.send_and_receive(messages, timeout=self.reply_timeout))
-        replies = self.one_reply_per_node(stage, messages, replies)
+        replies, refused = self._screen(stage, messages, replies)
+        expected -= refused
         sent_to = destinations(messages)
         good: list[Message] = []
         for reply in replies:
@@ -672,12 +690,50 @@ class FederatedNASStrategy(Strategy, Generic[R]):
     def one_reply_per_node(
         self, stage: str, messages: Sequence[Message], replies: Sequence[Message]
     ) -> list[Message]:
-        """The first reply of each addressed node, of the type sent; every other reply
-        (duplicate, second altered one, wrong type, unaddressed node) is dropped and logged."""
+        """The first reply of each addressed node that answers the instruction sent to it
+        (its type and nonce), in partition-id order; every other reply (duplicate, second
+        altered one, wrong type, stale or without nonce, unaddressed node) is dropped and
+        logged."""
+        return self._screen(stage, messages, replies)[0]
+
+    def _screen(
+        self, stage: str, messages: Sequence[Message], replies: Iterable[Message]
+    ) -> tuple[list[Message], set[int]]:
+        """``one_reply_per_node``, and the addressed nodes that had a reply refused."""
         kept, refused = screen_replies(messages, replies)
         for node_id, reason in refused:
             self._drop(stage, node_id, reason)
-        return kept
+        addressed = {m.metadata.dst_node_id for m in messages}
+        return self.in_order(kept), {n for n, _ in refused if n in addressed}
+
+    def in_order(self, replies: Iterable[Message]) -> list[Message]:
+        """``replies`` by the partition id of their sender (a node never profiled, e.g.
+        while profiling, after the others, as they came): every sum over replies is
+        taken in this order, whatever order the engine delivered them in."""
+        return sorted(replies, key=lambda r: self._partition_of(r.metadata.src_node_id))
+
+    def _partition_of(self, node_id: int) -> float:
+        profile = self.profiles.get(node_id)
+        return math.inf if profile is None else profile.partition_id
+
+    def instruct(
+        self, category: str, stage: str, step: int, messages: Iterable[Message]
+    ) -> list[Message]:
+        """``messages``, one step's ``category`` instructions (``"train"``: of
+        ``configure_train``, ``"evaluate"``: of ``configure_evaluate``), each with a nonce
+        of ``stage`` and ``step``; kept as what the next ``aggregate_*`` of ``category``
+        screens its replies against (``screened``). Every ``configure_*`` returns its
+        messages through here."""
+        self._outbox[category] = [stamp(m, stage, step) for m in messages]
+        return list(self._outbox[category])
+
+    def screened(self, stage: str, category: str, replies: Iterable[Message]) -> list[Message]:
+        """``replies`` screened against the instructions the last ``configure_*`` of
+        ``category`` (``"train"``, ``"evaluate"``) sent (``one_reply_per_node``), in
+        partition-id order: what every public ``aggregate_*`` does first, whoever calls it
+        (``exchange`` or a Flower user's own loop).  Replies that pass ``exchange`` pass
+        here again unchanged."""
+        return self.one_reply_per_node(stage, self._outbox.get(category, []), list(replies))
 
     def _fail(self, stage: str, node_id: int, reason: str, kind: FailureKind) -> None:
         self.ledger.failed(stage, node_id, kind)

@@ -11,9 +11,11 @@ Three things differ from ``flwr.serverapp.strategy.FedAvg``, and only these:
   keys differ from the others; here an error, a timeout, a malformed or
   non-finite reply is logged with the node id and the reason, counted in the
   ledger, and left out.  Fewer than ``min_replies`` usable replies stop the stage.
-  So is a second reply of a node, one of another message type, one from a node
-  not addressed, and one whose ``num-examples`` exceeds the node's declared
-  training (train) or test (evaluate) split;
+  So is a second reply of a node, one of another message type, one that does not
+  echo its instruction's nonce (``fedorasflwr.nonce``: a stale reply), one from a
+  node not addressed, and one whose ``num-examples`` exceeds the node's declared
+  training (train) or test (evaluate) split; the usable ones are aggregated in
+  partition-id order, never in arrival order;
 - **aggregation** can be robust (``aggregation``: coordinate-wise median or
   trimmed mean instead of the example-weighted mean, see ``aggregation.py``).
 
@@ -44,6 +46,7 @@ from flwr.supercore import log
 
 from ..costs import array_record_bytes
 from ..ledger import Ledger, failure_kind
+from ..nonce import stamp
 from ..progress import StageClock, quiet_flower_strategy
 from ..seeding import numpy_stream
 from .aggregation import MEAN, Aggregation, opa
@@ -196,8 +199,9 @@ class SeededFedAvg(FedAvg):
         nbytes = array_record_bytes(arrays) if arrays is not None else 0
         for node_id in node_ids:
             self.ledger.sent(self.stage, node_id, nbytes)
-        self._sent = list(self._construct_messages(record, node_ids, message_type))
-        return self._sent
+        messages = self._construct_messages(record, node_ids, message_type)
+        self._sent = [stamp(m, self.stage, server_round) for m in messages]
+        return list(self._sent)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -225,7 +229,9 @@ class SeededFedAvg(FedAvg):
         usable: list[Message] = []
         metric_keys: set[str] | None = None
         sent_to = destinations(self._sent)  # ids are set once the grid pushed them
-        for reply in self._one_reply_per_node(replies):
+        kept, refused = self._one_reply_per_node(replies)
+        self._expected -= refused  # booked once, as rejected, not also as timed out
+        for reply in kept:
             node_id = answered_node(reply, sent_to)
             if node_id is None:
                 log(WARNING, "[%s] ignored a reply to no message of this round", self.stage)
@@ -252,13 +258,22 @@ class SeededFedAvg(FedAvg):
         self._expected = set()
         return usable
 
-    def _one_reply_per_node(self, replies: Iterable[Message]) -> list[Message]:
-        """``screen_replies`` against the messages of this round; the rest dropped and logged."""
+    def _one_reply_per_node(self, replies: Iterable[Message]) -> tuple[list[Message], set[int]]:
+        """``screen_replies`` against the messages of this round (type, nonce, one per
+        node), the kept ones in partition-id order (Flower's weighted sums then do not
+        depend on which node answered first); the rest dropped and logged. Also returns
+        the addressed nodes that had a reply refused."""
         kept, refused = screen_replies(self._sent, replies)
         for node_id, reason in refused:
             self.ledger.rejected(self.stage, node_id)
             log(WARNING, "[%s] dropped reply of node %d: %s", self.stage, node_id, reason)
-        return kept
+        addressed = {m.metadata.dst_node_id for m in self._sent}
+
+        def partition(reply: Message) -> float:
+            profile = self._profiles.get(reply.metadata.src_node_id)
+            return math.inf if profile is None else profile.partition_id
+
+        return sorted(kept, key=partition), {n for n, _ in refused if n in addressed}
 
     def _reason(
         self, reply: Message, with_arrays: bool, metric_keys: set[str] | None

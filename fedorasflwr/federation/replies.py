@@ -12,7 +12,7 @@ so one client cannot take over a weighted aggregate by inflating them.  The
 profile is itself client-declared: a node that lies there (a huge
 ``num-train``) passes the bound; robust aggregation (``aggregation.py``) is the
 answer to that case.  ``screen_replies`` keeps one reply per addressed node, of
-the message type that was sent.
+the message type that was sent, echoing the instruction's nonce.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
 from ..latency import latency_problem
+from ..nonce import describe, nonce_of
 from ..protocol import ARRAYS, LATENCY, METRICS
 
 __all__ = [
@@ -180,34 +181,57 @@ def check_latency_reply(message: Message, num_options: Sequence[int]) -> str | N
 def screen_replies(
     sent: Iterable[Message], replies: Iterable[Message]
 ) -> tuple[list[Message], list[tuple[int, str]]]:
-    """One reply per addressed node, of the message type that was sent to it.
+    """One reply per addressed node, of the message type that was sent to it, echoing
+    the nonce of the instruction sent to it (``fedorasflwr.nonce``).
 
     Returns the replies kept, in arrival order, and ``(node id, reason)`` for
     each one refused: from a node that was not addressed, of another message
-    type than the instruction, or a second (third ...) reply of a node, even if
-    identical.  The first valid reply of a node is the one that counts.  Error
-    replies are kept as they are, for the caller's failed-reply branch: Flower
-    itself sends some (node or message unavailable) with message type
-    ``"system"`` and the SuperLink as sender.
+    type than the instruction, answering another instruction (an earlier round's
+    reply re-sent, no nonce or another one: it takes no one's place), or a second
+    (third ...) reply of a node, even if identical.  The first reply of a node that
+    passes these checks is the one that counts.  An instruction without a nonce (sent
+    by code of your own) is matched by node and type only.  Error replies are kept as
+    they are, for the caller's failed-reply branch: Flower itself sends some (node or
+    message unavailable) with message type ``"system"`` and the SuperLink as sender.
     """
-    expected = {m.metadata.dst_node_id: m.metadata.message_type for m in sent}
+    expected = {m.metadata.dst_node_id: m for m in sent}
     answered: set[int] = set()
     kept: list[Message] = []
     refused: list[tuple[int, str]] = []
     for reply in replies:
         node_id = reply.metadata.src_node_id
         message_type = reply.metadata.message_type
+        instruction = expected.get(node_id)
         if reply.has_error():
             kept.append(reply)
-        elif node_id not in expected:
+        elif instruction is None:
             refused.append((node_id, "reply from a node that was not addressed"))
-        elif message_type != expected[node_id]:
-            refused.append(
-                (node_id, f"reply of type {message_type!r} to a {expected[node_id]!r} instruction")
-            )
+        elif message_type != instruction.metadata.message_type:
+            wanted = instruction.metadata.message_type
+            refused.append((node_id, f"reply of type {message_type!r} to a {wanted!r} instruction"))
+        elif (reason := _other_instruction(instruction, reply)) is not None:
+            refused.append((node_id, reason))
         elif node_id in answered:
             refused.append((node_id, "more than one reply in one step (only the first counts)"))
         else:
             answered.add(node_id)
             kept.append(reply)
     return kept, refused
+
+
+def _other_instruction(instruction: Message, reply: Message) -> str | None:
+    """Why ``reply`` does not answer ``instruction`` (its nonce is not the one sent), or
+    ``None``."""
+    wanted = nonce_of(instruction)
+    if wanted is None:
+        return None
+    got = nonce_of(reply)
+    if got == wanted:
+        return None
+    if got is None:
+        return f"answers another instruction: no nonce, sent {describe(wanted)}"
+    if {k: v for k, v in got.items() if k != "tag"} == {
+        k: v for k, v in wanted.items() if k != "tag"
+    }:
+        return f"answers another instruction: a wrong tag for {describe(wanted)}"
+    return f"answers another instruction: {describe(got)}, sent {describe(wanted)}"

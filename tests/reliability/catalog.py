@@ -3,7 +3,9 @@
 Five kinds, each a list a person can read:
 
 - ``REPLY_FAULTS``: ways a client's reply to a training instruction can be wrong,
-  each a function of the honest reply's content (``None``: the client never answers);
+  each a function of the honest reply's content (``None``: the client never answers),
+  or extra replies (``MULTI_FAULTS``), an earlier reply re-sent (``STALE_FAULTS``), a
+  reply that echoes no nonce;
 - ``PROFILE_FAULTS``: ways a node's profile (its reply to ``query.profile``) can be
   wrong, each a function of the honest profile's fields;
 - ``bad_configs()``: run configs that must be refused before any training, with the
@@ -24,13 +26,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedorasflwr.inprocess import Fault, error_reply, replace_content
-from fedorasflwr.protocol import ARRAYS, METRICS, PROFILE, QUERY_PROFILE
+from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, PROFILE, QUERY_PROFILE
 
 __all__ = [
     "ARRAY_FAULTS",
     "MULTI_FAULTS",
     "PROFILE_FAULTS",
     "REPLY_FAULTS",
+    "STALE_FAULTS",
     "BadConfig",
     "bad_configs",
     "profile_fault",
@@ -167,6 +170,20 @@ MULTI_FAULTS: dict[str, Callable[[Message], list[Message]]] = {
     ],
 }
 
+
+def _without_nonce(reply: Message) -> Message:
+    content = RecordDict({k: v for k, v in reply.content.items() if k != NONCE})
+    return replace_content(reply, content, keep_nonce=False)
+
+
+#: kinds where the node re-sends its previous training reply (its nonce included) as its
+#: answer to the current instruction: stale reply -> all it sends, given the fresh one
+#: (its first training reply goes out unchanged: there is nothing earlier to re-send)
+STALE_FAULTS: dict[str, Callable[[Message, Message], list[Message]]] = {
+    "stale-reply": lambda stale, fresh: [stale],  # an earlier round's update, instead
+    "stale-reply-first": lambda stale, fresh: [stale, fresh],  # before the fresh one
+}
+
 #: kind -> how an honest reply's content is made bad (``None``: no reply at all)
 REPLY_FAULTS: dict[str, Mutation | None] = {
     "nan-weights": lambda c: _set_first_float(c, math.nan),
@@ -180,7 +197,9 @@ REPLY_FAULTS: dict[str, Mutation | None] = {
     "non-finite-metric": _non_finite_metric,
     "inflated-counts": _inflated_counts,
     "client-crash": None,  # handled in reply_fault: an error reply
+    "missing-nonce": None,  # handled in reply_fault: the reply echoes no nonce
     **{kind: None for kind in MULTI_FAULTS},  # handled in reply_fault
+    **{kind: None for kind in STALE_FAULTS},  # handled in reply_fault
 }
 
 
@@ -200,10 +219,18 @@ def reply_fault(
     kinds that add replies, only the honest one is sent): the run a correct server
     must reproduce exactly when it drops what was bad."""
     mutation = REPLY_FAULTS[kind]
+    earlier: list[Message] = []  # the node's previous training reply (stale kinds)
 
-    def fault(reply: Message) -> Message | None:
+    def fault(reply: Message) -> Message | list[Message] | None:
         if reply.has_error() or not reply.metadata.message_type.startswith(message_types):
             return reply
+        if kind in STALE_FAULTS:
+            previous = earlier.pop() if earlier else None
+            earlier.append(reply)
+            if previous is None:
+                return reply
+            sent = STALE_FAULTS[kind](replace_content(reply, previous.content), reply)
+            return [r for r in sent if r is reply] if silent else sent
         if kind in ARRAY_FAULTS and ARRAYS not in reply.content.array_records:
             return reply  # a reply that carries no weights (e.g. DecNAS's tune step)
         if kind in MULTI_FAULTS:
@@ -212,6 +239,8 @@ def reply_fault(
             return None
         if kind == "client-crash":
             return error_reply(reply, "ClientApp raised RuntimeError('injected')")
+        if kind == "missing-nonce":
+            return _without_nonce(reply)
         changed = mutation(reply.content) if mutation is not None else None
         return None if changed is None else replace_content(reply, changed)
 

@@ -38,11 +38,18 @@ def run_config_for(method: str, cache: Path | str) -> dict[str, Any]:
             **{
                 "fedoras.stop-after": "supernet",
                 "fedoras.clients-per-round": NODES,
-                "fedoras.rounds": 1,
+                "fedoras.rounds": 2,  # a stale reply re-sends an earlier round's update
             },
         )
     if method == "fdnas":
-        return tiny_fdnas(cache, **{"fdnas.final-rounds": 0, "fdnas.clients-per-round": NODES})
+        return tiny_fdnas(
+            cache,
+            **{
+                "fdnas.final-rounds": 0,
+                "fdnas.clients-per-round": NODES,
+                "fdnas.rounds": 2,  # a stale reply re-sends an earlier round's update
+            },
+        )
     if method == "decnas":
         return tiny_decnas(cache, **{"decnas.num-groups": 3})
     if method == "dpfnas":

@@ -15,6 +15,7 @@ from fedorasflwr.federation.fedavg import SeededFedAvg
 from fedorasflwr.federation.replies import Bound, check_bounds, check_reply, screen_replies
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.ledger import Ledger
+from fedorasflwr.nonce import echo_nonce
 
 
 @pytest.fixture(autouse=True)
@@ -165,7 +166,7 @@ def test_screen_keeps_the_first_reply_of_each_addressed_node_of_the_type_sent():
 
 # --- SeededFedAvg: bounds, duplicates, robust aggregation -------------------------------
 
-demo = ClientApp()
+demo = ClientApp(mods=[echo_nonce])  # its replies echo the nonce, as the library's
 INFLATE = {"factor": 1}
 
 

@@ -12,6 +12,7 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid, error_reply
 from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.methods.decnas.strategy import DecNAS
+from fedorasflwr.nonce import echo
 from fedorasflwr.protocol import ARRAYS, DECNAS_UPLOAD, METRICS
 from tests.runconfig import tiny_decnas
 
@@ -61,15 +62,16 @@ def test_fusion_is_the_training_count_weighted_mean(data_cache):
     strategy = make_strategy(tiny_decnas(data_cache))
     InProcessGrid(client_app, tiny_decnas(data_cache), 1)  # sets the task identity
     replies = []
-    for value, count in ((1.0, 1), (5.0, 3)):
-        sent = Message(RecordDict(), dst_node_id=7, message_type=DECNAS_UPLOAD)
+    uploads = [Message(RecordDict(), dst_node_id=n, message_type=DECNAS_UPLOAD) for n in (7, 8)]
+    sent = strategy.instruct("train", "upload", 1, uploads)  # what aggregate_train screens by
+    for message, (value, count) in zip(sent, ((1.0, 1), (5.0, 3)), strict=True):
         content = RecordDict(
             {
                 ARRAYS: ArrayRecord({"w": torch.full((2,), value)}),
                 METRICS: MetricRecord({"num-examples": count}),
             }
         )
-        replies.append(Message(content, reply_to=sent))
+        replies.append(echo(message, Message(content, reply_to=message)))
     fused, metrics = strategy.aggregate_train(1, replies)
     np.testing.assert_allclose(fused["w"].numpy(), [4.0, 4.0])  # (1 x 1 + 5 x 3) / 4
     assert metrics["num-examples"] == 4

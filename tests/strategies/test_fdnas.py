@@ -15,6 +15,7 @@ from fedorasflwr.data import ClientData
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.fdnas.client import hardware_loss, rescale_sampled, search_supernet
 from fedorasflwr.methods.fdnas.runner import cluster_tagger, run_cfdnas
+from fedorasflwr.nonce import echo
 from fedorasflwr.protocol import ARRAYS, CONFIG, FDNAS_SEARCH, METRICS, space_to_config
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.strategies import CFDNAS, FDNAS
@@ -57,7 +58,8 @@ def fake_replies(strategy, messages, alphas_of, sizes):
                 "expected-flops": 1.0,
             }
         )
-        replies.append(Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=message))
+        reply = Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=message)
+        replies.append(echo(message, reply))
     return replies
 
 

@@ -12,8 +12,9 @@ from fedorasflwr.federation.base import NodeProfile, StageFailedError
 from fedorasflwr.federation.fedavg import SeededFedAvg
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.ledger import Ledger
+from fedorasflwr.nonce import echo_nonce
 
-demo = ClientApp()
+demo = ClientApp(mods=[echo_nonce])  # its replies echo the nonce, as the library's
 
 
 @demo.train("demo")

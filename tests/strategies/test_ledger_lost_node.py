@@ -30,9 +30,10 @@ from fedorasflwr.federation.base import FederatedNASStrategy, NodeProfile
 from fedorasflwr.federation.fedavg import SeededFedAvg
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.ledger import Ledger
+from fedorasflwr.nonce import echo_nonce
 from fedorasflwr.protocol import ARRAYS
 
-echo = ClientApp()
+echo = ClientApp(mods=[echo_nonce])  # its replies echo the nonce, as the library's
 
 
 @echo.train("echo")

@@ -20,6 +20,7 @@ from fedorasflwr.protocol import (
     FEDORAS_PATHS,
     FEDORAS_SUPERNET,
     METRICS,
+    NONCE,
     QUERY_PROFILE,
 )
 from fedorasflwr.runs import build_supernet
@@ -62,11 +63,13 @@ def _times(values: np.ndarray, factor: float) -> Array:
 
 
 def scaled(reply: Message, factor: float) -> RecordDict:
+    """``reply``'s content, weights x ``factor``, echoing its nonce (the client knows it)."""
     arrays = reply.content.array_records[ARRAYS]
     return RecordDict(
         {
             ARRAYS: ArrayRecord({k: _times(a.numpy(), factor) for k, a in arrays.items()}),
             METRICS: reply.content.metric_records[METRICS],
+            NONCE: reply.content.config_records[NONCE],
         }
     )
 

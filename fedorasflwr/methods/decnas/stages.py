@@ -301,7 +301,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
     ) -> Iterable[Message]:
         """The model ``arrays`` to every connected client; ``config`` carries its spec
         (``space.<kwarg>``) and the ``split`` to score, "val" or "test"."""
-        return [
+        messages = [
             Message(
                 RecordDict({ARRAYS: arrays, CONFIG: config}),
                 message_type=DECNAS_EVALUATE,
@@ -309,6 +309,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
             )
             for p in self.connected(grid)
         ]
+        return self.instruct("evaluate", "evaluate", server_round, messages)
 
     def aggregate_evaluate(
         self,
@@ -325,7 +326,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         against each node's claim for it); ``stage`` the ledger's stage of the replies."""
         accepted = self.accept(
             stage,
-            replies,
+            self.screened(stage, "evaluate", replies),
             lambda r: check_reply(
                 r,
                 counts=("num-examples", "correct"),

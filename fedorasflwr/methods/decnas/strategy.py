@@ -176,7 +176,7 @@ class DecNAS(PrunedModelStages):
         of ``nodes``, the group that tunes it (default: every profiled node)."""
         connected = set(grid.get_node_ids())
         chosen = self.profiles.values() if nodes is None else nodes
-        return [
+        messages = [
             Message(
                 RecordDict({ARRAYS: arrays, CONFIG: config}),
                 message_type=DECNAS_TUNE,
@@ -185,6 +185,7 @@ class DecNAS(PrunedModelStages):
             for node in chosen
             if node.node_id in connected
         ]
+        return self.instruct("train", "tune", server_round, messages)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -194,7 +195,7 @@ class DecNAS(PrunedModelStages):
         every key of the candidate (checked on arrival), so the fusion needs nothing but
         the replies. Error replies are skipped (booked as failures), as Flower's FedAvg
         skips them."""
-        replies = self.accept("upload", replies, lambda _reply: None)
+        replies = self.accept("upload", self.screened("upload", "train", replies), lambda _: None)
         updates = [
             (
                 r.content.array_records[ARRAYS],
@@ -340,15 +341,17 @@ class DecNAS(PrunedModelStages):
                 batch = {}
                 batches.append(batch)
             batch.update({node: candidate for node in nodes})
-        replies: dict[int, list[Message]] = {c: [] for c in pool}
-        for batch in batches:
+        uploads = dict.fromkeys(pool, 0)
+        for batch in batches:  # every candidate's nodes are in one batch
+            replies: dict[int, list[Message]] = {c: [] for c in sorted(set(batch.values()))}
             for candidate, reply in self._upload_batch(grid, iteration, round_, pool, batch):
                 replies[candidate].append(reply)
-        for candidate, mine in replies.items():
-            fused, _ = self.aggregate_train(round_, mine)
-            if fused is not None:
-                pool[candidate] = (pool[candidate][0], fused)
-        return {c: len(mine) for c, mine in replies.items()}
+            for candidate, mine in replies.items():  # screened against this batch's messages
+                fused, _ = self.aggregate_train(round_, mine)
+                if fused is not None:
+                    pool[candidate] = (pool[candidate][0], fused)
+                uploads[candidate] = len(mine)
+        return uploads
 
     def _upload_batch(
         self, grid: Grid, iteration: int, round_: int, pool: Pool, candidate_of: dict[int, int]
@@ -364,6 +367,7 @@ class DecNAS(PrunedModelStages):
                     dst_node_id=node,
                 )
             )
+        messages = self.instruct("train", "upload", round_, messages)
         specs = {c: array_specs(arrays) for c, (_, arrays) in pool.items()}
 
         def check(reply: Message) -> str | None:

@@ -413,7 +413,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                     dst_node_id=party.node_id,
                 )
             )
-        return messages
+        return self.instruct("train", phase, server_round, messages)
 
     def check_gradient_reply(self, reply: Message) -> str | None:
         """Why a gradient reply is unusable (wrong keys, shapes, non-finite), or ``None``."""
@@ -438,7 +438,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the accepted gradients (sum or mean over parties); no step here."""
         phase = self._phase
-        accepted = self.accept(phase, replies, self.check_gradient_reply)
+        accepted = self.accept(
+            phase, self.screened(phase, "train", replies), self.check_gradient_reply
+        )
         self.require(phase, len(accepted), len(self._sent))
         keys = list(next(iter(self._sent.values())))
         total = {k: np.zeros(self._sent_shape(k), dtype=np.float64) for k in keys}

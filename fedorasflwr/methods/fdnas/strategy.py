@@ -316,7 +316,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             "hardware-beta": s.hardware_beta,
             **space_to_config(self.space.spec),
         }
-        return [
+        messages = [
             Message(
                 content=RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(message_config)}),
                 message_type=FDNAS_SEARCH,
@@ -324,6 +324,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             )
             for p in chosen
         ]
+        return self.instruct("train", stage.name, server_round, messages)
 
     def check_train_reply(self, reply: Message) -> str | None:
         """Why a search reply is unusable, or ``None``."""
@@ -351,7 +352,8 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         """w and alpha <- sum_k N_k / N (w_k, alpha_k) over the accepted replies (Eq. 5)
         of ``stage`` (default: the global search)."""
         stage = self.whole_search() if stage is None else stage
-        accepted = self.accept(stage.name, replies, self.check_train_reply)
+        screened = self.screened(stage.name, "train", replies)
+        accepted = self.accept(stage.name, screened, self.check_train_reply)
         # a cluster smaller than min-replies needs all of its clients, not more
         if len(accepted) < min(self.min_replies, len(stage.nodes)):
             self.require(stage.name, len(accepted), len(self._sent))
@@ -647,7 +649,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     ) -> Iterable[Message]:
         """The derived net's ``arrays`` to each node being evaluated (``evaluate_net``);
         ``config`` carries its ``arch`` and ``space.<kwarg>``."""
-        return [
+        messages = [
             Message(
                 content=RecordDict({ARRAYS: arrays, CONFIG: config}),
                 message_type=FDNAS_EVALUATE,
@@ -655,6 +657,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             )
             for node_id in self._evaluating[1]
         ]
+        return self.instruct("evaluate", self._evaluating[0], server_round, messages)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -665,7 +668,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         stage, partition = self._evaluating
         accepted = self.accept(
             stage,
-            replies,
+            self.screened(stage, "evaluate", replies),
             lambda r: check_reply(
                 r,
                 counts=("num-examples", "correct", "accuracy"),

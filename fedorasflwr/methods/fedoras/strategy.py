@@ -458,7 +458,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                 )
             )
         log(DEBUG, "configure_train: %d client(s) of %d", len(messages), len(candidates))
-        return messages
+        return self.instruct("train", STAGE_SUPERNET, server_round, messages)
 
     def _client_cost(self, node_id: int, tier: Tier) -> tuple[PathCost, float]:
         """What a node's Stage-1 paths must fit: its tier's FLOPs, or its latency budget
@@ -552,7 +552,8 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """OPA (or, as the comparison, plain FedAvg: every returned key weighted by the
         client's examples) over the accepted replies; metrics: loss, examples, clients."""
-        accepted = self.accept(STAGE_SUPERNET, replies, self.check_train_reply)
+        screened = self.screened(STAGE_SUPERNET, "train", replies)
+        accepted = self.accept(STAGE_SUPERNET, screened, self.check_train_reply)
         self.require(STAGE_SUPERNET, len(accepted), len(self._sent))
         updates = []
         loss_sum = 0.0
@@ -600,7 +601,8 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         layers = len(self.space.num_options())
         paths = [tuple(flat[i : i + layers]) for i in range(0, len(flat), layers)]
         self._scoring = (f"search-t{tier + 1}", len(paths))
-        return path_messages(self.stage_context(), grid, arrays, tier, paths, server_round)
+        messages = path_messages(self.stage_context(), grid, arrays, tier, paths, server_round)
+        return self.instruct("evaluate", self._scoring[0], server_round, messages)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -608,7 +610,8 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         """Each path's accuracy pooled over the accepted scoring replies (error and
         malformed replies skipped); ``None``: no usable reply."""
         stage, num_paths = self._scoring
-        accepted = accepted_scores(self.stage_context(), stage, replies, num_paths)
+        screened = self.screened(stage, "evaluate", replies)
+        accepted = accepted_scores(self.stage_context(), stage, screened, num_paths)
         if not accepted:
             return None
         accuracy, examples = pooled_scores(accepted, num_paths)
