@@ -36,7 +36,7 @@ from .flwr_cli import QUIET_FLOWER_ENV as QUIET_FLOWER_ENV
 from .flwr_cli import SIMULATION_CONNECTION as SIMULATION_CONNECTION
 from .flwr_cli import ConfigValue, FlowerRunError, RunResult, format_run_config
 from .processes import LOOPBACK as LOOPBACK
-from .processes import find_pids, free_port, stop_pids
+from .processes import Stopped, find_pids, free_port, stop_on_signals, stop_pids
 from .security import NodeKey, TlsFiles, make_node_key, make_tls_files
 from .simulation import run_simulation
 
@@ -47,6 +47,7 @@ __all__ = [
     "FlowerRunError",
     "NodeKey",
     "RunResult",
+    "Stopped",
     "TlsFiles",
     "find_pids",
     "format_run_config",
@@ -55,5 +56,6 @@ __all__ = [
     "make_node_key",
     "make_tls_files",
     "run_simulation",
+    "stop_on_signals",
     "stop_pids",
 ]
