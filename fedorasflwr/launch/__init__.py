@@ -21,7 +21,8 @@ Facts about Flower 1.41 this package relies on:
   SuperNodes install nothing unless given ``--allow-runtime-dependency-installation``.
   Both engines unpack the FAB under ``$FLWR_HOME/apps`` and import the app from there.
 
-The package's parts: `processes` (free ports, finding and stopping processes),
+The package's parts: `processes` (free ports, finding and stopping processes, SIGTERM and
+SIGHUP turned into Ctrl-C's clean-up: `stop_on_signals`),
 `flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``), `fab` (the
 copy of the app ``flwr run`` packs: `packable_app`),
 `simulation` (`run_simulation`), `deployment` (`Deployment`), `security` (TLS
