@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from fedorasflwr.checkpoints import CHECKPOINT_FILE
 from fedorasflwr.launch import (
     Stopped,
     cli,
@@ -231,6 +232,7 @@ def test_the_interrupt_message_names_the_resume_command(tmp_path: Path) -> None:
     argv = ["--run-config", "configs/quick-fedoras.toml", "--run-config", 'seed=3 x="a b"']
     values = {"seed": 3, "fedoras.resume-from": "/old/supernet.pt"}
 
+    assert cli.CHECKPOINT_FILE == CHECKPOINT_FILE  # the name the Checkpointer writes
     nothing = cli.interrupt_message(Stopped(signal.SIGHUP), None, argv, values, tmp_path)
     assert "interrupted by SIGHUP" in nothing and "nothing to resume" in nothing
     run_dir.mkdir(parents=True)
