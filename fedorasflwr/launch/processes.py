@@ -233,14 +233,19 @@ def stop_on_signals(signals: Iterable[signal.Signals] = TERMINATING_SIGNALS) -> 
     are ignored (with a line on stderr), so a second Ctrl-C or a repeated SIGTERM cannot
     cut the clean-up short and leave processes running. One that arrives while a process
     is being stopped (`held_signals`) is raised when that step ends. The previous
-    handlers come back on exit. Call it from the main thread (Python runs signal
-    handlers there only).
+    handlers come back on exit. A signal ignored on entry stays ignored (``nohup`` ignores
+    SIGHUP; a shell's background job, SIGINT). Call it from the main thread (Python runs
+    signal handlers there only).
 
     Without it, Python's default for SIGTERM and SIGHUP ends the process at once, no
     ``finally`` run: the detached SuperLink, its SuperExec, the simulation process and
     Ray kept training and writing files.
     """
-    previous = {signum: signal.signal(signum, _on_signal) for signum in signals}
+    previous = {
+        signum: signal.signal(signum, _on_signal)
+        for signum in signals
+        if signal.getsignal(signum) is not signal.SIG_IGN  # nohup's SIGHUP stays ignored
+    }
     _STATE.pending, _STATE.stopping = None, False
     try:
         yield

@@ -188,6 +188,19 @@ def test_every_terminating_signal_raises_stopped_like_ctrl_c(signum: signal.Sign
     assert signal.getsignal(signum) == previous
 
 
+def test_a_signal_ignored_before_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        with stop_on_signals():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.2)  # nothing raised: the run goes on after the terminal closed
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    except Stopped:
+        pytest.fail("SIGHUP was ignored (nohup) before the launcher started: it must stay so")
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def test_a_signal_while_processes_are_stopped_waits_for_the_step_to_end() -> None:
     steps: list[str] = []
     with stop_on_signals():
