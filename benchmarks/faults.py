@@ -84,6 +84,10 @@ PYTEST_CASES = [
     ),
     (
         "terminating signals",
+        "tests/reliability/test_process_faults.py::test_a_signal_ignored_before_stays_ignored",
+    ),
+    (
+        "terminating signals",
         "tests/reliability/test_process_faults.py::test_a_signal_while_processes_are_stopped",
     ),
     (
