@@ -1,15 +1,17 @@
 """The fault benchmark: every fault of the reliability catalogue, tried for real, in one table.
 
-Five kinds of fault, each tried and counted:
+The kinds of fault, each tried and counted:
 
 - **malformed replies**: every kind in ``tests/reliability/catalog.py`` (NaN / Inf / wrong
   shape / wrong dtype / unknown key / missing records / negative or inflated counts /
-  a non-finite metric / a crash / a duplicate, a second altered or a wrong-type reply /
-  an earlier round's reply re-sent, alone or before the fresh one / no nonce echoed),
+  a non-finite metric / an oversized reply / a crash / a duplicate, a second altered or a
+  wrong-type reply / an earlier round's reply re-sent, alone or before the fresh one / no
+  nonce echoed),
   each sent by its own node in one run of each method on the in-process grid with real
   clients and data.  "Handled" = dropped with a WARNING naming the node and booked in the
   ledger; "corrupted nothing" = the run's result equals, to the bit, the run in which
-  those replies were never sent.
+  those replies were never sent.  The crash and the oversized reply are also counted in
+  their own rows (process faults, oversized replies).
 - **bad profiles**: every kind in ``PROFILE_FAULTS`` (negative, fractional or boolean
   counts, a missing field, ``num-train`` 0, a label histogram of another length, with a
   negative entry or not adding up, ``num-train`` x 10^6, a partition id out of range,
@@ -20,16 +22,20 @@ Five kinds of fault, each tried and counted:
 - **bad run configs**: every type and range mutation and a misspelling of every key, plus
   cross-key mistakes; "handled" = refused with a ``ValueError`` naming the key before any
   training instruction was sent.
-- **corrupted files** and **process faults**: the cases of the test modules that corrupt
-  partition caches and checkpoints, and that stop a run mid-stage and resume it (the
-  ServerApp's grid dies before round k; the resumed run must equal the uninterrupted one),
-  plus, without ``--quick``, the deployment-engine test that SIGKILLs a SuperNode
-  mid-round.  They run through pytest; each case is one fault tried, "handled" = it passed.
+- **corrupted files**, **process faults**, **terminating signals** and **oversized
+  replies**: the cases of the test modules that corrupt partition caches (a directory
+  where a cache file belongs too) and checkpoints, that stop a run mid-stage and resume it
+  (the ServerApp's grid dies before round k; the resumed run must equal the uninterrupted
+  one), that send the launcher's signal handling SIGINT / SIGTERM / SIGHUP, and that
+  send replies over the size bound; plus, without ``--quick``, the deployment-engine test
+  that SIGKILLs a SuperNode mid-round and the launcher stopped with SIGTERM mid-run.  They
+  run through pytest; each case is one fault tried, "handled" = it passed.
 
-Prints a Markdown table and ``headline: ...``; writes ``benchmarks/results/faults.json``.
+"Lost" = tried - handled. Prints a Markdown table and ``headline: ...``; writes
+``benchmarks/results/faults.json``.
 
-    python benchmarks/faults.py            # every method, the engine test too (~10 min)
-    python benchmarks/faults.py --quick    # FedorAS replies and profiles, configs, files (CI)
+    python benchmarks/faults.py            # every method, the engine tests too
+    python benchmarks/faults.py --quick    # FedorAS replies and profiles, configs, cheap cases
 """
 
 from __future__ import annotations
@@ -80,11 +86,44 @@ PYTEST_CASES = [
     ("process faults", "tests/test_checkpoints.py::test_a_resumed_fdnas_search_equals"),
     ("process faults", "tests/test_checkpoints.py::test_a_resumed_decnas_continues"),
     ("process faults", "tests/test_checkpoints.py::test_a_search_failure_keeps_the_supernet"),
+    (
+        "corrupted files",
+        "tests/data/test_cache_integrity.py::test_an_empty_directory_where_a_cache_file_belongs",
+    ),
+    (
+        "corrupted files",
+        "tests/data/test_cache_integrity.py::test_a_directory_holding_files_where_a_cache_file",
+    ),
+    ("corrupted files", "tests/data/test_cache_integrity.py::test_a_cache_directory_that_is_a"),
+    (
+        "terminating signals",
+        "tests/reliability/test_process_faults.py::test_every_terminating_signal_raises_stopped",
+    ),
+    (
+        "terminating signals",
+        "tests/reliability/test_process_faults.py::test_a_signal_ignored_before_stays_ignored",
+    ),
+    (
+        "terminating signals",
+        "tests/reliability/test_process_faults.py::test_a_signal_while_processes_are_stopped",
+    ),
+    (
+        "terminating signals",
+        "tests/reliability/test_process_faults.py::test_later_signals_cannot_cut_the_clean_up",
+    ),
+    ("oversized replies", "tests/reliability/test_reply_size.py::test_a_reply_larger_than_what"),
+    ("oversized replies", "tests/reliability/test_reply_size.py::test_the_honest_reply_behind"),
 ]
+#: the categories of ``PYTEST_CASES`` the smoke run (``--quick``) tries: the cheap ones
+QUICK_CATEGORIES = ("corrupted files", "terminating signals", "oversized replies")
 ENGINE_CASES = [
     (
         "process faults",
         "tests/engines/test_secure_deployment.py::test_a_supernode_killed_mid_round_is_booked_once_to_itself",
+    ),
+    (
+        "terminating signals",
+        "tests/reliability/test_process_faults.py::test_sigterm_stops_every_process_the_launcher",
     ),
 ]
 
@@ -151,19 +190,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cache, out = Path(tmp) / "cache", Path(tmp) / "out"
         replies = []
+        excess = []
         for method in ("fedoras",) if args.quick else METHODS:
             trial = reply_trial(method, cache, out / method)
             replies += trial["rows"]
+            excess.append(trial["honest-excess"])
         for row in replies:
             cell = table["malformed replies (" + row["method"] + ")"]
             cell["tried"] += 1
             cell["handled"] += row["logged"] and row["booked"] > 0
             cell["corrupted nothing"] += row["corrupted-nothing"]
-            if row["kind"] == "client-crash":
-                crash = table["process faults"]
-                crash["tried"] += 1
-                crash["handled"] += row["logged"] and row["booked"] > 0
-                crash["corrupted nothing"] += row["corrupted-nothing"]
+            also = {"client-crash": "process faults", "oversized": "oversized replies"}
+            if row["kind"] in also:
+                cell = table[also[row["kind"]]]
+                cell["tried"] += 1
+                cell["handled"] += row["logged"] and row["booked"] > 0
+                cell["corrupted nothing"] += row["corrupted-nothing"]
         profiles, lost_runs = [], 0
         for method in ("fedoras",) if args.quick else METHODS:
             trial = profile_trial(method, cache, out / ("profiles-" + method))
@@ -181,7 +223,7 @@ def main() -> None:
             refused = row["outcome"] == "refused" and row["names-key"]
             cell["handled"] += refused
             cell["corrupted nothing"] += refused
-    chosen = [c for c in PYTEST_CASES if not args.quick or c[0] == "corrupted files"]
+    chosen = [c for c in PYTEST_CASES if not args.quick or c[0] in QUICK_CATEGORIES]
     # the smoke run skips the files' other tests (7 of 34, they are no fault case)
     cases = pytest_rows(chosen + ([] if args.quick else ENGINE_CASES), only_cases=args.quick)
     for row in cases:
@@ -190,9 +232,15 @@ def main() -> None:
         cell["handled"] += row["handled"]
         cell["corrupted nothing"] += row["handled"]
 
-    print("\n| fault | tried | handled | corrupted nothing |\n| --- | --- | --- | --- |")
+    for cell in table.values():
+        cell["lost"] = cell["tried"] - cell["handled"]
+    print("\n| fault | tried | handled | lost | corrupted nothing |")
+    print("| --- | --- | --- | --- | --- |")
     for name, cell in table.items():
-        print(f"| {name} | {cell['tried']} | {cell['handled']} | {cell['corrupted nothing']} |")
+        print(
+            f"| {name} | {cell['tried']} | {cell['handled']} | {cell['lost']} "
+            f"| {cell['corrupted nothing']} |"
+        )
     unhandled = [r for r in replies if not (r["logged"] and r["booked"] > 0)]
     unhandled += [r for r in configs if r["outcome"] != "refused" or not r["names-key"]]
     unhandled += [r for r in profiles if not (r["logged"] and r["booked"] > 0) or r["lost"]]
@@ -205,6 +253,9 @@ def main() -> None:
         "faults_tried": tried,
         "faults_handled": handled,
         "faults_lost": tried - handled,
+        # the most bytes an honest reply carried beyond what its node was sent (the size
+        # bound allows fedorasflwr.federation.replies.REPLY_MARGIN)
+        "honest_reply_excess_bytes": max(excess),
         "reply_kinds": len({r["kind"] for r in replies}),
         "profile_kinds": len({r["kind"] for r in profiles}),
         "runs_lost": lost_runs,

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 __all__ = [
+    "RESULTS_LINE",
+    "RESULTS_MESSAGE",
     "VERBOSE_ENV",
     "StageClock",
     "fmt",
@@ -152,6 +154,10 @@ class StageClock:
 STEP_LINE = re.compile(
     r"\[(?P<stage>[^\]]+)\] (?P<label>round|iteration) (?P<step>\d+)/(?P<total>\d+):"
 )
+#: the ServerApp's line naming its run directory (``log(INFO, RESULTS_MESSAGE, method, dir)``)
+RESULTS_MESSAGE = "fedorasflwr: method %s, results in %s"
+#: that line as the launcher receives it: the run directory, to name when interrupted
+RESULTS_LINE = re.compile(r"fedorasflwr: method (?P<method>\S+), results in (?P<dir>.+?)\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: ``flwr run --stream`` lines that say nothing about this run (back with ``--verbose``):
 #: the log stream's start, the simulation banner, Flower 1.32's default-size warning and

@@ -18,7 +18,7 @@ from .artifacts import run_directory
 from .checkpoints import Checkpointer
 from .config import bound_settings, parse_run_config
 from .federation.polling import prompt
-from .progress import format_seconds, setup_logging, summary_lines
+from .progress import RESULTS_MESSAGE, format_seconds, setup_logging, summary_lines
 from .runs import Runner
 from .training import resolve_device, using_device
 
@@ -54,7 +54,7 @@ def main(grid: Grid, context: Context) -> None:
     settings = parse_run_config(context.run_config)
     run_method = runner(settings.method)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
-    log(INFO, "fedorasflwr: method %s, results in %s", settings.method, out_dir)
+    log(INFO, RESULTS_MESSAGE, settings.method, out_dir)  # the launcher reads it
     progress = Checkpointer(
         out_dir,
         method=settings.method,

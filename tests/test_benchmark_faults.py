@@ -13,9 +13,12 @@ def test_faults_quick_tries_every_kind_and_handles_all():
     headline = saved["headline"]
     assert headline["all_handled"] is True
     assert headline["faults_tried"] == headline["faults_handled"] > 500
-    assert headline["reply_kinds"] >= 14
+    assert headline["faults_lost"] == 0
+    assert headline["reply_kinds"] >= 15
     table = saved["table"]
-    assert table["corrupted files"]["tried"] >= 20
+    assert table["corrupted files"]["tried"] >= 23
+    assert table["terminating signals"]["tried"] == table["terminating signals"]["handled"] >= 6
+    assert table["oversized replies"]["tried"] == table["oversized replies"]["handled"] >= 3
     assert table["malformed replies (fedoras)"]["corrupted nothing"] == headline["reply_kinds"]
     assert headline["profile_kinds"] >= 12 and headline["runs_lost"] == 0
     assert table["bad profiles (fedoras)"]["corrupted nothing"] == headline["profile_kinds"]

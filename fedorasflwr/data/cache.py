@@ -69,8 +69,17 @@ def server_path(spec: DataSpec) -> Path:
 
 def read(path: Path) -> dict[str, Any] | None:
     """The cached payload at ``path``; ``None`` if absent, or (with a WARNING naming the
-    file and the fault) unreadable, of another format or failing its checksum."""
+    file and the fault) unreadable, of another format or failing its checksum.
+
+    Raises
+    ------
+    IsADirectoryError
+        If ``path`` is a directory that is not empty (an empty one is removed, with a
+        WARNING, and rebuilt) or another thing that is not a file; the message names
+        the path and what to do.
+    """
     if not path.is_file():
+        _clear_the_way(path)
         return None
     try:
         payload = torch.load(path, weights_only=True)
@@ -87,9 +96,54 @@ def read(path: Path) -> dict[str, Any] | None:
     return payload
 
 
+def _what_to_do(path: Path) -> str:
+    return (
+        f"move or remove {path}, or point run config data.cache-dir (or $FEDORASFLWR_CACHE) "
+        "at another directory"
+    )
+
+
+def _clear_the_way(path: Path) -> None:
+    """Make sure a cache file can be written at ``path``: a file or nothing there, or an empty
+    directory (removed with a WARNING: the file is rebuilt). Anything else there - a
+    directory holding something, a socket, a FIFO - is not ours to delete: a clear error."""
+    if path.is_file() or not os.path.lexists(path):  # a file is replaced atomically
+        return
+    if path.is_dir() and not path.is_symlink():
+        try:
+            path.rmdir()  # only an empty directory goes
+        except FileNotFoundError:  # another process removed it
+            return
+        except OSError:
+            raise IsADirectoryError(
+                f"data cache path {path} is a directory that is not empty, not a cache file: "
+                + _what_to_do(path)
+            ) from None
+        _LOG.warning("data cache path %s was an empty directory: removed it, rebuilding", path)
+        return
+    if path.is_symlink() and not path.exists():
+        return  # a dangling link: the atomic write replaces the link itself
+    raise IsADirectoryError(f"data cache path {path} is not a regular file: " + _what_to_do(path))
+
+
 def write(path: Path, payload: dict[str, Any]) -> None:
-    """Save ``payload`` to ``path`` atomically (other processes see all of it or nothing)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Save ``payload`` to ``path`` atomically (other processes see all of it or nothing).
+
+    Raises
+    ------
+    NotADirectoryError
+        If the cache's directory (or one above it) is a file; the message names it.
+    IsADirectoryError
+        As `read`, if ``path`` is a directory holding something.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(
+            f"data cache directory {path.parent} (or one above it) is a file, not a "
+            f"directory: {_what_to_do(path.parent)}"
+        ) from None
+    _clear_the_way(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as stream:

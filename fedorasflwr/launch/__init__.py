@@ -21,7 +21,8 @@ Facts about Flower 1.41 this package relies on:
   SuperNodes install nothing unless given ``--allow-runtime-dependency-installation``.
   Both engines unpack the FAB under ``$FLWR_HOME/apps`` and import the app from there.
 
-The package's parts: `processes` (free ports, finding and stopping processes),
+The package's parts: `processes` (free ports, finding and stopping processes, SIGTERM and
+SIGHUP turned into Ctrl-C's clean-up: `stop_on_signals`),
 `flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``), `fab` (the
 copy of the app ``flwr run`` packs: `packable_app`),
 `simulation` (`run_simulation`), `deployment` (`Deployment`), `security` (TLS
@@ -36,7 +37,7 @@ from .flwr_cli import QUIET_FLOWER_ENV as QUIET_FLOWER_ENV
 from .flwr_cli import SIMULATION_CONNECTION as SIMULATION_CONNECTION
 from .flwr_cli import ConfigValue, FlowerRunError, RunResult, format_run_config
 from .processes import LOOPBACK as LOOPBACK
-from .processes import find_pids, free_port, stop_pids
+from .processes import Stopped, find_pids, free_port, stop_on_signals, stop_pids
 from .security import NodeKey, TlsFiles, make_node_key, make_tls_files
 from .simulation import run_simulation
 
@@ -47,6 +48,7 @@ __all__ = [
     "FlowerRunError",
     "NodeKey",
     "RunResult",
+    "Stopped",
     "TlsFiles",
     "find_pids",
     "format_run_config",
@@ -55,5 +57,6 @@ __all__ = [
     "make_node_key",
     "make_tls_files",
     "run_simulation",
+    "stop_on_signals",
     "stop_pids",
 ]

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..progress import ProgressEcho, launcher_env
+from ..progress import RESULTS_LINE, ProgressEcho, launcher_env
 from .deployment import Deployment
-from .flwr_cli import SIMULATION_CONNECTION, ConfigValue, FlowerRunError, format_run_config
+from .flwr_cli import (
+    _ANSI_PATTERN,
+    SIMULATION_CONNECTION,
+    ConfigValue,
+    FlowerRunError,
+    format_run_config,
+)
+from .processes import Stopped, stop_on_signals
 from .security import TlsFiles
 from .simulation import run_simulation
 
-__all__ = ["check_overrides", "main", "read_run_config"]
+__all__ = ["check_overrides", "interrupt_message", "main", "read_run_config", "resume_command"]
+
+#: the checkpoint a run directory holds (``fedorasflwr.checkpoints.CHECKPOINT_FILE``; not
+#: imported, so that the launcher starts without loading torch)
+CHECKPOINT_FILE = "checkpoint.pt"
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -191,8 +204,78 @@ def _how_to_see(home: Path, run_id: int | None) -> str:
     )
 
 
+class _RunWatch:
+    """The launcher's echo of the run log, noting the run directory the ServerApp names
+    (`fedorasflwr.progress.RESULTS_LINE`); called from the thread that reads the log."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo = echo
+        self.run_dir: Path | None = None
+
+    def __call__(self, line: str) -> None:
+        match = RESULTS_LINE.search(_ANSI_PATTERN.sub("", line))
+        if match is not None:
+            self.run_dir = Path(match["dir"])
+        self.echo(line)
+
+
+def resume_command(
+    argv: Sequence[str], checkpoint: Path, values: Mapping[str, ConfigValue], cwd: Path
+) -> str:
+    """The shell command that resumes an interrupted launch: this launcher's own command
+    line `argv` (run again in `cwd`, with this interpreter) plus ``--run-config
+    'resume-from="<checkpoint>"'``, which wins over any earlier ``resume-from`` (later
+    ``--run-config`` items win). A ``fedoras.resume-from`` in `values` (the merged run
+    config) is emptied: it may not differ from ``resume-from``."""
+    override: dict[str, ConfigValue] = {"resume-from": str(checkpoint)}
+    if values.get("fedoras.resume-from"):
+        override["fedoras.resume-from"] = ""
+    command = [sys.executable, "-m", "fedorasflwr.launch", *argv]
+    command += ["--run-config", format_run_config(override)]
+    return f"cd {shlex.quote(str(cwd))} && {shlex.join(command)}"
+
+
+def interrupt_message(
+    stop: KeyboardInterrupt,
+    run_dir: Path | None,
+    argv: Sequence[str],
+    values: Mapping[str, ConfigValue],
+    cwd: Path,
+) -> str:
+    """What the launcher prints when Ctrl-C, SIGTERM or SIGHUP stopped it (after every
+    Flower process it started is stopped): the signal, the run directory and the command
+    that resumes the run from its ``checkpoint.pt`` (`resume_command`), on a line of its
+    own to copy; without a checkpoint yet, that the same command starts over."""
+    name = stop.name if isinstance(stop, Stopped) else "SIGINT"
+    lines = [f"interrupted by {name}; every Flower process this launcher started is stopped"]
+    if run_dir is None:
+        lines.append("the run had not created its run directory yet: nothing to resume")
+        return "\n".join(lines)
+    lines.append(f"run directory: {run_dir}")
+    checkpoint = run_dir / CHECKPOINT_FILE
+    if checkpoint.is_file():
+        lines.append(f"resume it from {checkpoint} with:")
+        lines.append(resume_command(argv, checkpoint, values, cwd))
+    else:
+        lines.append(f"no {CHECKPOINT_FILE} written yet: the same command starts the run over")
+    return "\n".join(lines)
+
+
+def _print_err(text: str) -> None:
+    """Print to stderr unless it is gone (SIGHUP: the terminal was closed)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the process exit code."""
+    """Command line entry point; returns the process exit code.
+
+    Ctrl-C, SIGTERM and SIGHUP take one path (`stop_on_signals`): every Flower process
+    started is stopped, the interrupt message names the run directory and the command
+    that resumes it (`interrupt_message`), and the exit code is ``128 + signal``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse_args(argv)
     try:
         values = read_run_config(args.run_config or [])
@@ -206,40 +289,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     home = None if args.deployment else _flwr_home(args, output_dir)
     env = launcher_env(args.verbose)
     echo = ProgressEcho(verbose_output=args.verbose)
-    try:
-        if args.deployment:
-            with Deployment(
-                num_supernodes=args.num_supernodes,
-                flwr_home=args.flwr_home,
-                insecure=args.insecure,
-                tls=args.tls,
-                supernode_auth=not args.no_supernode_auth,
-                node_keys=args.supernode_key,
-                env=env,
-            ) as dep:
-                result = dep.run(args.app_dir, run_config, args.timeout, echo=echo)  # type: ignore[arg-type]
-        else:
-            result = run_simulation(
-                args.app_dir,
-                num_supernodes=args.num_supernodes,
-                run_config=run_config,
-                flwr_home=home,
-                client_num_cpus=args.client_num_cpus,
-                timeout=args.timeout,
-                echo=echo,
-                env=env,
-                federation_config={"verbose": True} if args.verbose else None,
-            )
-    except FlowerRunError as error:
-        echo.close()
-        print(f"\nFAILED: {error}", file=sys.stderr)
-        if home is not None:
-            print(_how_to_see(home, None), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        echo.close()
-        print("\ninterrupted; Flower processes stopped", file=sys.stderr)
-        return 130
+    watch = _RunWatch(echo)
+    with stop_on_signals():
+        try:
+            if args.deployment:
+                with Deployment(
+                    num_supernodes=args.num_supernodes,
+                    flwr_home=args.flwr_home,
+                    insecure=args.insecure,
+                    tls=args.tls,
+                    supernode_auth=not args.no_supernode_auth,
+                    node_keys=args.supernode_key,
+                    env=env,
+                ) as dep:
+                    result = dep.run(args.app_dir, run_config, args.timeout, echo=watch)  # type: ignore[arg-type]
+            else:
+                result = run_simulation(
+                    args.app_dir,
+                    num_supernodes=args.num_supernodes,
+                    run_config=run_config,
+                    flwr_home=home,
+                    client_num_cpus=args.client_num_cpus,
+                    timeout=args.timeout,
+                    echo=watch,
+                    env=env,
+                    federation_config={"verbose": True} if args.verbose else None,
+                )
+        except FlowerRunError as error:
+            echo.close()
+            print(f"\nFAILED: {error}", file=sys.stderr)
+            if home is not None:
+                print(_how_to_see(home, None), file=sys.stderr)
+            return 1
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: processes stopped
+            echo.close()
+            cwd = Path.cwd()
+            _print_err("\n" + interrupt_message(stop, watch.run_dir, argv, values, cwd))
+            return 128 + (stop.signum if isinstance(stop, Stopped) else signal.SIGINT)
     echo.close()
     print(f"\nrun {result.run_id} {result.status} in {result.wall_time:.1f}s")
     if home is not None:

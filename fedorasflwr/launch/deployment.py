@@ -36,7 +36,14 @@ from .flwr_cli import (
     _run_command,
     format_run_config,
 )
-from .processes import LOOPBACK, _stop_flower_processes, find_pids, free_port, stop_pids
+from .processes import (
+    LOOPBACK,
+    _stop_flower_processes,
+    find_pids,
+    free_port,
+    held_signals,
+    stop_pids,
+)
 from .security import NodeKey, TlsFiles, make_node_key, make_tls_files, node_key
 
 __all__ = ["Deployment"]
@@ -175,16 +182,17 @@ class Deployment:
         """Stop all processes started here (then any stragglers) and remove a temp home."""
         if not self.port:  # not started, or already stopped
             return
-        started = [process.pid for process in self.processes]
-        stop_pids(started + find_pids(flwr_home=self.flwr_home))
-        for process in self.processes:
-            process.wait()
-        _stop_flower_processes(self.flwr_home)
-        self.processes.clear()
-        self.supernodes.clear()
-        if self._given_home is None:
-            shutil.rmtree(self.flwr_home, ignore_errors=True)
-        self.port = 0
+        with held_signals():  # a SIGTERM now must not leave some of them running
+            started = [process.pid for process in self.processes]
+            stop_pids(started + find_pids(flwr_home=self.flwr_home))
+            for process in self.processes:
+                process.wait()
+            _stop_flower_processes(self.flwr_home)
+            self.processes.clear()
+            self.supernodes.clear()
+            if self._given_home is None:
+                shutil.rmtree(self.flwr_home, ignore_errors=True)
+            self.port = 0
 
     def _env(self, flwr_home: Path) -> dict[str, str]:
         env = _flower_env(flwr_home, self._extra_env)

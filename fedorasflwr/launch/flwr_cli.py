@@ -17,7 +17,7 @@ from typing import IO
 
 import tomli_w
 
-from .processes import stop_pids
+from .processes import held_signals, stop_pids
 
 __all__ = [
     "DEPLOYMENT_CONNECTION",
@@ -198,10 +198,11 @@ def _stream_command(
     except subprocess.TimeoutExpired:
         pass
     finally:
-        if process.poll() is None:  # timeout, KeyboardInterrupt or another error
-            stop_pids([process.pid], grace=5.0)
-            process.wait()
-        reader.join(timeout=5.0)
+        with held_signals():
+            if process.poll() is None:  # timeout, Ctrl-C / SIGTERM / SIGHUP, another error
+                stop_pids([process.pid], grace=5.0)
+                process.wait()
+            reader.join(timeout=5.0)
     return returncode, "".join(lines), time.monotonic() - start
 
 

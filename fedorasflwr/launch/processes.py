@@ -1,4 +1,5 @@
-"""Processes: free loopback ports, finding PIDs through /proc, stopping process groups."""
+"""Processes: free loopback ports, finding PIDs through /proc, stopping process groups,
+and turning terminating signals into the clean-up path of Ctrl-C."""
 
 from __future__ import annotations
 
@@ -6,10 +7,21 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
-__all__ = ["LOOPBACK", "find_pids", "free_port", "stop_pids"]
+__all__ = [
+    "LOOPBACK",
+    "TERMINATING_SIGNALS",
+    "Stopped",
+    "find_pids",
+    "free_port",
+    "held_signals",
+    "stop_on_signals",
+    "stop_pids",
+]
 
 LOOPBACK = "127.0.0.1"
 
@@ -126,17 +138,18 @@ def stop_pids(pids: Iterable[int], *, grace: float = 10.0) -> None:
     grace : float, default 10.0
         Seconds to wait after SIGTERM before SIGKILL.
     """
-    targets = [pid for pid in pids if _is_alive(pid)]
-    for pid in targets:
-        _signal(pid, signal.SIGTERM)
-    pending = targets
-    deadline = time.monotonic() + grace
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.1)
-        pending = [pid for pid in pending if _is_alive(pid)]
-    for pid in pending:
-        _signal(pid, signal.SIGKILL)
-    _wait_reaped(targets, timeout=2.0)
+    with held_signals():  # a SIGTERM now must not leave half of them running
+        targets = [pid for pid in pids if _is_alive(pid)]
+        for pid in targets:
+            _signal(pid, signal.SIGTERM)
+        pending = targets
+        deadline = time.monotonic() + grace
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pending = [pid for pid in pending if _is_alive(pid)]
+        for pid in pending:
+            _signal(pid, signal.SIGKILL)
+        _wait_reaped(targets, timeout=2.0)
 
 
 def _wait_reaped(pids: Iterable[int], timeout: float) -> None:
@@ -156,8 +169,101 @@ def _stop_flower_processes(flwr_home: Path, *, grace: float = 10.0) -> None:
     if not flwr_home.is_absolute() or flwr_home == Path("/"):
         raise ValueError(f"refusing to stop processes under FLWR_HOME {str(flwr_home)!r}")
     log_dir = str(flwr_home / "local-superlink") + os.sep
-    for _ in range(5):
-        pids = find_pids(cmdline_contains=log_dir, flwr_home=flwr_home)
-        if not pids:
-            return
-        stop_pids(pids, grace=grace)
+    with held_signals():
+        for _ in range(5):
+            pids = find_pids(cmdline_contains=log_dir, flwr_home=flwr_home)
+            if not pids:
+                return
+            stop_pids(pids, grace=grace)
+
+
+# ------------------------------------------------------------------ terminating signals
+
+#: the signals that end a launcher: Ctrl-C, ``kill`` / a scheduler / systemd, a closed
+#: terminal or SSH session
+TERMINATING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """A terminating signal arrived: raised in the main thread like Ctrl-C's
+    ``KeyboardInterrupt`` (a subclass of it), so every ``finally`` and ``except
+    KeyboardInterrupt`` that stops Flower processes runs for SIGTERM and SIGHUP too.
+
+    Attributes
+    ----------
+    signum : int
+        The signal's number; a launcher exits with ``128 + signum`` (the shell's
+        convention: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP).
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        self.name = signal.Signals(signum).name
+        super().__init__(self.name)
+
+
+class _SignalState:
+    """What `stop_on_signals` knows: a signal held back by `held_signals`, and whether
+    the clean-up has begun (later signals are then ignored)."""
+
+    def __init__(self) -> None:
+        self.holding = 0
+        self.pending: int | None = None
+        self.stopping = False
+
+
+_STATE = _SignalState()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if _STATE.stopping:
+        name = signal.Signals(signum).name
+        os.write(2, f"\n{name}: still stopping the Flower processes, please wait\n".encode())
+        return
+    if _STATE.holding:
+        _STATE.pending = _STATE.pending or signum  # raised when the clean-up step ends
+        return
+    _STATE.stopping = True
+    raise Stopped(signum)
+
+
+@contextmanager
+def stop_on_signals(signals: Iterable[signal.Signals] = TERMINATING_SIGNALS) -> Iterator[None]:
+    """Within: the first of ``signals`` raises `Stopped` in the main thread; later ones
+    are ignored (with a line on stderr), so a second Ctrl-C or a repeated SIGTERM cannot
+    cut the clean-up short and leave processes running. One that arrives while a process
+    is being stopped (`held_signals`) is raised when that step ends. The previous
+    handlers come back on exit. A signal ignored on entry stays ignored (``nohup`` ignores
+    SIGHUP; a shell's background job, SIGINT). Call it from the main thread (Python runs
+    signal handlers there only).
+
+    Without it, Python's default for SIGTERM and SIGHUP ends the process at once, no
+    ``finally`` run: the detached SuperLink, its SuperExec, the simulation process and
+    Ray kept training and writing files.
+    """
+    previous = {
+        signum: signal.signal(signum, _on_signal)
+        for signum in signals
+        if signal.getsignal(signum) is not signal.SIG_IGN  # nohup's SIGHUP stays ignored
+    }
+    _STATE.pending, _STATE.stopping = None, False
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+        _STATE.pending, _STATE.stopping = None, False
+
+
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """Within (e.g. while processes are being stopped): a terminating signal caught by
+    `stop_on_signals` is kept and raised as `Stopped` at the end, not in the middle."""
+    _STATE.holding += 1
+    try:
+        yield
+    finally:
+        _STATE.holding -= 1
+        if not _STATE.holding and _STATE.pending is not None and not _STATE.stopping:
+            signum, _STATE.pending, _STATE.stopping = _STATE.pending, None, True
+            raise Stopped(signum)

@@ -18,7 +18,7 @@ from .flwr_cli import (
     _flwr_run,
     _run_command,
 )
-from .processes import _free_ports, _stop_flower_processes
+from .processes import _free_ports, _stop_flower_processes, held_signals
 
 __all__ = ["RAY_TIP_FILTER", "run_simulation"]
 
@@ -45,7 +45,7 @@ def run_simulation(
     Runs ``flwr run <app_dir> local --stream --federation-config "num-supernodes=N ..."``
     against a local SuperLink on free loopback ports, checks the run's final status
     and always stops that SuperLink and its children (also on error, timeout and
-    KeyboardInterrupt).
+    KeyboardInterrupt, and SIGTERM / SIGHUP under `stop_on_signals`).
 
     Parameters
     ----------
@@ -108,6 +108,7 @@ def run_simulation(
             command = _run_command(app, SIMULATION_CONNECTION, run_config, federation)
             return _flwr_run(command, SIMULATION_CONNECTION, run_env, timeout, echo, [log_file])
     finally:
-        _stop_flower_processes(home)
-        if flwr_home is None:
-            shutil.rmtree(home, ignore_errors=True)
+        with held_signals():  # a SIGTERM now must not leave some of them running
+            _stop_flower_processes(home)
+            if flwr_home is None:
+                shutil.rmtree(home, ignore_errors=True)

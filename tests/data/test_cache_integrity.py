@@ -178,3 +178,35 @@ def test_invalid_freshly_built_data_is_never_cached(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="non-finite input values"):
         load_client_data(spec, 0, PARTITIONS)
     assert not cache.client_path(spec, 0, PARTITIONS).exists()
+
+
+def test_an_empty_directory_where_a_cache_file_belongs_is_rebuilt(mnist, caplog):
+    spec, original, path = mnist
+    path.unlink()
+    path.mkdir()  # e.g. left by a tool that made the path a directory
+    with caplog.at_level(logging.WARNING, logger="fedorasflwr.data"):
+        again = load_client_data(spec, 0, PARTITIONS)
+    assert any(
+        str(path) in r.getMessage() and "empty directory" in r.getMessage() for r in caplog.records
+    )
+    assert _equal(again, original)
+    assert path.is_file() and cache.read(path) is not None
+
+
+def test_a_directory_holding_files_where_a_cache_file_belongs_is_a_clear_error(tmp_path):
+    spec = DataSpec(partitioner="iid", cache_dir=str(tmp_path))
+    path = cache.server_path(spec)
+    path.mkdir(parents=True)
+    (path / "notes.txt").write_text("someone's")
+    with pytest.raises(IsADirectoryError, match="not empty") as caught:
+        load_server_data(spec)
+    assert str(path) in str(caught.value) and "data.cache-dir" in str(caught.value)
+    assert (path / "notes.txt").read_text() == "someone's"  # nothing of theirs deleted
+
+
+def test_a_cache_directory_that_is_a_file_is_a_clear_error(tmp_path):
+    spec = DataSpec(cache_dir=str(tmp_path))
+    (tmp_path / "data").write_text("not a directory")
+    with pytest.raises(NotADirectoryError, match="is a file, not a directory") as caught:
+        load_server_data(spec)
+    assert str(tmp_path / "data") in str(caught.value)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fedorasflwr.federation.replies import REPLY_MARGIN, content_bytes
 from fedorasflwr.inprocess import Fault, error_reply, replace_content
 from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, PROFILE, QUERY_PROFILE
 
@@ -152,6 +153,15 @@ def _scaled_weights(content: RecordDict, factor: float) -> RecordDict:
     return _with(content, arrays=arrays)
 
 
+def _oversized(content: RecordDict) -> RecordDict:
+    """The honest reply plus a ``ConfigRecord`` of junk bytes: more than the node was sent
+    plus ``REPLY_MARGIN`` (8x the honest reply, whose arrays are a subset of what was
+    sent, plus twice the margin)."""
+    out = _with(content)
+    out["padding"] = ConfigRecord({"junk": bytes(8 * content_bytes(content) + 2 * REPLY_MARGIN)})
+    return out
+
+
 def _as_other_type(reply: Message, message_type: str, content: RecordDict) -> Message:
     instruction = Message(
         RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type=message_type
@@ -196,6 +206,7 @@ REPLY_FAULTS: dict[str, Mutation | None] = {
     "negative-counts": _negative_counts,
     "non-finite-metric": _non_finite_metric,
     "inflated-counts": _inflated_counts,
+    "oversized": _oversized,
     "client-crash": None,  # handled in reply_fault: an error reply
     "missing-nonce": None,  # handled in reply_fault: the reply echoes no nonce
     **{kind: None for kind in MULTI_FAULTS},  # handled in reply_fault
@@ -203,9 +214,18 @@ REPLY_FAULTS: dict[str, Mutation | None] = {
 }
 
 
-#: the kinds that alter weights: they apply only to replies that carry some
+#: the kinds that alter weights (or, oversized, are sized by them): they apply only to
+#: replies that carry some
 ARRAY_FAULTS = frozenset(
-    {"nan-weights", "inf-weights", "wrong-shape", "wrong-dtype", "unknown-key", "no-arrays"}
+    {
+        "nan-weights",
+        "inf-weights",
+        "wrong-shape",
+        "wrong-dtype",
+        "unknown-key",
+        "no-arrays",
+        "oversized",
+    }
 )
 
 

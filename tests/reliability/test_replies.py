@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from fedorasflwr.federation.replies import REPLY_MARGIN
 from tests.reliability import trials
 from tests.reliability.trials import METHODS, reply_trial
 
@@ -37,3 +38,6 @@ def test_each_malformed_reply_is_dropped_and_changes_nothing(
         assert row["logged"], f"{row['kind']}: no log line names node {row['node']}"
         assert row["booked"] > 0, f"{row['kind']}: node {row['node']} not booked as dropped"
     assert trial["identical"]
+    assert trial["honest-dropped"] == 0
+    # the size bound leaves room: no honest reply comes near what it was sent + the margin
+    assert trial["honest-excess"] < REPLY_MARGIN / 4

@@ -8,8 +8,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from flwr.app import Message
+
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
+from fedorasflwr.federation.replies import content_bytes
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.server_app import runner
 from tests.reliability.catalog import (
@@ -80,9 +83,13 @@ class _Records(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _run(method: str, config: dict[str, Any], faults, out_dir: Path, nodes: int = NODES):
+def _run(
+    method: str, config: dict[str, Any], faults, out_dir: Path, nodes: int = NODES, on_grid=None
+):
     settings = parse_run_config(config)
     grid = InProcessGrid(client_app, config, nodes, faults=faults)
+    if on_grid is not None:
+        on_grid(grid)
     out_dir.mkdir(parents=True, exist_ok=True)
     return grid, runner(method)(grid, settings, out_dir)
 
@@ -127,14 +134,26 @@ def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]
     which those replies are never sent.  Per kind: whether a WARNING named the node and
     whether its replies were booked as rejected or failed; plus whether the two runs'
     results and every weight file they wrote are identical to the bit (the bad replies
-    corrupted nothing)."""
+    corrupted nothing), and how many replies of the honest nodes were dropped (none may be:
+    e.g. the size bound, ``REPLY_MARGIN``, must leave every honest reply through) and the
+    most bytes an honest reply carried beyond what its node was sent (``honest-excess``)."""
     config = run_config_for(method, cache)
     handler = _Records()
     flwr_logger = logging.getLogger("flwr")
     flwr_logger.addHandler(handler)
+    excess: list[int] = []  # honest replies: content bytes beyond what their node was sent
+    grids: list[InProcessGrid] = []
+
+    def measured(reply: Message) -> Message:
+        if not reply.has_error():  # the grid's last message sent is this reply's instruction
+            sent = content_bytes(grids[0].sent[-1].content)
+            excess.append(content_bytes(reply.content) - sent)
+        return reply
+
     try:
         faults = {pid: reply_fault(kind) for pid, kind in enumerate(KINDS)}
-        grid, attacked = _run(method, config, faults, out_dir / "attacked")
+        faults |= {pid: measured for pid in range(len(KINDS), NODES)}
+        grid, attacked = _run(method, config, faults, out_dir / "attacked", on_grid=grids.append)
     finally:
         flwr_logger.removeHandler(handler)
     quiet_faults = {pid: reply_fault(kind, silent=True) for pid, kind in enumerate(KINDS)}
@@ -161,7 +180,19 @@ def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]
                 "corrupted-nothing": identical,
             }
         )
-    return {"rows": rows, "identical": identical}
+    honest = set(grid.contexts) - {grid.node_of_partition[pid] for pid in range(len(KINDS))}
+    honest_dropped = sum(
+        stage["nodes"].get(str(node), {}).get(what, 0)
+        for stage in stages.values()
+        for node in honest
+        for what in ("rejected", "failed")
+    )
+    return {
+        "rows": rows,
+        "identical": identical,
+        "honest-dropped": honest_dropped,
+        "honest-excess": max(excess),
+    }
 
 
 def profile_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]:
