@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from .costs import training_flops
 from .seeding import torch_generator
 
 if TYPE_CHECKING:
@@ -43,7 +44,9 @@ __all__ = [
     "evaluate",
     "local_sgd",
     "flatten_logits",
+    "has_batchnorm",
     "recalibrate_batchnorm",
+    "refresh_batchnorm",
     "reply_state",
     "ordered_loader",
     "seeded_loader",
@@ -210,6 +213,33 @@ def recalibrate_batchnorm(
         model.eval()
 
 
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` holds a BatchNorm module (its running statistics need refreshing)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def refresh_batchnorm(net: nn.Module, dataset: Dataset, batch_size: int) -> int:
+    """Re-estimate ``net``'s BatchNorm running statistics for its current weights: the plain
+    average over one pass of ``dataset`` in order, in ``batch_size`` batches, on
+    :func:`torch_device` (:func:`recalibrate_batchnorm`); ``net`` ends in eval mode.
+
+    Why: BatchNorm's running statistics are an exponential average (momentum 0.1) that
+    starts at mean 0, variance 1.  After the few local steps of a few federated rounds
+    (a client with 200 samples in batches of 64 takes 4 per epoch) they still hold much
+    of their initial value and lag the moving weights, so a model judged in eval mode is
+    not the model trained (issue 28: DecNAS's GM_0 predicted one class for every sample).
+
+    Returns the samples forwarded: ``len(dataset)``, or 0 for a net without BatchNorm
+    (nothing is done)."""
+    if not has_batchnorm(net):
+        return 0
+    device = torch_device()
+    net.to(device)
+    batches = (inputs for inputs, _ in ordered_loader(dataset, batch_size))
+    recalibrate_batchnorm(net, net, batches, device)
+    return len(dataset)
+
+
 def reply_state(net: nn.Module, received: Mapping[str, Any]) -> dict[str, Tensor]:
     """``net``'s ``state_dict`` on the CPU, each tensor in the dtype it was received in.
 
@@ -226,10 +256,17 @@ def reply_state(net: nn.Module, received: Mapping[str, Any]) -> dict[str, Tensor
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """What ``local_sgd`` did: mean training loss and samples seen (over all epochs)."""
+    """What ``local_sgd`` did: mean training loss and samples seen (over all epochs), and the
+    samples forwarded (no gradient) to refresh BatchNorm statistics (0: none)."""
 
     loss: float
     seen: int
+    calibrated: int = 0
+
+    def flops(self, forward_flops: int) -> int:
+        """FLOPs spent, for a net of ``forward_flops`` per sample: training (forward and
+        backward) of the samples seen plus the forwards that refreshed BatchNorm."""
+        return training_flops(forward_flops, self.seen) + forward_flops * self.calibrated
 
 
 def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> None:
@@ -247,7 +284,14 @@ def local_sgd(
     """``local-epochs`` epochs of SGD on ``dataset`` in ``batch-size`` batches, order fixed by
     ``words``; ``lr``, ``momentum``, ``weight-decay`` (0 if absent) and ``grad-clip`` (max
     L2 norm of the whole gradient; 0 or absent: none) from ``config``.
-    Cross-entropy over any logits shape (every position for text); ``net`` ends in eval mode."""
+    Cross-entropy over any logits shape (every position for text).
+
+    ``net`` is trained in place on :func:`torch_device`: like ``nn.Module.to``, this moves
+    the caller's module there, and it stays there (read its weights with ``.cpu()``).  It
+    ends in eval mode with its BatchNorm running statistics re-estimated for its final
+    weights on ``dataset`` (:func:`refresh_batchnorm`, one more forward pass without
+    gradients), so that every reply, and every model judged in eval mode, carries the
+    statistics of its own weights."""
     device = torch_device()
     net.to(device).train()
     optimizer = torch.optim.SGD(
@@ -269,8 +313,9 @@ def local_sgd(
             optimizer.step()
             loss_sum += float(loss.detach()) * len(targets)
             seen += len(targets)
+    calibrated = refresh_batchnorm(net, dataset, int(config["batch-size"]))
     net.eval()
-    return LocalTraining(loss_sum / max(seen, 1), seen)
+    return LocalTraining(loss_sum / max(seen, 1), seen, calibrated)
 
 
 def held_out_metrics(net: nn.Module, dataset: Dataset) -> dict[str, float | int]:

@@ -279,6 +279,21 @@ def test_fdnas_client_search_and_training():
         fdnas.evaluate_net(_content(net.state_dict(), **final), data)
 
 
+def test_local_sgd_leaves_the_callers_module_on_the_helpers_device():
+    # the contract (local_sgd's docstring): the caller's module is trained in place and
+    # stays on torch_device(), in eval mode; a caller reads its weights with .cpu()
+    torch.manual_seed(0)
+    net = build_prunable(
+        "convnet", num_classes=10, in_channels=1, input_height=28, input_width=28, width=0.25
+    )
+    config = {"batch-size": 8, "local-epochs": 1, "lr": 0.1, "momentum": 0.0}
+    with on_meta():
+        done = training.local_sgd(net, _data().train, config, (0,))
+    assert done.calibrated == 24  # BatchNorm refreshed there too
+    assert not net.training
+    assert {t.device for t in (*net.parameters(), *net.buffers())} == {META}
+
+
 def test_decnas_client_loops():
     torch.manual_seed(0)
     net = build_prunable(

@@ -17,7 +17,6 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
-from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces.prunable import PrunableNet, load_prunable
@@ -60,7 +59,7 @@ def _train(net: nn.Module, config: ConfigRecord, data: ClientData, words: tuple[
     done = local_sgd(net, data.train, config, words)
     return {
         "train-loss": done.loss,
-        "train-flops": training_flops(2 * int(config["net-macs"]), done.seen),
+        "train-flops": done.flops(2 * int(config["net-macs"])),
     }
 
 

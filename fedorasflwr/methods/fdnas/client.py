@@ -251,7 +251,7 @@ def train_net(content: RecordDict, data: ClientData, partition_id: int) -> Recor
         {
             "num-examples": len(data.train),
             "train-loss": done.loss,
-            "train-flops": training_flops(int(config["net-flops"]), done.seen),
+            "train-flops": done.flops(int(config["net-flops"])),
             "local-accuracy": local.accuracy,
         }
     )

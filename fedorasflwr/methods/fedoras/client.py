@@ -237,7 +237,7 @@ def train_subnet(content: RecordDict, data: ClientData, partition_id: int) -> Re
         {
             "num-examples": len(data.train),
             "train-loss": done.loss,
-            "train-flops": training_flops(int(config["net-flops"]), done.seen),
+            "train-flops": done.flops(int(config["net-flops"])),
         }
     )
     return RecordDict({ARRAYS: ArrayRecord(reply_state(net, received)), METRICS: metrics})
