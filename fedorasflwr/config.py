@@ -997,6 +997,8 @@ class RunSettings:
     aggregation_trim: float = 0.2
     # Where loops compute (training.py ``torch_device``); a node's config wins.
     device: str = "auto"
+    # On CUDA: deterministic kernels, TF32 off (training.py ``apply_determinism``).
+    deterministic: bool = True
 
     @property
     def output_path(self) -> Path:
@@ -1115,6 +1117,7 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         ),
         # Device of every loop (auto = CUDA when present); a node config 'device' wins there.
         device=check_device_setting(_get(cfg, "device", "auto", str)),
+        deterministic=_get(cfg, "deterministic", True, bool),
     )
 
 

@@ -132,10 +132,11 @@ def train_model(content: RecordDict, data: ClientData, partition_id: int) -> Rec
 
 
 def evaluate_model(content: RecordDict, data: ClientData) -> RecordDict:
-    """Loss and accuracy of the received model on the ``split`` ("val" or "test") split."""
+    """Loss and accuracy of the received model on the ``split`` ("val" or "test") split,
+    its BatchNorm statistics re-estimated on the training split first (``held_out_metrics``)."""
     config, net = _load(content)
     split = str(config.get("split", "test"))
     if split not in ("val", "test"):
         raise ValueError(f"config 'split' = {split!r}: val or test")
     dataset = data.val if split == "val" else data.test
-    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, dataset))})
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, dataset, data.train))})

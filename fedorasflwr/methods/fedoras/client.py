@@ -244,7 +244,8 @@ def train_subnet(content: RecordDict, data: ClientData, partition_id: int) -> Re
 
 
 def evaluate_subnet(content: RecordDict, data: ClientData) -> RecordDict:
-    """Stage 3: test loss and accuracy of the received subnet on the local test split."""
+    """Stage 3: test loss and accuracy of the received subnet on the local test split, its
+    BatchNorm statistics re-estimated on the training split first (``held_out_metrics``)."""
     config: ConfigRecord = content.config_records["config"]
     net = _load_subnet(config, content.array_records[ARRAYS])
-    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test))})
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test, data.train))})
