@@ -28,6 +28,7 @@ from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.methods.decnas.strategy import DecNAS
 from fedorasflwr.methods.fdnas import client as fdnas
 from fedorasflwr.methods.fedoras import client as fedoras
+from fedorasflwr.methods.fedoras.finetune import _server_curve
 from fedorasflwr.protocol import ARRAYS, CONFIG, space_to_config
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.search_spaces.darts import DerivedNetwork
@@ -38,6 +39,7 @@ from fedorasflwr.training import (
     has_batchnorm,
     local_sgd,
     ordered_loader,
+    recalibrate_batchnorm,
     refresh_batchnorm,
 )
 from tests.runconfig import tiny_decnas
@@ -236,3 +238,23 @@ def test_evaluation_replies_refresh_stale_statistics_first(method):
     assert metrics["correct"] == expected.correct
     assert metrics["loss"] == pytest.approx(expected.loss, rel=1e-4)
     assert stale.loss != pytest.approx(expected.loss, rel=1e-4)  # the refresh mattered
+
+
+def test_fedoras_server_curve_scores_with_the_calibration_batches_statistics():
+    torch.manual_seed(0)
+    space = build_space(
+        "cnn_s", width=0.25, num_classes=10, in_channels=1, input_height=28, input_width=28
+    )
+    arch = [0] * len(space.num_options())
+    net = space.subnet(arch)  # initial statistics: mean 0, variance 1
+    data = _data(n=24).test
+    calibration = list(_data(n=16).train.tensors[0].split(8))
+    arrays = ArrayRecord(net.state_dict())
+    curve = _server_curve(space.spec, arch, data, calibration)
+    metrics = curve(1, arrays)
+    recalibrate = copy.deepcopy(net)
+    recalibrate_batchnorm(recalibrate, recalibrate, calibration, CPU)
+    expected = evaluate(recalibrate, ordered_loader(data, 256), CPU)
+    assert metrics["val-loss"] == pytest.approx(expected.loss, rel=1e-4)
+    stale = _server_curve(space.spec, arch, data)(1, arrays)
+    assert stale["val-loss"] != pytest.approx(expected.loss, rel=1e-4)
