@@ -1012,6 +1012,8 @@ class RunSettings:
     aggregation_trim: float = 0.2
     # Where loops compute (training.py ``torch_device``); a node's config wins.
     device: str = "auto"
+    # On CUDA: deterministic kernels, TF32 off (training.py ``apply_determinism``).
+    deterministic: bool = True
     # Every key the parser read and the value it took (given or default): what binds a
     # checkpoint to its run's settings (checkpoints.py, ``bound_settings``).
     values: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -1056,6 +1058,7 @@ RESUME_SAFE_KEYS = frozenset(
         "onnx",
         "data.cache-dir",
         "device",
+        "deterministic",
         "reply-timeout",
         "min-nodes",
         "fedoras.stop-after",
@@ -1181,6 +1184,7 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         ),
         # Device of every loop (auto = CUDA when present); a node config 'device' wins there.
         device=check_device_setting(_get(cfg, "device", "auto", str)),
+        deterministic=_get(cfg, "deterministic", True, bool),
     )
 
 

@@ -20,7 +20,7 @@ from .config import bound_settings, parse_run_config
 from .federation.polling import prompt
 from .progress import RESULTS_MESSAGE, format_seconds, setup_logging, summary_lines
 from .runs import Runner
-from .training import resolve_device, using_device
+from .training import apply_determinism, resolve_device, using_device
 
 __all__ = ["RUNNERS", "app", "main", "runner"]
 
@@ -69,7 +69,9 @@ def main(grid: Grid, context: Context) -> None:
         },
     )
     try:
-        with using_device(resolve_device(settings.device)):  # the server's scoring loops
+        device = resolve_device(settings.device)
+        apply_determinism(device, settings.deterministic)
+        with using_device(device):  # the server's scoring loops
             document = run_method(grid, settings, out_dir, progress)
     except Exception as exc:
         seconds = round(time.time() - started, 2)

@@ -9,12 +9,21 @@ call by :func:`using_device` (the ClientApp's :func:`device_mod` sets it per mes
 from the node config's ``device``, else the run config's top-level ``device``; the
 ServerApp sets it from the run config), else CUDA when present, else the CPU.
 Settings: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:<index>``.
+
+Deterministic kernels
+---------------------
+Where that device is CUDA, the run config's ``deterministic`` (default true) makes the
+process's kernels deterministic (:func:`use_deterministic_kernels`): same seed, same
+result on a GPU too.  :func:`apply_determinism` is called wherever the device is chosen
+(the ClientApp's :func:`device_mod`, the ServerApp); false, or a CPU device, leaves
+PyTorch's flags alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from .costs import training_flops
 from .seeding import torch_generator
 
 if TYPE_CHECKING:
@@ -32,7 +42,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "clip_gradients",
+    "DETERMINISTIC_KEY",
     "DEVICE_KEY",
+    "apply_determinism",
+    "check_deterministic_setting",
     "check_device_setting",
     "device_mod",
     "device_setting",
@@ -43,12 +56,15 @@ __all__ = [
     "evaluate",
     "local_sgd",
     "flatten_logits",
+    "has_batchnorm",
     "recalibrate_batchnorm",
+    "refresh_batchnorm",
     "reply_state",
     "ordered_loader",
     "seeded_loader",
     "held_out_metrics",
     "torch_device",
+    "use_deterministic_kernels",
 ]
 
 
@@ -122,11 +138,54 @@ def torch_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+DETERMINISTIC_KEY = "deterministic"
+"""Run-config key: on CUDA, deterministic kernels and no TF32 (default true)."""
+
+CUBLAS_WORKSPACE = ":4096:8"
+"""``CUBLAS_WORKSPACE_CONFIG`` for deterministic cuBLAS (PyTorch's reproducibility notes)."""
+
+
+def check_deterministic_setting(value: object) -> bool:
+    """``value`` if it is a bool, else ``ValueError`` naming the key and what is allowed."""
+    if not isinstance(value, bool):
+        raise ValueError(f"run config {DETERMINISTIC_KEY!r} = {value!r}: allowed: true or false")
+    return value
+
+
+def use_deterministic_kernels() -> None:
+    """Make this process's CUDA kernels deterministic and exact, as PyTorch's
+    reproducibility notes say: ``CUBLAS_WORKSPACE_CONFIG`` (unless already set),
+    ``torch.use_deterministic_algorithms(True, warn_only=True)`` (an op without a
+    deterministic implementation warns, naming itself, rather than stopping the run),
+    cuDNN deterministic with benchmarking off, and TF32 off for matmul and cuDNN.
+    Needs no GPU (the flags are plain process settings)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def apply_determinism(device: torch.device, deterministic: bool) -> bool:
+    """:func:`use_deterministic_kernels` when ``device`` is CUDA and ``deterministic``;
+    otherwise PyTorch's flags are left as they are.  Returns whether it applied them."""
+    if check_deterministic_setting(deterministic) and device.type == "cuda":
+        use_deterministic_kernels()
+        return True
+    return False
+
+
 def device_mod(msg: Message, context: Context, call_next: Callable[..., Message]) -> Message:
-    """ClientApp mod: handle ``msg`` on this node's device (:func:`device_setting`)."""
+    """ClientApp mod: handle ``msg`` on this node's device (:func:`device_setting`), with
+    deterministic kernels there when the run config's ``deterministic`` says so."""
     setting = device_setting(context.node_config, context.run_config)
     where = "node config 'device'" if DEVICE_KEY in context.node_config else "run config 'device'"
-    with using_device(resolve_device(setting, where)):
+    device = resolve_device(setting, where)
+    apply_determinism(
+        device, check_deterministic_setting(context.run_config.get(DETERMINISTIC_KEY, True))
+    )
+    with using_device(device):
         return call_next(msg, context)
 
 
@@ -210,6 +269,33 @@ def recalibrate_batchnorm(
         model.eval()
 
 
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` holds a BatchNorm module (its running statistics need refreshing)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def refresh_batchnorm(net: nn.Module, dataset: Dataset, batch_size: int = 256) -> int:
+    """Re-estimate ``net``'s BatchNorm running statistics for its current weights: the plain
+    average over one pass of ``dataset`` in order, in ``batch_size`` batches, on
+    :func:`torch_device` (:func:`recalibrate_batchnorm`); ``net`` ends in eval mode.
+
+    Why: BatchNorm's running statistics are an exponential average (momentum 0.1) that
+    starts at mean 0, variance 1.  After the few local steps of a few federated rounds
+    (a client with 200 samples in batches of 64 takes 4 per epoch) they still hold much
+    of their initial value and lag the moving weights, so a model judged in eval mode is
+    not the model trained (issue 28: DecNAS's GM_0 predicted one class for every sample).
+
+    Returns the samples forwarded: ``len(dataset)``, or 0 for a net without BatchNorm
+    (nothing is done)."""
+    if not has_batchnorm(net):
+        return 0
+    device = torch_device()
+    net.to(device)
+    batches = (inputs for inputs, _ in ordered_loader(dataset, batch_size))
+    recalibrate_batchnorm(net, net, batches, device)
+    return len(dataset)
+
+
 def reply_state(net: nn.Module, received: Mapping[str, Any]) -> dict[str, Tensor]:
     """``net``'s ``state_dict`` on the CPU, each tensor in the dtype it was received in.
 
@@ -226,10 +312,17 @@ def reply_state(net: nn.Module, received: Mapping[str, Any]) -> dict[str, Tensor
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """What ``local_sgd`` did: mean training loss and samples seen (over all epochs)."""
+    """What ``local_sgd`` did: mean training loss and samples seen (over all epochs), and the
+    samples forwarded (no gradient) to refresh BatchNorm statistics (0: none)."""
 
     loss: float
     seen: int
+    calibrated: int = 0
+
+    def flops(self, forward_flops: int) -> int:
+        """FLOPs spent, for a net of ``forward_flops`` per sample: training (forward and
+        backward) of the samples seen plus the forwards that refreshed BatchNorm."""
+        return training_flops(forward_flops, self.seen) + forward_flops * self.calibrated
 
 
 def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> None:
@@ -247,7 +340,14 @@ def local_sgd(
     """``local-epochs`` epochs of SGD on ``dataset`` in ``batch-size`` batches, order fixed by
     ``words``; ``lr``, ``momentum``, ``weight-decay`` (0 if absent) and ``grad-clip`` (max
     L2 norm of the whole gradient; 0 or absent: none) from ``config``.
-    Cross-entropy over any logits shape (every position for text); ``net`` ends in eval mode."""
+    Cross-entropy over any logits shape (every position for text).
+
+    ``net`` is trained in place on :func:`torch_device`: like ``nn.Module.to``, this moves
+    the caller's module there, and it stays there (read its weights with ``.cpu()``).  It
+    ends in eval mode with its BatchNorm running statistics re-estimated for its final
+    weights on ``dataset`` (:func:`refresh_batchnorm`, one more forward pass without
+    gradients), so that every reply, and every model judged in eval mode, carries the
+    statistics of its own weights."""
     device = torch_device()
     net.to(device).train()
     optimizer = torch.optim.SGD(
@@ -269,13 +369,24 @@ def local_sgd(
             optimizer.step()
             loss_sum += float(loss.detach()) * len(targets)
             seen += len(targets)
+    calibrated = refresh_batchnorm(net, dataset, int(config["batch-size"]))
     net.eval()
-    return LocalTraining(loss_sum / max(seen, 1), seen)
+    return LocalTraining(loss_sum / max(seen, 1), seen, calibrated)
 
 
-def held_out_metrics(net: nn.Module, dataset: Dataset) -> dict[str, float | int]:
+def held_out_metrics(
+    net: nn.Module, dataset: Dataset, calibration: Dataset | None = None
+) -> dict[str, float | int]:
     """``net``'s loss and accuracy on ``dataset`` (a client's test split) as reply metrics:
-    ``num-examples``, ``correct``, ``loss-sum``, ``loss`` and ``accuracy``."""
+    ``num-examples``, ``correct``, ``loss-sum``, ``loss`` and ``accuracy``.
+
+    With ``calibration`` (the client's training split), ``net``'s BatchNorm statistics are
+    first re-estimated on it for the received weights (:func:`refresh_batchnorm`): a
+    FedAvg aggregate carries the mean of statistics the clients computed for their own
+    local weights, not for the mean of those weights.  FedorAS's federated path scoring
+    does the same (BN recalibrated on local training batches)."""
+    if calibration is not None:
+        refresh_batchnorm(net, calibration)
     device = torch_device()
     net.to(device).eval()
     result = evaluate(net, ordered_loader(dataset), device)

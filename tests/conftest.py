@@ -10,10 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedorasflwr.training import apply_determinism, torch_device
+
 # Tiny models gain nothing from intra-op threads, and a loaded 2-core machine
 # makes two threads per process very slow; engines' clients inherit this too.
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 torch.set_num_threads(1)
+# On a GPU the suite computes as a run with the default 'deterministic = true' does (same
+# seed, same result; no TF32 in the DP mechanism's exact checks); a no-op on the CPU.
+apply_determinism(torch_device(), True)
 
 
 @pytest.fixture(scope="session")

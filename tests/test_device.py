@@ -25,6 +25,7 @@ checked here, the values are by the methods' own tests.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -209,6 +210,85 @@ def test_the_client_mod_sets_the_nodes_device(monkeypatch):
     assert torch_device() != META  # reset after the message
 
 
+# ------------------------------------------------------- deterministic kernels
+
+
+def _kernel_flags() -> dict[str, object]:
+    return {
+        "algorithms": torch.are_deterministic_algorithms_enabled(),
+        "warn-only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn-deterministic": torch.backends.cudnn.deterministic,
+        "cudnn-benchmark": torch.backends.cudnn.benchmark,
+        "matmul-tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn-tf32": torch.backends.cudnn.allow_tf32,
+        "cublas": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    }
+
+
+DETERMINISTIC = {
+    "algorithms": True,
+    "warn-only": True,
+    "cudnn-deterministic": True,
+    "cudnn-benchmark": False,
+    "matmul-tf32": False,
+    "cudnn-tf32": False,
+    "cublas": training.CUBLAS_WORKSPACE,
+}
+
+
+@pytest.fixture
+def fast_kernels(monkeypatch):
+    """PyTorch's flags set the non-deterministic way for the test, restored after it."""
+    saved = _kernel_flags()
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    yield _kernel_flags()
+    torch.use_deterministic_algorithms(
+        bool(saved["algorithms"]), warn_only=bool(saved["warn-only"])
+    )
+    torch.backends.cudnn.deterministic = saved["cudnn-deterministic"]
+    torch.backends.cudnn.benchmark = saved["cudnn-benchmark"]
+    torch.backends.cuda.matmul.allow_tf32 = saved["matmul-tf32"]
+    torch.backends.cudnn.allow_tf32 = saved["cudnn-tf32"]
+
+
+def test_the_deterministic_key_is_validated():
+    assert parse_run_config({}).deterministic is True
+    assert parse_run_config({"deterministic": False}).deterministic is False
+    for bad in ("yes", 1):
+        with pytest.raises(ValueError, match=f"run config 'deterministic' = {bad!r}"):
+            parse_run_config({"deterministic": bad})
+    with pytest.raises(ValueError, match="'deterministic' = 'no': allowed: true or false"):
+        training.apply_determinism(torch.device("cpu"), "no")  # type: ignore[arg-type]
+
+
+def test_deterministic_kernels_on_cuda_only_and_only_when_asked(fast_kernels):
+    assert not training.apply_determinism(torch.device("cpu"), True)
+    assert not training.apply_determinism(torch.device("cuda"), False)
+    assert _kernel_flags() == fast_kernels  # left alone
+    assert training.apply_determinism(torch.device("cuda", 0), True)
+    assert _kernel_flags() == DETERMINISTIC
+
+
+@pytest.mark.parametrize("deterministic", [True, False, None], ids=["true", "false", "default"])
+def test_the_client_mod_applies_the_run_configs_deterministic(
+    monkeypatch, fast_kernels, deterministic
+):
+    monkeypatch.setattr(training, "resolve_device", lambda setting, where: torch.device(setting))
+    run = (
+        {"device": "cuda"}
+        if deterministic is None
+        else {"device": "cuda", "deterministic": deterministic}
+    )
+    context = SimpleNamespace(node_config={}, run_config=run)
+    device_mod(None, context, lambda msg, ctx: None)  # type: ignore[arg-type]
+    assert _kernel_flags() == (fast_kernels if deterministic is False else DETERMINISTIC)
+
+
 # ------------------------------------------------------------- client loops
 
 
@@ -277,6 +357,21 @@ def test_fdnas_client_search_and_training():
         fdnas.train_net(_content(net.state_dict(), **final), data, 0)
     with on_meta():
         fdnas.evaluate_net(_content(net.state_dict(), **final), data)
+
+
+def test_local_sgd_leaves_the_callers_module_on_the_helpers_device():
+    # the contract (local_sgd's docstring): the caller's module is trained in place and
+    # stays on torch_device(), in eval mode; a caller reads its weights with .cpu()
+    torch.manual_seed(0)
+    net = build_prunable(
+        "convnet", num_classes=10, in_channels=1, input_height=28, input_width=28, width=0.25
+    )
+    config = {"batch-size": 8, "local-epochs": 1, "lr": 0.1, "momentum": 0.0}
+    with on_meta():
+        done = training.local_sgd(net, _data().train, config, (0,))
+    assert done.calibrated == 24  # BatchNorm refreshed there too
+    assert not net.training
+    assert {t.device for t in (*net.parameters(), *net.buffers())} == {META}
 
 
 def test_decnas_client_loops():

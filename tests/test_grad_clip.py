@@ -29,7 +29,8 @@ def one_step(clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     data = TensorDataset(torch.tensor([[300.0, 400.0]]), torch.tensor([0]))
     config = {"local-epochs": 1, "batch-size": 1, "lr": 1.0, "momentum": 0.0}
     local_sgd(net, data, {**config, "grad-clip": clip} if clip else config, WORDS)
-    return net.weight.detach(), net.bias.detach()
+    # local_sgd leaves the net on torch_device() (CUDA when present): read it on the CPU
+    return net.weight.detach().cpu(), net.bias.detach().cpu()
 
 
 def test_local_sgd_clips_the_step_to_the_hand_computed_norm():

@@ -247,7 +247,7 @@ class DartsNet(nn.Module):
             else:
                 choice = arch[index * EDGES : (index + 1) * EDGES]
             s0, s1 = s1, cell(s0, s1, choice)
-        return self.classifier(F.adaptive_avg_pool2d(s1, 1).flatten(1))
+        return self.classifier(s1.mean(dim=(2, 3)))  # global average pool (CUDA-deterministic)
 
 
 @register_space
@@ -436,4 +436,4 @@ class DerivedNetwork(nn.Module):
         s0 = s1 = self.stem(x)
         for cell in self.cells:
             s0, s1 = s1, cell(s0, s1)
-        return self.classifier(F.adaptive_avg_pool2d(s1, 1).flatten(1))
+        return self.classifier(s1.mean(dim=(2, 3)))  # global average pool (CUDA-deterministic)

@@ -129,7 +129,7 @@ class MobileNetV1(_ImageNet):
         x = self.stem(x)
         for block in self.blocks:
             x = block(x)
-        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        return self.classifier(x.mean(dim=(2, 3)))  # global average pool (CUDA-deterministic)
 
 
 PRUNABLE_NETS: dict[str, type[nn.Module]] = {"convnet": ConvNet, "mobilenet": MobileNetV1}

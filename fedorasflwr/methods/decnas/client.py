@@ -17,7 +17,6 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
-from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces.prunable import PrunableNet, load_prunable
@@ -60,7 +59,7 @@ def _train(net: nn.Module, config: ConfigRecord, data: ClientData, words: tuple[
     done = local_sgd(net, data.train, config, words)
     return {
         "train-loss": done.loss,
-        "train-flops": training_flops(2 * int(config["net-macs"]), done.seen),
+        "train-flops": done.flops(2 * int(config["net-macs"])),
     }
 
 
@@ -133,10 +132,11 @@ def train_model(content: RecordDict, data: ClientData, partition_id: int) -> Rec
 
 
 def evaluate_model(content: RecordDict, data: ClientData) -> RecordDict:
-    """Loss and accuracy of the received model on the ``split`` ("val" or "test") split."""
+    """Loss and accuracy of the received model on the ``split`` ("val" or "test") split,
+    its BatchNorm statistics re-estimated on the training split first (``held_out_metrics``)."""
     config, net = _load(content)
     split = str(config.get("split", "test"))
     if split not in ("val", "test"):
         raise ValueError(f"config 'split' = {split!r}: val or test")
     dataset = data.val if split == "val" else data.test
-    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, dataset))})
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, dataset, data.train))})

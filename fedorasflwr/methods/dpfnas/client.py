@@ -345,4 +345,4 @@ def _train_final_private(
 def evaluate_final(content: RecordDict, data: ClientData) -> RecordDict:
     """Loss and accuracy of the derived network on this party's test split."""
     net, _ = _derived(content)
-    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test))})
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test, data.train))})

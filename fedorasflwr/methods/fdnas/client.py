@@ -35,6 +35,7 @@ from ...training import (
     evaluate,
     local_sgd,
     ordered_loader,
+    refresh_batchnorm,
     reply_state,
     seeded_loader,
     torch_device,
@@ -251,7 +252,7 @@ def train_net(content: RecordDict, data: ClientData, partition_id: int) -> Recor
         {
             "num-examples": len(data.train),
             "train-loss": done.loss,
-            "train-flops": training_flops(int(config["net-flops"]), done.seen),
+            "train-flops": done.flops(int(config["net-flops"])),
             "local-accuracy": local.accuracy,
         }
     )
@@ -259,9 +260,11 @@ def train_net(content: RecordDict, data: ClientData, partition_id: int) -> Recor
 
 
 def evaluate_net(content: RecordDict, data: ClientData) -> RecordDict:
-    """Test loss and accuracy of the received net on the local test split."""
+    """Test loss and accuracy of the received net on the local test split, its BatchNorm
+    statistics re-estimated on the training split first (``held_out_metrics``)."""
     config: ConfigRecord = content.config_records[CONFIG]
     net = _load_net(config, content.array_records[ARRAYS])
+    refresh_batchnorm(net, data.train)  # statistics of the received weights (held_out_metrics)
     device = torch_device()
     net.to(device).eval()
     result = evaluate(net, ordered_loader(data.test), device)

@@ -237,14 +237,15 @@ def train_subnet(content: RecordDict, data: ClientData, partition_id: int) -> Re
         {
             "num-examples": len(data.train),
             "train-loss": done.loss,
-            "train-flops": training_flops(int(config["net-flops"]), done.seen),
+            "train-flops": done.flops(int(config["net-flops"])),
         }
     )
     return RecordDict({ARRAYS: ArrayRecord(reply_state(net, received)), METRICS: metrics})
 
 
 def evaluate_subnet(content: RecordDict, data: ClientData) -> RecordDict:
-    """Stage 3: test loss and accuracy of the received subnet on the local test split."""
+    """Stage 3: test loss and accuracy of the received subnet on the local test split, its
+    BatchNorm statistics re-estimated on the training split first (``held_out_metrics``)."""
     config: ConfigRecord = content.config_records["config"]
     net = _load_subnet(config, content.array_records[ARRAYS])
-    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test))})
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test, data.train))})

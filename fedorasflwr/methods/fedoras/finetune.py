@@ -35,6 +35,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from ...costs import training_flops
@@ -45,7 +46,7 @@ from ...progress import fmt, format_seconds
 from ...protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
 from ...search_spaces import build_space
 from ...seeding import seed_torch
-from ...training import evaluate, torch_device
+from ...training import evaluate, recalibrate_batchnorm, torch_device
 from .context import StageContext
 from .search import initial_paths
 from .tiers import PathCost, Tier
@@ -157,10 +158,16 @@ def initial_subnet(
 
 
 def _server_curve(
-    spec: Mapping[str, Any], arch: Sequence[int], data: TensorDataset | None
+    spec: Mapping[str, Any],
+    arch: Sequence[int],
+    data: TensorDataset | None,
+    calibration: Sequence[Tensor] | None = None,
 ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
     """Server-side validation of the subnet after each round (the fine-tuning curve);
-    ``spec``: the search space's ``build_space`` arguments."""
+    ``spec``: the search space's ``build_space`` arguments.  With ``calibration`` (the
+    server scorer's batches, as the search scored it), the round's BatchNorm statistics
+    are first re-estimated on them for the aggregated weights: the aggregate carries the
+    mean of statistics each client computed for its own weights."""
     if data is None or len(data) == 0:
         return None
     net = build_space(**spec).subnet(arch)
@@ -169,7 +176,10 @@ def _server_curve(
 
     def curve(_round: int, arrays: ArrayRecord) -> MetricRecord:
         net.load_state_dict(arrays.to_torch_state_dict())
-        net.to(device).eval()
+        net.to(device)
+        if calibration is not None:
+            recalibrate_batchnorm(net, net, calibration, device)
+        net.eval()
         result = evaluate(net, loader, device)
         return MetricRecord({"val-accuracy": result.accuracy, "val-loss": result.loss})
 
@@ -198,6 +208,8 @@ def finetune_tier(
     nodes = context.eligible(tier)
     arrays = initial_subnet(context, supernet, arch, init, tier, candidate)
     config = _subnet_config(context, arch, init)
+    scorer = context.server_scorer
+    calibration = None if scorer is None else scorer.calibration
     cost = space.cost(arch)
     model = TierModel(
         tier=tier,
@@ -239,7 +251,7 @@ def finetune_tier(
                 num_rounds=num_rounds,
                 timeout=federation.reply_timeout,
                 train_config=federation.with_user_config(FEDORAS_TRAIN, config),
-                evaluate_fn=_server_curve(space.spec, arch, server_data),
+                evaluate_fn=_server_curve(space.spec, arch, server_data, calibration),
             )
         model.arrays = outcome.arrays
         model.history = [
