@@ -7,7 +7,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,15 @@ def run_directory(base: Path, method: str, run_id: int) -> Path:
 
 def plain(value: Any) -> Any:
     """``value`` as plain Python: dataclasses and mappings as dicts, tuples as lists,
-    numpy scalars as numbers, paths as strings (tensors and other values as they are)."""
+    numpy scalars as numbers, paths as strings (tensors and other values as they are).
+    A dataclass field whose metadata says ``document=False`` is left out."""
     if is_dataclass(value) and not isinstance(value, type):
-        return plain(asdict(value))
+        hidden = [f.name for f in fields(value) if f.metadata.get("document", True) is False]
+        if not hidden:
+            return plain(asdict(value))
+        return {
+            f.name: plain(getattr(value, f.name)) for f in fields(value) if f.name not in hidden
+        }
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -1016,7 +1016,10 @@ class RunSettings:
     deterministic: bool = True
     # Every key the parser read and the value it took (given or default): what binds a
     # checkpoint to its run's settings (checkpoints.py, ``bound_settings``).
-    values: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Not in result.json (``artifacts.plain``): the checkpoint keeps the bound part.
+    values: Mapping[str, Any] = field(
+        default_factory=dict, repr=False, compare=False, metadata={"document": False}
+    )
 
     @property
     def output_path(self) -> Path:
