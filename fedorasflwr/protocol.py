@@ -16,6 +16,7 @@ __all__ = [
     "PROFILE",
     "LATENCY",
     "NONCE",
+    "REPLY_BYTES",
     "DPFNAS_ARCH",
     "DECNAS_EVALUATE",
     "DECNAS_TRAIN",
@@ -45,6 +46,9 @@ PROFILE = "profile"
 LATENCY = "latency"  # ConfigRecord of a query.latency reply: device, statistic
 #: ConfigRecord of every instruction (``stage``, ``step``, ``tag``), echoed unchanged by its reply
 NONCE = "nonce"
+# in an instruction's config: the bytes of arrays the server asks back beyond what it sent
+# (a DecNAS upload asks for a candidate's weights); read from the server's own copy
+REPLY_BYTES = "reply-bytes"
 
 QUERY_PROFILE = "query.profile"
 QUERY_LATENCY = "query.latency"  # the node's latency table (fedorasflwr/latency.py)

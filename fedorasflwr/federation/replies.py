@@ -26,10 +26,11 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from ..latency import latency_problem
 from ..nonce import describe, nonce_of
-from ..protocol import ARRAYS, LATENCY, METRICS
+from ..protocol import ARRAYS, CONFIG, LATENCY, METRICS, REPLY_BYTES
 
 __all__ = [
     "ArraySpec",
+    "asked_back",
     "Bound",
     "REPLY_MARGIN",
     "array_specs",
@@ -77,8 +78,9 @@ def error_reason(message: Message) -> str:
 
 #: bytes a reply may carry beyond what was sent to its node (``check_reply_size``): room for
 #: its metrics (counts, losses, per-path lists, a latency table); an honest reply's arrays
-#: are at most what it was sent. The largest excess of an honest reply in the reliability
-#: trials (every method, every message type) is far below it: ``tests/reliability``.
+#: are at most what it was sent, or what the instruction asked back (``REPLY_BYTES``). The
+#: largest excess of an honest reply in the reliability trials (every method, every message
+#: type) is far below it: ``tests/reliability``.
 REPLY_MARGIN = 1 << 20
 
 
@@ -106,20 +108,33 @@ def _value_bytes(value: object) -> int:
     return 8
 
 
+def asked_back(instruction: Message) -> int:
+    """The bytes of arrays ``instruction`` asks back beyond what it carries (config
+    ``REPLY_BYTES``, e.g. a DecNAS upload's candidate weights; 0 if none), read from the
+    server's own copy of the message."""
+    config = instruction.content.config_records.get(CONFIG)
+    return int(config.get(REPLY_BYTES, 0)) if config is not None else 0
+
+
 def check_reply_size(
-    instruction: Message, reply: Message, margin: int = REPLY_MARGIN
+    instruction: Message, reply: Message, margin: int = REPLY_MARGIN, sent: int | None = None
 ) -> str | None:
     """Why ``reply`` is larger than the node may send, or ``None``: its content may hold at
-    most what ``instruction`` (the message sent to that node) held plus ``margin`` bytes
+    most what ``instruction`` (the message sent to that node) held (``sent``, if already
+    counted), plus the arrays it asked back (``asked_back``), plus ``margin`` bytes
     (``content_bytes``). Flower 1.41 bounds no reply's total size on its way (see
-    docs/protocol.md), so this is checked where the app first holds the reply."""
+    docs/protocol.md), so this is checked where the app first holds the reply: it keeps an
+    oversized reply from every later step, not from the SuperLink's or the ServerApp's
+    memory."""
     if reply.has_error():
         return None
-    sent = content_bytes(instruction.content)
+    sent = content_bytes(instruction.content) if sent is None else sent
+    asked = asked_back(instruction)
     size = content_bytes(reply.content)
-    if size > sent + margin:
+    if size > sent + asked + margin:
+        back = f", {asked} asked back," if asked else ""
         return (
-            f"reply of {size} bytes exceeds the {sent} bytes sent to the node "
+            f"reply of {size} bytes exceeds the {sent} bytes sent to the node{back} "
             f"plus a margin of {margin}"
         )
     return None
@@ -132,6 +147,7 @@ def bound_reply_sizes(
     ``(node id, reason)`` for each one over it (replies to no message sent pass here:
     ``screen_replies`` refuses them)."""
     sent = list(sent)
+    sizes = {id(m): content_bytes(m.content) for m in sent}  # once per instruction
     instructions = {m.metadata.message_id: m for m in sent if m.metadata.message_id}
     by_node = {m.metadata.dst_node_id: m for m in sent}  # a grid that assigns no ids
     kept: list[Message] = []
@@ -140,7 +156,9 @@ def bound_reply_sizes(
         node_id = reply.metadata.src_node_id
         instruction = instructions.get(reply.metadata.reply_to_message_id or "")
         instruction = instruction or by_node.get(node_id)
-        reason = None if instruction is None else check_reply_size(instruction, reply, margin)
+        reason = None
+        if instruction is not None:
+            reason = check_reply_size(instruction, reply, margin, sizes[id(instruction)])
         if reason is None:
             kept.append(reply)
         else:

@@ -13,7 +13,8 @@ from fedorasflwr.inprocess import InProcessGrid, error_reply
 from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.methods.decnas.strategy import DecNAS
 from fedorasflwr.nonce import echo
-from fedorasflwr.protocol import ARRAYS, DECNAS_UPLOAD, METRICS
+from fedorasflwr.federation.replies import REPLY_MARGIN
+from fedorasflwr.protocol import ARRAYS, DECNAS_UPLOAD, METRICS, REPLY_BYTES
 from tests.runconfig import tiny_decnas
 
 NUM_NODES = 6
@@ -102,3 +103,26 @@ def test_same_seed_same_frontier(data_cache):
     assert first == second
     assert runs[0].history == runs[1].history
     assert first[1]["tuned-test-accuracy"] is not None
+
+
+def test_uploads_of_weights_larger_than_the_reply_margin_are_accepted(data_cache):
+    # A full-width ConvNet: most candidates' weights (up to 1.2 MB) exceed REPLY_MARGIN, and an
+    # upload instruction carries no arrays: its config asks them back, so the size bound
+    # lets the honest uploads through (before, every upload was dropped and the stage failed).
+    config = tiny_decnas(
+        data_cache,
+        **{
+            "space.width": 1.0,
+            "decnas.num-groups": 6,
+            "decnas.gm0-rounds": 0,
+            "decnas.final-rounds": 0,
+        },
+    )
+    strategy = make_strategy(config)
+    grid = InProcessGrid(client_app, config, NUM_NODES)
+    result = start(strategy, grid)
+    uploads = [m for m in grid.sent if m.metadata.message_type == DECNAS_UPLOAD]
+    asked = [m.content.config_records["config"][REPLY_BYTES] for m in uploads]
+    assert max(asked) > REPLY_MARGIN
+    upload = result.ledger["upload"]["totals"]
+    assert upload["rejected"] == 0 and upload["replies"] == len(uploads)

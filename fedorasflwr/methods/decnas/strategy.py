@@ -62,7 +62,7 @@ from ...checkpoints import Resume
 from ...config import DecNASSettings
 from ...federation.aggregation import opa
 from ...federation.base import NodeProfile, StageFailedError, describe_table
-from ...federation.replies import array_specs, check_latency_reply, check_reply
+from ...federation.replies import array_specs, check_latency_reply, check_reply, content_bytes
 from ...latency import LatencyRequest, LatencyTable, group_table, table_document, table_from_records
 from ...progress import format_metrics
 from ...protocol import (
@@ -73,6 +73,7 @@ from ...protocol import (
     LATENCY,
     METRICS,
     QUERY_DECNAS_LATENCY,
+    REPLY_BYTES,
     space_to_config,
 )
 from ...search_spaces.prunable import PrunableNet, prune_to_budget
@@ -357,9 +358,15 @@ class DecNAS(PrunedModelStages):
         self, grid: Grid, iteration: int, round_: int, pool: Pool, candidate_of: dict[int, int]
     ) -> list[tuple[int, Message]]:
         messages = []
+        # an upload carries the candidate's weights, which its instruction does not: the
+        # reply-size bound allows them (replies.check_reply_size)
+        weights = {
+            c: content_bytes(RecordDict({ARRAYS: arrays})) for c, (_, arrays) in pool.items()
+        }
         for node, candidate in candidate_of.items():
             config = {"method": self.method, "iteration": iteration, "round": round_}
             config["candidate"] = candidate
+            config[REPLY_BYTES] = weights[candidate]
             messages.append(
                 Message(
                     RecordDict({CONFIG: ConfigRecord(config)}),
