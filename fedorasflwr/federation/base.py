@@ -145,8 +145,8 @@ class NodeProfile:
             num_val=_count("num-val", record["num-val"]),
             num_test=_count("num-test", record["num-test"]),
             label_counts=tuple(_count("label-counts", v) for v in labels),
-            tier=int(record.get("tier", -1)),
-            cluster=int(record.get("cluster", -1)),
+            tier=_label("tier", record.get("tier", -1)),
+            cluster=_label("cluster", record.get("cluster", -1)),
             device_class=str(record.get("device-class", "")),
             latency_budget_ms=budget,
         )
@@ -163,6 +163,14 @@ class NodeProfile:
         if per_sample != 1:
             basis = f"({basis}) x {per_sample} predictions per sample"
         return Bound(limit, f"node declared {basis}")
+
+
+def _label(key: str, value: Any) -> int:
+    """``value`` of profile field ``key`` (a declared tier or cluster) when it is an integer
+    >= -1 (-1: none declared), else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ValueError(f"{key} = {value!r} is not an integer >= -1")
+    return value
 
 
 def _count(key: str, value: Any) -> int:
@@ -482,8 +490,9 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         that is gone, its partition now missing.
 
         A newcomer claiming the partition of a node that is gone takes it over; of a node
-        still connected, both are refused (as at the start). Bad newcomers are dropped and
-        logged; none of this can stop the run. Returns the node ids connected now."""
+        still connected, the newcomer alone is refused (the holder answered first). Bad
+        newcomers are dropped and logged; none of this can stop the run. Returns the node
+        ids connected now."""
         connected = set(grid.get_node_ids())
         if not self._asked:  # not profiled yet
             return connected
@@ -510,16 +519,14 @@ class FederatedNASStrategy(Strategy, Generic[R]):
                 n for n, p in self.profiles.items() if p.partition_id == profile.partition_id
             ]
             live = [n for n in holders if n in connected]
-            if live:
-                names = ", ".join(str(n) for n in sorted([*live, node_id]))
-                for other in sorted([*live, node_id]):
-                    self._drop(
-                        "profile",
-                        other,
-                        f"partition id {profile.partition_id} declared by nodes {names}: "
-                        "all refused",
-                    )
-                    self.profiles.pop(other, None)
+            if live:  # the holder answered before: a newcomer cannot take its place
+                held_by = ", ".join(str(n) for n in sorted(live))
+                self._drop(
+                    "profile",
+                    node_id,
+                    f"partition id {profile.partition_id} is held by node {held_by}, "
+                    "still connected: the newcomer is refused",
+                )
                 continue
             for old in holders:
                 del self.profiles[old]

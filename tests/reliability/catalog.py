@@ -299,6 +299,9 @@ PROFILE_FAULTS: dict[str, Callable[[Profile], Profile]] = {
     },
     "partition-out-of-range": lambda p: {**p, "partition-id": p["num-partitions"] + 3},
     "other-num-partitions": lambda p: {**p, "num-partitions": p["num-partitions"] + 1},
+    # declared labels go through an integer check too (an infinite one once stopped the run)
+    "infinite-tier": lambda p: {**p, "tier": math.inf},
+    "fractional-cluster": lambda p: {**p, "cluster": 0.5},
 }
 
 

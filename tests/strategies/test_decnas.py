@@ -9,11 +9,11 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
+from fedorasflwr.federation.replies import REPLY_MARGIN
 from fedorasflwr.inprocess import InProcessGrid, error_reply
 from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.methods.decnas.strategy import DecNAS
 from fedorasflwr.nonce import echo
-from fedorasflwr.federation.replies import REPLY_MARGIN
 from fedorasflwr.protocol import ARRAYS, DECNAS_UPLOAD, METRICS, REPLY_BYTES
 from tests.runconfig import tiny_decnas
 

@@ -41,6 +41,8 @@ FIELD = {
     "labels-not-adding-up": "label-counts",
     "partition-out-of-range": "partition-id",
     "other-num-partitions": "num-partitions",
+    "infinite-tier": "tier = inf",
+    "fractional-cluster": "cluster = 0.5",
 }
 
 
@@ -215,17 +217,26 @@ def test_a_node_that_is_gone_leaves_its_partition_logged_missing(fedoras_config,
     assert caplog.text.count(line) == 1  # once, not every round
 
 
-def test_a_newcomer_claiming_a_live_partition_refuses_both(fedoras_config, caplog):
+def test_a_newcomer_claiming_a_live_partition_is_refused_and_the_holder_kept(
+    fedoras_config, caplog
+):
+    # A stranger under a fresh node id cannot remove an honest node by claiming its
+    # partition (it could again and again, one node after another): the holder, which
+    # answered first and is still connected, keeps it.
     grid = InProcessGrid(client_app, fedoras_config, NUM_NODES)
     strategy = fedoras(fedoras_config)
     strategy.setup(grid)
+    reference = [sampled_partitions(strategy, grid, r) for r in (1, 2, 3)]
     holder = grid.node_of_partition[4]
     twin = grid.add_node(4)
     with caplog.at_level(logging.WARNING):
-        sampled = sampled_partitions(strategy, grid, 1)
-    assert holder not in strategy.profiles and twin not in strategy.profiles
-    assert 4 not in sampled
-    assert f"partition id 4 declared by nodes {holder}, {twin}: all refused" in caplog.text
+        again = [sampled_partitions(strategy, grid, r) for r in (1, 2, 3)]
+    assert holder in strategy.profiles and twin not in strategy.profiles
+    assert again == reference
+    assert (
+        f"dropped reply of node {twin}: partition id 4 is held by node {holder}, still "
+        "connected: the newcomer is refused" in caplog.text
+    )
 
 
 def test_a_newcomer_with_a_bad_profile_is_dropped_and_the_run_goes_on(fedoras_config, caplog):
