@@ -177,3 +177,26 @@ def test_a_corrupt_privacy_history_is_refused(after_one_iteration, data_cache, c
     corrupt(resume.progress["accounts"])
     with pytest.raises(ValueError, match=fragment):
         strategy.start(grid, ArrayRecord(), 3)
+
+
+def test_more_steps_than_iterations_are_refused(after_one_iteration, data_cache):
+    # a history and step count edited together still cannot claim more steps than the
+    # iterations done (a party takes one step of each mechanism per iteration)
+    strategy, resume, grid = resumed(after_one_iteration, data_cache)
+    noise, rate, _ = resume.progress["accounts"]["0"]["weights"][0]
+    resume.progress["accounts"]["0"]["weights"] = [[noise, rate, 5]]
+    resume.progress["steps"]["0"]["weights"] = 5
+    with pytest.raises(ValueError, match="has 5 steps after 1 iteration"):
+        strategy.start(grid, ArrayRecord(), 3)
+
+
+@pytest.mark.parametrize("iterations", [-2, 2, 99])
+def test_an_iteration_count_other_than_the_checkpoints_step_is_refused(
+    after_one_iteration, data_cache, iterations
+):
+    # the search resumes from progress 'iterations': it must be the step read_resume
+    # checked (a negative one would run extra iterations, spending more privacy)
+    strategy, resume, grid = resumed(after_one_iteration, data_cache)
+    resume.progress["iterations"] = iterations
+    with pytest.raises(ValueError, match=f"'iterations' = {iterations}"):
+        strategy.start(grid, ArrayRecord(), 3)

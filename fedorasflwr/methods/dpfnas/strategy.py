@@ -676,11 +676,35 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 f"{where}: privacy histories of the parties {sorted(accounts)}, step counts "
                 f"of {sorted(steps)}"
             )
+        if resume.within(SEARCH) and done != resume.step:
+            raise ValueError(f"{where}: progress 'iterations' = {done}, its step {resume.step}")
+        if not 0 <= done <= self.settings.iterations:
+            raise ValueError(
+                f"{where}: progress 'iterations' = {done}, allowed: 0 .. dpfnas.iterations "
+                f"{self.settings.iterations}"
+            )
+        self._check_histories(where, accounts, done)
         self.steps = steps
         self.accounts = accounts
         self._momentum = momentum
         self._previous = None if previous is None else ArrayRecord(previous)
         return done
+
+    def _check_histories(
+        self, where: str, accounts: dict[int, dict[str, list[Segment]]], done: int
+    ) -> None:
+        """A party takes at most one step of each mechanism per search iteration: a history
+        holding more steps than the iterations done is refused. (Its noise and rates are
+        checked for range only: a library resume may change them, and the runner refuses
+        such a resume through the checkpoint's bound settings.)"""
+        for pid, account in accounts.items():
+            for mechanism, history in account.items():
+                total = sum(k for _, _, k in history)
+                if total > done:
+                    raise ValueError(
+                        f"{where}: party {pid}'s {mechanism} history has {total} steps "
+                        f"after {done} iteration(s) (at most one per iteration)"
+                    )
 
     def _evaluate(
         self,
