@@ -312,8 +312,14 @@ def read_resume(
         raise ValueError(f"{where}: lacks the entries {missing}")
     if settings is not None:
         saved = content.get("settings")
-        if not isinstance(saved, dict):
-            raise ValueError(f"{where}: 'settings' = {saved!r}, expected a dict of run config")
+        plain = (str, int, float, bool, list)  # what a run config holds
+        if not isinstance(saved, dict) or not all(
+            isinstance(k, str) and isinstance(v, plain) for k, v in saved.items()
+        ):
+            raise ValueError(
+                f"{where}: 'settings' = {saved!r}, expected a dict of run-config keys to "
+                "values (text, numbers, true / false)"
+            )
         check_bound_settings(where, saved, settings)
     stage, step, stage_done = content["stage"], content["step"], content["stage-done"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:

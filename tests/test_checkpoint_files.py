@@ -354,3 +354,15 @@ def test_a_checkpoint_is_written_every_round_by_default():
     base = {k: v for k, v in pyproject_run_config().items() if k != "checkpoint-every"}
     assert parse_run_config(base).checkpoint_every == 1
     assert pyproject_run_config()["checkpoint-every"] == 1
+
+
+@pytest.mark.parametrize(
+    "settings", [{1: "x"}, {"fedoras.lr": torch.zeros(2)}, {"seed": None}], ids=str
+)
+def test_settings_of_another_type_are_refused_naming_the_field(space, tmp_path, settings):
+    # a corrupt 'settings' (a non-text key, a tensor, None) is a ValueError naming it,
+    # not a TypeError / RuntimeError from comparing it
+    path = checkpoint(tmp_path, space, settings=fedoras_settings())
+    content = {**torch.load(path, weights_only=True), "settings": settings}
+    with pytest.raises(ValueError, match="'settings' = .*expected a dict of run-config keys"):
+        resume_with(write(tmp_path, content), space, fedoras_settings())
