@@ -250,23 +250,41 @@ def recalibrate_batchnorm(
 
     A supernet's per-option BN statistics were accumulated under many different
     upstream paths, so scoring one path with them is misleading (SPOS, FedorAS
-    §3.2).  Running statistics are reset and replaced by the plain average over
-    ``batches`` (``momentum=None``); only the BNs on the path see data, the
-    others keep their reset values (reload the weights before training again).
+    §3.2).  Running statistics are reset and replaced by the pooled statistics of each
+    BN's input over all of ``batches``: the mean and the unbiased variance over every
+    sample and position seen, whatever the batch sizes (PyTorch's ``momentum=None``
+    would average per-batch figures instead, weighting a short last batch like a full
+    one and leaving out how far the batch means differ).  Inputs are normalised by
+    their batch statistics during the pass (train mode), as PreciseBN does.  Only the
+    BNs on the path see data; the others keep their reset values (reload the weights
+    before training again).
     """
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    saved = [(m, m.momentum) for m in norms]
+    sums: dict[nn.Module, list[Tensor | int]] = {}
+
+    def pool(module: nn.Module, args: tuple[Tensor, ...]) -> None:
+        x = args[0].detach().double().transpose(0, 1).reshape(args[0].shape[1], -1)
+        total = sums.setdefault(module, [0.0, 0.0, 0])
+        total[0] = total[0] + x.sum(dim=1)
+        total[1] = total[1] + (x * x).sum(dim=1)
+        total[2] += x.shape[1]
+
     for m in norms:
         m.reset_running_stats()
-        m.momentum = None
+    hooks = [m.register_forward_pre_hook(pool) for m in norms]
     model.train()
     try:
         for inputs in batches:
             forward(inputs.to(device))
     finally:
-        for m, momentum in saved:
-            m.momentum = momentum
+        for hook in hooks:
+            hook.remove()
         model.eval()
+    for m, (total, squares, count) in sums.items():
+        mean = total / count
+        var = (squares / count - mean * mean).clamp_min(0.0) * (count / max(count - 1, 1))
+        m.running_mean.copy_(mean.to(m.running_mean.dtype))
+        m.running_var.copy_(var.to(m.running_var.dtype))
 
 
 def has_batchnorm(model: nn.Module) -> bool:
@@ -275,8 +293,8 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 def refresh_batchnorm(net: nn.Module, dataset: Dataset, batch_size: int = 256) -> int:
-    """Re-estimate ``net``'s BatchNorm running statistics for its current weights: the plain
-    average over one pass of ``dataset`` in order, in ``batch_size`` batches, on
+    """Re-estimate ``net``'s BatchNorm running statistics for its current weights: pooled
+    over one pass of ``dataset`` in order, in ``batch_size`` batches, on
     :func:`torch_device` (:func:`recalibrate_batchnorm`); ``net`` ends in eval mode.
 
     Why: BatchNorm's running statistics are an exponential average (momentum 0.1) that

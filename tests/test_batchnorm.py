@@ -258,3 +258,19 @@ def test_fedoras_server_curve_scores_with_the_calibration_batches_statistics():
     assert metrics["val-loss"] == pytest.approx(expected.loss, rel=1e-4)
     stale = _server_curve(space.spec, arch, data)(1, arrays)
     assert stale["val-loss"] != pytest.approx(expected.loss, rel=1e-4)
+
+
+def test_recalibrated_statistics_are_pooled_over_batches_of_any_size():
+    # 200 samples in batches of 64 (the last one 8): the statistics are those of every
+    # sample at once, not the mean of per-batch figures (PyTorch's momentum=None weights a
+    # short last batch like a full one and drops how far the batch means differ; ordered
+    # data makes the batch means differ)
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(3)
+    x = torch.randn(200, 3, 4, 4) + torch.linspace(-2, 2, 200).view(200, 1, 1, 1)
+    batches = list(x.split(64))
+    recalibrate_batchnorm(bn, bn, batches, CPU)
+    pooled = x.transpose(0, 1).reshape(3, -1)
+    torch.testing.assert_close(bn.running_mean, pooled.mean(dim=1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn.running_var, pooled.var(dim=1), rtol=1e-5, atol=1e-6)
+    assert not bn.training

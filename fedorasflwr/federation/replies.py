@@ -216,6 +216,9 @@ def _check_arrays(arrays: ArrayRecord, sent: Mapping[str, ArraySpec], required: 
         values = array.numpy()
         if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
             return f"key {key!r} has non-finite values"
+        if key.endswith(".running_var") and (values < 0).any():
+            # a BatchNorm variance below 0 would make the aggregate's eval mode NaN
+            return f"key {key!r} has negative values (a BatchNorm variance)"
     return None
 
 

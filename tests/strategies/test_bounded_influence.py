@@ -12,7 +12,13 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.federation.aggregation import Aggregation, opa
 from fedorasflwr.federation.base import NodeProfile
 from fedorasflwr.federation.fedavg import SeededFedAvg
-from fedorasflwr.federation.replies import Bound, check_bounds, check_reply, screen_replies
+from fedorasflwr.federation.replies import (
+    Bound,
+    array_specs,
+    check_bounds,
+    check_reply,
+    screen_replies,
+)
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.ledger import Ledger
 from fedorasflwr.nonce import echo_nonce
@@ -60,6 +66,29 @@ def test_check_reply_applies_the_bounds():
     )
     text = NodeProfile(3, 0, 1, 120, 10, 7, ()).bound("train", "val", per_sample=80)
     assert text.limit == 130 * 80
+
+
+def test_a_negative_batchnorm_variance_is_dropped():
+    # finite, right shape and dtype, yet a variance below 0: the aggregate's eval mode
+    # would divide by the square root of a negative number
+    sent = ArrayRecord(
+        {
+            "bn.running_var": Array(np.ones(3, np.float32)),
+            "bn.running_mean": Array(np.zeros(3, np.float32)),
+        }
+    )
+    specs = array_specs(sent)
+    instruction = Message(RecordDict(), dst_node_id=3, message_type="train.x")
+
+    def reply(var: list[float], mean: list[float]) -> Message:
+        arrays = record(**{"bn.running_var": var, "bn.running_mean": mean})
+        content = RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 5})})
+        return Message(content, reply_to=instruction)
+
+    assert check_reply(reply([1.0, 0.0, 2.0], [-1.0, 0.0, 1.0]), sent=specs) is None
+    assert check_reply(reply([1.0, -0.5, 2.0], [0.0, 0.0, 0.0]), sent=specs) == (
+        "key 'bn.running_var' has negative values (a BatchNorm variance)"
+    )
 
 
 # --- robust aggregation ------------------------------------------------------------------

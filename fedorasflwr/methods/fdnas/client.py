@@ -33,9 +33,9 @@ from ...search_spaces.differentiable import require_differentiable
 from ...seeding import numpy_generator, stream_words, substream
 from ...training import (
     evaluate,
+    held_out_metrics,
     local_sgd,
     ordered_loader,
-    refresh_batchnorm,
     reply_state,
     seeded_loader,
     torch_device,
@@ -264,16 +264,4 @@ def evaluate_net(content: RecordDict, data: ClientData) -> RecordDict:
     statistics re-estimated on the training split first (``held_out_metrics``)."""
     config: ConfigRecord = content.config_records[CONFIG]
     net = _load_net(config, content.array_records[ARRAYS])
-    refresh_batchnorm(net, data.train)  # statistics of the received weights (held_out_metrics)
-    device = torch_device()
-    net.to(device).eval()
-    result = evaluate(net, ordered_loader(data.test), device)
-    metrics = MetricRecord(
-        {
-            "num-examples": result.count,
-            "correct": result.correct,
-            "loss": result.loss,
-            "accuracy": result.accuracy,
-        }
-    )
-    return RecordDict({METRICS: metrics})
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test, data.train))})

@@ -80,8 +80,8 @@ class ServerPathScorer:
         cut = max(1, int(round(calibration_fraction * len(dataset))))
         inputs = dataset.tensors[0][torch.as_tensor(order[:cut])]
         self.calibration = list(inputs.split(batch_size)) if recalibrate else None
-        scored = Subset(dataset, order[cut:].tolist())
-        self.loader = ordered_loader(scored, batch_size)
+        self.scored = Subset(dataset, order[cut:].tolist())  # disjoint from the calibration
+        self.loader = ordered_loader(self.scored, batch_size)
 
     @property
     def device(self) -> torch.device:

@@ -36,7 +36,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.supercore import log
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ...costs import training_flops
 from ...federation.base import NodeProfile
@@ -160,7 +160,7 @@ def initial_subnet(
 def _server_curve(
     spec: Mapping[str, Any],
     arch: Sequence[int],
-    data: TensorDataset | None,
+    data: Dataset | None,
     calibration: Sequence[Tensor] | None = None,
 ) -> Callable[[int, ArrayRecord], MetricRecord | None] | None:
     """Server-side validation of the subnet after each round (the fine-tuning curve);
@@ -209,7 +209,10 @@ def finetune_tier(
     arrays = initial_subnet(context, supernet, arch, init, tier, candidate)
     config = _subnet_config(context, arch, init)
     scorer = context.server_scorer
+    # the curve re-estimates BN on the scorer's calibration batches, so it scores the
+    # disjoint part of the server's slice, as the search did (not the batches themselves)
     calibration = None if scorer is None else scorer.calibration
+    curve_data = server_data if scorer is None or server_data is None else scorer.scored
     cost = space.cost(arch)
     model = TierModel(
         tier=tier,
@@ -251,7 +254,7 @@ def finetune_tier(
                 num_rounds=num_rounds,
                 timeout=federation.reply_timeout,
                 train_config=federation.with_user_config(FEDORAS_TRAIN, config),
-                evaluate_fn=_server_curve(space.spec, arch, server_data, calibration),
+                evaluate_fn=_server_curve(space.spec, arch, curve_data, calibration),
             )
         model.arrays = outcome.arrays
         model.history = [
