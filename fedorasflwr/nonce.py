@@ -3,10 +3,12 @@
 The server puts a ``ConfigRecord`` ``nonce`` in every instruction: the step's ``stage``
 and ``step`` (round, iteration ...) and a random ``tag`` (``secrets``, not the run's
 seeded streams: it changes no result).  The ClientApp copies it unchanged into its
-reply (``echo_nonce``, done for every handler by ``fedorasflwr.clients.register``).
-The server keeps only a reply that echoes the nonce of the instruction sent to that
-node in that step (``federation.replies.screen_replies``): an update from an earlier
-round, re-sent, no longer fits the current one because its keys happen to match.
+reply (``echo``, called for every handler by ``fedorasflwr.clients.register``; the mod
+``echo_nonce`` for a ClientApp of your own).  The server keeps only a reply that echoes
+the nonce of the instruction sent to that node in that step
+(``federation.replies.screen_replies``): a reply to an earlier round's message no longer
+fits the current one because its keys happen to match.  A client can still put old
+content under the current nonce; that is no binding's job (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ def nonce_of(message: Message) -> dict[str, Any] | None:
 
 
 def describe(nonce: Mapping[str, Any] | None) -> str:
-    """e.g. ``"stage supernet, step 3"`` (the tag is not shown)."""
+    """e.g. ``"stage supernet, step 3"`` (the tag is not shown; a client's values are cut
+    to 40 characters: they go into logs and error messages)."""
     if nonce is None:
         return "no nonce"
-    return f"stage {nonce.get('stage')!s}, step {nonce.get('step')!s}"
+    return f"stage {str(nonce.get('stage'))[:40]}, step {str(nonce.get('step'))[:40]}"
 
 
 def echo(instruction: Message, reply: Message) -> Message:

@@ -85,7 +85,7 @@ from ...seeding import seed_torch
 from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_layout
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .per_sample import per_sample_problem
-from .privacy import Accountant, PartyPrivacy, Segment, add_steps, composed_epsilon
+from .privacy import Accountant, PartyPrivacy, Segment, add_steps
 
 __all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report", "restore_history"]
 
@@ -819,7 +819,6 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         s = self.settings
         report = []
         for party in self.parties:
-            rate_search, _ = self.sample_rates(party)
             rate_final = min(1.0, s.final.batch_size / party.num_train)
             steps = s.final.rounds * final_steps(
                 party.num_train, s.final.batch_size, s.final.local_epochs
@@ -833,7 +832,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                     "final-noise-multiplier": s.final_noise,
                     "final-sample-rate": rate_final,
                     "final-steps": steps,
-                    "training-split-epsilon": composed_epsilon(mechanisms, s.delta, s.accountant),
+                    "training-split-epsilon": self.accountant.epsilon(mechanisms),
                 }
             )
         return report
