@@ -39,9 +39,9 @@ def main() -> None:
 
     from fedorasflwr.checkpoints import Checkpointer, Snapshot
     from fedorasflwr.client_app import app as client_app
-    from fedorasflwr.config import bound_settings, parse_run_config
+    from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
-    from fedorasflwr.server_app import runner
+    from fedorasflwr.server_app import run_header, runner
 
     writes: list[float] = []
 
@@ -67,13 +67,8 @@ def main() -> None:
         warm_data_cache([config], NODES)
         out = Path(tmp) / "run"
         out.mkdir()
-        progress = Timed(
-            out,
-            method=settings.method,
-            seed=settings.seed,
-            every=settings.checkpoint_every,
-            settings=bound_settings(settings.method, settings.values),
-        )
+        # as the ServerApp builds it, result.json's header included
+        progress = Timed.for_run(out, settings, header=run_header(settings, 0))
         document = runner("fedoras")(
             InProcessGrid(client_app, config, NODES), settings, out, progress
         )

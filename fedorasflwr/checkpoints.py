@@ -42,7 +42,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from .artifacts import load_checkpoint, plain, write_json
-from .config import RESUME_SAFE_KEYS
+from .config import RESUME_SAFE_KEYS, RunSettings, bound_settings
 from .ledger import Ledger, check_summary
 
 __all__ = [
@@ -184,6 +184,21 @@ class Checkpointer:
         self.stage_done = False
         self.written: Path | None = None
         self._partial: dict[str, Any] = {}
+
+    @classmethod
+    def for_run(
+        cls, out_dir: Path, settings: RunSettings, *, header: Mapping[str, Any] | None = None
+    ) -> Checkpointer:
+        """The checkpointer of a run of ``settings``: its method, seed, ``checkpoint-every``
+        and bound settings (``config.bound_settings``); ``header`` opens its result.json."""
+        return cls(
+            out_dir,
+            method=settings.method,
+            seed=settings.seed,
+            every=settings.checkpoint_every,
+            settings=bound_settings(settings.method, settings.values),
+            header=header,
+        )
 
     @property
     def path(self) -> Path:

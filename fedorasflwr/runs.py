@@ -86,13 +86,7 @@ def checkpointer(
 ) -> Checkpointer:
     """The run's ``Checkpointer`` (a new one if the caller gave none), set to ``space``."""
     if progress is None:
-        progress = Checkpointer(
-            out_dir,
-            method=settings.method,
-            seed=settings.seed,
-            every=settings.checkpoint_every,
-            settings=bound_settings(settings.method, settings.values),
-        )
+        progress = Checkpointer.for_run(out_dir, settings)
     progress.space = dict(space)
     progress.stage_files.update(stage_files)
     return progress

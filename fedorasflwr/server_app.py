@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import time
 from logging import ERROR, INFO
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -16,7 +17,7 @@ from flwr.supercore import log
 
 from .artifacts import run_directory
 from .checkpoints import Checkpointer
-from .config import bound_settings, parse_run_config
+from .config import RunSettings, parse_run_config
 from .federation.polling import prompt
 from .progress import RESULTS_MESSAGE, format_seconds, setup_logging, summary_lines
 from .runs import Runner
@@ -42,6 +43,16 @@ def runner(method: str) -> Runner:
     return getattr(importlib.import_module(module), name)
 
 
+def run_header(settings: RunSettings, run_id: int) -> dict[str, Any]:
+    """What opens a run's result.json: method, settings, Flower's run id, the resumed file."""
+    return {
+        "method": settings.method,
+        "settings": settings,
+        "run-id": run_id,
+        "resumed-from": settings.resume_from or None,
+    }
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Parse the run config (fail before any training), run the method, write artifacts.
@@ -55,19 +66,7 @@ def main(grid: Grid, context: Context) -> None:
     run_method = runner(settings.method)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, RESULTS_MESSAGE, settings.method, out_dir)  # the launcher reads it
-    progress = Checkpointer(
-        out_dir,
-        method=settings.method,
-        seed=settings.seed,
-        every=settings.checkpoint_every,
-        settings=bound_settings(settings.method, settings.values),
-        header={
-            "method": settings.method,
-            "settings": settings,
-            "run-id": context.run_id,
-            "resumed-from": settings.resume_from or None,
-        },
-    )
+    progress = Checkpointer.for_run(out_dir, settings, header=run_header(settings, context.run_id))
     try:
         device = resolve_device(settings.device)
         apply_determinism(device, settings.deterministic)
