@@ -175,8 +175,9 @@ def test_secure_random_draws():
     assert np.std(sizes) > 3
 
 
-def test_insecure_run_warns_and_says_so_in_the_result(data_cache, tmp_path, caplog):
-    config = tiny_dpfnas(
+def seeded_noise_run(data_cache):
+    """One search iteration, no final training, the server asking for seeded noise."""
+    return tiny_dpfnas(
         data_cache,
         **{
             "dpfnas.iterations": 1,
@@ -184,6 +185,10 @@ def test_insecure_run_warns_and_says_so_in_the_result(data_cache, tmp_path, capl
             "dpfnas.insecure-reproducible-noise": True,
         },
     )
+
+
+def test_insecure_run_warns_and_says_so_in_the_result(data_cache, tmp_path, caplog):
+    config = seeded_noise_run(data_cache)
     settings = parse_run_config(config)
     assert settings.dpfnas.insecure_reproducible_noise
     allowed = dict.fromkeys(range(2), {"allow-reproducible-noise": True})  # the owners opt in
@@ -216,14 +221,7 @@ def test_a_party_refuses_seeded_noise_unless_its_owner_allows_it(data_cache, cap
     """Without node config allow-reproducible-noise = true, a party refuses every private
     computation asking for seeded noise, saying why; the server books the refusal as that
     node's failure with the reason, and with no party left the search stops, naming it."""
-    config = tiny_dpfnas(
-        data_cache,
-        **{
-            "dpfnas.iterations": 1,
-            "dpfnas.final-rounds": 0,
-            "dpfnas.insecure-reproducible-noise": True,
-        },
-    )
+    config = seeded_noise_run(data_cache)
     settings = parse_run_config(config)
     node_configs = {} if allowed is None else {0: {"allow-reproducible-noise": allowed}}
     grid = InProcessGrid(client_app, config, 2, node_configs=node_configs)
@@ -240,14 +238,7 @@ def test_a_party_refuses_seeded_noise_unless_its_owner_allows_it(data_cache, cap
 
 
 def test_a_party_whose_owner_allows_it_obeys_while_the_other_refuses(data_cache, caplog):
-    config = tiny_dpfnas(
-        data_cache,
-        **{
-            "dpfnas.iterations": 1,
-            "dpfnas.final-rounds": 0,
-            "dpfnas.insecure-reproducible-noise": True,
-        },
-    )
+    config = seeded_noise_run(data_cache)
     settings = parse_run_config(config)
     grid = InProcessGrid(
         client_app, config, 2, node_configs={1: {"allow-reproducible-noise": "true"}}

@@ -36,14 +36,9 @@ from tests.runconfig import tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
 from tests.strategies.test_fdnas import fake_replies
 from tests.strategies.test_fdnas import make_strategy as fdnas_strategy
+from tests.strategies.test_one_reply_per_node import same_bits
 
 NODES = 4
-
-
-def same_bits(a: ArrayRecord, b: ArrayRecord) -> bool:
-    return list(a.keys()) == list(b.keys()) and all(
-        a[k].numpy().tobytes() == b[k].numpy().tobytes() for k in a
-    )
 
 
 def fedoras(cache):
