@@ -203,22 +203,22 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         """Profile the nodes and tag each with its cluster."""
         profiles = self.profile_nodes(grid, ConfigRecord({"method": self.method}))
         for profile in profiles.values():
-            tag = profile.cluster
-            if tag < 0:
-                tag = self.cluster_of(profile) if self.cluster_of is not None else 0
-            self.cluster_of_partition[profile.partition_id] = tag
+            self.cluster_of_partition[profile.partition_id] = self._cluster_tag(profile)
         if self.settings.resource == "latency":
             self.query_latency(grid, self.space, request=self.latency_request)
 
     def admit_late(self, profile: NodeProfile) -> str | None:
         """A node profiled mid-run joins with its partition's cluster (a new partition: the
         cluster it declares or ``cluster_of`` gives, as at the start)."""
-        if profile.partition_id not in self.cluster_of_partition:
-            tag = profile.cluster
-            if tag < 0:
-                tag = self.cluster_of(profile) if self.cluster_of is not None else 0
-            self.cluster_of_partition[profile.partition_id] = tag
+        if profile.partition_id not in self.cluster_of_partition:  # no holder to refuse it
+            self.cluster_of_partition[profile.partition_id] = self._cluster_tag(profile)
         return None
+
+    def _cluster_tag(self, profile: NodeProfile) -> int:
+        """The cluster a node declares, else ``cluster_of``'s, else 0."""
+        if profile.cluster >= 0:
+            return profile.cluster
+        return self.cluster_of(profile) if self.cluster_of is not None else 0
 
     def stage_table(self, stage: str, partitions: Iterable[int]) -> LatencyTable | None:
         """The latency table standing for ``partitions``' nodes (``latency.group_table``:
