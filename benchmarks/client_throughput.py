@@ -57,7 +57,7 @@ def stage1_content(run: Any, space: Any, budget: float) -> RecordDict:
     FLOPs budget between the cheapest and the largest path."""
     from fedorasflwr.protocol import ARRAYS, CONFIG, space_to_config
 
-    fedoras = run.fedoras
+    fedoras = run.method_settings
     low, high = space.min_flops(), space.max_flops()
     config = {
         "seed": run.seed,
@@ -173,7 +173,7 @@ def measure(quick: bool, cache: Path) -> dict[str, Any]:
         "train_samples": len(data.train),
         "settings": {**settings(quick, cache), "repeats": repeats, "num-clients": NUM_CLIENTS},
         "space": space.spec,
-        "batch_size": run.fedoras.train.batch_size,
+        "batch_size": run.method_settings.train.batch_size,
     }
 
 

@@ -82,7 +82,7 @@ def make(config: dict[str, Any], **kwargs: Any) -> Any:
 
     run = parse_run_config(config)
     net = build_decnas_net(run)
-    return DecNAS(net=net, settings=run.decnas, seed=run.seed, **kwargs)
+    return DecNAS(net=net, settings=run.method_settings, seed=run.seed, **kwargs)
 
 
 def search_cost(ledger: dict[str, Any]) -> dict[str, int]:

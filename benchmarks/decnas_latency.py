@@ -70,7 +70,7 @@ def make(config: dict[str, Any]) -> Any:
     run = parse_run_config(config)
     return DecNAS(
         net=build_decnas_net(run),
-        settings=run.decnas,
+        settings=run.method_settings,
         seed=run.seed,
         latency=run.latency.request(run.seed),
     )
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # the table every node of this host would send (the nodes read this cache file)
         run = parse_run_config(config)
-        layout = layer_layout(gm0.spec, run.decnas.latency_grid)
+        layout = layer_layout(gm0.spec, run.method_settings.latency_grid)
         table, _ = cached_layer_table(layout, run.latency.request(run.seed))
 
         def predict(widths: Any) -> float:

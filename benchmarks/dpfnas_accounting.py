@@ -109,9 +109,11 @@ def search(config: dict[str, Any], parties: int, cached: bool) -> dict[str, Any]
             finally:
                 spent[iteration] = spent.get(iteration, 0.0) + time.perf_counter() - started
 
-    strategy = Timed(space=build_supernet(settings), settings=settings.dpfnas, seed=settings.seed)
+    strategy = Timed(
+        space=build_supernet(settings), settings=settings.method_settings, seed=settings.seed
+    )
     grid = InProcessGrid(client_app, config, parties)
-    result = strategy.start(grid, ArrayRecord(), settings.dpfnas.iterations)
+    result = strategy.start(grid, ArrayRecord(), settings.method_settings.iterations)
     # the accounting of the search loop only (the result's report is one more call)
     iterations = [h["seconds"] for h in result.history if h.get("iteration", 0) > 0]
     per_iteration = [spent.get(i, 0.0) for i in range(1, len(iterations) + 1)]

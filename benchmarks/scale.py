@@ -284,12 +284,12 @@ def _build(method: str, config: dict[str, Any]) -> Any:
     run = parse_run_config(config)
     common = {"seed": run.seed, "min_nodes": run.min_nodes}
     if method == "fedoras":
-        return FedorAS(space=build_supernet(run), settings=run.fedoras, **common)
+        return FedorAS(space=build_supernet(run), settings=run.method_settings, **common)
     if method == "decnas":
-        return DecNAS(net=build_decnas_net(run), settings=run.decnas, **common)
+        return DecNAS(net=build_decnas_net(run), settings=run.method_settings, **common)
     space_settings = replace(run.space, name="mbconv")
     space = build_space(**space_kwargs(space_settings, dataset_info(run.data)))
-    return FDNAS(space=space, settings=run.fdnas, **common)
+    return FDNAS(space=space, settings=run.method_settings, **common)
 
 
 class Calls:

@@ -58,7 +58,7 @@ def worker(threads: int, evaluations: int) -> None:
     evaluator = SupernetEvaluator(
         space=build_supernet(settings),
         dataset=load_server_data(settings.data),
-        num_paths=settings.fedoras.eval_paths,
+        num_paths=settings.method_settings.eval_paths,
         seed=settings.seed,
     )
     arrays = ArrayRecord(build_supernet(settings).state_dict())

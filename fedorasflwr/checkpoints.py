@@ -19,7 +19,7 @@ checkpoint back as a ``Resume``; the strategy continues at the next round of its
 
 A checkpoint is bound to the settings that made its state: ``settings`` holds every
 run-config value the run read (given or default; ``config.bound_settings``) except the keys
-a resume may change (``config.RESUME_SAFE_KEYS``: where files go, when they are written,
+a resume may change (``config.resume_safe_keys``: where files go, when they are written,
 where loops compute, how long to wait) and the other methods' tables.  ``read_resume`` refuses
 a run whose values differ, naming every differing key with both values, and checks the
 stage, the step (within the stage's rounds) and the ledger's counters.
@@ -42,7 +42,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from .artifacts import load_checkpoint, plain, write_json
-from .config import RESUME_SAFE_KEYS, RunSettings, bound_settings
+from .config import RunSettings, bound_settings, resume_safe_keys
 from .ledger import Ledger, check_summary
 
 __all__ = [
@@ -118,9 +118,11 @@ def finite(value: Any) -> Any:
     return value
 
 
-def check_bound_settings(where: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+def check_bound_settings(
+    where: str, saved: Mapping[str, Any], current: Mapping[str, Any], method: str
+) -> None:
     """Raise a ``ValueError`` naming every key whose value differs between the checkpoint's
-    ``saved`` settings and this run's ``current`` ones (both values)."""
+    ``saved`` settings and this run's ``current`` ones (both values) of a ``method`` run."""
     absent = "(absent)"
     differing = [
         f"{key!r} = {saved.get(key, absent)!r} there, {current.get(key, absent)!r} here"
@@ -130,7 +132,8 @@ def check_bound_settings(where: str, saved: Mapping[str, Any], current: Mapping[
     if differing:
         raise ValueError(
             f"{where}: written by a run with other settings; a resume continues the same "
-            f"configuration, so it must keep them (only {sorted(RESUME_SAFE_KEYS)} may change): "
+            "configuration, so it must keep them "
+            f"(only {sorted(resume_safe_keys(method))} may change): "
             + "; ".join(differing)
         )
 
@@ -335,7 +338,7 @@ def read_resume(
                 f"{where}: 'settings' = {saved!r}, expected a dict of run-config keys to "
                 "values (text, numbers, true / false)"
             )
-        check_bound_settings(where, saved, settings)
+        check_bound_settings(where, saved, settings, method)
     stage, step, stage_done = content["stage"], content["step"], content["stage-done"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"{where}: 'step' = {step!r}, expected an integer >= 0")

@@ -20,7 +20,6 @@ from .checkpoints import Checkpointer, Resume, read_resume
 from .config import RunSettings, bound_settings, space_kwargs
 from .data import dataset_info
 from .export import OnnxExports
-from .federation.aggregation import Aggregation
 from .federation.base import FederatedNASStrategy, NodeProfile
 from .latency import LatencyTable, table_document
 from .search_spaces import SearchSpace, build_space
@@ -30,7 +29,6 @@ from .seeding import seed_torch
 __all__ = [
     "RunFiles",
     "Runner",
-    "aggregation_of",
     "build_supernet",
     "check_partitions",
     "checkpointer",
@@ -58,11 +56,6 @@ def check_partitions(settings: RunSettings, profiles: Sequence[NodeProfile]) -> 
     if len(counts) != 1:
         raise ValueError(f"nodes disagree on num-partitions: {sorted(counts)}")
     settings.data.check_partitionable(counts.pop())
-
-
-def aggregation_of(settings: RunSettings) -> Aggregation:
-    """The run's choice of aggregation (run config ``aggregation``, ``aggregation-trim``)."""
-    return Aggregation(settings.aggregation, settings.aggregation_trim)
 
 
 def describe_space(space: SearchSpace) -> dict[str, Any]:
@@ -155,9 +148,9 @@ def start(
     evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     **stage_files: str,
 ) -> R:
-    """Set the run's aggregation and checkpointer on ``strategy`` and ``start`` it as Flower
-    does (``num_rounds``: the main stage's; every step's timeout: ``reply-timeout``)."""
-    strategy.aggregation = aggregation_of(settings)
+    """Set the run's checkpointer on ``strategy`` and ``start`` it as Flower does
+    (``num_rounds``: the main stage's; every step's timeout: ``reply-timeout``); the
+    strategy's aggregation comes from its settings."""
     strategy.on_progress = checkpointer(
         run.progress, settings, run.out_dir, run.space_spec, **stage_files
     )

@@ -47,7 +47,7 @@ def run_header(settings: RunSettings, run_id: int) -> dict[str, Any]:
     """What opens a run's result.json: method, settings, Flower's run id, the resumed file."""
     return {
         "method": settings.method,
-        "settings": settings,
+        "settings": settings.document(),
         "run-id": run_id,
         "resumed-from": settings.resume_from or None,
     }
@@ -79,7 +79,7 @@ def main(grid: Grid, context: Context) -> None:
         raise
     seconds = round(time.time() - started, 2)
     progress.write_result(document, finished=True, seconds=seconds)
-    delta = settings.dpfnas.delta if settings.method == "dpfnas" else None
+    delta = getattr(settings.method_settings, "delta", None)  # a private method's delta
     for line in summary_lines(settings.method, document, delta=delta):
         log(INFO, "%s", line)
     log(

@@ -187,7 +187,7 @@ def decnas_run(data_cache):
         **{"decnas.gm0-rounds": 3, "decnas.final-rounds": 1, "decnas.max-iterations": 1},
     )
     settings = parse_run_config(config)
-    strategy = DecNAS(net=build_decnas_net(settings), settings=settings.decnas, seed=0)
+    strategy = DecNAS(net=build_decnas_net(settings), settings=settings.method_settings, seed=0)
     result = strategy.start(InProcessGrid(client_app, config, nodes), ArrayRecord(), num_rounds=1)
     splits = [load_client_data(settings.data, p, nodes) for p in range(nodes)]
     return result, splits

@@ -12,7 +12,12 @@ from flwr.app import ArrayRecord
 
 from fedorasflwr.artifacts import load_checkpoint, save_checkpoint
 from fedorasflwr.checkpoints import CHECKPOINT_FILE, Checkpointer, Snapshot, read_resume
-from fedorasflwr.config import RESUME_SAFE_KEYS, bound_settings, parse_run_config
+from fedorasflwr.config import (
+    RESUME_SAFE_KEYS,
+    bound_settings,
+    parse_run_config,
+    resume_safe_keys,
+)
 from fedorasflwr.ledger import Ledger
 from fedorasflwr.search_spaces import build_space
 from tests.runconfig import pyproject_run_config
@@ -269,7 +274,8 @@ def test_a_resume_may_change_the_safe_keys_and_other_methods_tables(space, tmp_p
         "fedoras.stop-after": "search",
         "dpfnas.noise-weights": 4.0,  # DP-FNAS's table: no part of a FedorAS state
     }
-    assert {k for k in safe if not k.startswith("dpfnas.")} <= RESUME_SAFE_KEYS
+    assert {k for k in safe if not k.startswith("dpfnas.")} <= resume_safe_keys("fedoras")
+    assert "fedoras.stop-after" not in RESUME_SAFE_KEYS  # FedorAS's own (its settings class)
     resume = resume_with(path, space, fedoras_settings(**safe))
     assert resume.step == 2
 

@@ -157,7 +157,7 @@ def test_a_fedoras_stage1_round_trains_on_the_users_data(tmp_path) -> None:
     )
     load_data = UserData()
     grid, replies = user_grid(load_data, config)
-    strategy = FedorAS(space=space, settings=settings.fedoras, seed=0)
+    strategy = FedorAS(space=space, settings=settings.method_settings, seed=0)
     start(strategy, grid, ArrayRecord(space.state_dict()), rounds=1)
     trained = [r for r in replies if r.metadata.message_type == FEDORAS_SUPERNET]
     assert len(trained) == NUM_NODES
@@ -188,7 +188,7 @@ def test_a_decnas_round_prunes_on_the_users_data(tmp_path) -> None:
     )
     load_data = UserData()
     grid, replies = user_grid(load_data, config)
-    strategy = DecNAS(net=net, settings=settings.decnas, seed=0)
+    strategy = DecNAS(net=net, settings=settings.method_settings, seed=0)
     start(strategy, grid, ArrayRecord(net.state_dict()), rounds=1)
     types = Counter(r.metadata.message_type for r in replies)
     assert types[QUERY_PROFILE] == NUM_NODES

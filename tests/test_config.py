@@ -11,7 +11,7 @@ def test_pyproject_defaults_parse():
     assert settings.method == "fedoras"
     assert settings.data.dataset == "mnist5k"
     assert settings.data.seed == settings.seed
-    assert settings.fedoras.num_tiers == 4
+    assert settings.method_settings.num_tiers == 4
     assert settings.output_path.is_absolute()
 
 
@@ -59,25 +59,30 @@ def test_bad_values_name_the_key_and_value(key, value, fragment):
 
 
 def test_a_fresh_cluster_supernet_warms_up_for_the_global_searchs_share_of_its_rounds():
-    config = {**pyproject_run_config(), "fdnas.rounds": 10, "fdnas.cluster-rounds": 5}
+    config = {
+        **pyproject_run_config(),
+        "method": "cfdnas",
+        "fdnas.rounds": 10,
+        "fdnas.cluster-rounds": 5,
+    }
     for warmup, fresh in ((0, 0), (2, 1), (8, 4), (9, 4)):
-        settings = parse_run_config({**config, "fdnas.warmup-rounds": warmup}).fdnas
+        settings = parse_run_config({**config, "fdnas.warmup-rounds": warmup}).method_settings
         assert settings.fresh_cluster_warmup() == fresh
     # the paper presets: 8 of 125 search rounds, 25 cluster rounds -> 1 (8 * 25 // 125)
     paper = {**config, "fdnas.rounds": 125, "fdnas.cluster-rounds": 25, "fdnas.warmup-rounds": 8}
-    assert parse_run_config(paper).fdnas.fresh_cluster_warmup() == 1
+    assert parse_run_config(paper).method_settings.fresh_cluster_warmup() == 1
 
 
 def test_ints_are_accepted_for_floats():
     config = pyproject_run_config()
     config["fedoras.lr"] = 1
-    assert parse_run_config(config).fedoras.train.lr == 1.0
+    assert parse_run_config(config).method_settings.train.lr == 1.0
 
 
 def test_proportions_parse():
     config = pyproject_run_config()
     config["fedoras.tier-proportions"] = "0.8,0.0125,0.0125,0.175"
-    assert parse_run_config(config).fedoras.tier_proportions == (0.8, 0.0125, 0.0125, 0.175)
+    assert parse_run_config(config).method_settings.tier_proportions == (0.8, 0.0125, 0.0125, 0.175)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +109,7 @@ def test_decnas_variants_switch_one_optimisation_off_each():
     config = pyproject_run_config()
     flags = {}
     for variant in ("decnas", "naive", "no-groups", "no-drop", "no-dynamic-rounds"):
-        settings = parse_run_config({**config, "decnas.variant": variant}).decnas
+        settings = parse_run_config({**config, "decnas.variant": variant}).method_settings
         flags[variant] = (settings.grouping, settings.dropping, settings.dynamic_rounds)
     assert flags == {
         "decnas": (True, True, True),
@@ -113,12 +118,12 @@ def test_decnas_variants_switch_one_optimisation_off_each():
         "no-drop": (True, False, True),
         "no-dynamic-rounds": (True, True, False),
     }
-    assert parse_run_config({**config, "decnas.rounds": "1,3"}).decnas.rounds == (1, 3)
+    assert parse_run_config({**config, "decnas.rounds": "1,3"}).method_settings.rounds == (1, 3)
 
 
 def test_a_method_table_refuses_its_misspelled_keys_but_not_the_apps_own():
     # a library user parses its own run config (keys of its own app beside fedoras.*)
-    from fedorasflwr.config import DecNASSettings, FedorASSettings
+    from fedorasflwr.strategies import DecNASSettings, FedorASSettings
 
     settings = FedorASSettings.from_config({"num-server-rounds": 3, "fedoras.num-tiers": 2})
     assert settings.num_tiers == 2

@@ -77,18 +77,21 @@ def test_stage1_steps_stay_within_lr_times_the_clip(clip):
 
 
 def test_grad_clip_defaults_to_5_for_the_rnn_space_only():
-    assert parse_run_config(defaults()).fedoras.grad_clip == 0.0
+    assert parse_run_config(defaults()).method_settings.grad_clip == 0.0
     rnn = parse_run_config({**defaults(), "space.name": "rnn"})
-    assert rnn.fedoras.grad_clip == 5.0
+    assert rnn.method_settings.grad_clip == 5.0
     off = parse_run_config({**defaults(), "space.name": "rnn", "fedoras.grad-clip": "0"})
-    assert off.fedoras.grad_clip == 0.0
-    assert parse_run_config({**defaults(), "fedoras.grad-clip": "2.5"}).fedoras.grad_clip == 2.5
+    assert off.method_settings.grad_clip == 0.0
+    assert (
+        parse_run_config({**defaults(), "fedoras.grad-clip": "2.5"}).method_settings.grad_clip
+        == 2.5
+    )
     for bad in ("-2", "nan", "inf", "five"):
         with pytest.raises(ValueError, match=f"'fedoras.grad-clip' = '{bad}'"):
             parse_run_config({**defaults(), "fedoras.grad-clip": bad})
     with pytest.raises(ValueError, match="'fedoras.grad-clip' = 5: expected a str"):
         parse_run_config({**defaults(), "fedoras.grad-clip": 5})
     step = parse_run_config({**defaults(), "fedoras.finetune-lr-schedule": "step"})
-    assert step.fedoras.finetune_lr_schedule == "step"
+    assert step.method_settings.finetune_lr_schedule == "step"
     with pytest.raises(ValueError, match="finetune-lr-schedule"):
         parse_run_config({**defaults(), "fedoras.finetune-lr-schedule": "linear"})

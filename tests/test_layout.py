@@ -181,3 +181,53 @@ def test_every_seeded_generator_comes_from_the_named_streams():
                 if node.func.attr in makers and owner.split(".")[0] in {"np", "numpy", "torch"}:
                     found.append(f"{name}:{node.lineno} {ast.unparse(node.func)}")
     assert found == []
+
+
+#: what names a method: its package's name in any spelling (FedorAS, FDNAS, DP-FNAS, ...)
+METHOD_WORDS = ("fedoras", "fdnas", "dpfnas", "decnas")
+
+
+def is_shared(name: str) -> bool:
+    """A module every method shares: not a method's own, nor a layer that re-exports
+    the methods (``strategies``, ``clients``), nor the methods' index (``methods``)."""
+    top = name.split(".")[1] if "." in name else ""
+    return top not in ("methods", "strategies", "clients")
+
+
+def method_names(path: Path) -> set[str]:
+    """The identifiers of a module (defined, imported, used as names or attributes) that
+    name a method; strings (a dispatch table's method names) are not identifiers."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.alias):
+            names = [node.asname or node.name.rpartition(".")[2]]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        else:
+            continue
+        found.update(n for n in names if any(w in n.lower() for w in METHOD_WORDS))
+    return found
+
+
+def test_the_method_name_check_sees_a_method_name(tmp_path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from x import FedorASSettings\ndef plot_dpfnas(): return 'fdnas'\n")
+    assert method_names(probe) == {"FedorASSettings", "plot_dpfnas"}
+
+
+def test_no_method_specific_name_in_shared_modules() -> None:
+    """Each method is whole in its folder: its settings, message types, plots and summary
+    live in ``methods/<method>/``; a shared module names no method (a method is reached by
+    its name as data: ``server_app.RUNNERS``, ``methods.SETTINGS``)."""
+    offences = {
+        name: sorted(method_names(path))
+        for name, path in modules().items()
+        if is_shared(name) and method_names(path)
+    }
+    assert offences == {}

@@ -14,18 +14,11 @@ from PIL import Image
 from fedorasflwr.artifacts import plot_history as reexported_plot_history
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.inprocess import InProcessGrid
-from fedorasflwr.plots import (
-    cost_formatter,
-    plot_alpha_entropy,
-    plot_dpfnas,
-    plot_fdnas_nets,
-    plot_finetune,
-    plot_frontier,
-    plot_history,
-    plot_points,
-    plot_tiers,
-    si,
-)
+from fedorasflwr.methods.decnas.plots import plot_frontier
+from fedorasflwr.methods.dpfnas.plots import plot_dpfnas
+from fedorasflwr.methods.fdnas.plots import plot_alpha_entropy, plot_fdnas_nets
+from fedorasflwr.methods.fedoras.plots import plot_finetune, plot_tiers
+from fedorasflwr.plots import cost_formatter, plot_history, plot_points, si
 from fedorasflwr.server_app import main
 from tests.runconfig import tiny_fdnas
 
@@ -161,7 +154,6 @@ def test_fdnas_run_writes_its_plots(data_cache, tmp_path):
 
 def test_dpfnas_plot_of_a_run_without_noise(tmp_path):
     # modes fnas / single spend epsilon = inf: the plot says so instead of failing
-    from fedorasflwr.plots import plot_dpfnas
 
     history = [{"iteration": i, "epsilon": math.inf, "val-accuracy": 0.1 * i} for i in range(3)]
     path = plot_dpfnas(tmp_path / "privacy_accuracy.png", history)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -98,6 +99,12 @@ class Aggregation:
         if np.issubdtype(dtype, np.integer):
             acc = np.rint(acc)
         return np.asarray(acc, dtype=dtype)
+
+    @classmethod
+    def of(cls, settings: Any) -> Aggregation:
+        """The aggregation a method's settings name (``MethodSettings.aggregation_rule``,
+        ``aggregation_trim``)."""
+        return cls(settings.aggregation_rule, settings.aggregation_trim)
 
     def describe(self) -> str:
         """e.g. ``"trimmed-mean (trim 0.2)"``."""

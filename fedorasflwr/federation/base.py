@@ -785,8 +785,8 @@ class FederatedNASStrategy(Strategy, Generic[R]):
                 f"(run config 'min-replies'). Reasons: {'; '.join(distinct) or 'none given'}"
             )
 
-    #: how every aggregation of this strategy combines a key's updates (run config
-    #: ``aggregation``, ``aggregation-trim``; set by the ServerApp)
+    #: how every aggregation of this strategy combines a key's updates (a method's
+    #: settings ``aggregation_rule``, ``aggregation_trim``: set from them on construction)
     aggregation: Aggregation = MEAN
 
     # --- server-side validation -------------------------------------------------------

@@ -9,5 +9,31 @@ Rules (``tests/test_layout.py``): a method imports no other method; a server mod
 (anything but ``client.py``) imports no client module.  Shared server code lives in
 ``fedorasflwr.federation``, the torch loops both sides use in ``fedorasflwr.training``.
 Each package's ``__init__`` imports nothing, so a ClientApp loads only ``client.py`` and
-what it imports.
+what it imports; this one names every method's settings class by its import path
+(``settings_class`` imports it when asked).
 """
+
+from __future__ import annotations
+
+import importlib
+
+#: every method a run config's ``method`` may name (``cfdnas`` is FDNAS's clustered variant)
+METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas")
+
+#: method -> the import path of its settings class (``methods/<method>/settings.py``),
+#: imported when asked for: importing this package loads no method
+SETTINGS = {
+    "fedoras": "fedorasflwr.methods.fedoras.settings:FedorASSettings",
+    "fdnas": "fedorasflwr.methods.fdnas.settings:FDNASSettings",
+    "cfdnas": "fedorasflwr.methods.fdnas.settings:FDNASSettings",
+    "dpfnas": "fedorasflwr.methods.dpfnas.settings:DPFNASSettings",
+    "decnas": "fedorasflwr.methods.decnas.settings:DecNASSettings",
+}
+
+
+def settings_class(method: str) -> type:
+    """The settings class of ``method`` (one of ``METHODS``)."""
+    if method not in SETTINGS:
+        raise ValueError(f"method {method!r}: allowed: one of {', '.join(METHODS)}")
+    module, _, name = SETTINGS[method].partition(":")
+    return getattr(importlib.import_module(module), name)

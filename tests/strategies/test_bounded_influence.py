@@ -161,7 +161,8 @@ def test_bad_aggregation_settings_are_refused_with_the_key_and_what_is_allowed()
     with pytest.raises(ValueError, match="run config 'aggregation-trim' = -0.1"):
         parse_run_config({"aggregation-trim": -0.1})
     settings = parse_run_config({"aggregation": "trimmed-mean", "aggregation-trim": 0.1})
-    assert (settings.aggregation, settings.aggregation_trim) == ("trimmed-mean", 0.1)
+    own = settings.method_settings
+    assert (own.aggregation_rule, own.aggregation_trim) == ("trimmed-mean", 0.1)
     assert parse_run_config({}).aggregation == "mean"
 
 

@@ -23,7 +23,7 @@ NUM_NODES = 6
 def make_strategy(config):
     settings = parse_run_config(config)
     net = build_decnas_net(settings)
-    return DecNAS(net=net, settings=settings.decnas, seed=settings.seed)
+    return DecNAS(net=net, settings=settings.method_settings, seed=settings.seed)
 
 
 def start(strategy, grid):

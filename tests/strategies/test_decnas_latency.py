@@ -217,7 +217,7 @@ def test_bad_latency_keys_name_the_key_value_and_what_is_allowed(data_cache, ove
 def test_latency_keys_parse(data_cache):
     settings = parse_run_config(
         tiny_decnas(data_cache, **{"decnas.resource": "latency", "decnas.latency-devices": "phone"})
-    ).decnas
+    ).method_settings
     assert (settings.resource, settings.latency_devices, settings.latency_grid) == (
         "latency",
         "phone",
@@ -244,7 +244,7 @@ def make_strategy(config):
     settings = parse_run_config(config)
     return DecNAS(
         net=build_decnas_net(settings),
-        settings=settings.decnas,
+        settings=settings.method_settings,
         seed=settings.seed,
         latency=settings.latency.request(settings.seed),
     )

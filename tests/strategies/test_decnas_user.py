@@ -32,7 +32,7 @@ def test_decnas_prunes_a_user_model_rebuilt_by_the_clients_from_its_import_path(
         mix=16,
         hidden=16,
     )
-    strategy = DecNAS(net=net, settings=settings.decnas, seed=settings.seed)
+    strategy = DecNAS(net=net, settings=settings.method_settings, seed=settings.seed)
     grid = InProcessGrid(client_app, config, 6)
     result = strategy.start(grid, ArrayRecord(net.state_dict()), num_rounds=1)
     gm0, gm1 = result.frontier
@@ -48,4 +48,4 @@ def test_decnas_prunes_a_user_model_rebuilt_by_the_clients_from_its_import_path(
 def test_a_bare_module_is_refused_with_how_to_wrap_it(data_cache):
     settings = parse_run_config(tiny_decnas(data_cache))
     with pytest.raises(TypeError, match="build_prunable"):
-        DecNAS(net=TinyResNet(), settings=settings.decnas, seed=0)
+        DecNAS(net=TinyResNet(), settings=settings.method_settings, seed=0)

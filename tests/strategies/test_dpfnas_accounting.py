@@ -119,7 +119,9 @@ def after_one_iteration(data_cache, tmp_path_factory):
     config = small_dpfnas(data_cache, **{"dpfnas.iterations": 1, "dpfnas.final-rounds": 0})
     settings = parse_run_config(config)
     out = tmp_path_factory.mktemp("dpfnas-accounts")
-    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=settings.seed)
+    strategy = DPFNAS(
+        space=build_supernet(settings), settings=settings.method_settings, seed=settings.seed
+    )
     strategy.on_progress = Checkpointer(out, method="dpfnas", seed=settings.seed, every=1)
     strategy.start(InProcessGrid(client_app, config, 2), ArrayRecord(), 1)
     return out / "checkpoint.pt"
@@ -133,7 +135,10 @@ def resumed(path, data_cache, **overrides):
     resume = read_resume(str(path), method="dpfnas", seed=settings.seed, reference=None, space=None)
     resume.stage_done = False
     strategy = DPFNAS(
-        space=build_supernet(settings), settings=settings.dpfnas, seed=settings.seed, resume=resume
+        space=build_supernet(settings),
+        settings=settings.method_settings,
+        seed=settings.seed,
+        resume=resume,
     )
     return strategy, resume, InProcessGrid(client_app, config, 2)
 

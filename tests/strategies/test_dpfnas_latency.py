@@ -113,11 +113,15 @@ def start(config, num_nodes=2):
     grid = InProcessGrid(client_app, config, num_nodes)
     strategy = DPFNAS(
         space=build_supernet(settings),
-        settings=settings.dpfnas,
+        settings=settings.method_settings,
         seed=settings.seed,
         latency_request=LatencyRequest(repeats=1, warmup=0, validation_paths=0),
     )
-    return strategy, grid, lambda: strategy.start(grid, ArrayRecord(), settings.dpfnas.iterations)
+    return (
+        strategy,
+        grid,
+        lambda: strategy.start(grid, ArrayRecord(), settings.method_settings.iterations),
+    )
 
 
 def test_dpfnas_derives_its_genotype_within_the_budget_on_the_parties_table(

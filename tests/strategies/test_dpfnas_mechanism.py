@@ -135,7 +135,7 @@ def test_gdp_mu_is_theorem_3_1():
 
 
 def test_settings_name_the_bad_key():
-    from fedorasflwr.config import DPFNASSettings
+    from fedorasflwr.strategies import DPFNASSettings
 
     with pytest.raises(ValueError, match=r"dpfnas\.mode.*'private'"):
         DPFNASSettings.from_config({"dpfnas.mode": "private"})

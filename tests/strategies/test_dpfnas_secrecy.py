@@ -190,7 +190,7 @@ def seeded_noise_run(data_cache):
 def test_insecure_run_warns_and_says_so_in_the_result(data_cache, tmp_path, caplog):
     config = seeded_noise_run(data_cache)
     settings = parse_run_config(config)
-    assert settings.dpfnas.insecure_reproducible_noise
+    assert settings.method_settings.insecure_reproducible_noise
     allowed = dict.fromkeys(range(2), {"allow-reproducible-noise": True})  # the owners opt in
     grid = InProcessGrid(client_app, config, 2, node_configs=allowed)
     with caplog.at_level(logging.WARNING):
@@ -206,13 +206,13 @@ def test_insecure_run_warns_and_says_so_in_the_result(data_cache, tmp_path, capl
 
 def test_default_is_private_against_the_server(data_cache):
     settings = parse_run_config(tiny_dpfnas(data_cache))
-    assert not settings.dpfnas.insecure_reproducible_noise
-    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    assert not settings.method_settings.insecure_reproducible_noise
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
     noise = strategy.noise_statement()
     assert noise["private-against-server"] is True
     assert noise["insecure-reproducible-noise"] is False
     fnas = parse_run_config(tiny_dpfnas(data_cache, **{"dpfnas.mode": "fnas"}))
-    strategy = DPFNAS(space=build_supernet(fnas), settings=fnas.dpfnas, seed=0)
+    strategy = DPFNAS(space=build_supernet(fnas), settings=fnas.method_settings, seed=0)
     assert strategy.noise_statement()["private-against-server"] is False
 
 
@@ -225,7 +225,7 @@ def test_a_party_refuses_seeded_noise_unless_its_owner_allows_it(data_cache, cap
     settings = parse_run_config(config)
     node_configs = {} if allowed is None else {0: {"allow-reproducible-noise": allowed}}
     grid = InProcessGrid(client_app, config, 2, node_configs=node_configs)
-    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
     with caplog.at_level(logging.WARNING), pytest.raises(StageFailedError) as failed:
         strategy.start(grid, ArrayRecord(), 1)
     assert "allow-reproducible-noise = true" in str(failed.value)
@@ -243,7 +243,7 @@ def test_a_party_whose_owner_allows_it_obeys_while_the_other_refuses(data_cache,
     grid = InProcessGrid(
         client_app, config, 2, node_configs={1: {"allow-reproducible-noise": "true"}}
     )
-    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
     with caplog.at_level(logging.WARNING):
         result = strategy.start(grid, ArrayRecord(), 1)
     assert result.stopped == "completed"

@@ -52,8 +52,10 @@ def small_dpfnas(cache_dir, **overrides):
 def run(config, num_nodes=2, faults=None, node_configs=None):
     settings = parse_run_config(config)
     grid = InProcessGrid(client_app, config, num_nodes, faults=faults, node_configs=node_configs)
-    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=settings.seed)
-    return strategy, grid, strategy.start(grid, ArrayRecord(), settings.dpfnas.iterations)
+    strategy = DPFNAS(
+        space=build_supernet(settings), settings=settings.method_settings, seed=settings.seed
+    )
+    return strategy, grid, strategy.start(grid, ArrayRecord(), settings.method_settings.iterations)
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +192,7 @@ def test_batch_larger_than_a_split_is_warned(data_cache, caplog):
     def set_up(config):  # the warning comes from setup: no search needed
         settings = parse_run_config(config)
         space = build_supernet(settings)
-        strategy = DPFNAS(space=space, settings=settings.dpfnas, seed=settings.seed)
+        strategy = DPFNAS(space=space, settings=settings.method_settings, seed=settings.seed)
         strategy.setup(InProcessGrid(client_app, config, 20))
         return strategy
 

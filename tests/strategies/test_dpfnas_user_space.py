@@ -113,7 +113,7 @@ class NoGenotypeSpace(SearchSpace):
 
 def _strategy(config, space):
     settings = parse_run_config(config)
-    return DPFNAS(space=space, settings=settings.dpfnas, seed=settings.seed)
+    return DPFNAS(space=space, settings=settings.method_settings, seed=settings.seed)
 
 
 def test_dpfnas_searches_derives_and_trains_a_user_space(data_cache):

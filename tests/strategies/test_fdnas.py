@@ -35,7 +35,7 @@ def make_strategy(config, cls=FDNAS, **overrides):
     space = build_space("mbconv", width=0.25, layers_per_stage=1)
     return cls(
         space=space,
-        settings=settings.fdnas,
+        settings=settings.method_settings,
         seed=settings.seed,
         cluster_of=cluster_tagger(settings),
         **overrides,

@@ -111,7 +111,7 @@ def make_strategy(config, **overrides):
     torch.manual_seed(settings.seed)
     return CFDNAS(
         space=tiny_space(),
-        settings=settings.fdnas,
+        settings=settings.method_settings,
         seed=settings.seed,
         cluster_of=cluster_tagger(settings),
         latency_request=QUICK,
@@ -232,7 +232,10 @@ def test_the_flops_resource_needs_no_latency_key(run_config):
     settings = parse_run_config(
         {**run_config, "fdnas.resource": "flops", "fdnas.cluster-target-ms": ""}
     )
-    assert settings.fdnas.resource == "flops" and settings.fdnas.cluster_target(0) == 0.35
+    assert (
+        settings.method_settings.resource == "flops"
+        and settings.method_settings.cluster_target(0) == 0.35
+    )
 
 
 # --- group tables per cluster -------------------------------------------------------------------

@@ -95,7 +95,7 @@ def _strategy(config, cls=FDNAS, space=None, **overrides):
     torch.manual_seed(settings.seed)
     return cls(
         space=TinyGatedSpace() if space is None else space,
-        settings=settings.fdnas,
+        settings=settings.method_settings,
         seed=settings.seed,
         cluster_of=cluster_tagger(settings),
         **overrides,

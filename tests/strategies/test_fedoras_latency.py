@@ -109,8 +109,8 @@ def set_up(config, node_configs, faults=None):
 
 
 def test_a_bad_resource_fails_naming_key_value_and_allowed_values(run_config):
-    assert parse_run_config(run_config).fedoras.resource == "latency"
-    assert parse_run_config({}).fedoras.resource == "flops"
+    assert parse_run_config(run_config).method_settings.resource == "latency"
+    assert parse_run_config({}).method_settings.resource == "flops"
     with pytest.raises(ValueError, match=r"'fedoras.resource' = 'time': allowed: one of flops, "):
         parse_run_config({**run_config, "fedoras.resource": "time"})
 

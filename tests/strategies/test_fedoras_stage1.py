@@ -34,7 +34,7 @@ def make_strategy(config, **overrides):
     settings = parse_run_config(config)
     space = build_supernet(settings)
     overrides.setdefault("server_data", load_server_data(settings.data))
-    return FedorAS(space=space, settings=settings.fedoras, seed=settings.seed, **overrides)
+    return FedorAS(space=space, settings=settings.method_settings, seed=settings.seed, **overrides)
 
 
 def run(config, faults=None, **overrides):

@@ -49,7 +49,10 @@ def make_strategy(config, **overrides):
     settings = parse_run_config(config)
     overrides.setdefault("server_data", load_server_data(settings.data))
     return FedorAS(
-        space=build_supernet(settings), settings=settings.fedoras, seed=settings.seed, **overrides
+        space=build_supernet(settings),
+        settings=settings.method_settings,
+        seed=settings.seed,
+        **overrides,
     )
 
 
@@ -300,7 +303,7 @@ def test_federated_score_is_correct_over_examples_summed_across_clients(run_conf
         strategy.stage_context(), grid, ArrayRecord(strategy.space.state_dict()), 3
     )
     path = tuple(0 for _ in strategy.space.num_options())
-    assert settings.fedoras.search_clients == 2
+    assert settings.method_settings.search_clients == 2
     assert scorer([path]) == [pytest.approx(12 / 30)]
 
 

@@ -142,7 +142,7 @@ def test_fedoras_by_keyword(data_cache):
     config = tiny_fedoras(data_cache, **{"fedoras.stop-after": "supernet", "fedoras.eval-every": 1})
     settings = parse_run_config(config)
     space = build_supernet(settings)
-    strategy = FedorAS(space=space, settings=settings.fedoras, seed=settings.seed)
+    strategy = FedorAS(space=space, settings=settings.method_settings, seed=settings.seed)
     injected = inject_errors(strategy)
     grid = InProcessGrid(client_app, config, 12)
     recorder = Recorder()
@@ -183,7 +183,7 @@ def test_fedoras_search_sends_the_evaluate_config(data_cache):
     settings = parse_run_config(config)
     strategy = FedorAS(
         space=build_supernet(settings),
-        settings=settings.fedoras,
+        settings=settings.method_settings,
         seed=settings.seed,
         server_data=load_server_data(settings.data),
     )
@@ -218,7 +218,7 @@ def test_decnas_positionally(data_cache):
     )
     settings = parse_run_config(config)
     net = build_decnas_net(settings)
-    strategy = DecNAS(net=net, settings=settings.decnas, seed=settings.seed)
+    strategy = DecNAS(net=net, settings=settings.method_settings, seed=settings.seed)
     injected = inject_errors(strategy)
     grid = InProcessGrid(client_app, config, 6)
     recorder = Recorder()
@@ -313,7 +313,7 @@ def test_dpfnas_by_keyword(data_cache):
     )
     settings = parse_run_config(config)
     space = build_supernet(settings)
-    strategy = DPFNAS(space=space, settings=settings.dpfnas, seed=settings.seed)
+    strategy = DPFNAS(space=space, settings=settings.method_settings, seed=settings.seed)
     injected = inject_errors(strategy)
     grid = InProcessGrid(client_app, config, 2)
     recorder = Recorder()
@@ -347,12 +347,12 @@ def test_the_strategys_keys_win_over_train_config(data_cache):
     config = tiny_fedoras(data_cache, **{"fedoras.stop-after": "supernet"})
     settings = parse_run_config(config)
     strategy = FedorAS(
-        space=build_supernet(settings), settings=settings.fedoras, seed=settings.seed
+        space=build_supernet(settings), settings=settings.method_settings, seed=settings.seed
     )
     grid = InProcessGrid(client_app, config, 12)
     strategy.start(grid, ArrayRecord(), num_rounds=1, train_config=ConfigRecord({"lr": 99.0}))
     trained = configs_of(grid, "train")
-    assert trained and all(c["lr"] == settings.fedoras.train.lr for c in trained)
+    assert trained and all(c["lr"] == settings.method_settings.train.lr for c in trained)
 
 
 def test_validate_profiles_sees_the_kept_profiles_and_can_stop_the_run(data_cache):
@@ -368,7 +368,7 @@ def test_validate_profiles_sees_the_kept_profiles_and_can_stop_the_run(data_cach
 
     net = build_decnas_net(settings)
     strategy = DecNAS(
-        net=net, settings=settings.decnas, seed=settings.seed, validate_profiles=refuse
+        net=net, settings=settings.method_settings, seed=settings.seed, validate_profiles=refuse
     )
     grid = InProcessGrid(client_app, config, 6)
     with pytest.raises(ValueError, match="not the partitions this run expects"):

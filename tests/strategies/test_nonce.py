@@ -46,7 +46,9 @@ def fedoras(cache):
         cache, **{"fedoras.clients-per-round": NODES, "fedoras.search-scoring": "federated"}
     )
     settings = parse_run_config(config)
-    return config, FedorAS(space=build_supernet(settings), settings=settings.fedoras, seed=0)
+    return config, FedorAS(
+        space=build_supernet(settings), settings=settings.method_settings, seed=0
+    )
 
 
 def fdnas(cache):
@@ -57,7 +59,7 @@ def fdnas(cache):
 def dpfnas(cache):
     config = tiny_dpfnas(cache, **{"dpfnas.mode": "fnas", "space.layers-per-block": 1})
     settings = parse_run_config(config)
-    return config, DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    return config, DPFNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
 
 
 #: method -> (its run config and strategy, the ledger stage of its training replies,

@@ -77,7 +77,7 @@ def scaled(reply: Message, factor: float) -> RecordDict:
 def one_round(config, grid: InProcessGrid) -> tuple[FedorAS, ArrayRecord]:
     """Profile, then one Stage-1 round: configure, exchange, aggregate (OPA)."""
     settings = parse_run_config(config)
-    strategy = FedorAS(space=build_supernet(settings), settings=settings.fedoras, seed=0)
+    strategy = FedorAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
     strategy.setup(grid)
     arrays = ArrayRecord(strategy.space.state_dict())
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
@@ -189,7 +189,7 @@ def test_inflated_counts_are_rejected_with_the_declared_size(run_config, caplog)
 def test_a_partition_id_declared_twice_refuses_both_nodes(run_config, caplog):
     grid = InProcessGrid(client_app, run_config, NUM_NODES, node_configs={5: {"partition-id": 4}})
     settings = parse_run_config(run_config)
-    strategy = FedorAS(space=build_supernet(settings), settings=settings.fedoras, seed=0)
+    strategy = FedorAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
     with caplog.at_level(logging.WARNING):
         profiles = strategy.profile_nodes(grid, ConfigRecord({"method": "fedoras"}))
     twins = sorted([grid.node_of_partition[4], grid.node_of_partition[5]])

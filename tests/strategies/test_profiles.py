@@ -55,12 +55,12 @@ def fedoras_config(data_cache):
 
 def fedoras(config) -> FedorAS:
     settings = parse_run_config(config)
-    return FedorAS(space=build_supernet(settings), settings=settings.fedoras, seed=0)
+    return FedorAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
 
 
 def decnas(config) -> DecNAS:
     settings = parse_run_config(config)
-    return DecNAS(net=build_decnas_net(settings), settings=settings.decnas, seed=0)
+    return DecNAS(net=build_decnas_net(settings), settings=settings.method_settings, seed=0)
 
 
 def test_every_kind_of_profile_fault_has_a_field():
@@ -163,7 +163,7 @@ def test_a_dpfnas_party_without_training_data_is_dropped_not_the_run(data_cache,
     settings = parse_run_config(config)
     faults = {0: profile_fault("zero-train")}
     grid = InProcessGrid(client_app, config, 3, faults=faults)
-    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
     with caplog.at_level(logging.WARNING):
         strategy.setup(grid)
     assert [p.partition_id for p in strategy.parties] == [1, 2]
@@ -287,7 +287,7 @@ def test_a_dpfnas_party_that_reconnects_keeps_its_place_and_a_stranger_cannot_jo
     config = tiny_dpfnas(data_cache, **{"dpfnas.iterations": 1, "dpfnas.final-rounds": 0})
     settings = parse_run_config(config)
     grid = InProcessGrid(client_app, config, 4)
-    strategy = DPFNAS(space=build_supernet(settings), settings=settings.dpfnas, seed=0)
+    strategy = DPFNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
     grid.remove_node(grid.node_of_partition[3])  # partition 3 has no node at the start
     strategy.setup(grid)
     assert [p.partition_id for p in strategy.parties] == [0, 1, 2]

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fedorasflwr.config import FedorASSettings
-from fedorasflwr.strategies import FedorAS, FedorASResult
+from fedorasflwr.strategies import FedorAS, FedorASResult, FedorASSettings
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 

@@ -11,9 +11,6 @@ from flwr.serverapp import Grid
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
-from ...plots import (
-    plot_frontier,
-)
 from ...runs import (
     RunFiles,
     latency_document,
@@ -23,6 +20,7 @@ from ...runs import (
 )
 from ...search_spaces.prunable import PrunableNet, build_prunable
 from ...seeding import seed_torch
+from .plots import plot_frontier
 from .stages import GM0, ITERATIONS
 from .strategy import DecNAS
 
@@ -37,7 +35,7 @@ def build_decnas_net(settings: RunSettings) -> PrunableNet:
     seed_torch(settings.seed, "init")
     channels, height, width = info.input_shape
     return build_prunable(
-        settings.decnas.model,
+        settings.method_settings.model,
         num_classes=info.num_classes,
         in_channels=channels,
         input_height=height,
@@ -52,17 +50,20 @@ def run_decnas(
     """DecNAS: GM_0, NetAdapt iterations with client groups, tuning; frontier and models."""
     net = build_decnas_net(settings)
     # GM_t's widths differ from GM_0's: the strategy checks each saved GM against its own
-    stages = {GM0: settings.decnas.train.rounds, ITERATIONS: settings.decnas.max_iterations}
+    stages = {
+        GM0: settings.method_settings.train.rounds,
+        ITERATIONS: settings.method_settings.max_iterations,
+    }
     resume = resume_checkpoint(settings, None, stages)
     strategy = DecNAS(
         net=net,
-        settings=settings.decnas,
+        settings=settings.method_settings,
         latency=settings.latency.request(settings.seed),
         **strategy_options(settings, resume),
     )
     run = RunFiles(out_dir, settings, net.spec, progress)
     initial = ArrayRecord(net.state_dict())
-    result = start(strategy, grid, settings, run, initial, settings.decnas.max_iterations)
+    result = start(strategy, grid, settings, run, initial, settings.method_settings.max_iterations)
     for model in result.frontier:
         name, extra = f"gm{model.iteration}", {"iteration": model.iteration, "macs": model.macs}
         saved = [(name, model.arrays, "iterations"), (f"{name}-tuned", model.tuned_arrays, "final")]
@@ -70,7 +71,9 @@ def run_decnas(
             if arrays is not None:
                 net = build_prunable(**model.spec)
                 run.save(file, arrays, stage=stage, model=net, space_spec=model.spec, **extra)
-    run.add(plot_frontier(out_dir / "frontier.png", result.summary(), settings.decnas.variant))
+    run.add(
+        plot_frontier(out_dir / "frontier.png", result.summary(), settings.method_settings.variant)
+    )
     summary = result.summary()
     if "latency" in summary:  # every target node's table, without its entries
         nodes = latency_document(strategy.profiles, strategy.target_tables)["nodes"]

@@ -20,7 +20,7 @@ from flwr.serverapp.strategy import Result
 
 from ...artifacts import check_weights
 from ...checkpoints import Resume
-from ...config import DecNASSettings
+from ...federation.aggregation import Aggregation
 from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
@@ -35,6 +35,7 @@ from ...search_spaces.prunable import (
 )
 from ...seeding import seed_torch
 from .latency import LayerLayout, predict_ms
+from .settings import DecNASSettings
 
 __all__ = ["DecNASResult", "GlobalModel", "PrunedModelStages"]
 
@@ -147,6 +148,8 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         super().__init__(min_replies=settings.min_replies, **kwargs)
         self.net = net
         self.settings = settings
+        # how every aggregation combines a key's updates (settings.aggregation_rule)
+        self.aggregation = Aggregation.of(settings)
         # resource "latency": how target nodes time their tables; the layout of GM_0's
         # units, the target nodes' tables and their per-entry median (set by the search)
         self.latency_request = latency

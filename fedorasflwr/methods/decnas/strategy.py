@@ -59,7 +59,6 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from ...checkpoints import Resume
-from ...config import DecNASSettings
 from ...federation.aggregation import opa
 from ...federation.base import NodeProfile, StageFailedError, describe_table
 from ...federation.replies import array_specs, check_latency_reply, check_reply, content_bytes
@@ -94,6 +93,7 @@ from .netadapt import (
     rounds_for,
     survivors_after_drop,
 )
+from .settings import DecNASSettings
 from .stages import FINAL, GM0, ITERATIONS, DecNASResult, GlobalModel, PrunedModelStages
 
 __all__ = ["DecNAS", "DecNASResult", "GlobalModel"]

@@ -16,9 +16,6 @@ from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import load_server_data
 from ...latency import table_document
-from ...plots import (
-    plot_dpfnas,
-)
 from ...runs import (
     RunFiles,
     build_supernet,
@@ -30,6 +27,7 @@ from ...runs import (
 )
 from ...search_spaces.darts_style import build_derived_network
 from ...training import evaluate, torch_device
+from .plots import plot_dpfnas
 from .strategy import DPFNAS, json_safe, privacy_report
 
 __all__ = ["run_dpfnas"]
@@ -54,19 +52,22 @@ def run_dpfnas(
 
     strategy = DPFNAS(
         space=space,
-        settings=settings.dpfnas,
+        settings=settings.method_settings,
         latency_request=settings.latency.request(settings.seed),
         **strategy_options(
             settings,
             resume_checkpoint(
                 settings,
                 space,
-                {"search": settings.dpfnas.iterations, "final": settings.dpfnas.final.rounds},
+                {
+                    "search": settings.method_settings.iterations,
+                    "final": settings.method_settings.final.rounds,
+                },
             ),
         ),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
-    initial, rounds = ArrayRecord(space.state_dict()), settings.dpfnas.iterations
+    initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.iterations
     evaluate_fn = evaluate_supernet if len(server_data) else None
     result = start(strategy, grid, settings, run, initial, rounds, evaluate_fn=evaluate_fn)
     genotype = result.genotype.to_text()
@@ -76,11 +77,13 @@ def run_dpfnas(
         run.save("derived", result.final_arrays, stage="final", model=net, genotype=genotype)
     run.add(
         plot_dpfnas(
-            out_dir / "privacy_accuracy.png", result.history, settings.dpfnas.target_epsilon
+            out_dir / "privacy_accuracy.png",
+            result.history,
+            settings.method_settings.target_epsilon,
         )
     )
     latency: dict[str, Any] = {}
-    if settings.dpfnas.resource == "latency":
+    if settings.method_settings.resource == "latency":
         latency = {
             "latency": result.latency,
             "latency-tables": {
@@ -90,7 +93,7 @@ def run_dpfnas(
         }
     return {
         "space": describe_space(space),
-        "mode": settings.dpfnas.mode,
+        "mode": settings.method_settings.mode,
         "genotype": result.genotype.to_text(),
         "iterations": result.iterations,
         "stopped": result.stopped,

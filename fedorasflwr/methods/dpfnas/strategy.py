@@ -63,7 +63,7 @@ from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from ...checkpoints import Resume
-from ...config import DPFNASSettings
+from ...federation.aggregation import Aggregation
 from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import Bound, array_specs, check_reply
@@ -86,6 +86,7 @@ from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_l
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .per_sample import per_sample_problem
 from .privacy import Accountant, PartyPrivacy, Segment, add_steps
+from .settings import DPFNASSettings
 
 __all__ = ["DPFNAS", "DPFNASResult", "json_safe", "privacy_report", "restore_history"]
 
@@ -178,6 +179,8 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         self.resume = resume
         self.space = space
         self.settings = settings
+        # how every aggregation combines a key's updates (settings.aggregation_rule)
+        self.aggregation = Aggregation.of(settings)
         self.evaluate_fn = evaluate_fn
         self.validate_profiles = validate_profiles
         self.weight_keys = weight_keys(space)

@@ -17,10 +17,6 @@ from ...data import dataset_info
 from ...data.groups import even_sizes
 from ...federation.base import NodeProfile
 from ...latency import table_document
-from ...plots import (
-    plot_alpha_entropy,
-    plot_fdnas_nets,
-)
 from ...runs import (
     RunFiles,
     describe_space,
@@ -32,6 +28,7 @@ from ...runs import (
 from ...search_spaces import build_space
 from ...seeding import seed_torch
 from .cfdnas import CFDNAS
+from .plots import plot_alpha_entropy, plot_fdnas_nets
 from .strategy import FDNAS
 
 __all__ = ["cluster_tagger", "fdnas_plots", "run_cfdnas", "run_fdnas"]
@@ -51,7 +48,7 @@ def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:
             groups = len(spec.class_group_layout())
             ends = np.cumsum(even_sizes(total, min(groups, total)))
             return int(np.searchsorted(ends, pid, side="right"))
-        return pid * min(settings.fdnas.num_clusters, total) // total
+        return pid * min(settings.method_settings.num_clusters, total) // total
 
     return tag
 
@@ -68,16 +65,17 @@ def _run_fdnas(
     space = build_space(**space_kwargs(space_settings, dataset_info(settings.data)))
     strategy = strategy_class(
         space=space,
-        settings=settings.fdnas,
+        settings=settings.method_settings,
         cluster_of=cluster_tagger(settings),
         latency_request=settings.latency.request(settings.seed),
         **strategy_options(
-            settings, resume_checkpoint(settings, space, {"search": settings.fdnas.train.rounds})
+            settings,
+            resume_checkpoint(settings, space, {"search": settings.method_settings.train.rounds}),
         ),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial = ArrayRecord(space.state_dict())
-    result = start(strategy, grid, settings, run, initial, settings.fdnas.train.rounds)
+    result = start(strategy, grid, settings, run, initial, settings.method_settings.train.rounds)
     run.save("supernet", result.supernet, stage="search")
     for net in result.nets:
         run.save(
@@ -92,7 +90,7 @@ def _run_fdnas(
         "cluster-history": result.cluster_history,
         "ledger": result.ledger,
     }
-    if settings.fdnas.resource == "latency":
+    if settings.method_settings.resource == "latency":
         document["latency-tables"] = {
             **latency_document(strategy.profiles, result.latency_tables),
             "groups": {name: table_document(t) for name, t in result.group_tables.items()},

@@ -55,8 +55,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from ...checkpoints import Resume
-from ...config import FDNASSettings
-from ...federation.aggregation import opa
+from ...federation.aggregation import Aggregation, opa
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
@@ -81,6 +80,7 @@ from .hardware import (
     path_range_ms,
 )
 from .nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
+from .settings import FDNASSettings
 
 __all__ = ["FDNAS", "DerivedNet", "FDNASResult", "SearchStage"]
 
@@ -166,6 +166,8 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             )
         self.space = space
         self.settings = settings
+        # how every aggregation combines a key's updates (settings.aggregation_rule)
+        self.aggregation = Aggregation.of(settings)
         self.cluster_of = cluster_of
         self.validate_profiles = validate_profiles
         self.cluster_of_partition: dict[int, int] = {}

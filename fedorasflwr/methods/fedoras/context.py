@@ -17,13 +17,13 @@ import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from ...config import FedorASSettings
 from ...federation.aggregation import Aggregation
 from ...federation.base import NodeProfile
 from ...federation.replies import Bound
 from ...ledger import Ledger
 from ...search_spaces import SearchSpace
 from .evaluation import ServerPathScorer
+from .settings import FedorASSettings
 
 __all__ = ["Federation", "StageContext"]
 

@@ -14,11 +14,7 @@ from ...checkpoints import Checkpointer, Resume
 from ...config import RunSettings
 from ...data import load_server_data
 from ...latency import table_document
-from ...plots import (
-    plot_finetune,
-    plot_history,
-    plot_tiers,
-)
+from ...plots import plot_history
 from ...runs import (
     RunFiles,
     build_supernet,
@@ -31,6 +27,7 @@ from ...runs import (
 from ...search_spaces import SearchSpace
 from .evaluation import SupernetEvaluator
 from .finetune import SUPERNET_INIT
+from .plots import plot_finetune, plot_tiers
 from .strategy import FedorAS, FedorASResult
 
 __all__ = ["build_fedoras", "fedoras_plots", "latency_entries", "resume_supernet", "run_fedoras"]
@@ -43,7 +40,7 @@ def run_fedoras(
     returns the result document and writes checkpoints and plots to ``out_dir``."""
     space = build_supernet(settings)
     # Stage 1 is counted in rounds; the search and fine-tuning in tiers and models
-    stages = {"supernet": settings.fedoras.train.rounds, "search": None, "finetune": None}
+    stages = {"supernet": settings.method_settings.train.rounds, "search": None, "finetune": None}
     resume = resume_checkpoint(settings, space, stages)
     trained = resume is not None and not resume.within("supernet")
     server_data = load_server_data(settings.data)
@@ -52,12 +49,12 @@ def run_fedoras(
         evaluator = SupernetEvaluator(
             space=build_supernet(settings),
             dataset=server_data,
-            num_paths=settings.fedoras.eval_paths,
+            num_paths=settings.method_settings.eval_paths,
             seed=settings.seed,
         )
     strategy = build_fedoras(settings, space=space, server_data=server_data, resume=resume)
     run = RunFiles(out_dir, settings, space.spec, progress)
-    initial, rounds = ArrayRecord(space.state_dict()), settings.fedoras.train.rounds
+    initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.train.rounds
     result = start(
         strategy,
         grid,
@@ -112,7 +109,7 @@ def build_fedoras(
     server_data = load_server_data(settings.data) if server_data is None else server_data
     return FedorAS(
         space=space,
-        settings=settings.fedoras,
+        settings=settings.method_settings,
         server_data=server_data if len(server_data) else None,
         latency=settings.latency.request(settings.seed),
         **strategy_options(settings, resume),

@@ -55,8 +55,7 @@ from torch.utils.data import TensorDataset
 
 from ...artifacts import plain
 from ...checkpoints import Resume
-from ...config import FEDORAS_STAGES, FedorASSettings
-from ...federation.aggregation import opa
+from ...federation.aggregation import Aggregation, opa
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
@@ -74,13 +73,13 @@ from .scoring import (
     pooled_scores,
 )
 from .search import TierSearch, kendall_tau, search_tier
+from .settings import STAGES, FedorASSettings
 from .tiers import PathCost, Tier, assign_tiers, compute_tiers
 
 __all__ = ["STAGES", "FedorAS", "FedorASResult"]
 
 STAGE_SUPERNET = "supernet"
 #: the stages ``start`` can stop after, in order
-STAGES = FEDORAS_STAGES
 #: paths of a node's own table whose median latency orders nodes without a budget
 SPEED_PATHS = 200
 
@@ -182,6 +181,8 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         self.supernet_trained = supernet_trained
         self.space = space
         self.settings = settings
+        # how every aggregation combines a key's updates (settings.aggregation_rule)
+        self.aggregation = Aggregation.of(settings)
         self.evaluate_fn = evaluate_fn
         self.validate_profiles = validate_profiles
         self.comm_size = int(settings.comm_budget * space.total_size)

@@ -1,0 +1,63 @@
+"""DecNAS's plots (the shared style: ``fedorasflwr.plots``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ...plots import colour, cost_formatter, figure, finish, label, pad_y
+
+
+def plot_frontier(path: Path, document: Mapping[str, Any], variant: str = "") -> Path | None:
+    """DecNAS (``variant``): test accuracy against MACs of GM_0..GM_T (each labelled), after
+    FL tuning, and the width-multiplier baseline.  ``document``: ``DecNASResult.summary()``."""
+    frontier = document.get("frontier", ())
+    series = [
+        ("GM$_t$", "test-accuracy", "-", "o", True),
+        ("GM$_t$, FL-tuned", "tuned-test-accuracy", "--", "s", False),
+    ]
+    drawn: list[float] = []
+    fig, ax = figure()
+    for index, (name, key, style, marker, filled) in enumerate(series):
+        points = sorted(
+            (m["macs"], m[key], m["iteration"]) for m in frontier if m.get(key) is not None
+        )
+        if not points:
+            continue
+        c = colour(index)
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            style,
+            marker=marker,
+            color=c,
+            markerfacecolor=c if filled else "white",
+            label=name,
+        )
+        for x, y, t in points:
+            label(ax, x, y, f"GM$_{{{t}}}$", c, "below" if filled else "left")
+        drawn += [p[1] for p in points]
+    baseline = sorted(
+        (r["macs"], r["test-accuracy"])
+        for r in document.get("width-baseline", ())
+        if r.get("test-accuracy") is not None
+    )
+    if baseline:
+        ax.plot(
+            *zip(*baseline, strict=True), ":", marker="^", color=colour(2), label="width multiplier"
+        )
+        drawn += [p[1] for p in baseline]
+    if not drawn:
+        return None
+    pad_y(ax, drawn)
+    ax.set_xmargin(0.12)
+    ax.xaxis.set_major_formatter(cost_formatter(""))
+    return finish(
+        fig,
+        ax,
+        path,
+        title=f"DecNAS{f' ({variant})' if variant else ''}: test accuracy against cost",
+        xlabel="MACs per sample",
+        ylabel="test accuracy",
+    )

@@ -1,0 +1,143 @@
+"""FDNAS and CFDNAS's plots (the shared style: ``fedorasflwr.plots``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...plots import colour, dodge, figure, finish, integer_ticks, label, legend_outside, pad_y
+
+
+def plot_fdnas_nets(
+    path: Path,
+    nets: Sequence[Mapping[str, Any]],
+    baseline: Mapping[str, float] | None = None,
+    method: str = "FDNAS",
+) -> Path | None:
+    """FDNAS / CFDNAS: each derived net's federated-averaged test accuracy (filled) and
+    mean local accuracy (hollow) against MFLOPs, labelled with its name; ``baseline``
+    (``{"name", "flops", "accuracy"}``, optional) a fixed net drawn as a star."""
+    nets = [n for n in nets if n.get("partitions")]
+    if not nets:
+        return None
+    from matplotlib.lines import Line2D
+
+    fig, ax = figure()
+    drawn: list[float] = []
+    handles = []
+    for index, net in enumerate(nets):
+        c, x = colour(index), net["flops"] / 1e6
+        y = net["averaged-accuracy"]
+        ax.scatter(x, y, s=50, color=c, zorder=4)  # on top: an equal local ring stays around it
+        label(ax, x, y, net["name"], c, "right")
+        handles.append(Line2D([], [], marker="o", linestyle="", color=c, label=net["name"]))
+        drawn.append(y)
+        local = net.get("mean-local-accuracy")
+        if local is not None:
+            ax.scatter(x, local, s=150, facecolors="none", edgecolors=c, linewidths=1.5, zorder=3)
+            ax.plot([x, x], [y, local], color=c, alpha=0.4, zorder=2)
+            drawn.append(local)
+    handles.append(Line2D([], [], marker="o", linestyle="", color="0.3", label="averaged"))
+    handles.append(
+        Line2D(
+            [],
+            [],
+            marker="o",
+            markersize=11,
+            linestyle="",
+            color="0.3",
+            markerfacecolor="none",
+            label="mean local",
+        )
+    )
+    if baseline is not None:
+        ax.scatter(baseline["flops"] / 1e6, baseline["accuracy"], marker="*", s=160, color="0.2")
+        label(ax, baseline["flops"] / 1e6, baseline["accuracy"], str(baseline["name"]), "0.2")
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker="*",
+                markersize=12,
+                linestyle="",
+                color="0.2",
+                label=f"{baseline['name']} (fixed)",
+            )
+        )
+        drawn.append(baseline["accuracy"])
+    legend_outside(ax, handles)
+    pad_y(ax, drawn)
+    costs = [n["flops"] / 1e6 for n in nets] + ([baseline["flops"] / 1e6] if baseline else [])
+    ax.set_xlim(0, 1.25 * max(costs))  # from zero: one net alone gets readable ticks
+    return finish(
+        fig,
+        ax,
+        path,
+        title=f"{method}: derived nets, test accuracy against cost",
+        xlabel="MFLOPs per sample",
+        ylabel="test accuracy",
+        legend=False,
+    )
+
+
+def plot_alpha_entropy(
+    path: Path,
+    search_history: Sequence[Mapping[str, Any]],
+    cluster_history: Mapping[Any, Sequence[Mapping[str, Any]]] | None = None,
+    options: Sequence[int] = (),
+    method: str = "FDNAS",
+) -> Path | None:
+    """FDNAS / CFDNAS: mean entropy of softmax(alpha) over the searchable layers per
+    round (band: the least and most decided layer), for the global search and then each
+    cluster's (its rounds counted on after the global search's last); ``options``
+    (options per layer) draws the undecided (uniform) level."""
+    stages = [("global search", search_history)]
+    stages += [(f"cluster {tag}", h) for tag, h in sorted((cluster_history or {}).items())]
+    rows = [
+        [(h["round"], h["alpha-entropy"]) for h in history if h.get("alpha-entropy")]
+        for _, history in stages
+    ]
+    if not any(rows):
+        return None
+    offset = max((r for r, _ in rows[0]), default=0)
+    fig, ax = figure()
+    for index, ((name, _), stage) in enumerate(zip(stages, rows, strict=True)):
+        if not stage:
+            continue
+        shift = (offset if index else 0) + (dodge(index - 1, len(stages) - 1) if index else 0)
+        rounds = [r + shift for r, _ in stage]
+        c = colour(index)
+        ax.plot(
+            rounds,
+            [sum(e) / len(e) for _, e in stage],
+            marker="os^Dv<>"[index % 7],
+            color=c,
+            label=f"{name} (last {sum(stage[-1][1]) / len(stage[-1][1]):.3f})",
+        )
+        ax.fill_between(
+            rounds,
+            [min(e) for _, e in stage],
+            [max(e) for _, e in stage],
+            color=c,
+            alpha=0.12,
+            linewidth=0,
+        )
+    if len(stages) > 1 and rows[0]:
+        ax.axvline(offset + 0.5, color="0.6", linewidth=1)
+    top = max(max(e) for stage in rows for _, e in stage)
+    if options:
+        uniform = sum(math.log(k) for k in options) / len(options)
+        ax.axhline(uniform, color="0.4", linestyle=":", label="undecided (uniform)")
+        top = max(top, uniform)
+    ax.set_ylim(0, 1.12 * top)
+    integer_ticks(ax)
+    return finish(
+        fig,
+        ax,
+        path,
+        title=f"{method}: architecture entropy (mean over layers, band: min..max)",
+        xlabel="search round" + (" (clusters after the global search)" if len(stages) > 1 else ""),
+        ylabel="entropy of softmax(alpha) [nats]",
+    )

@@ -1,0 +1,185 @@
+"""FDNAS's and CFDNAS's settings: the ``fdnas.*`` run-config keys, read and checked."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from ...config import (
+    MethodSettings,
+    TrainingRecipe,
+    check_table,
+    one_of,
+    positive,
+    read_key,
+    read_min_replies,
+)
+
+__all__ = ["FDNASSettings"]
+
+
+@dataclass(frozen=True)
+class FDNASSettings(MethodSettings):
+    """FDNAS / CFDNAS hyper-parameters (``fdnas.*`` keys).
+
+    Paper values (CIFAR-10, Zhang et al. 2020): 125 search rounds of 10
+    clients, 5 local epochs, batch 256, SGD lr 0.05 cosine, momentum 0.9,
+    weight decay 3e-4 for w; Adam without weight decay for alpha (ProxylessNAS:
+    lr 6e-3, betas (0, 0.999)); 90/10 train/validation split; CFDNAS 25 rounds
+    per cluster; the derived net trained with FedAvg for 250 rounds.  The
+    hardware term is ``CE + beta log(E[FLOPs] / target)^2`` (two-sided); targets are
+    fractions of the supernet's largest path, as is ``max_flops``, the bound on every
+    derived net (the most probable path within it; 1: plain argmax).  Defaults are sized
+    for a 2-core CPU.  ``resource = "latency"``: the hardware term uses the expected
+    latency on the nodes' measured tables instead, with targets in milliseconds
+    (``target_ms``, ``cluster_target_ms``), which also bound the derived nets.
+    """
+
+    TABLE: ClassVar[str] = "fdnas."
+    RESUME_SAFE: ClassVar[frozenset[str]] = frozenset()
+
+    train: TrainingRecipe = TrainingRecipe(
+        rounds=10, clients_per_round=10, local_epochs=1, batch_size=32, lr=0.05, weight_decay=3e-4
+    )
+    alpha_lr: float = 6e-3
+    alpha_every: int = 1
+    warmup_rounds: int = 0
+    target_flops: float = 0.5
+    max_flops: float = 1.0
+    hardware_beta: float = 1.0
+    num_clusters: int = 3
+    cluster_rounds: int = 3
+    cluster_target_flops: tuple[float, ...] = (0.35,)
+    # The derived net's FedAvg: clients, batch, momentum and weight decay are the search's.
+    final: TrainingRecipe = TrainingRecipe(
+        rounds=5, clients_per_round=10, local_epochs=1, batch_size=32, lr=0.05, weight_decay=3e-4
+    )
+    final_init: str = "scratch"
+    min_replies: int = 2
+    resource: str = "flops"
+    target_ms: float = 0.0
+    cluster_target_ms: tuple[float, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> FDNASSettings:
+        p = "fdnas."
+        check_table(cfg, p)
+        fraction = (lambda v: 0 < v <= 1, "fraction of the largest path's FLOPs, 0 < f <= 1")
+        train = TrainingRecipe.from_config(cfg, p, cls.train, min_rounds=1)  # the search runs
+        min_replies = read_min_replies(cfg, p, cls.min_replies, train)
+        text = read_key(cfg, p + "cluster-target-flops", "0.35", str)
+        try:
+            targets = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            targets = ()
+        if not targets or not all(0 < v <= 1 for v in targets):
+            raise ValueError(
+                f"run config '{p}cluster-target-flops' = {text!r}: comma-separated fractions "
+                "in (0, 1], one for every cluster or one per cluster (in cluster order)"
+            )
+        return cls(
+            train=train,
+            alpha_lr=read_key(cfg, p + "alpha-lr", cls.alpha_lr, float, positive, "> 0"),
+            alpha_every=read_key(
+                cfg, p + "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
+            ),
+            warmup_rounds=read_key(
+                cfg,
+                p + "warmup-rounds",
+                cls.warmup_rounds,
+                int,
+                lambda v: v == 0 or 0 < v < train.rounds,
+                f"0 <= N < fdnas.rounds = {train.rounds} (at least one round updates alpha)",
+            ),
+            target_flops=read_key(cfg, p + "target-flops", cls.target_flops, float, *fraction),
+            max_flops=read_key(cfg, p + "max-flops", cls.max_flops, float, *fraction),
+            hardware_beta=read_key(
+                cfg, p + "hardware-beta", cls.hardware_beta, float, lambda v: v >= 0, ">= 0"
+            ),
+            num_clusters=read_key(
+                cfg,
+                p + "num-clusters",
+                cls.num_clusters,
+                int,
+                positive,
+                ">= 1 (used unless the partitioner is class-groups or nodes declare 'cluster')",
+            ),
+            cluster_rounds=read_key(
+                cfg, p + "cluster-rounds", cls.cluster_rounds, int, positive, ">= 1"
+            ),
+            cluster_target_flops=targets,
+            final=TrainingRecipe.from_config(
+                cfg,
+                p + "final-",
+                replace(train, rounds=cls.final.rounds, lr=cls.final.lr),
+                keys=("rounds", "local_epochs", "lr"),
+            ),
+            final_init=read_key(
+                cfg,
+                p + "final-init",
+                cls.final_init,
+                str,
+                lambda v: v in ("scratch", "supernet"),
+                "scratch or supernet",
+            ),
+            min_replies=min_replies,
+            **_fdnas_latency(cfg, p),
+            **cls.shared_from_config(cfg),
+        )
+
+    def fresh_cluster_warmup(self) -> int:
+        """Warm-up rounds of a fresh cluster supernet (naive-CFDNAS): the global search's
+        share of its rounds, rounded down, so that a short cluster search still updates
+        alpha."""
+        if not self.train.rounds:
+            return 0
+        return self.warmup_rounds * self.cluster_rounds // self.train.rounds
+
+    def cluster_target(self, index: int) -> float:
+        """The target of the ``index``-th cluster in sorted tag order: a fraction of the
+        largest path's FLOPs, or milliseconds with ``resource = "latency"``."""
+        targets = (
+            self.cluster_target_ms if self.resource == "latency" else self.cluster_target_flops
+        )
+        return targets[index] if len(targets) > 1 else targets[0]
+
+    def cluster_targets_key(self) -> str:
+        """The run-config key of the per-cluster targets of this ``resource``."""
+        return "fdnas.cluster-target-" + ("ms" if self.resource == "latency" else "flops")
+
+
+def _fdnas_latency(cfg: Mapping[str, Any], p: str) -> dict[str, Any]:
+    """``fdnas.resource``, ``fdnas.target-ms`` and ``fdnas.cluster-target-ms``: with the
+    resource latency both targets are required, in milliseconds (0 / "": unset)."""
+    resource = one_of(cfg, p + "resource", FDNASSettings.resource, ("flops", "latency"))
+    target = read_key(cfg, p + "target-ms", 0.0, float, lambda v: v >= 0, "> 0 ms (0: unset)")
+    text = read_key(cfg, p + "cluster-target-ms", "", str).strip()
+    try:
+        targets = tuple(float(v) for v in text.split(",")) if text else ()
+    except ValueError:
+        targets = (math.nan,)
+    if not all(math.isfinite(v) and v > 0 for v in targets):
+        raise ValueError(
+            f"run config '{p}cluster-target-ms' = {text!r}: comma-separated milliseconds > 0, "
+            "one for every cluster or one per cluster (in cluster order)"
+        )
+    if resource == "latency":
+        if target <= 0:
+            raise ValueError(
+                f"run config '{p}target-ms' = {target!r}: with '{p}resource' = 'latency' give "
+                "the global search's latency target in milliseconds, > 0"
+            )
+        if cfg.get("method") == "cfdnas" and not targets:
+            raise ValueError(
+                f"run config '{p}cluster-target-ms' = '': with '{p}resource' = 'latency' give "
+                'the clusters\' latency targets in milliseconds, e.g. "2.5" or "3,1.5"'
+            )
+        max_flops = read_key(cfg, p + "max-flops", FDNASSettings.max_flops, float)
+        if max_flops < 1:
+            raise ValueError(
+                f"run config '{p}max-flops' = {max_flops!r}: with '{p}resource' = 'latency' "
+                "the latency targets bound the derived nets; allowed: 1.0"
+            )
+    return {"resource": resource, "target_ms": target, "cluster_target_ms": targets}
