@@ -90,7 +90,9 @@ def load_model(path: Path | str) -> nn.Module:
         try:
             model = _build(builder, spec, content, state)
         except RuntimeError as exc:  # load_prunable's strict load
-            raise ValueError(f"{where}: its weights do not fit its {builder!r} module: {exc}")
+            raise ValueError(
+                f"{where}: its weights do not fit its {builder!r} module: {exc}"
+            ) from exc
         except (ValueError, TypeError, ImportError, AttributeError, KeyError) as exc:
             raise ValueError(
                 f"{where}: cannot rebuild its {builder!r} module from space {spec}: "
@@ -127,9 +129,7 @@ def builder_of(content: Mapping[str, Any], where: str = "model file") -> str:
     return SPACE
 
 
-def _build(
-    builder: str, spec: dict[str, Any], content: Mapping[str, Any], state: Any
-) -> nn.Module:
+def _build(builder: str, spec: dict[str, Any], content: Mapping[str, Any], state: Any) -> nn.Module:
     if builder == PRUNABLE:
         return load_prunable(spec, state)
     if builder == DERIVED:
