@@ -10,3 +10,14 @@ import os
 # libgomp reads this once, when torch is first imported: it must be set before that (a
 # process that imported torch earlier keeps its policy; an explicit setting wins).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+__all__ = ["load_model"]
+
+
+def __getattr__(name: str) -> object:
+    # ``import fedorasflwr`` stays light (no torch) until ``load_model`` is asked for
+    if name == "load_model":
+        from .model_files import load_model
+
+        return load_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -133,8 +133,7 @@ def check_bound_settings(
         raise ValueError(
             f"{where}: written by a run with other settings; a resume continues the same "
             "configuration, so it must keep them "
-            f"(only {sorted(resume_safe_keys(method))} may change): "
-            + "; ".join(differing)
+            f"(only {sorted(resume_safe_keys(method))} may change): " + "; ".join(differing)
         )
 
 

@@ -22,6 +22,7 @@ from .data import dataset_info
 from .export import OnnxExports
 from .federation.base import FederatedNASStrategy, NodeProfile
 from .latency import LatencyTable, table_document
+from .model_files import BUILDER, BUILDERS
 from .search_spaces import SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet
 from .seeding import seed_torch
@@ -187,16 +188,25 @@ class RunFiles:
         arrays: ArrayRecord,
         *,
         stage: str,
+        builder: str,
         model: nn.Module | None = None,
         space_spec: dict[str, Any] | None = None,
         **extra: Any,
     ) -> None:
-        """Write ``<name>.pt`` (``artifacts.save_checkpoint``); with ``model``, also
-        ``<name>.onnx`` of ``model`` loaded with ``arrays``."""
+        """Write ``<name>.pt`` (``artifacts.save_checkpoint``) with its ``builder``, how
+        ``model_files.load_model`` rebuilds it (``model_files.BUILDERS``); with ``model``,
+        also ``<name>.onnx`` of ``model`` loaded with ``arrays``."""
+        if builder not in BUILDERS:
+            raise ValueError(f"builder {builder!r} of {name}.pt; allowed: {', '.join(BUILDERS)}")
         spec = self.space_spec if space_spec is None else space_spec
         self.add(
             save_checkpoint(
-                self.out_dir / f"{name}.pt", space_spec=spec, arrays=arrays, stage=stage, **extra
+                self.out_dir / f"{name}.pt",
+                space_spec=spec,
+                arrays=arrays,
+                stage=stage,
+                **{BUILDER: builder},
+                **extra,
             )
         )
         if model is not None and self.onnx is not None:

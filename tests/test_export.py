@@ -261,7 +261,9 @@ def test_run_config_onnx_false_writes_checkpoints_only(data_cache, tmp_path):
         parse_run_config({"onnx": "no"})
     model = nn.Linear(3, 2)
     files = RunFiles(tmp_path, settings, {"name": "linear"}, None)
-    files.save("final", ArrayRecord(model.state_dict()), stage="final", model=model)
+    files.save(
+        "final", ArrayRecord(model.state_dict()), stage="final", builder="prunable", model=model
+    )
     document = files.document()
     assert document == {"onnx": {}, "files": ["final.pt"]}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final.pt"]

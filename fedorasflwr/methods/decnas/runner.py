@@ -11,6 +11,7 @@ from flwr.serverapp import Grid
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
+from ...model_files import PRUNABLE
 from ...runs import (
     RunFiles,
     latency_document,
@@ -21,10 +22,10 @@ from ...runs import (
 from ...search_spaces.prunable import PrunableNet, build_prunable
 from ...seeding import seed_torch
 from .plots import plot_frontier
-from .stages import GM0, ITERATIONS
+from .stages import GM0, ITERATIONS, GlobalModel
 from .strategy import DecNAS
 
-__all__ = ["build_decnas_net", "run_decnas"]
+__all__ = ["build_decnas_net", "model_file", "run_decnas"]
 
 
 def build_decnas_net(settings: RunSettings) -> PrunableNet:
@@ -65,12 +66,20 @@ def run_decnas(
     initial = ArrayRecord(net.state_dict())
     result = start(strategy, grid, settings, run, initial, settings.method_settings.max_iterations)
     for model in result.frontier:
-        name, extra = f"gm{model.iteration}", {"iteration": model.iteration, "macs": model.macs}
-        saved = [(name, model.arrays, "iterations"), (f"{name}-tuned", model.tuned_arrays, "final")]
-        for file, arrays, stage in saved:
+        extra = {"iteration": model.iteration, "macs": model.macs}
+        saved = [(model.arrays, "iterations", False), (model.tuned_arrays, "final", True)]
+        for arrays, stage, tuned in saved:
             if arrays is not None:
                 net = build_prunable(**model.spec)
-                run.save(file, arrays, stage=stage, model=net, space_spec=model.spec, **extra)
+                run.save(
+                    model_file(model, tuned),
+                    arrays,
+                    stage=stage,
+                    builder=PRUNABLE,
+                    model=net,
+                    space_spec=model.spec,
+                    **extra,
+                )
     run.add(
         plot_frontier(out_dir / "frontier.png", result.summary(), settings.method_settings.variant)
     )
@@ -80,4 +89,12 @@ def run_decnas(
         summary["latency"]["nodes"] = [
             {k: v for k, v in node.items() if k != "option-ms"} for node in nodes
         ]
+    # result.arrays: GM_T as tuned when it was (what a user deploys), else as searched
+    final = result.frontier[-1]
+    summary["final-model"] = f"{model_file(final, final.tuned_arrays is not None)}.pt"
     return {**summary, **run.document()}
+
+
+def model_file(model: GlobalModel, tuned: bool) -> str:
+    """The name (without ``.pt``) of GM_t's file: ``gm<t>``, as tuned ``gm<t>-tuned``."""
+    return f"gm{model.iteration}" + ("-tuned" if tuned else "")

@@ -83,10 +83,13 @@ class GlobalModel:
 
 @dataclass(kw_only=True, repr=False)
 class DecNASResult(Result):
-    """What ``DecNAS.start`` returns: Flower's ``Result`` (``arrays``: the last GM_T;
-    per iteration t the chosen GM_t's validation accuracy and cost, and ``evaluate_fn``'s
-    metrics of GM_t), the frontier GM_0..GM_T, histories, baselines, ledger."""
+    """What ``DecNAS.start`` returns: Flower's ``Result`` (``arrays``: the last GM_T as
+    FL-tuned, the model to deploy, or GM_T as searched where no tuning ran; per iteration t
+    the chosen GM_t's validation accuracy and cost, and ``evaluate_fn``'s metrics of GM_t),
+    ``untuned_arrays`` (GM_T as searched), the frontier GM_0..GM_T, histories, baselines,
+    ledger. Every field is described in docs/decnas.md."""
 
+    untuned_arrays: ArrayRecord = field(default_factory=ArrayRecord)
     frontier: list[GlobalModel] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)

@@ -528,7 +528,11 @@ class DecNAS(PrunedModelStages):
             width_baseline=baseline,
             latency=self.latency_summary(),
         )
-        self.contract_result(result, frontier[-1].arrays)
+        # the model to deploy: GM_T as tuned (where tuning ran), the searched one beside it
+        final = frontier[-1]
+        deployed = final.arrays if final.tuned_arrays is None else final.tuned_arrays
+        self.contract_result(result, deployed)
+        result.untuned_arrays = final.arrays
         return result
 
     # --- latency as the resource (NetAdapt's) -------------------------------------------

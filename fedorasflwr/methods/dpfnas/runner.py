@@ -16,6 +16,7 @@ from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import load_server_data
 from ...latency import table_document
+from ...model_files import DERIVED, SPACE
 from ...runs import (
     RunFiles,
     build_supernet,
@@ -71,10 +72,17 @@ def run_dpfnas(
     evaluate_fn = evaluate_supernet if len(server_data) else None
     result = start(strategy, grid, settings, run, initial, rounds, evaluate_fn=evaluate_fn)
     genotype = result.genotype.to_text()
-    run.save("supernet", result.arrays, stage="search", genotype=genotype)
+    run.save("supernet", result.arrays, stage="search", builder=SPACE, genotype=genotype)
     if result.final_arrays is not None:
         net = build_derived_network(space.spec, genotype)
-        run.save("derived", result.final_arrays, stage="final", model=net, genotype=genotype)
+        run.save(
+            "derived",
+            result.final_arrays,
+            stage="final",
+            builder=DERIVED,
+            model=net,
+            genotype=genotype,
+        )
     run.add(
         plot_dpfnas(
             out_dir / "privacy_accuracy.png",

@@ -29,7 +29,12 @@ __all__ = ["DerivedNet", "FDNASResult", "LocalAccuracyFedAvg"]
 
 @dataclass
 class DerivedNet:
-    """One derived net: its architecture, cost, trained weights and accuracies."""
+    """One derived net: its architecture, cost, trained weights and accuracies.
+
+    ``averaged_test_accuracy`` is set from ``test_accuracy`` and ``test_count``: the mean
+    over partitions weighted by their test samples, i.e. the accuracy on the pooled test
+    data of its partitions (the paper's federated-averaged accuracy). Every field is
+    described in docs/fdnas.md."""
 
     name: str
     arch: tuple[int, ...]
@@ -46,9 +51,15 @@ class DerivedNet:
     # that stage's target (both ms)
     latency_ms: float | None = None
     target_ms: float | None = None
+    averaged_test_accuracy: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.averaged_test_accuracy = self.averaged_accuracy()
 
     def averaged_accuracy(self, partitions: Iterable[int] | None = None) -> float:
-        """Federated-averaged accuracy: the global model on the pooled test data."""
+        """Federated-averaged accuracy: the global model on the pooled test data of
+        ``partitions`` (default: all of its own), i.e. ``test_accuracy`` weighted by
+        ``test_count``; 0.0 without a test sample."""
         ids = [p for p in (self.partitions if partitions is None else partitions)]
         ids = [p for p in ids if p in self.test_count]  # evaluations that were dropped
         count = sum(self.test_count[p] for p in ids)
@@ -68,11 +79,12 @@ class DerivedNet:
             "flops": self.flops,
             "params": self.params,
             "partitions": self.partitions,
-            "averaged-accuracy": self.averaged_accuracy(),
+            "averaged-accuracy": self.averaged_test_accuracy,
             "mean-local-accuracy": (
                 None if math.isnan(local := self.mean_local_accuracy()) else local
             ),
             "test-accuracy": self.test_accuracy,
+            "test-count": self.test_count,
             "local-accuracy": self.local_accuracy,
             "history": self.history,
             **(
@@ -87,7 +99,8 @@ class DerivedNet:
 class FDNASResult(Result):
     """What ``FDNAS.start`` / ``CFDNAS.start`` return: Flower's ``Result`` (``arrays``:
     the searched supernet, as ``supernet``; per global search round the aggregated
-    training metrics and ``evaluate_fn``'s), the derived nets, clusters and histories."""
+    training metrics and ``evaluate_fn``'s), the derived nets, clusters and histories.
+    Every field is described in docs/fdnas.md."""
 
     supernet: ArrayRecord = field(default_factory=ArrayRecord)
     nets: list[DerivedNet] = field(default_factory=list)

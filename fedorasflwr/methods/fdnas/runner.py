@@ -17,6 +17,7 @@ from ...data import dataset_info
 from ...data.groups import even_sizes
 from ...federation.base import NodeProfile
 from ...latency import table_document
+from ...model_files import SPACE, SUBNET
 from ...runs import (
     RunFiles,
     describe_space,
@@ -32,6 +33,14 @@ from .plots import plot_alpha_entropy, plot_fdnas_nets
 from .strategy import FDNAS
 
 __all__ = ["cluster_tagger", "fdnas_plots", "run_cfdnas", "run_fdnas"]
+
+
+#: how ``result.json``'s per-net accuracies are averaged
+ACCURACY_CONVENTION = (
+    "averaged-accuracy: the test accuracy on the pooled test samples of the net's partitions "
+    "(test-accuracy per partition weighted by its test-count); mean-local-accuracy: the "
+    "unweighted mean over clients of local-accuracy"
+)
 
 
 def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:
@@ -76,14 +85,20 @@ def _run_fdnas(
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial = ArrayRecord(space.state_dict())
     result = start(strategy, grid, settings, run, initial, settings.method_settings.train.rounds)
-    run.save("supernet", result.supernet, stage="search")
+    run.save("supernet", result.supernet, stage="search", builder=SPACE)
     for net in result.nets:
         run.save(
-            net.name, net.arrays, stage="final", model=space.subnet(net.arch), arch=list(net.arch)
+            net.name,
+            net.arrays,
+            stage="final",
+            builder=SUBNET,
+            model=space.subnet(net.arch),
+            arch=list(net.arch),
         )
     document = {
         "space": describe_space(space),
         "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
+        "accuracy-convention": ACCURACY_CONVENTION,
         "cluster-of-partition": result.cluster_of_partition,
         "nets": [net.summary() for net in result.nets],
         "search-history": result.search_history,

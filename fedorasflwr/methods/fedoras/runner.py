@@ -14,6 +14,7 @@ from ...checkpoints import Checkpointer, Resume
 from ...config import RunSettings
 from ...data import load_server_data
 from ...latency import table_document
+from ...model_files import SUBNET
 from ...plots import plot_history
 from ...runs import (
     RunFiles,
@@ -73,6 +74,7 @@ def run_fedoras(
             f"tier-{model.tier + 1}{suffix}",
             model.arrays,
             stage="finetune",
+            builder=SUBNET,
             model=space.subnet(model.arch),
             arch=list(model.arch),
             options=model.names,

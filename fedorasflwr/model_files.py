@@ -1,0 +1,140 @@
+"""Model files read back: ``load_model(path)`` rebuilds any ``.pt`` file a run writes.
+
+Every model file is an ``artifacts.save_checkpoint`` dict (``space``: what rebuilds the
+module, ``state_dict``, ``stage``, and entries of its own); ``checkpoint.pt`` and FedorAS's
+``supernet.pt`` are ``checkpoints.Checkpointer`` dicts of the same entries.  Its
+``builder`` entry says how the module is rebuilt from ``space`` (a file written before
+the entry existed is read by the same rules from what it holds):
+
+=============  ==============================================================  ===============
+``builder``    rebuilt as                                                      files
+=============  ==============================================================  ===============
+``space``      ``build_space(**space)``: the whole supernet                    ``supernet.pt``,
+                                                                               ``checkpoint.pt``
+``subnet``     ``build_space(**space).subnet(arch)``: one path, standalone     FedorAS
+                                                                               ``tier-<k>*.pt``,
+                                                                               FDNAS ``<net>.pt``
+``derived``    ``build_derived_network(space, genotype)``: a DARTS genotype    DP-FNAS
+                                                                               ``derived.pt``
+``prunable``   ``load_prunable(space, state_dict)``: a pruned conv/linear net  DecNAS
+                                                                               ``gm<t>*.pt``
+=============  ==============================================================  ===============
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .artifacts import check_state, load_checkpoint
+from .search_spaces import build_space
+from .search_spaces.base import space_class
+from .search_spaces.darts_style import build_derived_network
+from .search_spaces.prunable import load_prunable
+
+__all__ = ["BUILDER", "BUILDERS", "builder_of", "load_model"]
+
+#: the entry of a model file that names how its module is rebuilt
+BUILDER = "builder"
+SPACE, SUBNET, DERIVED, PRUNABLE = "space", "subnet", "derived", "prunable"
+#: what ``builder`` may be
+BUILDERS = (SPACE, SUBNET, DERIVED, PRUNABLE)
+#: the entry each builder needs besides ``space`` and ``state_dict``
+NEEDS = {SUBNET: "arch", DERIVED: "genotype"}
+
+
+def load_model(path: Path | str) -> nn.Module:
+    """The module a model file of this package holds, its weights loaded, on the CPU, in
+    eval mode: ``load_model("outputs/.../tier-1.pt")(batch)`` gives the logits.
+
+    Reads any ``.pt`` a run writes: FedorAS ``tier-<k>.pt`` / ``tier-<k>-random-init.pt``
+    and ``supernet.pt``; FDNAS / CFDNAS ``fdnas.pt``, ``cluster-<tag>.pt`` and
+    ``supernet.pt``; DP-FNAS ``derived.pt`` and ``supernet.pt``; DecNAS ``gm<t>.pt`` and
+    ``gm<t>-tuned.pt``; every method's ``checkpoint.pt``.  A supernet comes back as its
+    search space: FedorAS's and FDNAS's run one path, ``model(batch, arch)``; DP-FNAS's
+    the mixed DARTS network, ``model(batch)``.  The file is read with
+    ``torch.load(weights_only=True)``: it runs no code of its own.  A space or model class
+    of your own (an import path in ``space["name"]``) is imported, so its package must be
+    importable.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and what is wrong: missing, empty or corrupt, not a model file of
+        this package (an ONNX file, a data cache, a dict without ``space``,
+        ``state_dict`` and ``stage``), an unknown ``builder``, an entry it needs missing,
+        or weights that do not fit the module they describe.
+    """
+    path = Path(path)
+    where = f"model file {str(path)!r}"
+    if path.suffix == ".onnx":
+        raise ValueError(
+            f"{where}: an ONNX file; run it with onnxruntime "
+            "(onnxruntime.InferenceSession(path)), load_model reads the .pt beside it"
+        )
+    content = load_checkpoint(path)
+    builder = builder_of(content, where)
+    needed = NEEDS.get(builder)
+    if needed is not None and needed not in content:
+        raise ValueError(
+            f"{where}: a {builder!r} file without the entry {needed!r} that rebuilds it "
+            f"(has {sorted(map(str, content))})"
+        )
+    spec, state = dict(content["space"]), content["state_dict"]
+    # building initialises weights: the caller's random streams are left as they were
+    with torch.random.fork_rng(devices=[]):
+        try:
+            model = _build(builder, spec, content, state)
+        except RuntimeError as exc:  # load_prunable's strict load
+            raise ValueError(
+                f"{where}: its weights do not fit its {builder!r} module: {exc}"
+            ) from exc
+        except (ValueError, TypeError, ImportError, AttributeError, KeyError) as exc:
+            raise ValueError(
+                f"{where}: cannot rebuild its {builder!r} module from space {spec}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    reason = check_state(state, model.state_dict())
+    if reason is not None:
+        raise ValueError(f"{where}: its weights do not fit its {builder!r} module: {reason}")
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def builder_of(content: Mapping[str, Any], where: str = "model file") -> str:
+    """How a model file's module is rebuilt: its ``builder`` entry, or for a file without
+    one (written before it existed, and ``checkpoint.pt``) what its entries imply: an
+    ``arch`` makes a subnet, a final-stage ``genotype`` a derived DARTS network, a
+    ``space["name"]`` that is no search space a prunable net, anything else the space."""
+    if BUILDER in content:
+        builder = content[BUILDER]
+        if builder not in BUILDERS:
+            raise ValueError(
+                f"{where}: {BUILDER!r} = {builder!r} is not a kind this version rebuilds; "
+                f"allowed: {', '.join(BUILDERS)}"
+            )
+        return str(builder)
+    if "arch" in content:
+        return SUBNET
+    if "genotype" in content and content.get("stage") == "final":
+        return DERIVED
+    try:
+        space_class(str(content["space"].get("name", "")))
+    except ValueError:
+        return PRUNABLE
+    return SPACE
+
+
+def _build(builder: str, spec: dict[str, Any], content: Mapping[str, Any], state: Any) -> nn.Module:
+    if builder == PRUNABLE:
+        return load_prunable(spec, state)
+    if builder == DERIVED:
+        return build_derived_network(spec, str(content["genotype"]))
+    space = build_space(**spec)
+    if builder == SUBNET:
+        return space.subnet([int(v) for v in content["arch"]])
+    return space

@@ -1,0 +1,269 @@
+"""``fedorasflwr.load_model``: every kind of model file, written by the real runners on tiny
+runs, comes back as the module the run had, in eval mode, with the same outputs; a file it
+cannot rebuild is refused naming the path and the reason. Also what these runs return:
+DecNAS's deployable ``result.arrays`` and FDNAS's averaged test accuracy."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from fedorasflwr import load_model
+from fedorasflwr.artifacts import load_checkpoint, save_checkpoint
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.export import example_inputs
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.model_files import builder_of
+from fedorasflwr.runs import RunFiles
+from fedorasflwr.search_spaces import SearchSpace, build_prunable, build_space
+from fedorasflwr.server_app import runner
+from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
+from tests.strategies.test_dpfnas_strategy import small_dpfnas
+
+#: method -> (its runner module, its tiny run config, nodes)
+RUNS = {
+    "fedoras": (
+        "fedoras",
+        lambda cache: tiny_fedoras(
+            cache,
+            **{"fedoras.num-tiers": 1, "fedoras.rounds": 1, "fedoras.compare-rand-init": True},
+        ),
+        6,
+    ),
+    "cfdnas": ("fdnas", lambda cache: tiny_fdnas(cache, method="cfdnas"), 6),
+    "dpfnas": ("dpfnas", small_dpfnas, 2),
+    "decnas": ("decnas", tiny_decnas, 6),
+}
+
+
+class Run:
+    """One tiny run of a method's runner, with what it saved and what ``start`` returned."""
+
+    def __init__(self, method: str, cache: Path, out_dir: Path) -> None:
+        module_name, make_config, nodes = RUNS[method]
+        config = make_config(cache)
+        self.settings = parse_run_config(config)
+        self.saved: dict[str, dict[str, Any]] = {}
+        self.out_dir = out_dir
+        module = importlib.import_module(f"fedorasflwr.methods.{module_name}.runner")
+        real_start, real_save = module.start, RunFiles.save
+
+        def start(strategy, *args, **kwargs):
+            self.strategy = strategy
+            self.result = real_start(strategy, *args, **kwargs)
+            return self.result
+
+        def save(files, name, arrays, **kwargs):
+            self.saved[f"{name}.pt"] = {"arrays": arrays, **kwargs}
+            return real_save(files, name, arrays, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(module, "start", start)
+            patch.setattr(RunFiles, "save", save)
+            self.document = runner(method)(
+                InProcessGrid(client_app, config, nodes), self.settings, out_dir
+            )
+        self.inputs = example_inputs(self.settings.data, 4)[0]
+
+    def model_files(self) -> list[str]:
+        return sorted(p.name for p in self.out_dir.glob("*.pt"))
+
+
+@pytest.fixture(scope="module")
+def runs(data_cache, tmp_path_factory):
+    made: dict[str, Run] = {}
+
+    def run(method: str) -> Run:
+        if method not in made:
+            made[method] = Run(method, data_cache, tmp_path_factory.mktemp(method))
+        return made[method]
+
+    return run
+
+
+def _loaded(module: torch.nn.Module, arrays: ArrayRecord) -> torch.nn.Module:
+    original = copy.deepcopy(module)
+    original.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    return original.eval()
+
+
+def _same_outputs(loaded: torch.nn.Module, original: torch.nn.Module, x: torch.Tensor) -> None:
+    """Equal logits on ``x``; a supernet on two of its paths (and DARTS's mixed network)."""
+    assert not loaded.training
+    calls: list[tuple[Any, ...]] = [(x,)]
+    if isinstance(original, SearchSpace):
+        options = original.num_options()
+        calls = [(x, tuple(0 for _ in options)), (x, tuple(n - 1 for n in options))]
+        if type(original).__name__ == "DartsSpace":
+            calls.append((x,))
+    with torch.no_grad():
+        for args in calls:
+            torch.testing.assert_close(loaded(*args), original(*args), rtol=0, atol=0)
+
+
+# the files each run writes, and the module each must come back as
+KINDS = {
+    "fedoras": ["checkpoint.pt", "supernet.pt", "tier-1-random-init.pt", "tier-1.pt"],
+    "cfdnas": [
+        "checkpoint.pt",
+        "cluster-0.pt",
+        "cluster-1.pt",
+        "cluster-2.pt",
+        "fdnas.pt",
+        "supernet.pt",
+    ],
+    "dpfnas": ["checkpoint.pt", "derived.pt", "supernet.pt"],
+    "decnas": ["checkpoint.pt", "gm0.pt", "gm1-tuned.pt", "gm1.pt"],
+}
+
+
+@pytest.mark.parametrize("method", list(RUNS))
+def test_every_model_file_a_run_writes_loads_with_the_runs_outputs(runs, method):
+    run = runs(method)
+    assert run.model_files() == KINDS[method]
+    for name in run.model_files():
+        loaded = load_model(run.out_dir / name)
+        content = load_checkpoint(run.out_dir / name)
+        if name in run.saved:  # written by RunFiles.save: it names its builder
+            entry = run.saved[name]
+            assert content["builder"] == entry["builder"]
+            module = entry.get("model")
+            original = _loaded(run.strategy.space if module is None else module, entry["arrays"])
+        elif method == "decnas":  # checkpoint.pt: GM_T as searched, with its spec
+            original = _loaded(build_prunable(**content["space"]), run.result.untuned_arrays)
+        else:  # checkpoint.pt and FedorAS's supernet.pt: the searched supernet
+            supernet = run.result.supernet if method == "cfdnas" else run.result.arrays
+            original = _loaded(run.strategy.space, supernet)
+        assert type(loaded) is type(original), name
+        _same_outputs(loaded, original, run.inputs)
+
+
+def test_decnas_result_arrays_is_the_tuned_model_and_its_file(runs):
+    run = runs("decnas")
+    final = run.result.frontier[-1]
+    assert final.iteration == 1 and final.tuned_arrays is not None
+    tuned, searched = final.tuned_arrays.to_torch_state_dict(), final.arrays.to_torch_state_dict()
+    assert any(not torch.equal(tuned[k], searched[k]) for k in tuned)  # tuning moved it
+    for record, expected in ((run.result.arrays, tuned), (run.result.untuned_arrays, searched)):
+        state = record.to_torch_state_dict()
+        assert state.keys() == expected.keys()
+        assert all(torch.equal(state[k], expected[k]) for k in state)
+    assert run.document["final-model"] == "gm1-tuned.pt"
+    deployed = load_model(run.out_dir / run.document["final-model"])
+    original = _loaded(build_prunable(**final.spec), run.result.arrays)
+    _same_outputs(deployed, original, run.inputs)
+    untuned = load_checkpoint(run.out_dir / "gm1.pt")["state_dict"]
+    assert all(torch.equal(untuned[k], searched[k]) for k in searched)
+
+
+def test_fdnas_averaged_test_accuracy_weights_partitions_by_test_samples(runs):
+    run = runs("cfdnas")
+    assert "test-count" in run.document["accuracy-convention"]
+    for net, entry in zip(run.result.nets, run.document["nets"], strict=True):
+        count = sum(net.test_count.values())
+        by_hand = sum(net.test_accuracy[p] * net.test_count[p] for p in net.test_count) / count
+        assert net.averaged_test_accuracy == pytest.approx(by_hand, abs=1e-12)
+        assert entry["averaged-accuracy"] == net.averaged_test_accuracy
+        assert entry["test-count"] == net.test_count and count > 0
+
+
+# --- files it refuses --------------------------------------------------------------------
+
+
+def _tiny_space() -> SearchSpace:
+    torch.manual_seed(0)
+    return build_space("cnn_s", num_classes=3, input_height=8, input_width=8, width=0.25)
+
+
+def _subnet_file(path: Path, **entries: Any) -> Path:
+    space = _tiny_space()
+    arch = tuple(0 for _ in space.num_options())
+    content = {"arch": list(arch), "builder": "subnet", **entries}
+    arrays = ArrayRecord(space.subnet(arch).state_dict())
+    return save_checkpoint(path, space_spec=space.spec, arrays=arrays, stage="finetune", **content)
+
+
+def test_a_file_without_a_builder_entry_is_read_by_its_entries(tmp_path):
+    space = _tiny_space()
+    arch = tuple(n - 1 for n in space.num_options())
+    old = save_checkpoint(
+        tmp_path / "tier-1.pt",
+        space_spec=space.spec,
+        arrays=ArrayRecord(space.subnet(arch).state_dict()),
+        stage="finetune",
+        arch=list(arch),
+    )
+    assert builder_of(load_checkpoint(old)) == "subnet"
+    x = torch.randn(5, *space.input_shape)
+    _same_outputs(load_model(old), space.subnet(arch).eval(), x)
+    net = build_prunable("convnet", num_classes=3, in_channels=1, input_height=8, input_width=8)
+    gm = save_checkpoint(
+        tmp_path / "gm0.pt", space_spec=net.spec, arrays=ArrayRecord(net.state_dict()), stage="x"
+    )
+    assert builder_of(load_checkpoint(gm)) == "prunable"
+    _same_outputs(load_model(str(gm)), net.eval(), torch.randn(5, 1, 8, 8))
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda p: p, "no such file"),
+        (lambda p: (p.write_bytes(b""), p)[1], "empty"),
+        (lambda p: (p.write_bytes(b"\x80\x02not torch"), p)[1], "not a loadable checkpoint"),
+        (lambda p: (torch.save({"x": torch.ones(1)}, p), p)[1], r"lacks the entries"),
+        (
+            lambda p: (torch.save({"cls": torch.nn.Linear(2, 2)}, p), p)[1],
+            "not a loadable checkpoint",  # a pickled module: weights_only refuses it
+        ),
+        (lambda p: _subnet_file(p, builder="zzz"), r"'builder' = 'zzz'.*allowed: space, subnet"),
+        (lambda p: _subnet_file(p, arch=[1, 1, 1, 1]), "weights do not fit its 'subnet'"),
+        (lambda p: _subnet_file(p, arch=[1, 1, 1]), "cannot rebuild.*needs 4 option indices"),
+        (
+            lambda p: save_checkpoint(
+                p,
+                space_spec={"name": "nowhere"},
+                arrays=ArrayRecord({"w": torch.ones(1)}),
+                stage="final",
+                builder="space",
+            ),
+            "cannot rebuild its 'space' module.*unknown search space 'nowhere'",
+        ),
+        (
+            lambda p: save_checkpoint(
+                p,
+                space_spec=_tiny_space().spec,
+                arrays=ArrayRecord(_tiny_space().state_dict()),
+                stage="final",
+                builder="derived",
+            ),
+            "without the entry 'genotype'",
+        ),
+        (lambda p: (p.with_suffix(".onnx").write_bytes(b"x"), p.with_suffix(".onnx"))[1], "ONNX"),
+    ],
+)
+def test_a_file_it_cannot_rebuild_is_refused_naming_the_path_and_why(tmp_path, make, reason):
+    path = make(tmp_path / "model.pt")
+    with pytest.raises(ValueError, match=reason) as failure:
+        load_model(path)
+    assert str(path) in str(failure.value)
+
+
+def test_prunable_weights_of_other_widths_are_refused(tmp_path):
+    net = build_prunable("convnet", num_classes=3, in_channels=1, input_height=8, input_width=8)
+    smaller = build_prunable(**{**net.spec, "widths": [w - 1 for w in net.widths]})
+    path = save_checkpoint(
+        tmp_path / "gm1.pt",
+        space_spec=net.spec,
+        arrays=ArrayRecord(smaller.state_dict()),
+        stage="iterations",
+        builder="prunable",
+    )
+    with pytest.raises(ValueError, match=r"gm1\.pt.*weights do not fit its 'prunable' module"):
+        load_model(path)
