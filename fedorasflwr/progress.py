@@ -351,25 +351,41 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
+#: the cost columns, named with their unit (FLOPs and MACs of one sample, in millions)
+MFLOPS, MMACS = "MFLOPs/sample", "MMACs/sample"
+
+
 def _with_latency(
     header: list[str], rows: list[list[Any]], entries: Sequence[Mapping[str, Any]], key: str
 ) -> tuple[list[str], list[list[Any]]]:
-    """Adds an ``ms`` column after the FLOPs / MACs one when the run budgeted by latency
-    (its entries carry ``key``: milliseconds on their group's latency table)."""
+    """Adds a ``latency ms`` column after the FLOPs / MACs one when the run budgeted by
+    latency (its entries carry ``key``: milliseconds on their group's latency table)."""
     if not any(key in entry for entry in entries):
         return header, rows
-    at = next(i for i, name in enumerate(header) if name in ("MFLOPs", "MMACs")) + 1
+    at = next(i for i, name in enumerate(header) if name in (MFLOPS, MMACS)) + 1
     for row, entry in zip(rows, entries, strict=True):
         row.insert(at, entry.get(key, "-"))
-    return [*header[:at], "ms", *header[at:]], rows
+    return [*header[:at], "latency ms", *header[at:]], rows
 
 
 def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    header = ["tier", "init", "model", "MFLOPs", "params", "search acc", "test acc"]
+    """Per tier and init: the path's accuracy with the supernet's weights when the search
+    chose it (validation data; only a supernet-init row has one: a rand-init row trains the
+    same path from scratch) and the test accuracy after Stage 3."""
+    header = [
+        "tier",
+        "init",
+        "model",
+        MFLOPS,
+        "params",
+        "supernet-path val acc (search)",
+        "test acc after fine-tune",
+    ]
     rows = []
     models = document.get("models", [])
     for m in models:
         test = m.get("test") or {}
+        searched = m.get("init", "supernet") == "supernet"
         rows.append(
             [
                 f"T{m['tier']}",
@@ -377,7 +393,7 @@ def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any
                 "-".join(m.get("options", [])),
                 m["flops"] / 1e6,
                 m.get("params"),
-                m.get("search-accuracy"),
+                m.get("search-accuracy") if searched else None,
                 test.get("accuracy"),
             ]
         )
@@ -385,7 +401,17 @@ def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any
 
 
 def _fdnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    header = ["net", "model", "MFLOPs", "params", "partitions", "avg acc", "local acc"]
+    """Per net: the test accuracy of the trained net on its clients' pooled test data, and
+    the mean of each client's test accuracy after its local epochs of the last round."""
+    header = [
+        "net",
+        "model",
+        MFLOPS,
+        "params",
+        "clients",
+        "test acc (clients pooled)",
+        "test acc after local epochs (client mean)",
+    ]
     rows = [
         [
             n["name"],
@@ -402,7 +428,17 @@ def _fdnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]
 
 
 def _decnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    header = ["GM", "widths", "MMACs", "params", "val acc", "test acc", "tuned acc"]
+    """Per GM_t: its validation accuracy when the search chose it, its test accuracy then,
+    and after the long-term FedAvg tuning."""
+    header = [
+        "GM",
+        "widths",
+        MMACS,
+        "params",
+        "val acc (search)",
+        "test acc",
+        "test acc after tuning",
+    ]
     rows = [
         [
             f"GM_{m['iteration']}",
@@ -428,7 +464,7 @@ def _dpfnas_lines(document: Mapping[str, Any], delta: float | None) -> list[str]
             if document.get("stopped", "completed") != "completed"
             else ""
         ),
-        f"test accuracy of the derived net: {fmt(document.get('test-accuracy'))}",
+        f"test accuracy of the derived net: {fmt(document.get('test_accuracy'))}",
         f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
         f"{fmt(space.get('max-flops', 0) / 1e6)}",
     ]

@@ -97,7 +97,11 @@ def _fedoras() -> dict[str, Any]:
         "search-accuracy": 0.1575,
         "test": {"accuracy": 0.23503325942350334, "loss": 2.2},
     }
-    return {"models": [model, {**model, "tier": 2, "test": None}], "ledger": LEDGER}
+    rand_init = {**model, "init": "random", "test": {"accuracy": 0.125, "loss": 2.3}}
+    return {
+        "models": [model, rand_init, {**model, "tier": 2, "test": None}],
+        "ledger": LEDGER,
+    }
 
 
 def _fdnas() -> dict[str, Any]:
@@ -138,7 +142,7 @@ def _dpfnas() -> dict[str, Any]:
         "genotype": "normal=[sep_conv_3x3]",
         "iterations": 3,
         "stopped": "completed",
-        "test-accuracy": 0.4567891,
+        "test_accuracy": 0.4567891,
         "space": {"min-flops": 1_000_000, "max-flops": 2_500_000},
         "privacy": [party, unbounded],
         "ledger": LEDGER,
@@ -150,12 +154,23 @@ def _row(lines: list[str], first_cell: str) -> list[str]:
     return row
 
 
-def test_fedoras_summary_per_tier() -> None:
+def _columns(header: str) -> list[str]:
+    return header.split("  ")  # columns are two or more spaces apart; names have one
+
+
+def test_fedoras_summary_per_tier_names_what_each_column_measures() -> None:
     lines = summary_lines("fedoras", _fedoras())
-    header = lines[1]
-    for column in ("tier", "init", "model", "MFLOPs", "params", "search acc", "test acc"):
-        assert column in header
-    assert _row(lines, "T1") == [
+    assert [c.strip() for c in _columns(lines[1]) if c.strip()] == [
+        "tier",
+        "init",
+        "model",
+        "MFLOPs/sample",
+        "params",
+        "supernet-path val acc (search)",
+        "test acc after fine-tune",
+    ]
+    supernet_init, rand_init = [line.split() for line in lines if line.startswith("T1 ")]
+    assert supernet_init == [
         "T1",
         "supernet",
         "identity-conv3x3",
@@ -164,6 +179,8 @@ def test_fedoras_summary_per_tier() -> None:
         "0.1575",
         "0.235",
     ]
+    # the rand-init model trains the same path from scratch: it has no search accuracy
+    assert rand_init == ["T1", "random", "identity-conv3x3", "0.2684", "1698", "-", "0.125"]
     assert _row(lines, "T2")[-1] == "-"  # not tested
     assert lines[-1] == "bytes moved: 4 MiB to clients, 1 MiB from clients"
 
@@ -172,7 +189,14 @@ def test_fedoras_summary_per_tier() -> None:
 def test_fdnas_summary_per_net_shows_final_accuracy(method: str) -> None:
     lines = summary_lines(method, _fdnas())
     assert lines[0] == f"=== {method} summary ==="
-    for column in ("net", "model", "MFLOPs", "params", "avg acc", "local acc"):
+    for column in (
+        "net",
+        "model",
+        "MFLOPs/sample",
+        "clients",
+        "test acc (clients pooled)",
+        "test acc after local epochs (client mean)",
+    ):
         assert column in lines[1]
     assert _row(lines, "cluster-1") == [
         "cluster-1",
@@ -187,7 +211,7 @@ def test_fdnas_summary_per_net_shows_final_accuracy(method: str) -> None:
 
 def test_decnas_summary_per_gm() -> None:
     lines = summary_lines("decnas", _decnas())
-    for column in ("GM", "widths", "MMACs", "params", "val acc", "test acc", "tuned acc"):
+    for column in ("GM", "widths", "MMACs/sample", "val acc (search)", "test acc after tuning"):
         assert column in lines[1]
     expected = ["GM_2", "4x4x8x5", "0.3714", "4453", "0.8333", "0.7911", "0.9089"]
     assert _row(lines, "GM_2") == expected
@@ -218,8 +242,8 @@ def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
         {**m, "latency-ms": 0.25 * (i + 1)} for i, m in enumerate(fedoras["models"])
     ]
     lines = summary_lines("fedoras", fedoras)
-    assert lines[1].split()[:5] == ["tier", "init", "model", "MFLOPs", "ms"]
-    assert _row(lines, "T1")[3:5] == ["0.2684", "0.25"]
+    assert lines[1].split()[:6] == ["tier", "init", "model", "MFLOPs/sample", "latency", "ms"]
+    assert _row(lines, "T2")[3:5] == ["0.2684", "0.75"]
     fdnas = _fdnas()
     fdnas["nets"] = [{**n, "predicted-ms": 1.5} for n in fdnas["nets"]]
     assert _row(summary_lines("fdnas", fdnas), "cluster-1")[2:4] == ["0.1431", "1.5"]
@@ -230,7 +254,7 @@ def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
     text = "\n".join(summary_lines("dpfnas", dpfnas))
     assert "latency on the parties' table: 1.75 ms (budget 2 ms)" in text
     # by FLOPs: no such column or line
-    assert "ms" not in summary_lines("fedoras", _fedoras())[1].split()
+    assert "latency ms" not in summary_lines("fedoras", _fedoras())[1]
     assert "latency" not in "\n".join(summary_lines("dpfnas", _dpfnas()))
 
 
