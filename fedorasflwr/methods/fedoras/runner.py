@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,9 @@ def run_fedoras(
     run.add(*fedoras_plots(out_dir, result))
     return {
         "space": describe_space(space),
-        "resumed-from": settings.resume_from or None,
-        "tiers": result.tiers,
-        "tier-of-partition": result.tier_of_partition,
+        # tiers 1-based, as users see them (file names, logs, ``models[].tier``)
+        "tiers": [{**asdict(t), "index": t.index + 1} for t in result.tiers],
+        "tier-of-partition": {p: t + 1 for p, t in sorted(result.tier_of_partition.items())},
         "history": result.history,
         "search": [s.summary() for s in result.searches],
         "kendall-tau": {str(t + 1): tau for t, tau in result.kendall_tau.items()},
