@@ -2,7 +2,8 @@
 
 - ``fmt`` / ``format_metrics``: every number the strategies log, at 4 significant digits;
 - ``StageClock``: ``round 3/10 ... | 12.3s, ETA 1m30s`` lines for long stages (plain lines:
-  the ServerApp's output is streamed through ``flwr run --stream``, never a terminal);
+  the ServerApp's output is streamed through ``flwr run --stream``, never a terminal), with
+  the whole run's ETA beside the stage's while a ``RunEstimate`` is active;
 - ``setup_logging`` / ``quiet_flower_strategy``: one copy of each line, no third-party
   DEBUG output and no Flower FedAvg banner per training job, unless ``verbose``;
 - ``summary_lines``: the end-of-run table of every method, from its result document.
@@ -18,6 +19,9 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import IO, Any
 
 __all__ = [
@@ -28,7 +32,9 @@ __all__ = [
     "fmt",
     "format_seconds",
     "launcher_env",
+    "PlannedStage",
     "ProgressEcho",
+    "RunEstimate",
     "format_bytes",
     "format_metrics",
     "quiet_flower_strategy",
@@ -96,6 +102,91 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+@dataclass(frozen=True)
+class PlannedStage:
+    """One stage of a run as planned from its settings, for the whole run's ETA.
+
+    Parameters
+    ----------
+    name : str
+        The ``StageClock`` stages it covers, a shell-style pattern (``"finetune-t*-random"``:
+        each tier's rand-init training, one after the other).
+    steps : int
+        Steps planned, all its clocks together (rounds, iterations, tiers).
+    work : float
+        Cost of one step in the run's unit of work (e.g. client-epochs: clients per round
+        times local epochs), to scale the cost seen so far onto a stage not yet begun.
+    """
+
+    name: str
+    steps: int
+    work: float = 1.0
+
+    def covers(self, stage: str) -> bool:
+        return fnmatchcase(stage, self.name)
+
+
+class RunEstimate:
+    """The remaining time of a whole run, from its planned stages and the steps seen so far.
+
+    Every ``StageClock`` created while it is active (``with estimate.active():``) reports
+    its steps to it. The estimate's basis: a stage that has run steps costs, for each step
+    left, the seconds per step it has shown; a stage not begun costs its planned
+    ``steps * work`` at the seconds per unit of work of every step run so far (all stages
+    together). Stages no clock reports (set-up, profiling) and a run stopped early
+    (``stop-after``, a DecNAS target reached before its last iteration) are not foreseen:
+    the estimate is of the plan. ``None`` until a step has been seen.
+    """
+
+    def __init__(self, stages: Sequence[PlannedStage]) -> None:
+        self.stages = list(stages)
+        # clock stage -> (steps run here, seconds they took, steps done before a resume)
+        self._seen: dict[str, tuple[int, float, int]] = {}
+
+    def record(self, stage: str, done: int, seconds: float, before: int = 0) -> None:
+        """The clock of ``stage`` has run ``done`` steps in ``seconds``, after ``before``
+        steps done by the run it resumed."""
+        self._seen[stage] = (done, seconds, before)
+
+    def _progress(self, planned: PlannedStage) -> tuple[int, float, int]:
+        clocks = [seen for stage, seen in self._seen.items() if planned.covers(stage)]
+        return (
+            sum(c[0] for c in clocks),
+            sum(c[1] for c in clocks),
+            sum(c[2] for c in clocks),
+        )
+
+    def remaining(self) -> float | None:
+        """Seconds left in the whole plan (see the class docstring); ``None``: no step seen."""
+        progress = [(p, *self._progress(p)) for p in self.stages]
+        work_done = sum(done * p.work for p, done, _, _ in progress)
+        seconds = sum(spent for _, done, spent, _ in progress if done > 0)
+        if work_done <= 0:
+            return None
+        per_work = seconds / work_done
+        left = 0.0
+        for planned, done, spent, before in progress:
+            steps_left = max(planned.steps - done - before, 0)
+            if done > 0:
+                left += spent / done * steps_left
+            else:
+                left += steps_left * planned.work * per_work
+        return left
+
+    @contextmanager
+    def active(self) -> Iterator[RunEstimate]:
+        """Within: every new ``StageClock`` reports here and shows the run's ETA."""
+        token = _ESTIMATE.set(self)
+        try:
+            yield self
+        finally:
+            _ESTIMATE.reset(token)
+
+
+#: the ``RunEstimate`` of the run in progress (set by ``RunEstimate.active``)
+_ESTIMATE: ContextVar[RunEstimate | None] = ContextVar("run_estimate", default=None)
+
+
 class StageClock:
     """Times the steps of one stage and words ``"round 3/10: ... | 4.1s, ETA 28.7s"``.
 
@@ -115,12 +206,21 @@ class StageClock:
         self.stage, self.total, self.first, self.label = stage, total, first, label
         self.started = time.perf_counter()
         self._shown = self.started
+        self.estimate = _ESTIMATE.get()
+
+    def report(self, step: int) -> float:
+        """Note `step` done for the run's estimate (if one is active); the seconds so far."""
+        elapsed = time.perf_counter() - self.started
+        if self.estimate is not None and step >= self.first:
+            self.estimate.record(self.stage, step - self.first + 1, elapsed, self.first - 1)
+        return elapsed
 
     def due(self, step: int, every: float = 0.0) -> bool:
         """Whether `step` (just finished, > 0) gets a line: each step when `every` is 0;
         otherwise a step before the last, `every` seconds or more after the last line."""
         if step <= 0:
             return False
+        self.report(step)
         if every <= 0:
             return True
         now = time.perf_counter()
@@ -137,8 +237,9 @@ class StageClock:
         **extra: Any,
     ) -> str:
         """The progress line of `step` (just finished): its `metrics` (those in `keys`),
-        `extra` numbers, the time so far and the ETA of the rest."""
-        elapsed = time.perf_counter() - self.started
+        `extra` numbers, the time so far, the ETA of the stage's rest and, with an active
+        ``RunEstimate``, of the whole run's (``run ETA``)."""
+        elapsed = self.report(step)
         done = step - self.first + 1
         shown = format_metrics(metrics, keys)
         text = f"[{self.stage}] {self.label} {step}/{self.total}: {shown}"
@@ -147,6 +248,9 @@ class StageClock:
         text += f" | {format_seconds(elapsed)}"
         if 0 < done and step < self.total:
             text += f", ETA {format_seconds(elapsed / done * (self.total - step))}"
+        left = self.estimate.remaining() if self.estimate is not None else None
+        if left is not None:
+            text += f", run ETA {format_seconds(left)}"
         return text
 
 

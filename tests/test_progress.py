@@ -14,7 +14,9 @@ from fedorasflwr import progress
 from fedorasflwr.launch import cli, simulation
 from fedorasflwr.progress import (
     STEP_LINE,
+    PlannedStage,
     ProgressEcho,
+    RunEstimate,
     StageClock,
     fmt,
     format_bytes,
@@ -82,6 +84,95 @@ def test_stage_clock_eta_after_resume_counts_only_steps_run(
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
     clock = StageClock("DP-FNAS", 10, first=6, label="iteration")
     assert clock.line(6, {"epsilon": 1.5}).endswith("10.0s, ETA 40.0s")
+
+
+# ------------------------------------------------------------------ the whole run's ETA
+
+
+def _plan() -> RunEstimate:
+    return RunEstimate(
+        [
+            PlannedStage("supernet", 10, work=5.0),
+            PlannedStage("search", 4, work=0.5),
+            PlannedStage("finetune-t*-supernet", 6, work=2.0),
+        ]
+    )
+
+
+def test_run_estimate_scales_the_cost_seen_onto_stages_not_begun() -> None:
+    plan = _plan()
+    assert plan.remaining() is None  # nothing seen: no estimate
+    plan.record("supernet", 4, 40.0)
+    # supernet: 10 s a step, 6 left; 40 s / (4 steps * 5) = 2 s per unit of work:
+    # search 4 * 0.5 * 2 = 4 s, fine-tuning 6 * 2 * 2 = 24 s
+    assert plan.remaining() == pytest.approx(60.0 + 4.0 + 24.0)
+
+
+def test_run_estimate_uses_a_begun_stage_s_own_pace() -> None:
+    plan = _plan()
+    plan.record("supernet", 10, 100.0)
+    plan.record("search", 4, 20.0)
+    plan.record("finetune-t1-supernet", 2, 6.0)  # tier 1 of the fine-tuning: 3 s a round
+    plan.record("finetune-t1-random", 5, 99.0)  # not in the plan: ignored
+    assert plan.remaining() == pytest.approx(4 * 3.0)
+    plan.record("finetune-t2-supernet", 4, 8.0)  # 14 s for 6 rounds, none left
+    assert plan.remaining() == 0.0
+
+
+def test_run_estimate_after_a_resume_counts_the_steps_done_before() -> None:
+    plan = _plan()
+    plan.record("supernet", 2, 20.0, before=5)  # rounds 6, 7 run here: 3 left at 10 s
+    assert plan.remaining() == pytest.approx(30.0 + 4.0 + 24.0)
+
+
+def test_stage_clock_shows_the_run_eta_beside_the_stage_eta(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = iter([0.0, 30.0, 60.0, 100.0, 106.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
+    plan = RunEstimate([PlannedStage("supernet", 2, 4.0), PlannedStage("finetune-t*", 3, 2.0)])
+    with plan.active():
+        clock = StageClock("supernet", 2)
+    assert progress._ESTIMATE.get() is None  # active only within
+    # 30 s a round; 30 s / 4 = 7.5 s per unit: the fine-tuning 3 * 2 * 7.5 = 45 s
+    assert clock.line(1).endswith("| 30.0s, ETA 30.0s, run ETA 1m15s")
+    # the stage's ETA has run out, the run's has not
+    assert clock.line(2).endswith("| 1m00s, run ETA 45.0s")
+    with plan.active():
+        tune = StageClock("finetune-t1", 1)  # started at 100 s
+    assert tune.line(1).endswith("| 6.0s, run ETA 12.0s")  # 6 s a round, 2 rounds left
+
+
+def test_stage_clock_without_a_plan_shows_no_run_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = iter([0.0, 10.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
+    assert "run ETA" not in StageClock("search", 4).line(1)
+
+
+def test_fedoras_plan_covers_its_three_stages() -> None:
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.methods.fedoras.runner import SCORE_WORK, fedoras_plan
+    from tests.runconfig import pyproject_run_config
+
+    settings = parse_run_config(pyproject_run_config()).fedoras
+    plan = fedoras_plan(settings, nodes=20)
+    train, finetune = settings.train, settings.finetune
+    assert plan.stages == [
+        PlannedStage("supernet", train.rounds, train.clients_per_round * train.local_epochs),
+        PlannedStage("search", settings.num_tiers, settings.search_evaluations * SCORE_WORK),
+        PlannedStage(
+            "finetune-t*-supernet",
+            settings.num_tiers * finetune.rounds,
+            finetune.clients_per_round * finetune.local_epochs,
+        ),
+        PlannedStage(
+            "finetune-t*-random",
+            settings.num_tiers * (settings.rand_init_rounds or finetune.rounds),
+            finetune.clients_per_round * finetune.local_epochs,
+        ),
+    ]
+    assert plan.stages[3].covers("finetune-t2-random")
+    assert not plan.stages[3].covers("finetune-t2-random-search-0")
 
 
 # ------------------------------------------------------------------ summary tables

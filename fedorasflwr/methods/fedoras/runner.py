@@ -15,6 +15,7 @@ from ...checkpoints import Checkpointer, Resume
 from ...config import RunSettings
 from ...data import load_server_data
 from ...latency import table_document
+from ...progress import PlannedStage, RunEstimate
 from ...plots import (
     plot_finetune,
     plot_history,
@@ -34,7 +35,19 @@ from .evaluation import SupernetEvaluator
 from .finetune import SUPERNET_INIT
 from .strategy import FedorAS, FedorASResult
 
-__all__ = ["build_fedoras", "fedoras_plots", "latency_entries", "resume_supernet", "run_fedoras"]
+__all__ = [
+    "build_fedoras",
+    "fedoras_plan",
+    "fedoras_plots",
+    "latency_entries",
+    "resume_supernet",
+    "run_fedoras",
+]
+
+#: one path scored in the search, in client-epochs (the plan's unit of work): a forward pass
+#: over the server's slice with BatchNorm recalibrated, against a client's forward and
+#: backward passes over its partition; a rough guide until the first tier's search is timed
+SCORE_WORK = 0.1
 
 
 def run_fedoras(
@@ -59,16 +72,17 @@ def run_fedoras(
     strategy = build_fedoras(settings, space=space, server_data=server_data, resume=resume)
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.fedoras.train.rounds
-    result = start(
-        strategy,
-        grid,
-        settings,
-        run,
-        initial,
-        rounds,
-        evaluate_fn=evaluator,
-        supernet="supernet.pt",
-    )
+    with fedoras_plan(settings.fedoras, settings.min_nodes).active():
+        result = start(
+            strategy,
+            grid,
+            settings,
+            run,
+            initial,
+            rounds,
+            evaluate_fn=evaluator,
+            supernet="supernet.pt",
+        )
     if not trained:
         run.add(out_dir / "supernet.pt")
     for model in result.models:
@@ -96,6 +110,37 @@ def run_fedoras(
         **latency_entries(strategy, result),
         **run.document(),
     }
+
+
+def fedoras_plan(settings: Any, nodes: int) -> RunEstimate:
+    """The whole run's estimate (``progress.RunEstimate``) of FedorAS's three stages, in
+    client-epochs (a round: clients per round times local epochs; ``nodes`` stands for a
+    recipe's 0, every node): Stage 1's rounds; the search, a step per tier of
+    ``search-evaluations`` paths at ``SCORE_WORK`` each; per tier the fine-tuning, the
+    rand-init training and the random search as configured. ``stop-after`` ends the plan
+    early."""
+
+    def per_round(recipe: Any) -> float:
+        return float((recipe.clients_per_round or nodes) * recipe.local_epochs)
+
+    tiers, finetune = settings.num_tiers, settings.finetune
+    stages = [PlannedStage("supernet", settings.train.rounds, per_round(settings.train))]
+    if settings.stop_after != "supernet":
+        stages.append(PlannedStage("search", tiers, settings.search_evaluations * SCORE_WORK))
+    if settings.stop_after == "finetune":
+        stages.append(
+            PlannedStage("finetune-t*-supernet", tiers * finetune.rounds, per_round(finetune))
+        )
+        if settings.compare_rand_init:
+            rounds = settings.rand_init_rounds or finetune.rounds
+            stages.append(PlannedStage("finetune-t*-random", tiers * rounds, per_round(finetune)))
+        if settings.compare_random_search:  # the fine-tuning's client compute, split
+            stages.append(
+                PlannedStage(
+                    "finetune-t*-random-search-*", tiers * finetune.rounds, per_round(finetune)
+                )
+            )
+    return RunEstimate(stages)
 
 
 def build_fedoras(
