@@ -15,12 +15,12 @@ from ...checkpoints import Checkpointer, Resume
 from ...config import RunSettings
 from ...data import load_server_data
 from ...latency import table_document
-from ...progress import PlannedStage, RunEstimate
 from ...plots import (
     plot_finetune,
     plot_history,
     plot_tiers,
 )
+from ...progress import PlannedStage, RunEstimate
 from ...runs import (
     RunFiles,
     build_supernet,
