@@ -111,6 +111,7 @@ def run_inprocess(overrides: dict[str, Any], timing_log: Path) -> float:
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.methods.fedoras.runner import run_fedoras
+    from fedorasflwr.results import result_json
 
     config = run_config(overrides)
     run = parse_run_config(config)
@@ -126,7 +127,7 @@ def run_inprocess(overrides: dict[str, Any], timing_log: Path) -> float:
     finally:
         del os.environ[TIMING_LOG_ENV]
     wall = time.perf_counter() - started
-    (out_dir / "result.json").write_text(json.dumps(document, default=str))
+    (out_dir / "result.json").write_text(json.dumps(result_json(document), default=str))
     return wall
 
 

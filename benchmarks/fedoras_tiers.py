@@ -52,7 +52,6 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +218,7 @@ def run_case(
     stage1 = document["ledger"]["supernet"]["totals"]
     return {
         "models": document["models"],
-        "tiers": [asdict(t) for t in document["tiers"]],
+        "tiers": document["tiers"],  # 1-based "index", as in result.json
         "stage1-bytes-down-per-message": stage1["bytes_down"] / max(stage1["messages"], 1),
         "stage1-bytes-up-per-reply": stage1["bytes_up"] / max(stage1["replies"], 1),
         "seconds": round(time.perf_counter() - started, 1),

@@ -44,6 +44,7 @@ from flwr.app import ArrayRecord
 from .artifacts import load_checkpoint, plain, write_json
 from .config import RunSettings, bound_settings, resume_safe_keys
 from .ledger import Ledger, check_summary
+from .results import result_json
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -249,12 +250,26 @@ class Checkpointer:
             "finished": finished,
             "stage": self.stage or None,
             "step": self.step,
-            "stage-done": self.stage_done,
+            "stage_done": self.stage_done,
             "checkpoint": self.written.name if self.written is not None else None,
         }
         if error is not None:
             status["error"] = f"{type(error).__name__}: {error}"
         return status
+
+    def result(
+        self,
+        document: Mapping[str, Any] | None = None,
+        *,
+        finished: bool = False,
+        error: BaseException | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """What ``result.json`` holds (``results.result_json``): the header, ``status``, and
+        ``document`` (else the last checkpoint's history and ledger)."""
+        body = dict(document) if document is not None else dict(self._partial)
+        status = self.status(finished=finished, error=error)
+        return finite(plain(result_json({**self.header, "status": status, **extra, **body})))
 
     def write_result(
         self,
@@ -263,23 +278,11 @@ class Checkpointer:
         finished: bool = False,
         error: BaseException | None = None,
         **extra: Any,
-    ) -> Path:
-        """``result.json``: the header, ``status``, and ``document`` (else the last
-        checkpoint's history and ledger)."""
-        body = dict(document) if document is not None else dict(self._partial)
-        return write_json(
-            self.out_dir / RESULT_FILE,
-            finite(
-                plain(
-                    {
-                        **self.header,
-                        "status": self.status(finished=finished, error=error),
-                        **extra,
-                        **body,
-                    }
-                )
-            ),
-        )
+    ) -> dict[str, Any]:
+        """Write ``result.json`` (``result``); returns what it wrote."""
+        content = self.result(document, finished=finished, error=error, **extra)
+        write_json(self.out_dir / RESULT_FILE, content)
+        return content
 
 
 def read_resume(

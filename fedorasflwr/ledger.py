@@ -7,6 +7,12 @@ to the node the message was sent to, with its kind: the node was lost (the
 SuperLink lost its heartbeat), it did not reply in time (or its reply expired),
 or it replied with an error.  Wall time is kept per stage.  The ledger is part
 of every result.
+
+Messages are counted by Flower node id (what a message is addressed to, before the
+node has said which partition it holds); ``assign`` notes a node's partition id once it
+is profiled.  ``summary()`` (what a checkpoint keeps and a result's ``ledger`` holds) is by
+node id, each entry with its ``partition_id`` where known; ``by_partition`` turns it into
+``result.json``'s form, by partition id.
 """
 
 from __future__ import annotations
@@ -22,7 +28,14 @@ from typing import Any, Literal
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
 
-__all__ = ["FailureKind", "Ledger", "NodeCosts", "check_summary", "failure_kind"]
+__all__ = [
+    "FailureKind",
+    "Ledger",
+    "NodeCosts",
+    "by_partition",
+    "check_summary",
+    "failure_kind",
+]
 
 FailureKind = Literal["lost", "timeout", "error"]
 """Why a message got no usable reply: node lost, no reply in time, or an error reply."""
@@ -68,10 +81,14 @@ class NodeCosts:
     error_replies: int = 0
 
 
+#: a ``summary()`` node entry's partition id (not a counter; absent: never profiled)
+PARTITION_ID = "partition_id"
+
+
 def check_summary(summary: Any) -> str | None:
     """Why ``summary`` is not a ledger ``summary()`` (per stage: ``seconds`` finite and >= 0,
-    ``totals`` and ``nodes`` of integer node ids, each counter of ``NodeCosts`` a
-    non-negative integer), naming the field; ``None`` if it is one."""
+    ``totals`` and ``nodes`` of integer node ids, each counter of ``NodeCosts`` and a node's
+    ``partition_id`` a non-negative integer), naming the field; ``None`` if it is one."""
     if not isinstance(summary, dict):
         return f"is a {type(summary).__name__}, expected a dict of stages"
     names = set(NodeCosts.__dataclass_fields__)
@@ -94,11 +111,13 @@ def check_summary(summary: Any) -> str | None:
             if not str(node).lstrip("-").isdigit():
                 return f"[{stage!r}]['nodes'] has the node id {node!r}, expected an integer"
             tables.append((f"[{stage!r}]['nodes'][{node!r}]", counters))
-        for field, counters in tables:
+        for at, (field, counters) in enumerate(tables):
             if not isinstance(counters, dict):
                 return f"{field} is a {type(counters).__name__}, expected a dict"
             for name, value in counters.items():
-                if name not in names:
+                if name == PARTITION_ID and at > 0:
+                    pass  # a node's partition id, checked as a counter is
+                elif name not in names:
                     return f"{field} has the unknown counter {name!r}"
                 if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                     return f"{field}[{name!r}] = {value!r}, expected an integer >= 0"
@@ -111,6 +130,11 @@ class Ledger:
     def __init__(self) -> None:
         self._costs: dict[str, dict[int, NodeCosts]] = defaultdict(lambda: defaultdict(NodeCosts))
         self._seconds: dict[str, float] = defaultdict(float)
+        self._partition: dict[int, int] = {}
+
+    def assign(self, node_id: int, partition_id: int) -> None:
+        """Note that ``node_id`` holds ``partition_id`` (from its accepted profile)."""
+        self._partition[node_id] = int(partition_id)
 
     def node(self, stage: str, node_id: int) -> NodeCosts:
         """The mutable counters of ``node_id`` in ``stage``."""
@@ -167,6 +191,9 @@ class Ledger:
             for node, counters in content.get("nodes", {}).items():
                 costs = self.node(stage, int(node))
                 for name, value in counters.items():
+                    if name == PARTITION_ID:
+                        self._partition.setdefault(int(node), int(value))
+                        continue
                     setattr(costs, name, getattr(costs, name) + int(value))
 
     def stage_totals(self, stage: str) -> NodeCosts:
@@ -177,16 +204,53 @@ class Ledger:
         return total
 
     def summary(self) -> dict[str, Any]:
-        """Per stage: totals, wall seconds and per-node counters (node ids as strings)."""
+        """Per stage: totals, wall seconds and per-node counters (node ids as strings), each
+        node's with its ``partition_id`` where ``assign`` gave one."""
         stages = sorted(set(self._costs) | set(self._seconds))
         return {
             stage: {
                 "seconds": round(self._seconds.get(stage, 0.0), 3),
                 "totals": _counters(self.stage_totals(stage)),
                 "nodes": {
-                    str(node): _counters(costs)
+                    str(node): self._entry(node, costs)
                     for node, costs in sorted(self._costs.get(stage, {}).items())
                 },
             }
             for stage in stages
         }
+
+    def _entry(self, node_id: int, costs: NodeCosts) -> dict[str, int]:
+        entry = _counters(costs)
+        if node_id in self._partition:
+            entry[PARTITION_ID] = self._partition[node_id]
+        return entry
+
+
+def by_partition(summary: dict[str, Any]) -> dict[str, Any]:
+    """``result.json``'s ledger: a ``Ledger.summary()`` with each stage's ``nodes`` replaced by
+    ``partitions`` (partition id -> ``node_ids``, the Flower nodes that held it, and their
+    counters summed) and ``unprofiled`` (node id -> counters: nodes that never gave an
+    accepted profile, e.g. refused at profiling); ``seconds`` and ``totals`` as they are.
+
+    A node that reconnected under a new node id and took its partition back is one more
+    id in that partition's ``node_ids``.
+    """
+    result: dict[str, Any] = {}
+    for stage, content in summary.items():
+        partitions: dict[int, dict[str, Any]] = {}
+        unprofiled: dict[str, dict[str, int]] = {}
+        for node, counters in content.get("nodes", {}).items():
+            counts = {k: v for k, v in counters.items() if k != PARTITION_ID}
+            if PARTITION_ID not in counters:
+                unprofiled[str(node)] = counts
+                continue
+            entry = partitions.setdefault(int(counters[PARTITION_ID]), {"node_ids": []})
+            entry["node_ids"].append(int(node))
+            for name, value in counts.items():
+                entry[name] = entry.get(name, 0) + value
+        result[stage] = {
+            **{k: v for k, v in content.items() if k != "nodes"},
+            "partitions": {str(p): partitions[p] for p in sorted(partitions)},
+            "unprofiled": unprofiled,
+        }
+    return result

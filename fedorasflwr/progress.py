@@ -2,7 +2,8 @@
 
 - ``fmt`` / ``format_metrics``: every number the strategies log, at 4 significant digits;
 - ``StageClock``: ``round 3/10 ... | 12.3s, ETA 1m30s`` lines for long stages (plain lines:
-  the ServerApp's output is streamed through ``flwr run --stream``, never a terminal);
+  the ServerApp's output is streamed through ``flwr run --stream``, never a terminal), with
+  the whole run's ETA beside the stage's while a ``RunEstimate`` is active;
 - ``setup_logging`` / ``quiet_flower_strategy``: one copy of each line, no third-party
   DEBUG output and no Flower FedAvg banner per training job, unless ``verbose``;
 - ``summary_lines``: the end-of-run table of every method, from its result document.
@@ -18,6 +19,9 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import IO, Any
 
 __all__ = [
@@ -28,7 +32,9 @@ __all__ = [
     "fmt",
     "format_seconds",
     "launcher_env",
+    "PlannedStage",
     "ProgressEcho",
+    "RunEstimate",
     "format_bytes",
     "format_metrics",
     "quiet_flower_strategy",
@@ -96,6 +102,91 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+@dataclass(frozen=True)
+class PlannedStage:
+    """One stage of a run as planned from its settings, for the whole run's ETA.
+
+    Parameters
+    ----------
+    name : str
+        The ``StageClock`` stages it covers, a shell-style pattern (``"finetune-t*-random"``:
+        each tier's rand-init training, one after the other).
+    steps : int
+        Steps planned, all its clocks together (rounds, iterations, tiers).
+    work : float
+        Cost of one step in the run's unit of work (e.g. client-epochs: clients per round
+        times local epochs), to scale the cost seen so far onto a stage not yet begun.
+    """
+
+    name: str
+    steps: int
+    work: float = 1.0
+
+    def covers(self, stage: str) -> bool:
+        return fnmatchcase(stage, self.name)
+
+
+class RunEstimate:
+    """The remaining time of a whole run, from its planned stages and the steps seen so far.
+
+    Every ``StageClock`` created while it is active (``with estimate.active():``) reports
+    its steps to it. The estimate's basis: a stage that has run steps costs, for each step
+    left, the seconds per step it has shown; a stage not begun costs its planned
+    ``steps * work`` at the seconds per unit of work of every step run so far (all stages
+    together). Stages no clock reports (set-up, profiling) and a run stopped early
+    (``stop-after``, a DecNAS target reached before its last iteration) are not foreseen:
+    the estimate is of the plan. ``None`` until a step has been seen.
+    """
+
+    def __init__(self, stages: Sequence[PlannedStage]) -> None:
+        self.stages = list(stages)
+        # clock stage -> (steps run here, seconds they took, steps done before a resume)
+        self._seen: dict[str, tuple[int, float, int]] = {}
+
+    def record(self, stage: str, done: int, seconds: float, before: int = 0) -> None:
+        """The clock of ``stage`` has run ``done`` steps in ``seconds``, after ``before``
+        steps done by the run it resumed."""
+        self._seen[stage] = (done, seconds, before)
+
+    def _progress(self, planned: PlannedStage) -> tuple[int, float, int]:
+        clocks = [seen for stage, seen in self._seen.items() if planned.covers(stage)]
+        return (
+            sum(c[0] for c in clocks),
+            sum(c[1] for c in clocks),
+            sum(c[2] for c in clocks),
+        )
+
+    def remaining(self) -> float | None:
+        """Seconds left in the whole plan (see the class docstring); ``None``: no step seen."""
+        progress = [(p, *self._progress(p)) for p in self.stages]
+        work_done = sum(done * p.work for p, done, _, _ in progress)
+        seconds = sum(spent for _, done, spent, _ in progress if done > 0)
+        if work_done <= 0:
+            return None
+        per_work = seconds / work_done
+        left = 0.0
+        for planned, done, spent, before in progress:
+            steps_left = max(planned.steps - done - before, 0)
+            if done > 0:
+                left += spent / done * steps_left
+            else:
+                left += steps_left * planned.work * per_work
+        return left
+
+    @contextmanager
+    def active(self) -> Iterator[RunEstimate]:
+        """Within: every new ``StageClock`` reports here and shows the run's ETA."""
+        token = _ESTIMATE.set(self)
+        try:
+            yield self
+        finally:
+            _ESTIMATE.reset(token)
+
+
+#: the ``RunEstimate`` of the run in progress (set by ``RunEstimate.active``)
+_ESTIMATE: ContextVar[RunEstimate | None] = ContextVar("run_estimate", default=None)
+
+
 class StageClock:
     """Times the steps of one stage and words ``"round 3/10: ... | 4.1s, ETA 28.7s"``.
 
@@ -115,12 +206,21 @@ class StageClock:
         self.stage, self.total, self.first, self.label = stage, total, first, label
         self.started = time.perf_counter()
         self._shown = self.started
+        self.estimate = _ESTIMATE.get()
+
+    def report(self, step: int) -> float:
+        """Note `step` done for the run's estimate (if one is active); the seconds so far."""
+        elapsed = time.perf_counter() - self.started
+        if self.estimate is not None and step >= self.first:
+            self.estimate.record(self.stage, step - self.first + 1, elapsed, self.first - 1)
+        return elapsed
 
     def due(self, step: int, every: float = 0.0) -> bool:
         """Whether `step` (just finished, > 0) gets a line: each step when `every` is 0;
         otherwise a step before the last, `every` seconds or more after the last line."""
         if step <= 0:
             return False
+        self.report(step)
         if every <= 0:
             return True
         now = time.perf_counter()
@@ -137,8 +237,9 @@ class StageClock:
         **extra: Any,
     ) -> str:
         """The progress line of `step` (just finished): its `metrics` (those in `keys`),
-        `extra` numbers, the time so far and the ETA of the rest."""
-        elapsed = time.perf_counter() - self.started
+        `extra` numbers, the time so far, the ETA of the stage's rest and, with an active
+        ``RunEstimate``, of the whole run's (``run ETA``)."""
+        elapsed = self.report(step)
         done = step - self.first + 1
         shown = format_metrics(metrics, keys)
         text = f"[{self.stage}] {self.label} {step}/{self.total}: {shown}"
@@ -147,6 +248,9 @@ class StageClock:
         text += f" | {format_seconds(elapsed)}"
         if 0 < done and step < self.total:
             text += f", ETA {format_seconds(elapsed / done * (self.total - step))}"
+        left = self.estimate.remaining() if self.estimate is not None else None
+        if left is not None:
+            text += f", run ETA {format_seconds(left)}"
         return text
 
 
@@ -351,25 +455,41 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
+#: the cost columns, named with their unit (FLOPs and MACs of one sample, in millions)
+MFLOPS, MMACS = "MFLOPs/sample", "MMACs/sample"
+
+
 def _with_latency(
     header: list[str], rows: list[list[Any]], entries: Sequence[Mapping[str, Any]], key: str
 ) -> tuple[list[str], list[list[Any]]]:
-    """Adds an ``ms`` column after the FLOPs / MACs one when the run budgeted by latency
-    (its entries carry ``key``: milliseconds on their group's latency table)."""
+    """Adds a ``latency ms`` column after the FLOPs / MACs one when the run budgeted by
+    latency (its entries carry ``key``: milliseconds on their group's latency table)."""
     if not any(key in entry for entry in entries):
         return header, rows
-    at = next(i for i, name in enumerate(header) if name in ("MFLOPs", "MMACs")) + 1
+    at = next(i for i, name in enumerate(header) if name in (MFLOPS, MMACS)) + 1
     for row, entry in zip(rows, entries, strict=True):
         row.insert(at, entry.get(key, "-"))
-    return [*header[:at], "ms", *header[at:]], rows
+    return [*header[:at], "latency ms", *header[at:]], rows
 
 
 def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    header = ["tier", "init", "model", "MFLOPs", "params", "search acc", "test acc"]
+    """Per tier and init: the path's accuracy with the supernet's weights when the search
+    chose it (validation data; only a supernet-init row has one: a rand-init row trains the
+    same path from scratch) and the test accuracy after Stage 3."""
+    header = [
+        "tier",
+        "init",
+        "model",
+        MFLOPS,
+        "params",
+        "supernet-path val acc (search)",
+        "test acc after fine-tune",
+    ]
     rows = []
     models = document.get("models", [])
     for m in models:
         test = m.get("test") or {}
+        searched = m.get("init", "supernet") == "supernet"
         rows.append(
             [
                 f"T{m['tier']}",
@@ -377,7 +497,7 @@ def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any
                 "-".join(m.get("options", [])),
                 m["flops"] / 1e6,
                 m.get("params"),
-                m.get("search-accuracy"),
+                m.get("search-accuracy") if searched else None,
                 test.get("accuracy"),
             ]
         )
@@ -385,7 +505,17 @@ def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any
 
 
 def _fdnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    header = ["net", "model", "MFLOPs", "params", "partitions", "avg acc", "local acc"]
+    """Per net: the test accuracy of the trained net on its clients' pooled test data, and
+    the mean of each client's test accuracy after its local epochs of the last round."""
+    header = [
+        "net",
+        "model",
+        MFLOPS,
+        "params",
+        "clients",
+        "test acc (clients pooled)",
+        "test acc after local epochs (client mean)",
+    ]
     rows = [
         [
             n["name"],
@@ -402,7 +532,17 @@ def _fdnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]
 
 
 def _decnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    header = ["GM", "widths", "MMACs", "params", "val acc", "test acc", "tuned acc"]
+    """Per GM_t: its validation accuracy when the search chose it, its test accuracy then,
+    and after the long-term FedAvg tuning."""
+    header = [
+        "GM",
+        "widths",
+        MMACS,
+        "params",
+        "val acc (search)",
+        "test acc",
+        "test acc after tuning",
+    ]
     rows = [
         [
             f"GM_{m['iteration']}",
@@ -428,7 +568,7 @@ def _dpfnas_lines(document: Mapping[str, Any], delta: float | None) -> list[str]
             if document.get("stopped", "completed") != "completed"
             else ""
         ),
-        f"test accuracy of the derived net: {fmt(document.get('test-accuracy'))}",
+        f"test accuracy of the derived net: {fmt(document.get('test_accuracy'))}",
         f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
         f"{fmt(space.get('max-flops', 0) / 1e6)}",
     ]

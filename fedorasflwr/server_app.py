@@ -48,8 +48,8 @@ def run_header(settings: RunSettings, run_id: int) -> dict[str, Any]:
     return {
         "method": settings.method,
         "settings": settings.document(),
-        "run-id": run_id,
-        "resumed-from": settings.resume_from or None,
+        "run_id": run_id,
+        "resumed_from": settings.resume_from or None,
     }
 
 
@@ -78,9 +78,9 @@ def main(grid: Grid, context: Context) -> None:
         log(ERROR, "fedorasflwr: run stopped in %s: %r", progress.stage or "setup", exc)
         raise
     seconds = round(time.time() - started, 2)
-    progress.write_result(document, finished=True, seconds=seconds)
+    written = progress.write_result(document, finished=True, seconds=seconds)
     delta = getattr(settings.method_settings, "delta", None)  # a private method's delta
-    for line in summary_lines(settings.method, document, delta=delta):
+    for line in summary_lines(settings.method, written, delta=delta):
         log(INFO, "%s", line)
     log(
         INFO,

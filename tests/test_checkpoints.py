@@ -121,7 +121,7 @@ def test_a_stopped_stage1_keeps_its_checkpoint_and_says_where_it_stopped(fedoras
     _, stopped, _ = fedoras_runs
     status = result_of(stopped)["status"]
     assert status["finished"] is False
-    assert (status["stage"], status["step"], status["stage-done"]) == ("supernet", 2, False)
+    assert (status["stage"], status["step"], status["stage_done"]) == ("supernet", 2, False)
     assert status["checkpoint"] == "checkpoint.pt"
     assert "SuperLinkGoneError" in status["error"]
     checkpoint = load_checkpoint(stopped / "checkpoint.pt")
@@ -136,7 +136,7 @@ def test_a_resumed_stage1_equals_the_uninterrupted_one(fedoras_runs):
     assert_same_weights(whole / "supernet.pt", resumed / "supernet.pt")
     first, second = result_of(whole), result_of(resumed)
     assert second["status"]["finished"] is True
-    assert second["resumed-from"].endswith("checkpoint.pt")
+    assert second["resumed_from"].endswith("checkpoint.pt")
     assert [h["round"] for h in second["history"]] == [0, 1, 2, 3]
     assert without_seconds(second["history"]) == without_seconds(first["history"])
     assert first["tiers"] == second["tiers"]
@@ -302,14 +302,14 @@ def test_a_resumed_fdnas_search_equals_the_uninterrupted_one(data_cache, tmp_pat
         "finished": False,
         "stage": "search",
         "step": 1,
-        "stage-done": False,
+        "stage_done": False,
         "checkpoint": "checkpoint.pt",
         "error": None,
     }
     for name in ("supernet.pt", "fdnas.pt"):
         assert_same_weights(whole / name, resumed / name)
     first, second = result_of(whole), result_of(resumed)
-    assert without_seconds(second["search-history"]) == without_seconds(first["search-history"])
+    assert without_seconds(second["search_history"]) == without_seconds(first["search_history"])
     assert second["nets"] == first["nets"]
     assert stage_totals(second, "search") == stage_totals(first, "search")
 

@@ -145,7 +145,7 @@ def test_fdnas_run_writes_its_plots(data_cache, tmp_path):
         assert name in result["files"]
         assert_png(run_dir / name)
     layers = len(result["space"]["choices"])
-    for entry in result["search-history"]:
+    for entry in result["search_history"]:
         entropy = entry["alpha-entropy"]
         assert len(entropy) == layers
         bounds = [math.log(len(c["options"])) for c in result["space"]["choices"]]

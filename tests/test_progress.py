@@ -14,7 +14,9 @@ from fedorasflwr import progress
 from fedorasflwr.launch import cli, simulation
 from fedorasflwr.progress import (
     STEP_LINE,
+    PlannedStage,
     ProgressEcho,
+    RunEstimate,
     StageClock,
     fmt,
     format_bytes,
@@ -84,6 +86,95 @@ def test_stage_clock_eta_after_resume_counts_only_steps_run(
     assert clock.line(6, {"epsilon": 1.5}).endswith("10.0s, ETA 40.0s")
 
 
+# ------------------------------------------------------------------ the whole run's ETA
+
+
+def _plan() -> RunEstimate:
+    return RunEstimate(
+        [
+            PlannedStage("supernet", 10, work=5.0),
+            PlannedStage("search", 4, work=0.5),
+            PlannedStage("finetune-t*-supernet", 6, work=2.0),
+        ]
+    )
+
+
+def test_run_estimate_scales_the_cost_seen_onto_stages_not_begun() -> None:
+    plan = _plan()
+    assert plan.remaining() is None  # nothing seen: no estimate
+    plan.record("supernet", 4, 40.0)
+    # supernet: 10 s a step, 6 left; 40 s / (4 steps * 5) = 2 s per unit of work:
+    # search 4 * 0.5 * 2 = 4 s, fine-tuning 6 * 2 * 2 = 24 s
+    assert plan.remaining() == pytest.approx(60.0 + 4.0 + 24.0)
+
+
+def test_run_estimate_uses_a_begun_stage_s_own_pace() -> None:
+    plan = _plan()
+    plan.record("supernet", 10, 100.0)
+    plan.record("search", 4, 20.0)
+    plan.record("finetune-t1-supernet", 2, 6.0)  # tier 1 of the fine-tuning: 3 s a round
+    plan.record("finetune-t1-random", 5, 99.0)  # not in the plan: ignored
+    assert plan.remaining() == pytest.approx(4 * 3.0)
+    plan.record("finetune-t2-supernet", 4, 8.0)  # 14 s for 6 rounds, none left
+    assert plan.remaining() == 0.0
+
+
+def test_run_estimate_after_a_resume_counts_the_steps_done_before() -> None:
+    plan = _plan()
+    plan.record("supernet", 2, 20.0, before=5)  # rounds 6, 7 run here: 3 left at 10 s
+    assert plan.remaining() == pytest.approx(30.0 + 4.0 + 24.0)
+
+
+def test_stage_clock_shows_the_run_eta_beside_the_stage_eta(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = iter([0.0, 30.0, 60.0, 100.0, 106.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
+    plan = RunEstimate([PlannedStage("supernet", 2, 4.0), PlannedStage("finetune-t*", 3, 2.0)])
+    with plan.active():
+        clock = StageClock("supernet", 2)
+    assert progress._ESTIMATE.get() is None  # active only within
+    # 30 s a round; 30 s / 4 = 7.5 s per unit: the fine-tuning 3 * 2 * 7.5 = 45 s
+    assert clock.line(1).endswith("| 30.0s, ETA 30.0s, run ETA 1m15s")
+    # the stage's ETA has run out, the run's has not
+    assert clock.line(2).endswith("| 1m00s, run ETA 45.0s")
+    with plan.active():
+        tune = StageClock("finetune-t1", 1)  # started at 100 s
+    assert tune.line(1).endswith("| 6.0s, run ETA 12.0s")  # 6 s a round, 2 rounds left
+
+
+def test_stage_clock_without_a_plan_shows_no_run_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = iter([0.0, 10.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
+    assert "run ETA" not in StageClock("search", 4).line(1)
+
+
+def test_fedoras_plan_covers_its_three_stages() -> None:
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.methods.fedoras.runner import SCORE_WORK, fedoras_plan
+    from tests.runconfig import pyproject_run_config
+
+    settings = parse_run_config(pyproject_run_config()).fedoras
+    plan = fedoras_plan(settings, nodes=20)
+    train, finetune = settings.train, settings.finetune
+    assert plan.stages == [
+        PlannedStage("supernet", train.rounds, train.clients_per_round * train.local_epochs),
+        PlannedStage("search", settings.num_tiers, settings.search_evaluations * SCORE_WORK),
+        PlannedStage(
+            "finetune-t*-supernet",
+            settings.num_tiers * finetune.rounds,
+            finetune.clients_per_round * finetune.local_epochs,
+        ),
+        PlannedStage(
+            "finetune-t*-random",
+            settings.num_tiers * (settings.rand_init_rounds or finetune.rounds),
+            finetune.clients_per_round * finetune.local_epochs,
+        ),
+    ]
+    assert plan.stages[3].covers("finetune-t2-random")
+    assert not plan.stages[3].covers("finetune-t2-random-search-0")
+
+
 # ------------------------------------------------------------------ summary tables
 
 
@@ -97,7 +188,11 @@ def _fedoras() -> dict[str, Any]:
         "search-accuracy": 0.1575,
         "test": {"accuracy": 0.23503325942350334, "loss": 2.2},
     }
-    return {"models": [model, {**model, "tier": 2, "test": None}], "ledger": LEDGER}
+    rand_init = {**model, "init": "random", "test": {"accuracy": 0.125, "loss": 2.3}}
+    return {
+        "models": [model, rand_init, {**model, "tier": 2, "test": None}],
+        "ledger": LEDGER,
+    }
 
 
 def _fdnas() -> dict[str, Any]:
@@ -138,7 +233,7 @@ def _dpfnas() -> dict[str, Any]:
         "genotype": "normal=[sep_conv_3x3]",
         "iterations": 3,
         "stopped": "completed",
-        "test-accuracy": 0.4567891,
+        "test_accuracy": 0.4567891,
         "space": {"min-flops": 1_000_000, "max-flops": 2_500_000},
         "privacy": [party, unbounded],
         "ledger": LEDGER,
@@ -150,12 +245,23 @@ def _row(lines: list[str], first_cell: str) -> list[str]:
     return row
 
 
-def test_fedoras_summary_per_tier() -> None:
+def _columns(header: str) -> list[str]:
+    return header.split("  ")  # columns are two or more spaces apart; names have one
+
+
+def test_fedoras_summary_per_tier_names_what_each_column_measures() -> None:
     lines = summary_lines("fedoras", _fedoras())
-    header = lines[1]
-    for column in ("tier", "init", "model", "MFLOPs", "params", "search acc", "test acc"):
-        assert column in header
-    assert _row(lines, "T1") == [
+    assert [c.strip() for c in _columns(lines[1]) if c.strip()] == [
+        "tier",
+        "init",
+        "model",
+        "MFLOPs/sample",
+        "params",
+        "supernet-path val acc (search)",
+        "test acc after fine-tune",
+    ]
+    supernet_init, rand_init = [line.split() for line in lines if line.startswith("T1 ")]
+    assert supernet_init == [
         "T1",
         "supernet",
         "identity-conv3x3",
@@ -164,6 +270,8 @@ def test_fedoras_summary_per_tier() -> None:
         "0.1575",
         "0.235",
     ]
+    # the rand-init model trains the same path from scratch: it has no search accuracy
+    assert rand_init == ["T1", "random", "identity-conv3x3", "0.2684", "1698", "-", "0.125"]
     assert _row(lines, "T2")[-1] == "-"  # not tested
     assert lines[-1] == "bytes moved: 4 MiB to clients, 1 MiB from clients"
 
@@ -172,7 +280,14 @@ def test_fedoras_summary_per_tier() -> None:
 def test_fdnas_summary_per_net_shows_final_accuracy(method: str) -> None:
     lines = summary_lines(method, _fdnas())
     assert lines[0] == f"=== {method} summary ==="
-    for column in ("net", "model", "MFLOPs", "params", "avg acc", "local acc"):
+    for column in (
+        "net",
+        "model",
+        "MFLOPs/sample",
+        "clients",
+        "test acc (clients pooled)",
+        "test acc after local epochs (client mean)",
+    ):
         assert column in lines[1]
     assert _row(lines, "cluster-1") == [
         "cluster-1",
@@ -187,7 +302,7 @@ def test_fdnas_summary_per_net_shows_final_accuracy(method: str) -> None:
 
 def test_decnas_summary_per_gm() -> None:
     lines = summary_lines("decnas", _decnas())
-    for column in ("GM", "widths", "MMACs", "params", "val acc", "test acc", "tuned acc"):
+    for column in ("GM", "widths", "MMACs/sample", "val acc (search)", "test acc after tuning"):
         assert column in lines[1]
     expected = ["GM_2", "4x4x8x5", "0.3714", "4453", "0.8333", "0.7911", "0.9089"]
     assert _row(lines, "GM_2") == expected
@@ -218,8 +333,8 @@ def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
         {**m, "latency-ms": 0.25 * (i + 1)} for i, m in enumerate(fedoras["models"])
     ]
     lines = summary_lines("fedoras", fedoras)
-    assert lines[1].split()[:5] == ["tier", "init", "model", "MFLOPs", "ms"]
-    assert _row(lines, "T1")[3:5] == ["0.2684", "0.25"]
+    assert lines[1].split()[:6] == ["tier", "init", "model", "MFLOPs/sample", "latency", "ms"]
+    assert _row(lines, "T2")[3:5] == ["0.2684", "0.75"]
     fdnas = _fdnas()
     fdnas["nets"] = [{**n, "predicted-ms": 1.5} for n in fdnas["nets"]]
     assert _row(summary_lines("fdnas", fdnas), "cluster-1")[2:4] == ["0.1431", "1.5"]
@@ -230,7 +345,7 @@ def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
     text = "\n".join(summary_lines("dpfnas", dpfnas))
     assert "latency on the parties' table: 1.75 ms (budget 2 ms)" in text
     # by FLOPs: no such column or line
-    assert "ms" not in summary_lines("fedoras", _fedoras())[1].split()
+    assert "latency ms" not in summary_lines("fedoras", _fedoras())[1]
     assert "latency" not in "\n".join(summary_lines("dpfnas", _dpfnas()))
 
 

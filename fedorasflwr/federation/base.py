@@ -430,6 +430,8 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         profiles = self._unique_partitions(self._valid_profiles(replies))
         self.require("profile", len(profiles), len(node_ids))
         self.profiles = profiles
+        for node_id, profile in profiles.items():
+            self.ledger.assign(node_id, profile.partition_id)
         self._gone = set()
         log(INFO, "Profiled %d node(s)", len(profiles))
         if self.validate_profiles is not None:  # e.g. the runner's check of the partitions
@@ -545,6 +547,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
                     profile.partition_id,
                 )
             self.profiles[node_id] = profile
+            self.ledger.assign(node_id, profile.partition_id)
         self._reasons.pop("profile", None)  # a mid-run profiling has no minimum
         return connected
 

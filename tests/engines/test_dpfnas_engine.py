@@ -47,10 +47,10 @@ def test_simulation_engine_runs_dpfnas(simulation_runner, flwr_home, tmp_path, d
     assert len(result["privacy"]) == 2
     assert result["noise"]["private-against-server"] is True  # OS-CSPRNG noise by default
     assert all(0 < party["epsilon"] < 100 for party in result["privacy"])
-    assert 0.0 <= result["test-accuracy"] <= 1.0
+    assert 0.0 <= result["test_accuracy"] <= 1.0
     assert result["ledger"]["weights"]["totals"]["replies"] == 2
     assert {"supernet.pt", "derived.pt"} <= set(result["files"])
-    tables = result["latency-tables"]
+    tables = result["latency_tables"]
     assert [n["partition-id"] for n in tables["nodes"]] == [0, 1]
     assert 0 < result["latency"]["predicted-ms"] <= result["latency"]["budget-ms"] == 1000.0
     assert result["ledger"]["latency"]["totals"]["replies"] == 2

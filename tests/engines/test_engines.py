@@ -105,12 +105,12 @@ def test_simulation_engine_runs_stage1_by_the_nodes_tables_as_in_process_and_sto
     ledger = result["ledger"]["supernet"]
     assert ledger["totals"]["messages"] == 10 and ledger["totals"]["replies"] == 10
     assert ledger["totals"]["bytes_down"] > 0 and ledger["totals"]["bytes_up"] > 0
-    assert len(result["tier-of-partition"]) == 10
+    assert len(result["tier_of_partition"]) == 10
     assert find_pids(flwr_home=flwr_home) == []
     assert result["resource"] == "latency"
     # one host, one thread per ClientApp: the first node to ask timed the table (under the
     # cache's lock), the nine others read it
-    tables = result["latency-tables"]["nodes"]
+    tables = result["latency_tables"]["nodes"]
     assert [n["partition-id"] for n in tables] == list(range(10))
     assert len({json.dumps(n["option-ms"]) for n in tables}) == 1
     (cache_file,) = (node_cache / "latency").glob("*.json")
@@ -121,10 +121,10 @@ def test_simulation_engine_runs_stage1_by_the_nodes_tables_as_in_process_and_sto
     lowest = fixed + sum(min(layer) for layer in option_ms)
     highest = fixed + sum(max(layer) for layer in option_ms)
     tiers = result["tiers"]
-    assert [t["index"] for t in tiers] == [0, 1, 2, 3]
+    assert [t["index"] for t in tiers] == [1, 2, 3, 4]  # 1-based, as users see them
     assert all(t["low"] < t["high"] for t in tiers)
     assert lowest * (1 - 1e-9) <= tiers[0]["low"] and tiers[-1]["high"] <= highest * (1 + 1e-9)
-    assert sorted(result["tier-latency-tables"]) == ["1", "2", "3", "4"]
+    assert sorted(result["tier_latency_tables"]) == ["1", "2", "3", "4"]
     # The same run in this process, from the same cached table: the same tiers and
     # placements, and the same supernet.
     monkeypatch.setenv("FEDORASFLWR_CACHE", str(node_cache))
@@ -133,8 +133,8 @@ def test_simulation_engine_runs_stage1_by_the_nodes_tables_as_in_process_and_sto
     expected = strategy.start(grid, ArrayRecord(), num_rounds=strategy.settings.train.rounds)
     assert cache_file.read_bytes() == before  # read, not timed again
     assert [(t.low, t.high) for t in strategy.tiers] == [(t["low"], t["high"]) for t in tiers]
-    placed = {str(p): t for p, t in strategy.tier_of_partition.items()}
-    assert result["tier-of-partition"] == placed
+    placed = {str(p): t + 1 for p, t in strategy.tier_of_partition.items()}
+    assert result["tier_of_partition"] == placed
     run_dir = next(out.glob("fedoras-*"))
     engine = load_checkpoint(run_dir / "supernet.pt")["state_dict"]
     expected_state = expected.arrays.to_torch_state_dict()
@@ -161,7 +161,7 @@ def test_simulation_engine_runs_stage1_by_the_nodes_tables_as_in_process_and_sto
         return [{k: v for k, v in entry.items() if k != "seconds"} for entry in history]
 
     assert numbers(second["history"]) == numbers(result["history"])
-    assert second["tier-of-partition"] == result["tier-of-partition"]
+    assert second["tier_of_partition"] == result["tier_of_partition"]
     rerun = load_checkpoint(next(again.glob("fedoras-*")) / "supernet.pt")["state_dict"]
     assert rerun.keys() == engine.keys()
     differing = [key for key, value in engine.items() if not torch.equal(rerun[key], value)]

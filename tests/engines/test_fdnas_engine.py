@@ -82,7 +82,7 @@ def cfdnas_on_engine(module_simulation_runner, tmp_path_factory, data_cache, nod
 def test_fdnas_runs_on_the_simulation_engine(cfdnas_on_engine, tmp_path, data_cache):
     # on the engine: FDNAS's search over every client, derivation and trained net
     result = cfdnas_on_engine
-    assert result["search-history"][0]["clients"] == NUM_NODES
+    assert result["search_history"][0]["clients"] == NUM_NODES
     net = result["nets"][0]
     assert net["name"] == "fdnas" and net["partitions"] == list(range(NUM_NODES))
     assert 0.0 <= net["averaged-accuracy"] <= 1.0
@@ -93,7 +93,7 @@ def test_fdnas_runs_on_the_simulation_engine(cfdnas_on_engine, tmp_path, data_ca
     context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=config)
     server_main(InProcessGrid(client_app, config, NUM_NODES), context)
     result = only_result(out, "fdnas")
-    assert result["search-history"][0]["clients"] == NUM_NODES
+    assert result["search_history"][0]["clients"] == NUM_NODES
     (net,) = result["nets"]
     assert net["name"] == "fdnas" and net["partitions"] == list(range(NUM_NODES))
     assert 0.0 <= net["averaged-accuracy"] <= 1.0
@@ -108,12 +108,12 @@ def test_cfdnas_runs_on_the_simulation_engine(cfdnas_on_engine):
         "cluster-1",
         "cluster-2",
     ]
-    assert result["cluster-of-partition"] == {str(p): p // 2 for p in range(NUM_NODES)}
+    assert result["cluster_of_partition"] == {str(p): p // 2 for p in range(NUM_NODES)}
     assert all(len(net["partitions"]) == 2 for net in result["nets"][1:])
 
 
 def test_cfdnas_by_latency_on_the_engine_times_one_table_per_host(cfdnas_on_engine, node_cache):
-    tables = cfdnas_on_engine["latency-tables"]
+    tables = cfdnas_on_engine["latency_tables"]
     assert [n["partition-id"] for n in tables["nodes"]] == list(range(NUM_NODES))
     assert sorted(tables["groups"]) == ["cluster-0", "cluster-1", "cluster-2", "search"]
     # one host, one thread per ClientApp: the first node to ask timed the table (under the

@@ -37,7 +37,7 @@ def test_default_search_runs_three_stages_above_chance_and_leaves_nothing_runnin
     results = list((readme_run.cwd / "outputs").glob("fedoras-*/result.json"))
     assert len(results) == 1
     result = json.loads(results[0].read_text())
-    assert len(result["tier-of-partition"]) == 20
+    assert len(result["tier_of_partition"]) == 20
     assert len(result["tiers"]) == 4
     curve = [h["val-accuracy"] for h in result["history"]]
     assert curve[0] < 0.2

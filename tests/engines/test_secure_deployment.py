@@ -36,6 +36,16 @@ REFUSED = "No SuperNode found with the given public key"
 # ------------------------------------------------------------------ fast: files and flags
 
 
+def by_node(stage: dict) -> dict[int, dict[str, int]]:
+    """Node id -> counters of one stage of result.json's ledger (by partition there; each
+    partition held by one node in these runs)."""
+    nodes = {int(n): counters for n, counters in stage.get("unprofiled", {}).items()}
+    for entry in stage["partitions"].values():
+        (node,) = entry["node_ids"]
+        nodes[node] = {k: v for k, v in entry.items() if k != "node_ids"}
+    return nodes
+
+
 def test_throwaway_certificate_is_signed_by_the_ca_for_localhost(tmp_path):
     tls = make_tls_files(tmp_path / "certs")
     ca = x509.load_pem_x509_certificate(tls.ca_cert.read_bytes())
@@ -134,14 +144,14 @@ def test_tls_run_with_registered_supernodes_refuses_an_unregistered_one(secure_d
     assert {done.listed[n] for n in registered - {done.victim_id}} == {"online"}
     result = done.result
     assert [h["round"] for h in result["history"]] == [0, 1]
-    # A model per tier that some client can run: tiers 1 .. the highest held (0-based there).
-    highest = max(result["tier-of-partition"].values())
-    assert [m["tier"] for m in result["models"]] == list(range(1, highest + 2))
+    # A model per tier that some client can run: tiers 1 .. the highest held.
+    highest = max(result["tier_of_partition"].values())
+    assert [m["tier"] for m in result["models"]] == list(range(1, highest + 1))
     assert all(0.0 <= m["test"]["accuracy"] <= 1.0 for m in result["models"])
     ledger = result["ledger"]
-    assert {int(n) for n in ledger["profile"]["nodes"]} == registered
+    assert set(by_node(ledger["profile"])) == registered
     for stage in ledger.values():
-        assert {int(n) for n in stage["nodes"]} <= registered
+        assert set(by_node(stage)) <= registered
     assert ledger["supernet"]["totals"]["replies"] == 2
     assert ledger["supernet"]["totals"]["failed"] == 1  # the killed node's, below
     assert done.left_running == []
@@ -182,8 +192,8 @@ def test_supernodes_measure_their_tables_and_their_budgets_place_them(secure_dep
     result = done.result
     assert result["resource"] == "latency"
     # budget 1e6 ms: top; 1e-6: lowest
-    assert result["tier-of-partition"] == {"0": 1, "1": 0, "2": 1}
-    nodes = {n["partition-id"]: n for n in result["latency-tables"]["nodes"]}
+    assert result["tier_of_partition"] == {"0": 2, "1": 1, "2": 2}
+    nodes = {n["partition-id"]: n for n in result["latency_tables"]["nodes"]}
     assert sorted(nodes) == [0, 1, 2]
     for pid, config in enumerate(NODE_CONFIGS):
         assert nodes[pid]["device-class"] == config["device-class"]
@@ -210,10 +220,10 @@ def test_a_supernode_killed_mid_round_is_booked_once_to_itself(secure_deployment
     result = done.result
     ledger = result["ledger"]
     nodes = set(done.node_ids)
-    assert {int(n) for n in ledger["profile"]["nodes"]} == nodes
+    assert set(by_node(ledger["profile"])) == nodes
     for name, stage in ledger.items():
-        assert {int(n) for n in stage["nodes"]} <= nodes, f"phantom node in {name}"
-    supernet = ledger["supernet"]["nodes"][str(victim_id)]
+        assert set(by_node(stage)) <= nodes, f"phantom node in {name}"
+    supernet = by_node(ledger["supernet"])[victim_id]
     assert (supernet["messages"], supernet["replies"], supernet["failed"]) == (1, 0, 1)
     # Lost, not timed out: the SuperLink gives up on a silent node after ~60 s (two missed
     # 30-s heartbeats) and answers NODE_UNAVAILABLE, well before the 240-s reply timeout.
@@ -221,7 +231,7 @@ def test_a_supernode_killed_mid_round_is_booked_once_to_itself(secure_deployment
     assert ledger["supernet"]["totals"]["replies"] == 2
     # Booked once: each failed message once, to the victim, split by kind; no one else fails.
     for name, stage in ledger.items():
-        for node, costs in stage["nodes"].items():
+        for node, costs in by_node(stage).items():
             kinds = costs["lost"] + costs["timed_out"] + costs["error_replies"]
             assert costs["failed"] == kinds, (name, node, costs)
             unanswered = costs["messages"] - costs["replies"]
@@ -229,7 +239,7 @@ def test_a_supernode_killed_mid_round_is_booked_once_to_itself(secure_deployment
                 assert costs["failed"] == unanswered and costs["error_replies"] == 0
             else:
                 assert costs["failed"] == 0, (name, node, costs)
-        assert stage["totals"]["failed"] == stage["nodes"].get(str(victim_id), {}).get("failed", 0)
+        assert stage["totals"]["failed"] == by_node(stage).get(victim_id, {}).get("failed", 0)
     assert [h["round"] for h in result["history"]] == [0, 1]
     assert f"[supernet] node {victim_id} lost: error code 5" in done.run.stdout
     assert "node 1 " not in done.run.stdout  # the SuperLink's own id never stands for a node

@@ -336,10 +336,10 @@ def test_a_resumed_latency_stage1_equals_the_uninterrupted_one(run_config, tmp_p
     resumed_config = config("resumed", **{"resume-from": str(stopped / "checkpoint.pt")})
     resumed = run_main(grid_of(resumed_config, nodes), resumed_config)
     first, second = result_of(whole), result_of(resumed)
-    assert second["resumed-from"].endswith("checkpoint.pt")
+    assert second["resumed_from"].endswith("checkpoint.pt")
     assert first["tiers"] == second["tiers"]
-    assert first["tier-of-partition"] == second["tier-of-partition"]
-    assert first["latency-tables"] == second["latency-tables"]
+    assert first["tier_of_partition"] == second["tier_of_partition"]
+    assert first["latency_tables"] == second["latency_tables"]
     assert_same_weights(whole / "supernet.pt", resumed / "supernet.pt")
 
 

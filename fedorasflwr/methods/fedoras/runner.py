@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from ...data import load_server_data
 from ...latency import table_document
 from ...model_files import SUBNET
 from ...plots import plot_history
+from ...progress import PlannedStage, RunEstimate
 from ...runs import (
     RunFiles,
     build_supernet,
@@ -31,7 +33,19 @@ from .finetune import SUPERNET_INIT
 from .plots import plot_finetune, plot_tiers
 from .strategy import FedorAS, FedorASResult
 
-__all__ = ["build_fedoras", "fedoras_plots", "latency_entries", "resume_supernet", "run_fedoras"]
+__all__ = [
+    "build_fedoras",
+    "fedoras_plan",
+    "fedoras_plots",
+    "latency_entries",
+    "resume_supernet",
+    "run_fedoras",
+]
+
+#: one path scored in the search, in client-epochs (the plan's unit of work): a forward pass
+#: over the server's slice with BatchNorm recalibrated, against a client's forward and
+#: backward passes over its partition; a rough guide until the first tier's search is timed
+SCORE_WORK = 0.1
 
 
 def run_fedoras(
@@ -56,16 +70,17 @@ def run_fedoras(
     strategy = build_fedoras(settings, space=space, server_data=server_data, resume=resume)
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.train.rounds
-    result = start(
-        strategy,
-        grid,
-        settings,
-        run,
-        initial,
-        rounds,
-        evaluate_fn=evaluator,
-        supernet="supernet.pt",
-    )
+    with fedoras_plan(settings.method_settings, settings.min_nodes).active():
+        result = start(
+            strategy,
+            grid,
+            settings,
+            run,
+            initial,
+            rounds,
+            evaluate_fn=evaluator,
+            supernet="supernet.pt",
+        )
     if not trained:
         run.add(out_dir / "supernet.pt")
     for model in result.models:
@@ -83,9 +98,9 @@ def run_fedoras(
     run.add(*fedoras_plots(out_dir, result))
     return {
         "space": describe_space(space),
-        "resumed-from": settings.resume_from or None,
-        "tiers": result.tiers,
-        "tier-of-partition": result.tier_of_partition,
+        # tiers 1-based, as users see them (file names, logs, ``models[].tier``)
+        "tiers": [{**asdict(t), "index": t.index + 1} for t in result.tiers],
+        "tier-of-partition": {p: t + 1 for p, t in sorted(result.tier_of_partition.items())},
         "history": result.history,
         "search": [s.summary() for s in result.searches],
         "kendall-tau": {str(t + 1): tau for t, tau in result.kendall_tau.items()},
@@ -94,6 +109,37 @@ def run_fedoras(
         **latency_entries(strategy, result),
         **run.document(),
     }
+
+
+def fedoras_plan(settings: Any, nodes: int) -> RunEstimate:
+    """The whole run's estimate (``progress.RunEstimate``) of FedorAS's three stages, in
+    client-epochs (a round: clients per round times local epochs; ``nodes`` stands for a
+    recipe's 0, every node): Stage 1's rounds; the search, a step per tier of
+    ``search-evaluations`` paths at ``SCORE_WORK`` each; per tier the fine-tuning, the
+    rand-init training and the random search as configured. ``stop-after`` ends the plan
+    early."""
+
+    def per_round(recipe: Any) -> float:
+        return float((recipe.clients_per_round or nodes) * recipe.local_epochs)
+
+    tiers, finetune = settings.num_tiers, settings.finetune
+    stages = [PlannedStage("supernet", settings.train.rounds, per_round(settings.train))]
+    if settings.stop_after != "supernet":
+        stages.append(PlannedStage("search", tiers, settings.search_evaluations * SCORE_WORK))
+    if settings.stop_after == "finetune":
+        stages.append(
+            PlannedStage("finetune-t*-supernet", tiers * finetune.rounds, per_round(finetune))
+        )
+        if settings.compare_rand_init:
+            rounds = settings.rand_init_rounds or finetune.rounds
+            stages.append(PlannedStage("finetune-t*-random", tiers * rounds, per_round(finetune)))
+        if settings.compare_random_search:  # the fine-tuning's client compute, split
+            stages.append(
+                PlannedStage(
+                    "finetune-t*-random-search-*", tiers * finetune.rounds, per_round(finetune)
+                )
+            )
+    return RunEstimate(stages)
 
 
 def build_fedoras(

@@ -53,7 +53,7 @@ class Scored:
 
 @dataclass
 class TierSearch:
-    """Outcome of one tier's search."""
+    """Outcome of one tier's search (``tier``: 0-based; ``summary()``'s: 1-based)."""
 
     tier: int
     best: Path
@@ -66,7 +66,7 @@ class TierSearch:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "tier": self.tier,
+            "tier": self.tier + 1,  # 1-based, as users see it
             "best": list(self.best),
             "best-accuracy": self.best_accuracy,
             "evaluated": len(self.evaluated),

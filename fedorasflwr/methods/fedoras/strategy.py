@@ -759,7 +759,8 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             self.server_scorer.load(arrays)
         context = self.stage_context()
         searches, taus = [], {}
-        for tier in self.tiers:
+        clock = StageClock("search", len(self.tiers), label="tier")  # for the run's ETA
+        for done, tier in enumerate(self.tiers, start=1):
             if s.search_scoring != "server" and not any(
                 p.num_val > 0 for p in context.eligible(tier.index)
             ):
@@ -808,6 +809,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                 self._latency_note(tier.index, outcome.best),
             )
             searches.append(outcome)
+            clock.report(done)
         return searches, taus
 
     def _latency_note(self, tier: int, path: Sequence[int]) -> str:
