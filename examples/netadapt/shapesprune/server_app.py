@@ -112,8 +112,11 @@ def save(net: PrunableNet, result: DecNASResult, out: Path) -> dict[str, Any]:
     arrays, _ = final_model(result)
     stage = "final" if found["final"]["tuned"] else "iterations"
     torch.save(
-        {"space": result.frontier[-1].spec, "state_dict": arrays.to_torch_state_dict(),
-         "stage": stage},
+        {
+            "space": result.frontier[-1].spec,
+            "state_dict": arrays.to_torch_state_dict(),
+            "stage": stage,
+        },
         out / MODEL_FILE,
     )
     return found
@@ -126,16 +129,21 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     net, result = search(grid, context.run_config)
     out = Path(str(context.run_config["output-dir"])).absolute()
-    found = save(net, result, out)
-    print(f"shapesprune: {found['model']['name']}, prunable layers {found['model']['layers']}")
+    print(report(save(net, result, out), out))
+
+
+def report(found: dict[str, Any], out: Path) -> str:
+    """What ``main`` prints: the model, one line per GM_t, the final model."""
+    lines = [f"shapesprune: {found['model']['name']}, prunable layers {found['model']['layers']}"]
     for gm in found["frontier"]:
         tuned = gm["tuned-test-accuracy"]
-        print(
+        lines.append(
             f"  GM_{gm['gm']}: widths {gm['widths']}, {gm['macs']} MACs, test accuracy "
             f"{gm['test-accuracy']:.3f}" + ("" if tuned is None else f", {tuned:.3f} tuned")
         )
     final = found["final"]
-    print(
+    lines.append(
         f"shapesprune: final model GM_{final['gm']}, {final['macs-fraction']:.2f} of GM_0's "
         f"MACs, test accuracy {final['test-accuracy']:.3f}; wrote {out / 'result.json'}"
     )
+    return "\n".join(lines)
