@@ -5,39 +5,27 @@ what its ServerApp writes."""
 from __future__ import annotations
 
 import json
-import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fedorasflwr.search_spaces import build_space
+from tests.example_apps import EXAMPLES, app_run_config, import_app
 
-EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "digits"
+EXAMPLE_DIR = EXAMPLES / "digits"
 SPACE_PATH = "digitsnas.space:DigitsSpace"
 
 
 def run_config(**overrides: Any) -> dict[str, Any]:
     """The example's ``[tool.flwr.app.config]``, flattened as Flower does, then overrides."""
-    table = tomllib.loads((EXAMPLE_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
-    flat: dict[str, Any] = {}
-    for key, value in table["config"].items():
-        if isinstance(value, dict):
-            flat.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            flat[key] = value
-    unknown = set(overrides) - set(flat)
-    assert not unknown, f"not keys of the example's run config: {sorted(unknown)}"
-    flat.update(overrides)
-    return flat
+    return app_run_config(EXAMPLE_DIR, **overrides)
 
 
 def import_example() -> None:
     """Make ``digitsnas`` importable here as Flower makes it in its apps: the app's
     directory on ``sys.path`` (it is not installed)."""
-    if str(EXAMPLE_DIR) not in sys.path:
-        sys.path.insert(0, str(EXAMPLE_DIR))
+    import_app(EXAMPLE_DIR)
 
 
 def check_result(out: Path, config: dict[str, Any]) -> dict[str, Any]:

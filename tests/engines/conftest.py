@@ -84,11 +84,13 @@ def module_simulation_runner(
     """`simulation_runner` for one run that several tests of a module share (call it from a
     module-scoped fixture): ``run(num_supernodes=6, ...)`` -> ``(result, flwr_home)``.
 
-    Every call gets a fresh ``FLWR_HOME`` of its own under pytest's temp dirs.
+    Every call gets a fresh ``FLWR_HOME`` of its own under pytest's temp dirs (so calls may
+    run at once, from threads); ``app_dir`` runs another Flower app than the project's.
     """
 
     def run(
         *,
+        app_dir: Path = PROJECT_ROOT,
         num_supernodes: int = 4,
         run_config: Mapping[str, ConfigValue] | str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
@@ -96,7 +98,7 @@ def module_simulation_runner(
     ) -> tuple[RunResult, Path]:
         home = tmp_path_factory.mktemp("flwr-home")
         result = run_simulation(
-            PROJECT_ROOT,
+            app_dir,
             num_supernodes=num_supernodes,
             run_config=run_config,
             flwr_home=home,

@@ -1,46 +1,107 @@
-"""The digits example (``examples/digits``), a Flower app of its own, under ``flwr run`` on
-the simulation engine, as its README runs it: nothing installed (the example is not in the
-venv: Flower loads ``digitsnas`` from the app's FAB, unpacked under ``$FLWR_HOME/apps``,
-which it puts on ``sys.path`` of the ServerApp and of every ClientApp), nothing downloaded."""
+"""The example apps (``examples/digits``, ``examples/netadapt``), Flower apps of their own,
+under ``flwr run`` on the simulation engine, as their READMEs run them: nothing installed
+(the examples are not in the venv: Flower loads each app's package from its FAB, unpacked
+under ``$FLWR_HOME/apps``, which it puts on ``sys.path`` of the ServerApp and of every
+ClientApp), nothing downloaded.
+
+Both runs start at once, one thread each, in one module-scoped fixture: most of a run's
+wall time is Flower and Ray starting and messages waiting, so the two overlap well on a
+small machine (about 105 s together under load, against 99 s and 44 s one after the other).
+"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fedorasflwr.launch import find_pids, run_simulation
-from tests.digits_example import EXAMPLE_DIR, SPACE_PATH, check_result, run_config
+from fedorasflwr.launch import RunResult, find_pids
+from tests import digits_example, netadapt_example
 
 pytestmark = pytest.mark.slow
 
+ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "OMP_NUM_THREADS": "1"}
+# the netadapt example shrunk to its wiring (GM_0, one NetAdapt iteration, one tuning round):
+# its effect is tests/test_netadapt_example_inprocess.py's, on the pyproject's own defaults
+NETADAPT_SHRUNK = {
+    "decnas.gm0-rounds": 2,
+    "decnas.initial-reduction": 0.7,
+    "decnas.final-rounds": 1,
+}
 
-def test_example_is_not_installed(tmp_path):
-    # what makes the run below load the example from its FAB: no other copy is importable
+
+@dataclass(frozen=True)
+class ExampleRun:
+    """One example's run: Flower's result, its ``FLWR_HOME``, output dir and run config."""
+
+    result: RunResult
+    flwr_home: Path
+    out: Path
+    config: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def example_runs(module_simulation_runner, tmp_path_factory) -> dict[str, ExampleRun]:
+    """Both examples run once under ``flwr run``, at the same time; each stops its own
+    SuperLink and children (``run_simulation``), also when the other fails."""
+    overrides = {"digits": {}, "netadapt": NETADAPT_SHRUNK}
+    modules = {"digits": digits_example, "netadapt": netadapt_example}
+
+    def run(name: str) -> ExampleRun:
+        out = tmp_path_factory.mktemp(f"{name}-out")
+        run_config = {"output-dir": str(out), **overrides[name]}
+        result, home = module_simulation_runner(
+            app_dir=modules[name].EXAMPLE_DIR,
+            num_supernodes=4,
+            run_config=run_config,
+            client_num_cpus=1,
+            timeout=300,
+            env=ENV,
+        )
+        return ExampleRun(result, home, out, modules[name].run_config(**run_config))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run, name) for name in overrides}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("package", ["digitsnas", "shapesprune"])
+def test_example_is_not_installed(tmp_path, package):
+    # what makes the runs below load the examples from their FABs: no other copy is importable
     done = subprocess.run(
-        [sys.executable, "-c", "import digitsnas"], cwd=tmp_path, capture_output=True, text=True
+        [sys.executable, "-c", f"import {package}"], cwd=tmp_path, capture_output=True, text=True
     )
-    assert done.returncode != 0 and "No module named 'digitsnas'" in done.stderr
+    assert done.returncode != 0 and f"No module named '{package}'" in done.stderr
 
 
-def test_example_runs_under_flwr_run(flwr_home, tmp_path):
-    out = tmp_path / "out"
-    config = run_config(**{"output-dir": str(out)})  # the pyproject's (tiny) defaults
-    result = run_simulation(
-        EXAMPLE_DIR,
-        num_supernodes=4,
-        run_config={"output-dir": str(out)},
-        flwr_home=flwr_home,
-        client_num_cpus=1,
-        timeout=300,
-        env={"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "OMP_NUM_THREADS": "1"},
-    )
-    assert result.status == "finished:completed"
-    (app_dir,) = (flwr_home / "apps").glob("*.digitsnas.*")  # the FAB, unpacked
+def test_digits_example_runs_under_flwr_run(example_runs):
+    run = example_runs["digits"]  # the pyproject's (tiny) defaults
+    assert run.result.status == "finished:completed"
+    (app_dir,) = (run.flwr_home / "apps").glob("*.digitsnas.*")  # the FAB, unpacked
     assert (app_dir / "digitsnas" / "space.py").is_file()
-    found = check_result(out, config)
-    assert f"digitsnas: search space {SPACE_PATH}, 2 tier(s)" in result.stdout
+    found = digits_example.check_result(run.out, run.config)
+    stdout = run.result.stdout
+    assert f"digitsnas: search space {digits_example.SPACE_PATH}, 2 tier(s)" in stdout
     for model in found["models"]:
-        assert f"tier {model['tier']} (supernet): {'-'.join(model['names'])}" in result.stdout
-    assert find_pids(flwr_home=flwr_home) == []  # the SuperLink and its children stopped
+        assert f"tier {model['tier']} (supernet): {'-'.join(model['names'])}" in stdout
+    assert find_pids(flwr_home=run.flwr_home) == []  # the SuperLink and its children stopped
+
+
+def test_netadapt_example_runs_under_flwr_run(example_runs):
+    run = example_runs["netadapt"]
+    assert run.result.status == "finished:completed"
+    (app_dir,) = (run.flwr_home / "apps").glob("*.shapesprune.*")  # the FAB, unpacked
+    assert (app_dir / "shapesprune" / "model.py").is_file()
+    found, _ = netadapt_example.check_result(run.out, run.config)
+    stdout = run.result.stdout
+    assert f"shapesprune: {netadapt_example.MODEL_PATH}, prunable layers" in stdout
+    for gm in found["frontier"]:
+        assert f"GM_{gm['gm']}: widths {gm['widths']}, {gm['macs']} MACs" in stdout
+    final = found["final"]
+    assert f"final model GM_{final['gm']}, {final['macs-fraction']:.2f} of GM_0's MACs" in stdout
+    assert find_pids(flwr_home=run.flwr_home) == []  # the SuperLink and its children stopped
