@@ -154,7 +154,7 @@ def test_fedoras_plan_covers_its_three_stages() -> None:
     from fedorasflwr.methods.fedoras.runner import SCORE_WORK, fedoras_plan
     from tests.runconfig import pyproject_run_config
 
-    settings = parse_run_config(pyproject_run_config()).fedoras
+    settings = parse_run_config(pyproject_run_config()).method_settings
     plan = fedoras_plan(settings, nodes=20)
     train, finetune = settings.train, settings.finetune
     assert plan.stages == [

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fedorasflwr.config import DecNASSettings
 from fedorasflwr.search_spaces import PrunableNet, build_prunable
-from fedorasflwr.strategies import DecNAS, DecNASResult
+from fedorasflwr.strategies import DecNAS, DecNASResult, DecNASSettings
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -55,12 +54,12 @@ def search(grid: Grid, run_config: Mapping[str, Any]) -> tuple[PrunableNet, DecN
 
 
 def final_model(result: DecNASResult) -> tuple[ArrayRecord, float | None]:
-    """GM_T's weights to deploy and their test accuracy: after the FedAvg tuning when it
-    ran (``decnas.final-rounds`` > 0 and T > 0), else as the search left them."""
+    """GM_T's weights to deploy and their test accuracy: ``result.arrays`` is GM_T after
+    the FedAvg tuning when it ran (``decnas.final-rounds`` > 0 and T > 0), else as the
+    search left it (``result.untuned_arrays``: always as the search left it)."""
     last = result.frontier[-1]
-    if last.tuned_arrays is not None:
-        return last.tuned_arrays, last.tuned_test_accuracy
-    return result.arrays, last.test_accuracy
+    tuned = last.tuned_arrays is not None
+    return result.arrays, last.tuned_test_accuracy if tuned else last.test_accuracy
 
 
 def summary(net: PrunableNet, result: DecNASResult) -> dict[str, Any]:
