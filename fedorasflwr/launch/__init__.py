@@ -27,8 +27,8 @@ Facts about Flower 1.41 this package relies on:
 The package's parts: `processes` (free ports, finding and stopping processes, SIGTERM and
 SIGHUP turned into Ctrl-C's clean-up: `stop_on_signals`),
 `flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``), `heartbeat`
-(the SuperLink's task heartbeat timeout: ``python -m fedorasflwr.launch.heartbeat``), `fab` (the
-copy of the app ``flwr run`` packs: `packable_app`),
+(the SuperLink's task heartbeat timeout) and `superlink` (``flower-superlink`` with it set),
+`fab` (the copy of the app ``flwr run`` packs: `packable_app`),
 `simulation` (`run_simulation`), `deployment` (`Deployment`), `security` (TLS
 certificates and SuperNode keys: `TlsFiles`, `make_tls_files`, `make_node_key`) and
 `cli` (``python -m fedorasflwr.launch``).

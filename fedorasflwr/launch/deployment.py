@@ -89,7 +89,7 @@ class Deployment:
     heartbeat_timeout : float, optional
         Seconds the SuperLink waits for the ServerApp's heartbeat before it fails the
         run (at least 60; default: Flower's 60): the SuperLink then runs as
-        ``python -m fedorasflwr.launch.heartbeat`` (`fedorasflwr.launch.heartbeat`).
+        ``python -m fedorasflwr.launch.superlink`` (`fedorasflwr.launch.heartbeat`).
     """
 
     def __init__(
@@ -310,7 +310,7 @@ class Deployment:
     def _start_superlink(self) -> None:
         command = [_flower_tool("flower-superlink")]
         if self.heartbeat_timeout is not None:  # flower-superlink with a longer task timeout
-            command = [sys.executable, "-m", "fedorasflwr.launch.heartbeat"]
+            command = [sys.executable, "-m", "fedorasflwr.launch.superlink"]
         if self.tls is None:
             command += ["--insecure"]
         else:

@@ -7,10 +7,10 @@ background thread about every 20 s (``flwr.supercore.heartbeat.HeartbeatSender``
 SuperLink's task store (``flwr.supercore.corestate``, in memory or SQL) fails a running
 task it has not heard from for ``HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL`` = 2 x
 30 s = 60 s. Both are module constants with no option or environment variable; on a host
-whose cores are all busy (many SuperNodes' trainings at once) one late heartbeat HTTP
-call is enough to fail an hour-long run.
+whose cores are all busy (many SuperNodes' trainings at once) a minute in which the
+heartbeat thread got no heartbeat through fails an hour-long run.
 
-``python -m fedorasflwr.launch.heartbeat [flower-superlink arguments]`` is
+``python -m fedorasflwr.launch.superlink [flower-superlink arguments]`` is
 ``flower-superlink`` with that timeout set from ``$FEDORASFLWR_HEARTBEAT_TIMEOUT``
 (seconds; unset: Flower's 60 s). The launcher starts its SuperLinks through it: the
 deployment's directly, the simulation's through a ``flower-superlink`` script first on the
@@ -21,7 +21,6 @@ keep Flower's rule.
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -82,13 +81,13 @@ def set_task_heartbeat_timeout(seconds: float) -> None:
 
 
 def superlink_wrapper(directory: Path) -> Path:
-    """Write ``<directory>/flower-superlink``, a script that runs this module with this
-    interpreter, and return `directory`: put first on ``PATH``, it is the SuperLink
-    ``flwr run`` starts for the ``:local:`` connection."""
+    """Write ``<directory>/flower-superlink``, a script that runs
+    ``fedorasflwr.launch.superlink`` with this interpreter, and return `directory`: put
+    first on ``PATH``, it is the SuperLink ``flwr run`` starts for ``:local:``."""
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "flower-superlink"
     python = shlex.quote(sys.executable)
-    script.write_text(f'#!/bin/sh\nexec {python} -m fedorasflwr.launch.heartbeat "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec {python} -m fedorasflwr.launch.superlink "$@"\n')
     script.chmod(0o755)
     return directory
 
@@ -104,21 +103,3 @@ def heartbeat_remedy(timeout: float | None) -> str:
         f"or {HEARTBEAT_TIMEOUT_ENV}), fewer --num-supernodes or a larger "
         "--client-num-cpus (fewer trainings at once)."
     )
-
-
-def main() -> None:
-    """``flower-superlink``, with the task heartbeat timeout ``$FEDORASFLWR_HEARTBEAT_TIMEOUT``."""
-    value = os.environ.get(HEARTBEAT_TIMEOUT_ENV, "")
-    if value:
-        try:
-            set_task_heartbeat_timeout(check_heartbeat_timeout(value))
-        except ValueError as error:
-            sys.exit(f"{HEARTBEAT_TIMEOUT_ENV}: {error}")
-    from flwr.superlink.cli import flower_superlink
-
-    sys.argv[0] = "flower-superlink"  # Flower names its process by it
-    sys.exit(flower_superlink())
-
-
-if __name__ == "__main__":
-    main()
