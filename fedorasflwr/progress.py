@@ -38,6 +38,7 @@ __all__ = [
     "format_bytes",
     "format_metrics",
     "quiet_flower_strategy",
+    "root_logger_kept",
     "setup_logging",
     "summary_lines",
     "verbose",
@@ -396,6 +397,28 @@ def setup_logging(verbose_output: bool | None = None) -> logging.Logger:
             if type(handler).__name__ == "ConsoleHandler":
                 handler.setLevel(logging.DEBUG)
     return logger
+
+
+@contextmanager
+def root_logger_kept() -> Iterator[None]:
+    """Within (around a third-party import): handlers added to the root logger are
+    removed again at the end.
+
+    ``opacus.utils.module_utils`` calls ``logging.basicConfig`` at import, which gives a
+    root logger without handlers a stderr handler. Flower's logger ``flwr`` prints
+    through its own handler and propagates to the root, so from then on every ``flwr``
+    line, the library's included, printed twice in any ServerApp that imports
+    ``fedorasflwr.strategies`` (a library app under ``flwr run`` that never calls
+    `setup_logging`). The modules that import opacus do it within this.
+    """
+    root = logging.getLogger()
+    before = list(root.handlers)
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in before:
+                root.removeHandler(handler)
 
 
 def launcher_env(verbose_output: bool) -> dict[str, str]:

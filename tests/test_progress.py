@@ -415,6 +415,40 @@ def test_setup_logging_keeps_other_root_handlers(flwr_logger: logging.Logger) ->
     assert other in logging.getLogger().handlers
 
 
+#: a library app's ServerApp as a user writes it, without `setup_logging`: it imports the
+#: strategies (DP-FNAS's accountant imports opacus) and DP-FNAS's per-sample check (its
+#: lazy opacus import, as on a ClientApp), then logs one line through Flower's logger
+LIBRARY_APP = """
+import fedorasflwr.strategies
+from fedorasflwr.methods.dpfnas import per_sample
+from fedorasflwr.search_spaces.base import build_space
+from logging import INFO
+from flwr.common.logger import log
+space = build_space("darts", channels=2, cells=2, input_height=28, input_width=28)
+per_sample.per_sample_problem(space, samples=2)
+log(INFO, "fedorasflwr: the one line")
+"""
+
+
+def test_a_library_app_prints_each_line_once() -> None:
+    # `flwr run` streams the ServerApp's stdout and stderr: a root handler opacus added
+    # printed every flwr line a second time (issue 32)
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY_APP],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert output.count("fedorasflwr: the one line") == 1, output
+
+
 def test_verbose_restores_debug(
     flwr_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,9 @@ Facts about Flower 1.41 this package relies on:
 - ``flwr run --stream`` exits with 0 even when the ServerApp raised; the run's status
   (``finished:completed`` / ``finished:failed`` and details) comes from
   ``flwr ls --run-id <id> --format json``.
+- The SuperLink fails a running ServerApp task it has heard no heartbeat from for
+  ``HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL`` = 60 s, module constants with no
+  option; `heartbeat` starts a SuperLink with a longer timeout.
 - Unless ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` (or
   ``--disable-runtime-dependency-installation``) reaches the SuperLink, every run
   builds a fresh environment with ``uv sync`` and downloads all dependencies.
@@ -23,8 +26,9 @@ Facts about Flower 1.41 this package relies on:
 
 The package's parts: `processes` (free ports, finding and stopping processes, SIGTERM and
 SIGHUP turned into Ctrl-C's clean-up: `stop_on_signals`),
-`flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``), `fab` (the
-copy of the app ``flwr run`` packs: `packable_app`),
+`flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``), `heartbeat`
+(the SuperLink's task heartbeat timeout) and `superlink` (``flower-superlink`` with it set),
+`fab` (the copy of the app ``flwr run`` packs: `packable_app`),
 `simulation` (`run_simulation`), `deployment` (`Deployment`), `security` (TLS
 certificates and SuperNode keys: `TlsFiles`, `make_tls_files`, `make_node_key`) and
 `cli` (``python -m fedorasflwr.launch``).

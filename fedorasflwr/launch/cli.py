@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -19,11 +20,24 @@ from .flwr_cli import (
     FlowerRunError,
     format_run_config,
 )
+from .heartbeat import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    HEARTBEAT_FAILURE,
+    HEARTBEAT_TIMEOUT_ENV,
+    check_heartbeat_timeout,
+)
 from .processes import Stopped, stop_on_signals
 from .security import TlsFiles
 from .simulation import run_simulation
 
-__all__ = ["check_overrides", "interrupt_message", "main", "read_run_config", "resume_command"]
+__all__ = [
+    "check_overrides",
+    "failure_message",
+    "interrupt_message",
+    "main",
+    "read_run_config",
+    "resume_command",
+]
 
 #: the checkpoint a run directory holds (``fedorasflwr.checkpoints.CHECKPOINT_FILE``; not
 #: imported, so that the launcher starts without loading torch)
@@ -68,6 +82,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=None, help="seconds")
     parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds the SuperLink waits for the ServerApp's heartbeat before it fails "
+        f"the run with {HEARTBEAT_FAILURE!r} (at least 60; default: "
+        f"${HEARTBEAT_TIMEOUT_ENV}, else {DEFAULT_HEARTBEAT_TIMEOUT:g}; Flower's own is 60)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show everything: Flower's DEBUG lines (Ray backend set-up), its FedAvg "
@@ -76,6 +99,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     _add_security_args(parser)
     args = parser.parse_args(argv)
     _check_security_args(parser, args)
+    given = args.heartbeat_timeout
+    if given is None:
+        given = os.environ.get(HEARTBEAT_TIMEOUT_ENV) or DEFAULT_HEARTBEAT_TIMEOUT
+    try:
+        args.heartbeat_timeout = check_heartbeat_timeout(given)
+    except ValueError as error:
+        where = (
+            "--heartbeat-timeout" if args.heartbeat_timeout is not None else HEARTBEAT_TIMEOUT_ENV
+        )
+        parser.error(f"{where}: {error}")
     return args
 
 
@@ -194,14 +227,54 @@ def _flwr_home(args: argparse.Namespace, output_dir: Path) -> Path:
 
 
 def _how_to_see(home: Path, run_id: int | None) -> str:
-    run = str(run_id) if run_id is not None else "<run-id>"
+    """How to list the runs of Flower home `home` and show the log of `run_id` (the
+    log command only for a run that started)."""
     connection = SIMULATION_CONNECTION
-    return (
-        f"Flower home of this run: {home}\n"
-        f"see it with:  FLWR_HOME={home} flwr ls {connection}\n"
-        f"              FLWR_HOME={home} flwr log {run} {connection} --show\n"
-        f'then stop the SuperLink they start:  pkill -f "{home}/local-superlink/"'
-    )
+    lines = [
+        f"Flower home of this run: {home}",
+        f"see it with:  FLWR_HOME={home} flwr ls {connection}",
+    ]
+    if run_id is not None:
+        lines.append(f"              FLWR_HOME={home} flwr log {run_id} {connection} --show")
+    lines.append(f'then stop the SuperLink they start:  pkill -f "{home}/local-superlink/"')
+    return "\n".join(lines)
+
+
+def failure_message(
+    error: FlowerRunError,
+    run_dir: Path | None,
+    home: Path | None,
+    argv: Sequence[str],
+    values: Mapping[str, ConfigValue],
+    cwd: Path,
+) -> str:
+    """What the launcher prints (after Flower's output) when the run failed: the error
+    (its last lines: Flower's status, details and any remedy), the run id, the run
+    directory and what is in it, and how to see the run's log.
+
+    A run directory the ServerApp created but left empty (it was stopped before writing
+    anything, e.g. by a heartbeat failure) is removed, and the message says so; one
+    with a ``checkpoint.pt`` gets the command that resumes the run (`resume_command`).
+    """
+    lines = [f"FAILED: {error}", ""]
+    run = f"run {error.run_id}" if error.run_id is not None else "the run (it did not start)"
+    lines.append(f"{run}: {error.status or 'not finished'}; exit code 1")
+    if run_dir is not None:
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+            lines.append(f"run directory {run_dir}: empty (nothing was written), removed")
+        elif run_dir.is_dir():
+            names = ", ".join(sorted(path.name for path in run_dir.iterdir())[:8])
+            lines.append(f"run directory {run_dir}: kept ({names})")
+            checkpoint = run_dir / CHECKPOINT_FILE
+            if checkpoint.is_file():
+                lines.append(f"resume it from {checkpoint} with:")
+                lines.append(resume_command(argv, checkpoint, values, cwd))
+    else:
+        lines.append("no run directory was created")
+    if home is not None:
+        lines.append(_how_to_see(home, error.run_id))
+    return "\n".join(lines)
 
 
 class _RunWatch:
@@ -270,7 +343,10 @@ def _print_err(text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the process exit code.
+    """Command line entry point; returns the process exit code: 0 for a run Flower reports
+    ``finished:completed``, 1 for any other (the ServerApp raised, a heartbeat failure, a
+    timeout: `failure_message`; ``flwr run --stream`` itself exits 0 for them), 2 for bad
+    ``--run-config`` overrides.
 
     Ctrl-C, SIGTERM and SIGHUP take one path (`stop_on_signals`): every Flower process
     started is stopped, the interrupt message names the run directory and the command
@@ -301,6 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     supernode_auth=not args.no_supernode_auth,
                     node_keys=args.supernode_key,
                     env=env,
+                    heartbeat_timeout=args.heartbeat_timeout,
                 ) as dep:
                     result = dep.run(args.app_dir, run_config, args.timeout, echo=watch)  # type: ignore[arg-type]
             else:
@@ -314,12 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     echo=watch,
                     env=env,
                     federation_config={"verbose": True} if args.verbose else None,
+                    heartbeat_timeout=args.heartbeat_timeout,
                 )
         except FlowerRunError as error:
             echo.close()
-            print(f"\nFAILED: {error}", file=sys.stderr)
-            if home is not None:
-                print(_how_to_see(home, None), file=sys.stderr)
+            message = failure_message(error, watch.run_dir, home, argv, values, Path.cwd())
+            _print_err("\n" + message)
             return 1
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: processes stopped
             echo.close()

@@ -12,6 +12,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -36,6 +37,7 @@ from .flwr_cli import (
     _run_command,
     format_run_config,
 )
+from .heartbeat import HEARTBEAT_TIMEOUT_ENV, check_heartbeat_timeout
 from .processes import (
     LOOPBACK,
     _stop_flower_processes,
@@ -84,6 +86,10 @@ class Deployment:
     node_keys : Sequence[Path], optional
         One OpenSSH EC private key per SuperNode; default: throwaway P-384 keys under
         ``<flwr_home>/keys``.
+    heartbeat_timeout : float, optional
+        Seconds the SuperLink waits for the ServerApp's heartbeat before it fails the
+        run (at least 60; default: Flower's 60): the SuperLink then runs as
+        ``python -m fedorasflwr.launch.superlink`` (`fedorasflwr.launch.heartbeat`).
     """
 
     def __init__(
@@ -98,8 +104,12 @@ class Deployment:
         tls: TlsFiles | None = None,
         supernode_auth: bool = True,
         node_keys: Sequence[Path] | None = None,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         _check_positive_int("num_supernodes", num_supernodes)
+        if heartbeat_timeout is not None:
+            heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
+        self.heartbeat_timeout = heartbeat_timeout
         if node_configs is not None and len(node_configs) != num_supernodes:
             raise ValueError(
                 f"node_configs has {len(node_configs)} entries for {num_supernodes} supernodes"
@@ -116,6 +126,8 @@ class Deployment:
         self.node_configs = list(node_configs or [{}] * num_supernodes)
         self._given_home = Path(flwr_home).resolve() if flwr_home else None
         self._extra_env = dict(env or {})
+        if heartbeat_timeout is not None:  # read by the SuperLink `_start_superlink` starts
+            self._extra_env[HEARTBEAT_TIMEOUT_ENV] = repr(heartbeat_timeout)
         self.startup_timeout = startup_timeout
         self.flwr_home = Path()
         self.port = 0
@@ -176,7 +188,15 @@ class Deployment:
         env = self._env(self.flwr_home)
         with packable_app(app_dir) as app:
             command = _run_command(app, DEPLOYMENT_CONNECTION, run_config)
-            return _flwr_run(command, DEPLOYMENT_CONNECTION, env, timeout, echo, self.log_files)
+            return _flwr_run(
+                command,
+                DEPLOYMENT_CONNECTION,
+                env,
+                timeout,
+                echo,
+                self.log_files,
+                heartbeat_timeout=self.heartbeat_timeout,
+            )
 
     def stop(self) -> None:
         """Stop all processes started here (then any stragglers) and remove a temp home."""
@@ -289,6 +309,8 @@ class Deployment:
 
     def _start_superlink(self) -> None:
         command = [_flower_tool("flower-superlink")]
+        if self.heartbeat_timeout is not None:  # flower-superlink with a longer task timeout
+            command = [sys.executable, "-m", "fedorasflwr.launch.superlink"]
         if self.tls is None:
             command += ["--insecure"]
         else:

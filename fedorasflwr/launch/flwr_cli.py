@@ -17,6 +17,7 @@ from typing import IO
 
 import tomli_w
 
+from .heartbeat import HEARTBEAT_FAILURE, heartbeat_remedy
 from .processes import held_signals, stop_pids
 
 __all__ = [
@@ -43,7 +44,31 @@ _TAIL_LINES = 60
 
 
 class FlowerRunError(RuntimeError):
-    """A Flower run did not start, did not finish in time, or finished as failed."""
+    """A Flower run did not start, did not finish in time, or finished as failed.
+
+    Attributes
+    ----------
+    run_id : int or None
+        The SuperLink's run id (``None``: the run did not start).
+    status : str or None
+        Flower's final status of the run (``"finished:failed"``, ``"finished:stopped"``),
+        ``None`` when it was not read (not started, timed out).
+    details : str
+        Flower's status details, e.g. ``No heartbeat received from the task``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: int | None = None,
+        status: str | None = None,
+        details: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status
+        self.details = details
 
 
 @dataclass(frozen=True)
@@ -245,8 +270,14 @@ def _flwr_run(
     timeout: float | None,
     echo: bool | Callable[[str], None],
     log_files: Sequence[Path] = (),
+    heartbeat_timeout: float | None = None,
 ) -> RunResult:
-    """Run a ``flwr run ... --stream`` command and check the run finished as completed."""
+    """Run a ``flwr run ... --stream`` command and check the run finished as completed.
+
+    ``flwr run --stream`` exits 0 when the ServerApp raised: the run's own status, from
+    ``flwr ls --run-id <id> --format json``, decides. A run that ended otherwise than
+    ``finished:completed`` raises `FlowerRunError` with its id, status and details (and,
+    for a heartbeat failure, the remedy: `heartbeat.heartbeat_remedy`)."""
     returncode, output, wall_time = _stream_command(command, env, timeout, echo)
     match = _RUN_ID_PATTERN.search(output)
     run_id = int(match.group(1)) if match else None
@@ -254,15 +285,24 @@ def _flwr_run(
     if returncode is None:
         if run_id is not None:
             _stop_run(connection, run_id, env)
-        raise FlowerRunError(f"run {run_id} timed out after {timeout}s:\n{_tail(output)}\n{logs}")
+        raise FlowerRunError(
+            f"run {run_id} timed out after {timeout}s:\n{_tail(output)}\n{logs}", run_id=run_id
+        )
     if returncode != 0 or run_id is None:
         raise FlowerRunError(
-            f"`flwr run` failed to start the run (exit code {returncode}):\n{_tail(output)}"
+            f"`flwr run` failed to start the run (exit code {returncode}):\n{_tail(output)}",
+            run_id=run_id,
         )
     status, details = _run_status(connection, run_id, env)
     if status != "finished:completed":
+        reason = f"run {run_id} ended as {status!r}: {details}"
+        if HEARTBEAT_FAILURE in details:
+            reason += "\n" + heartbeat_remedy(heartbeat_timeout)
         raise FlowerRunError(
-            f"run {run_id} ended as {status!r}: {details}\n{_tail(output)}\n{logs}".rstrip()
+            f"{_tail(output)}\n{logs}\n{reason}".strip(),
+            run_id=run_id,
+            status=status,
+            details=details,
         )
     return RunResult(run_id, status, returncode, output, wall_time)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from .flwr_cli import (
     _flwr_run,
     _run_command,
 )
+from .heartbeat import HEARTBEAT_TIMEOUT_ENV, check_heartbeat_timeout, superlink_wrapper
 from .processes import _free_ports, _stop_flower_processes, held_signals
 
 __all__ = ["RAY_TIP_FILTER", "run_simulation"]
@@ -39,6 +41,7 @@ def run_simulation(
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
     echo: bool | Callable[[str], None] = False,
+    heartbeat_timeout: float | None = None,
 ) -> RunResult:
     """Run the Flower app in `app_dir` on the simulation engine, then stop all of Flower.
 
@@ -73,6 +76,11 @@ def run_simulation(
     echo : bool or callable, default False
         Also print the run's log as it streams (a callable gets each line, e.g. the
         launcher's ``ProgressEcho``).
+    heartbeat_timeout : float, optional
+        Seconds the SuperLink waits for the ServerApp's heartbeat before it fails the
+        run (at least 60; default: Flower's 60). Set through a ``flower-superlink``
+        script under ``<flwr_home>/bin``, first on the ``PATH`` of ``flwr run``
+        (`fedorasflwr.launch.heartbeat`).
 
     Returns
     -------
@@ -88,6 +96,8 @@ def run_simulation(
     _check_positive_int("num_supernodes", num_supernodes)
     if client_num_cpus is not None:
         _check_positive_int("client_num_cpus", client_num_cpus)
+    if heartbeat_timeout is not None:
+        heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
     home = Path(flwr_home).resolve() if flwr_home else Path(tempfile.mkdtemp(prefix="flwr-sim-"))
     http_port, control_port = _free_ports(2)
     run_env = _flower_env(home, env)
@@ -97,6 +107,10 @@ def run_simulation(
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
     }
+    if heartbeat_timeout is not None:  # `flwr run` starts the first flower-superlink on PATH
+        run_env[HEARTBEAT_TIMEOUT_ENV] = repr(heartbeat_timeout)
+        wrapper = superlink_wrapper(home / "bin")
+        run_env["PATH"] = os.pathsep.join([str(wrapper), run_env["PATH"]])
     federation: dict[str, ConfigValue] = {"num-supernodes": num_supernodes}
     if client_num_cpus is not None:
         federation["client-resources-num-cpus"] = client_num_cpus
@@ -106,7 +120,15 @@ def run_simulation(
         log_file = home / "local-superlink" / "superlink.log"
         with packable_app(app_dir) as app:
             command = _run_command(app, SIMULATION_CONNECTION, run_config, federation)
-            return _flwr_run(command, SIMULATION_CONNECTION, run_env, timeout, echo, [log_file])
+            return _flwr_run(
+                command,
+                SIMULATION_CONNECTION,
+                run_env,
+                timeout,
+                echo,
+                [log_file],
+                heartbeat_timeout=heartbeat_timeout,
+            )
     finally:
         with held_signals():  # a SIGTERM now must not leave some of them running
             _stop_flower_processes(home)

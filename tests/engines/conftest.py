@@ -29,6 +29,8 @@ from fedorasflwr.launch import (
     run_simulation,
     stop_pids,
 )
+from fedorasflwr.launch.flwr_cli import _flower_env
+from fedorasflwr.launch.processes import _free_ports, _stop_flower_processes
 from tests.runconfig import readme_run_command, tiny_fedoras
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -128,6 +130,31 @@ def deployment(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
     yield start
     for engine in reversed(started):
         engine.stop()
+
+
+def flwr_ls(home: Path) -> list[dict]:
+    """The runs ``flwr ls local --format json`` lists for the Flower home `home` of a
+    finished launch, as Flower reports them (``run-id``, ``status``, ...). ``flwr ls``
+    starts a SuperLink on free ports (another one may hold Flower's defaults); it is
+    stopped before this returns."""
+    http, control = _free_ports(2)
+    ports = {
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
+    }
+    env = _flower_env(home, ports)  # FLWR_HOME; the venv's bin on PATH: flwr starts a SuperLink
+    flwr = str(Path(sys.executable).parent / "flwr")
+    try:
+        listed = subprocess.run(
+            [flwr, "ls", "local", "--format", "json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        _stop_flower_processes(home)  # the SuperLink `flwr ls` started
+    return list(json.loads(listed.stdout[listed.stdout.find("{") :])["runs"])
 
 
 @dataclass(frozen=True)

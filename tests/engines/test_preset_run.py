@@ -16,10 +16,9 @@ import pytest
 
 from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.launch import find_pids, format_run_config
-from fedorasflwr.launch.flwr_cli import _flower_env
-from fedorasflwr.launch.processes import _free_ports, _stop_flower_processes
 from fedorasflwr.methods.decnas.netadapt import survivors_after_drop
 from fedorasflwr.search_spaces.prunable import build_prunable
+from tests.engines.conftest import flwr_ls
 from tests.runconfig import ROOT
 
 pytestmark = pytest.mark.slow
@@ -84,24 +83,7 @@ def test_quick_preset_runs_through_the_launcher_and_stays_listable(preset_run):
     assert (home / "local-superlink" / "state.db").exists()
     assert find_pids(flwr_home=home) == []  # the launcher stopped what it started
 
-    http, control = _free_ports(2)  # not Flower's default ports: another SuperLink may hold them
-    ports = {
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
-    }
-    env = _flower_env(home, ports)  # FLWR_HOME; the venv's bin on PATH: flwr starts a SuperLink
-    flwr = str(Path(sys.executable).parent / "flwr")
-    try:
-        listed = subprocess.run(
-            [flwr, "ls", "local", "--format", "json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        _stop_flower_processes(home)  # the SuperLink `flwr ls` started
-    runs = json.loads(listed.stdout[listed.stdout.find("{") :])["runs"]
+    runs = flwr_ls(home)
     assert [(str(run["run-id"]), run["status"]) for run in runs] == [(run_id, "finished:completed")]
     assert find_pids(flwr_home=home) == []
 

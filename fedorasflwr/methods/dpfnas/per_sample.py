@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from ...progress import root_logger_kept
 from ...search_spaces.base import SearchSpace, class_path
 from ...seeding import torch_stream
 
@@ -75,7 +76,8 @@ def per_sample_problem(space: SearchSpace, samples: int = 2) -> str | None:
 def _problem(space: SearchSpace, samples: int) -> str | None:
     # opacus (with scipy and torch.distributed.tensor) costs about as much to import as
     # torch; every ClientApp process imports this module, and only DP-FNAS's check needs it
-    from opacus.validators import ModuleValidator
+    with root_logger_kept():  # opacus's import adds a root handler: every flwr line twice
+        from opacus.validators import ModuleValidator
 
     errors = ModuleValidator.validate(space, strict=False)
     if errors:

@@ -30,9 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
-from opacus.accountants.analysis import gdp as gdp_analysis
-from opacus.accountants.analysis import rdp as rdp_analysis
+
+from ...progress import root_logger_kept
+
+with root_logger_kept():  # opacus's import adds a root handler: every flwr line twice
+    from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
+    from opacus.accountants.analysis import gdp as gdp_analysis
+    from opacus.accountants.analysis import rdp as rdp_analysis
 
 __all__ = [
     "Accountant",
