@@ -26,6 +26,7 @@ from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
 from ...latency import LatencyRequest, LatencyTable
 from ...protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
+from ...search_spaces.importable import require_importable
 from ...search_spaces.prunable import (
     PrunableNet,
     build_prunable,
@@ -144,6 +145,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
                 f"DecNAS prunes a PrunableNet, got {type(net).__name__}: wrap the model's "
                 "class, e.g. build_prunable(MyNet, num_classes=10, input_shape=(3, 32, 32))"
             )
+        require_importable(net, type(self).__name__)
         super().__init__(min_replies=settings.min_replies, **kwargs)
         self.net = net
         self.settings = settings

@@ -81,6 +81,7 @@ from ...protocol import (
 )
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.darts_style import require_darts_style, weight_keys
+from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
 from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_layout
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
@@ -166,6 +167,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         latency_request: LatencyRequest | None = None,
     ) -> None:
         require_darts_style(space)
+        require_importable(space, "DP-FNAS")
         if settings.resource == "latency":
             require_darts_layout(space)
         problem = per_sample_problem(space)

@@ -62,7 +62,7 @@ from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock
 from ...protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
-from ...search_spaces import SearchSpace, Subspace
+from ...search_spaces import SearchSpace, Subspace, require_importable
 from .context import StageContext
 from .evaluation import ServerPathScorer
 from .finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier, random_search_tier
@@ -173,6 +173,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         min_nodes: int = 2,
         latency: LatencyRequest | None = None,
     ) -> None:
+        require_importable(space, "FedorAS")
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
         if settings.stop_after not in STAGES:
             raise ValueError(
