@@ -159,7 +159,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
     def profile_rules(self) -> ProfileRules:
         """The net's classes (``num_classes``; a net without: the length most nodes declare):
         the grouping adds the nodes' label histograms, which must have one length."""
-        return ProfileRules.of_spec(self.net.spec, same_length=True)
+        return ProfileRules.of_model(self.net, same_length=True)
 
     def train_config(self, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """The ConfigRecord content every DecNAS message about the model ``spec`` carries."""
