@@ -29,7 +29,6 @@ from ...runs import (
     strategy_options,
 )
 from ...search_spaces import SearchSpace
-from .evaluation import SupernetEvaluator
 from .finetune import SUPERNET_INIT
 from .strategy import FedorAS, FedorASResult
 
@@ -46,15 +45,8 @@ def run_fedoras(
     stages = {"supernet": settings.fedoras.train.rounds, "search": None, "finetune": None}
     resume = resume_checkpoint(settings, space, stages)
     trained = resume is not None and not resume.within("supernet")
+    # Stage 1 is validated on the server's slice by the strategy's default evaluate_fn
     server_data = load_server_data(settings.data)
-    evaluator = None
-    if len(server_data) >= 2 and not trained:
-        evaluator = SupernetEvaluator(
-            space=build_supernet(settings),
-            dataset=server_data,
-            num_paths=settings.fedoras.eval_paths,
-            seed=settings.seed,
-        )
     strategy = build_fedoras(settings, space=space, server_data=server_data, resume=resume)
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.fedoras.train.rounds
@@ -65,7 +57,6 @@ def run_fedoras(
         run,
         initial,
         rounds,
-        evaluate_fn=evaluator,
         supernet="supernet.pt",
     )
     if not trained:
