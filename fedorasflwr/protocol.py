@@ -35,6 +35,8 @@ __all__ = [
     "QUERY_DECNAS_LATENCY",
     "QUERY_LATENCY",
     "QUERY_PROFILE",
+    "SAMPLE_KINDS",
+    "sample_kind",
     "space_from_config",
     "space_to_config",
 ]
@@ -70,6 +72,19 @@ DPFNAS_TRAIN = "train.dpfnas_final"
 DPFNAS_EVALUATE = "evaluate.dpfnas_final"
 
 SPACE_PREFIX = "space."
+
+#: a profile's ``sample-dtype``: the kind of a sample's dtype (images: float, token ids: int)
+SAMPLE_KINDS = ("float", "int", "bool", "complex")
+
+
+def sample_kind(dtype: Any) -> str:
+    """The kind (:data:`SAMPLE_KINDS`) of a ``torch.dtype``: what a profile's
+    ``sample-dtype`` declares and a model's ``input_dtype`` must match."""
+    if dtype.is_floating_point:
+        return "float"
+    if dtype.is_complex:
+        return "complex"
+    return "bool" if str(dtype) == "torch.bool" else "int"
 
 
 def space_to_config(spec: Mapping[str, Any]) -> dict[str, Any]:

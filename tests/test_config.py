@@ -109,7 +109,8 @@ def test_decnas_variants_switch_one_optimisation_off_each():
     config = pyproject_run_config()
     flags = {}
     for variant in ("decnas", "naive", "no-groups", "no-drop", "no-dynamic-rounds"):
-        settings = parse_run_config({**config, "decnas.variant": variant}).method_settings
+        variant_config = {**config, "method": "decnas", "decnas.variant": variant}
+        settings = parse_run_config(variant_config).method_settings
         flags[variant] = (settings.grouping, settings.dropping, settings.dynamic_rounds)
     assert flags == {
         "decnas": (True, True, True),
@@ -118,7 +119,8 @@ def test_decnas_variants_switch_one_optimisation_off_each():
         "no-drop": (True, False, True),
         "no-dynamic-rounds": (True, True, False),
     }
-    assert parse_run_config({**config, "decnas.rounds": "1,3"}).method_settings.rounds == (1, 3)
+    rounds = {**config, "method": "decnas", "decnas.rounds": "1,3"}
+    assert parse_run_config(rounds).method_settings.rounds == (1, 3)
 
 
 def test_a_method_table_refuses_its_misspelled_keys_but_not_the_apps_own():

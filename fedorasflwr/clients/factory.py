@@ -27,7 +27,7 @@ from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
 from ..methods.fedoras import client as fedoras
 from ..nonce import echo
-from ..protocol import CONFIG, PROFILE
+from ..protocol import CONFIG, PROFILE, sample_kind
 from ..training import device_mod
 from .latency import answer_latency
 from .layer_latency import answer_layer_latency
@@ -55,6 +55,7 @@ class Handler:
 
 def _profile(content: RecordDict, node: NodeData, context: Context) -> RecordDict:
     data = node.data
+    inputs = data.train.tensors[0]  # one shape and dtype for every split (ClientData)
     record = ConfigRecord(
         {
             "partition-id": node.partition_id,
@@ -63,6 +64,8 @@ def _profile(content: RecordDict, node: NodeData, context: Context) -> RecordDic
             "num-val": len(data.val),
             "num-test": len(data.test),
             "label-counts": list(data.label_counts),
+            "sample-shape": [int(d) for d in inputs.shape[1:]],
+            "sample-dtype": sample_kind(inputs.dtype),
             "tier": int(context.node_config.get("tier", -1)),
             "cluster": int(context.node_config.get("cluster", -1)),
             "device-class": str(context.node_config.get("device-class", "")),
@@ -103,7 +106,9 @@ def _upload(content: RecordDict, node: NodeData, context: Context) -> RecordDict
 
 #: every message type of every method (docs/protocol.md), in that page's order
 HANDLERS: tuple[Handler, ...] = (
-    Handler("query", "profile", _profile, "partition id, split sizes, label histogram, tier"),
+    Handler(
+        "query", "profile", _profile, "partition id, split sizes, label histogram, sample, tier"
+    ),
     Handler("query", "latency", lambda content, *_: answer_latency(content), "latency table"),
     Handler(
         "query",

@@ -34,6 +34,7 @@ from logging import DEBUG, INFO, WARNING
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -53,6 +54,8 @@ from ..protocol import (
     PROFILE,
     QUERY_LATENCY,
     QUERY_PROFILE,
+    SAMPLE_KINDS,
+    sample_kind,
     space_to_config,
 )
 from ..search_spaces.base import SearchSpace
@@ -125,6 +128,10 @@ class NodeProfile:
     # ``latency-budget-ms`` (the most milliseconds a model may take on it; 0: none declared).
     device_class: str = ""
     latency_budget_ms: float = 0.0
+    # One training sample's shape (no batch dimension) and dtype kind (``SAMPLE_KINDS``);
+    # None / "": not declared (a client older than these fields).
+    sample_shape: tuple[int, ...] | None = None
+    sample_dtype: str = ""
 
     @classmethod
     def from_reply(cls, message: Message) -> NodeProfile:
@@ -137,6 +144,12 @@ class NodeProfile:
         labels = record["label-counts"]
         if not isinstance(labels, list):
             raise ValueError(f"label-counts = {labels!r} is not a list of integers >= 0")
+        shape = record.get("sample-shape")
+        if shape is not None and not isinstance(shape, list):
+            raise ValueError(f"sample-shape = {shape!r} is not a list of integers >= 0")
+        kind = str(record.get("sample-dtype", ""))
+        if kind and kind not in SAMPLE_KINDS:
+            raise ValueError(f"sample-dtype = {kind!r} is not one of {', '.join(SAMPLE_KINDS)}")
         return cls(
             node_id=message.metadata.src_node_id,
             partition_id=_count("partition-id", record["partition-id"]),
@@ -149,6 +162,8 @@ class NodeProfile:
             cluster=_label("cluster", record.get("cluster", -1)),
             device_class=str(record.get("device-class", "")),
             latency_budget_ms=budget,
+            sample_shape=None if shape is None else tuple(_count("sample-shape", v) for v in shape),
+            sample_dtype=kind,
         )
 
     def bound(self, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
@@ -200,12 +215,20 @@ class ProfileRules:
         Fewest validation samples a node must have (DP-FNAS: 1).
     same_length : bool
         Every kept node's ``label-counts`` has one length (DecNAS's grouping adds them).
+    input_shape : tuple of int or None
+        The shape ``sample-shape`` must be (the model's ``input_shape``); None: any.
+    input_kind : str or None
+        The kind ``sample-dtype`` must be (``protocol.sample_kind`` of the model's
+        ``input_dtype``); None: any.  A profile declaring neither field (a client older
+        than them) is not checked against these two.
     """
 
     num_classes: int | None = None
     targets_per_sample: int = 1
     min_val: int = 0
     same_length: bool = False
+    input_shape: tuple[int, ...] | None = None
+    input_kind: str | None = None
 
     @classmethod
     def of_spec(cls, spec: Mapping[str, Any], **options: Any) -> ProfileRules:
@@ -217,6 +240,25 @@ class ProfileRules:
             targets_per_sample=int(spec.get("seq_len", 1)),
             **options,
         )
+
+    @classmethod
+    def of_model(cls, model: Any, **options: Any) -> ProfileRules:
+        """``of_spec(model.spec)`` and the model's input: one sample's ``input_shape`` and
+        the kind of its ``input_dtype`` (a model without one, e.g. a ``PrunableNet``: float)."""
+        dtype = getattr(model, "input_dtype", torch.float32)
+        return cls.of_spec(
+            model.spec,
+            input_shape=tuple(int(d) for d in model.input_shape),
+            input_kind=sample_kind(dtype),
+            **options,
+        )
+
+    def declares_sample(self, profile: NodeProfile) -> bool:
+        """Whether ``profile`` declares what these rules check of a sample (always true
+        when they check nothing of it)."""
+        if self.input_shape is None and self.input_kind is None:
+            return True
+        return profile.sample_shape is not None and bool(profile.sample_dtype)
 
     def problem(self, profile: NodeProfile, num_partitions: int | None) -> str | None:
         """Why ``profile`` is refused (naming the field and what is allowed), or None."""
@@ -234,6 +276,9 @@ class ProfileRules:
                 f"partition-id = {profile.partition_id}: must be in "
                 f"[0, num-partitions = {profile.num_partitions})"
             )
+        sample = self._sample_problem(profile)
+        if sample is not None:
+            return sample
         length = len(profile.label_counts)
         if self.num_classes is not None and length != self.num_classes:
             return (
@@ -248,6 +293,21 @@ class ProfileRules:
                     f"label-counts sum to {total}: num-train = {profile.num_train}{per} "
                     f"makes {expected}"
                 )
+        return None
+
+    def _sample_problem(self, profile: NodeProfile) -> str | None:
+        shape, expected = profile.sample_shape, self.input_shape
+        if shape is not None and expected is not None and shape != expected:
+            hint = ""
+            if len(shape) == 3 and shape == (*expected[1:], expected[0]):
+                hint = ": channels last, the model takes channels first (C, H, W)"
+            return (
+                f"sample-shape = {list(shape)}: the model expects samples of shape "
+                f"{list(expected)}{hint}"
+            )
+        kind = profile.sample_dtype
+        if kind and self.input_kind is not None and kind != self.input_kind:
+            return f"sample-dtype = {kind!r}: the model expects {self.input_kind} samples"
         return None
 
 
@@ -417,7 +477,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         sample), else the defaults; a method adds its own."""
         space = getattr(self, "space", None)
         if isinstance(space, SearchSpace):
-            return ProfileRules.of_spec(space.spec)
+            return ProfileRules.of_model(space)
         return ProfileRules()
 
     def profile_nodes(self, grid: Grid, config: ConfigRecord) -> dict[int, NodeProfile]:
@@ -476,6 +536,16 @@ class FederatedNASStrategy(Strategy, Generic[R]):
             reason = rules.problem(profile, self._agreed["num-partitions"])
             if reason is None:
                 kept[node_id] = profile
+                if not rules.declares_sample(profile):
+                    log(
+                        WARNING,
+                        "[profile] node %d declares no sample-shape / sample-dtype (a client "
+                        "older than this server): its samples are not checked against the "
+                        "model's input %s (%s)",
+                        node_id,
+                        list(rules.input_shape or ()),
+                        rules.input_kind,
+                    )
             else:
                 self._drop("profile", node_id, f"profile refused: {reason}")
         return kept

@@ -4,7 +4,8 @@
 ``rnn``, ``mbconv``, ``darts``) or any ``SearchSpace`` subclass by its import path
 (``"mypkg.space:MySpace"``); ``build_space(**space.spec)`` rebuilds the same structure.
 ``DifferentiableSpace`` (FDNAS / CFDNAS) and the ``DartsStyle`` API (DP-FNAS) are the
-extensions those methods search; ``require_differentiable`` / ``require_darts_style`` check them.
+extensions those methods search; ``require_differentiable`` / ``require_darts_style`` check them,
+and ``require_importable`` that the clients can import a model's class back from its spec.
 ``build_prunable(MyNet, input_shape=..., **kwargs)`` wraps any ``nn.Module`` class of
 conv/linear layers for DecNAS (``"convnet"`` / ``"mobilenet"``: the built-ins);
 ``load_prunable(net.spec, state_dict)`` rebuilds one with its weights.
@@ -34,6 +35,7 @@ from .differentiable import (
     GatedMixedOp,
     require_differentiable,
 )
+from .importable import require_importable
 from .mbconv import MBConvSpace, mbconv
 from .prunable import PrunableNet, build_prunable, load_prunable
 from .rnn import RNNSpace, rnn
@@ -71,6 +73,7 @@ __all__ = [
     "register_space",
     "require_darts_style",
     "require_differentiable",
+    "require_importable",
     "rnn",
     "space_class",
 ]

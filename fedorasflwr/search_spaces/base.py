@@ -48,6 +48,7 @@ __all__ = [
     "build_subnet",
     "class_path",
     "import_class",
+    "importable_path",
     "register_space",
     "space_class",
 ]
@@ -610,6 +611,28 @@ def import_class(path: str, base: type) -> type:
     if not (isinstance(obj, type) and issubclass(obj, base)):
         raise ValueError(f"{path!r} is not a subclass of {base.__module__}.{base.__qualname__}")
     return obj
+
+
+def importable_path(cls: type, base: type) -> str:
+    """``class_path(cls)``, checked to import back to ``cls`` (a subclass of ``base``).
+
+    Clients rebuild a model from its class's import path, so a class they cannot import
+    fails there, one round in, on every node.  Raises ``ValueError`` naming the class and
+    what to do: a class defined inside a function, or a path that does not import (see
+    :func:`import_class`) or imports another class."""
+    path = class_path(cls)
+    if "<locals>" in cls.__qualname__:
+        raise ValueError(
+            f"{cls.__qualname__} is defined inside a function ({path!r}): clients rebuild it "
+            "by importing that path; define the class at the top level of a module the "
+            "ClientApp imports (e.g. a module of your app's package)"
+        )
+    if import_class(path, base) is not cls:
+        raise ValueError(
+            f"{path!r} imports another class than {cls.__qualname__}: clients could not "
+            "rebuild it; give the class a name of its own at the top level of its module"
+        )
+    return path
 
 
 def space_class(name: str) -> type[SearchSpace]:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from .base import class_path, import_class, positive_int
+from .base import import_class, importable_path, positive_int
 from .prunable_nets import PRUNABLE_NETS
 
 __all__ = ["frozen", "input_shape", "model_class", "model_kwargs"]
@@ -25,10 +25,7 @@ def model_class(name: str | type[nn.Module]) -> tuple[str, type[nn.Module]]:
         short = next((key for key, cls in PRUNABLE_NETS.items() if cls is name), None)
         if short is not None:
             return short, name
-        path = class_path(name)
-        if import_class(path, nn.Module) is not name:
-            raise ValueError(f"{path!r} imports another class: clients could not rebuild it")
-        return path, name
+        return importable_path(name, nn.Module), name
     if not isinstance(name, str):
         raise ValueError(
             f"build_prunable takes the model's class and its arguments, got {name!r}: "

@@ -163,7 +163,35 @@ def test_bad_aggregation_settings_are_refused_with_the_key_and_what_is_allowed()
     settings = parse_run_config({"aggregation": "trimmed-mean", "aggregation-trim": 0.1})
     own = settings.method_settings
     assert (own.aggregation_rule, own.aggregation_trim) == ("trimmed-mean", 0.1)
-    assert parse_run_config({}).aggregation == "mean"
+    assert parse_run_config({}).method_settings.aggregation_rule == "mean"
+
+
+@pytest.mark.parametrize("method", ["fedoras", "fdnas", "cfdnas", "dpfnas", "decnas"])
+def test_the_aggregation_rule_is_a_settings_field_of_every_method(method):
+    """From Python: ``<Method>Settings(aggregation_rule=...)``; the strategy takes it, a bad
+    rule is refused on construction."""
+    from fedorasflwr.methods import settings_class
+
+    cls = settings_class(method)
+    assert cls.from_config({"aggregation": "median"}).aggregation_rule == "median"
+    with pytest.raises(ValueError, match=r"aggregation_rule = 'zzz': allowed: one of mean"):
+        cls(aggregation_rule="zzz")
+    with pytest.raises(ValueError, match=r"aggregation_trim = 0.6: allowed: 0 <= trim < 0.5"):
+        cls(aggregation_rule="trimmed-mean", aggregation_trim=0.6)
+    settings = parse_run_config({"method": method, "aggregation": "trimmed-mean"})
+    assert Aggregation.of(settings.method_settings) == Aggregation("trimmed-mean", 0.2)
+
+
+def test_a_strategy_aggregates_with_its_settings_rule():
+    from fedorasflwr.search_spaces import build_space
+    from fedorasflwr.strategies import FedorAS, FedorASSettings
+
+    space = build_space("cnn_s", num_classes=10, in_channels=1, input_height=8, input_width=8)
+    federated = {"search_scoring": "federated"}  # no server_data needed
+    median = FedorASSettings(aggregation_rule="median", **federated)
+    assert FedorAS(space=space, settings=median, seed=0).aggregation == Aggregation("median")
+    mean = FedorAS(space=space, settings=FedorASSettings(**federated), seed=0)
+    assert mean.aggregation == Aggregation()
 
 
 # --- one reply per node per step -----------------------------------------------------

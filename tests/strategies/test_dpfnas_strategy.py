@@ -207,3 +207,25 @@ def test_batch_larger_than_a_split_is_warned(data_cache, caplog):
         strategy = set_up(config)
     assert "sample rate is capped at 1" in caplog.text
     assert max(strategy.sample_rates(p)[1] for p in strategy.parties) == 1.0
+
+
+def test_server_data_gives_the_default_validation_of_the_mixed_supernet(data_cache):
+    from torch.utils.data import DataLoader
+
+    from fedorasflwr.data import load_server_data
+    from fedorasflwr.methods.dpfnas.evaluation import MixedSupernetEvaluator
+    from fedorasflwr.training import evaluate, torch_device
+
+    settings = parse_run_config(small_dpfnas(data_cache, **{"dpfnas.eval-every": 1}))
+    server_data = load_server_data(settings.data)
+    space = build_supernet(settings)
+    strategy = DPFNAS(
+        space=space, settings=settings.method_settings, seed=0, server_data=server_data
+    )
+    assert isinstance(strategy.evaluate_fn, MixedSupernetEvaluator)
+    assert DPFNAS(space=space, settings=settings.method_settings, seed=0).evaluate_fn is None
+    metrics = strategy.evaluate_fn(1, ArrayRecord(space.state_dict()))
+    space.eval()  # what the project's runner computed itself before
+    expected = evaluate(space, DataLoader(server_data, batch_size=256), torch_device())
+    assert metrics["accuracy"] == expected.accuracy
+    assert metrics["loss"] == pytest.approx(expected.loss)

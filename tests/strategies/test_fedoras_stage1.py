@@ -225,3 +225,35 @@ def test_a_tier_declared_in_the_node_config_wins(run_config):
     assert strategy.tier_of_partition[0] == 3  # the paper's T4
     assert strategy.tier_of_partition[1] == 0  # T1
     assert 0 <= strategy.tier_of_partition[2] < 4  # out of range: assigned like the rest
+
+
+def test_server_data_without_evaluate_fn_validates_the_supernet_at_eval_every(run_config):
+    """A library app passing only ``server_data``: the strategy validates Stage 1 itself,
+    at the start, every ``eval-every`` rounds and after the last, as the project's runner
+    did."""
+    config = {**run_config, "fedoras.rounds": 3, "fedoras.eval-every": 2}
+    strategy, _, result = run(config)
+    assert isinstance(strategy.evaluate_fn, SupernetEvaluator)
+    assert sorted(result.evaluate_metrics_serverapp) == [0, 2, 3]
+    for metrics in result.evaluate_metrics_serverapp.values():
+        assert 0.0 <= metrics["accuracy-min"] <= metrics["accuracy"] <= metrics["accuracy-max"]
+    validated = [h["round"] for h in result.history if "val-accuracy" in h]
+    assert validated == [0, 2, 3]
+    # the same numbers as the evaluator the project's runner used to build itself
+    settings = parse_run_config(config)
+    evaluator = SupernetEvaluator(
+        build_supernet(settings),
+        load_server_data(settings.data),
+        num_paths=settings.method_settings.eval_paths,
+        seed=settings.seed,
+    )
+    assert (
+        evaluator(3, result.arrays)["accuracy"] == result.evaluate_metrics_serverapp[3]["accuracy"]
+    )
+
+
+def test_no_server_data_or_eval_every_0_means_no_default_validation(run_config):
+    federated = {**run_config, "fedoras.search-scoring": "federated"}
+    assert make_strategy(federated, server_data=None).evaluate_fn is None
+    quiet = make_strategy({**run_config, "fedoras.eval-every": 0})
+    assert quiet.evaluate_fn is None

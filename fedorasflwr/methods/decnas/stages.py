@@ -26,6 +26,7 @@ from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
 from ...latency import LatencyRequest, LatencyTable
 from ...protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
+from ...search_spaces.importable import require_importable
 from ...search_spaces.prunable import (
     PrunableNet,
     build_prunable,
@@ -148,6 +149,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
                 f"DecNAS prunes a PrunableNet, got {type(net).__name__}: wrap the model's "
                 "class, e.g. build_prunable(MyNet, num_classes=10, input_shape=(3, 32, 32))"
             )
+        require_importable(net, type(self).__name__)
         super().__init__(min_replies=settings.min_replies, **kwargs)
         self.net = net
         self.settings = settings
@@ -163,7 +165,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
     def profile_rules(self) -> ProfileRules:
         """The net's classes (``num_classes``; a net without: the length most nodes declare):
         the grouping adds the nodes' label histograms, which must have one length."""
-        return ProfileRules.of_spec(self.net.spec, same_length=True)
+        return ProfileRules.of_model(self.net, same_length=True)
 
     def train_config(self, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """The ConfigRecord content every DecNAS message about the model ``spec`` carries."""

@@ -7,10 +7,9 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
-from torch.utils.data import DataLoader
 
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
@@ -27,7 +26,6 @@ from ...runs import (
     strategy_options,
 )
 from ...search_spaces.darts_style import build_derived_network
-from ...training import evaluate, torch_device
 from .plots import plot_dpfnas
 from .strategy import DPFNAS, json_safe, privacy_report
 
@@ -43,17 +41,10 @@ def run_dpfnas(
         settings = replace(settings, space=replace(settings.space, name="darts"))
     space = build_supernet(settings)
     server_data = load_server_data(settings.data)
-    probe = build_supernet(settings)
-
-    def evaluate_supernet(_iteration: int, arrays: Any) -> MetricRecord:
-        probe.load_state_dict(arrays.to_torch_state_dict())
-        probe.to(torch_device()).eval()
-        result = evaluate(probe, DataLoader(server_data, batch_size=256), torch_device())
-        return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
-
     strategy = DPFNAS(
         space=space,
         settings=settings.method_settings,
+        server_data=server_data if len(server_data) else None,  # validates the supernet
         latency_request=settings.latency.request(settings.seed),
         **strategy_options(
             settings,
@@ -69,8 +60,7 @@ def run_dpfnas(
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.iterations
-    evaluate_fn = evaluate_supernet if len(server_data) else None
-    result = start(strategy, grid, settings, run, initial, rounds, evaluate_fn=evaluate_fn)
+    result = start(strategy, grid, settings, run, initial, rounds)
     genotype = result.genotype.to_text()
     run.save("supernet", result.arrays, stage="search", builder=SPACE, genotype=genotype)
     if result.final_arrays is not None:

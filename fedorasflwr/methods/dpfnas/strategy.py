@@ -61,6 +61,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
+from torch.utils.data import TensorDataset
 
 from ...checkpoints import Resume
 from ...federation.aggregation import Aggregation
@@ -81,9 +82,11 @@ from ...protocol import (
 )
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.darts_style import require_darts_style, weight_keys
+from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
 from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_layout
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
+from .evaluation import MixedSupernetEvaluator
 from .per_sample import per_sample_problem
 from .privacy import Accountant, PartyPrivacy, Segment, add_steps
 from .settings import DPFNASSettings
@@ -135,8 +138,12 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         from their OS CSPRNG (``clients/secure_random.py``).
     evaluate_fn : callable, optional
         ``(iteration, arrays) -> MetricRecord``: server-side validation of the
-        mixed supernet every ``eval_every`` iterations (``start``'s ``evaluate_fn``,
-        when given, replaces it).
+        mixed supernet every ``eval_every`` iterations and after the last
+        (``start``'s ``evaluate_fn``, when given, replaces it). Default: with
+        ``server_data``, ``MixedSupernetEvaluator`` on it; else none.
+    server_data : TensorDataset, optional
+        A server-held validation slice for the default ``evaluate_fn`` (no party's
+        data: validating on it spends no privacy budget).
     validate_profiles : callable, optional
         Called with the profiles before any work; raise to stop.
     resume : Resume, optional
@@ -164,9 +171,11 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
         resume: Resume | None = None,
         min_nodes: int = 1,
+        server_data: TensorDataset | None = None,
         latency_request: LatencyRequest | None = None,
     ) -> None:
         require_darts_style(space)
+        require_importable(space, "DP-FNAS")
         if settings.resource == "latency":
             require_darts_layout(space)
         problem = per_sample_problem(space)
@@ -182,6 +191,8 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         # how every aggregation combines a key's updates (settings.aggregation_rule)
         self.aggregation = Aggregation.of(settings)
         self.evaluate_fn = evaluate_fn
+        if evaluate_fn is None and server_data is not None and len(server_data):
+            self.evaluate_fn = MixedSupernetEvaluator(space, server_data)
         self.validate_profiles = validate_profiles
         self.weight_keys = weight_keys(space)
         self.arch_keys = tuple(space.arch_keys)

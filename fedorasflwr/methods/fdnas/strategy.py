@@ -71,6 +71,7 @@ from ...protocol import (
 )
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.differentiable import require_differentiable
+from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
 from .hardware import (
     SLACK,
@@ -155,6 +156,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         latency_request: LatencyRequest | None = None,
     ) -> None:
         require_differentiable(space, type(self).__name__)
+        require_importable(space, type(self).__name__)
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
         self.resume = resume
         self.max_flops = settings.max_flops * space.max_flops()  # absolute bound

@@ -28,7 +28,6 @@ from ...runs import (
     strategy_options,
 )
 from ...search_spaces import SearchSpace
-from .evaluation import SupernetEvaluator
 from .finetune import SUPERNET_INIT
 from .plots import plot_finetune, plot_tiers
 from .strategy import FedorAS, FedorASResult
@@ -58,29 +57,13 @@ def run_fedoras(
     stages = {"supernet": settings.method_settings.train.rounds, "search": None, "finetune": None}
     resume = resume_checkpoint(settings, space, stages)
     trained = resume is not None and not resume.within("supernet")
+    # Stage 1 is validated on the server's slice by the strategy's default evaluate_fn
     server_data = load_server_data(settings.data)
-    evaluator = None
-    if len(server_data) >= 2 and not trained:
-        evaluator = SupernetEvaluator(
-            space=build_supernet(settings),
-            dataset=server_data,
-            num_paths=settings.method_settings.eval_paths,
-            seed=settings.seed,
-        )
     strategy = build_fedoras(settings, space=space, server_data=server_data, resume=resume)
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.train.rounds
     with fedoras_plan(settings.method_settings, settings.min_nodes).active():
-        result = start(
-            strategy,
-            grid,
-            settings,
-            run,
-            initial,
-            rounds,
-            evaluate_fn=evaluator,
-            supernet="supernet.pt",
-        )
+        result = start(strategy, grid, settings, run, initial, rounds, supernet="supernet.pt")
     if not trained:
         run.add(out_dir / "supernet.pt")
     for model in result.models:

@@ -40,6 +40,7 @@ Stages 2 and 3 are documented in ``scoring`` and ``finetune``.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,9 +62,9 @@ from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock
 from ...protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
-from ...search_spaces import SearchSpace, Subspace
+from ...search_spaces import SearchSpace, Subspace, require_importable
 from .context import StageContext
-from .evaluation import ServerPathScorer
+from .evaluation import ServerPathScorer, SupernetEvaluator
 from .finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier, random_search_tier
 from .scoring import (
     FederatedPathScorer,
@@ -76,7 +77,7 @@ from .search import TierSearch, kendall_tau, search_tier
 from .settings import STAGES, FedorASSettings
 from .tiers import PathCost, Tier, assign_tiers, compute_tiers
 
-__all__ = ["STAGES", "FedorAS", "FedorASResult"]
+__all__ = ["STAGES", "FedorAS", "FedorASResult", "default_evaluation"]
 
 STAGE_SUPERNET = "supernet"
 #: the stages ``start`` can stop after, in order
@@ -120,6 +121,20 @@ class _Sent:
 ROUND_KEYS = ("clients", "train-loss", "val-accuracy", "val-loss")
 
 
+def default_evaluation(
+    space: SearchSpace, settings: FedorASSettings, server_data: TensorDataset, seed: int
+) -> SupernetEvaluator | None:
+    """FedorAS's server-side validation of the Stage-1 supernet on ``server_data``: the
+    accuracy of ``settings.eval_paths`` random paths (fixed by ``seed``), each
+    BN-recalibrated; None when ``settings.eval_every`` is 0.  Scored on a copy of
+    ``space`` (loaded with each round's weights; built without drawing from torch's RNG)."""
+    if not settings.eval_every:
+        return None
+    return SupernetEvaluator(
+        copy.deepcopy(space), server_data, num_paths=settings.eval_paths, seed=seed
+    )
+
+
 class FedorAS(FederatedNASStrategy[FedorASResult]):
     """FedorAS Stage 1: supernet training with tiers, subspaces and OPA.
 
@@ -133,15 +148,18 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         Fixes tiers, client sampling, subspaces and client-side path sampling.
     evaluate_fn : callable, optional
         ``(round, arrays) -> MetricRecord``: server-side validation of the
-        supernet (accuracy over random paths), every ``eval_every`` rounds
-        (``start``'s ``evaluate_fn``, when given, replaces it).
+        supernet, every ``eval_every`` rounds and after the last (``start``'s
+        ``evaluate_fn``, when given, replaces it). Default: with ``server_data``
+        (2 samples or more) and ``eval_every`` > 0, ``SupernetEvaluator`` on it (the
+        mean, min and max accuracy of ``eval_paths`` random paths, each
+        BN-recalibrated); else none.
     validate_profiles : callable, optional
         Called with the node profiles before any training; raise to stop
         (e.g. a data partition that cannot exist).
     server_data : TensorDataset, optional
-        The server-held validation slice: scores paths in Stage 2 (required
-        unless ``search-scoring`` is "federated") and draws the Stage-3
-        fine-tuning curves.
+        The server-held validation slice: validates the Stage-1 supernet (the
+        default ``evaluate_fn``), scores paths in Stage 2 (required unless
+        ``search-scoring`` is "federated") and draws the Stage-3 fine-tuning curves.
     resume : Resume, optional
         A checkpoint: Stage 1 continues at the round after its last, or, taken after
         Stage 1, the run starts again at the search (Stages 2-3 are not resumed
@@ -172,6 +190,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         min_nodes: int = 2,
         latency: LatencyRequest | None = None,
     ) -> None:
+        require_importable(space, "FedorAS")
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
         if settings.stop_after not in STAGES:
             raise ValueError(
@@ -198,6 +217,8 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                 f"{smallest / space.total_size:.3f}"
             )
         self.server_data = server_data
+        if evaluate_fn is None and server_data is not None and len(server_data) >= 2:
+            self.evaluate_fn = default_evaluation(space, settings, server_data, seed)
         self.server_scorer: ServerPathScorer | None = None
         if settings.search_scoring in ("server", "both") and settings.stop_after != "supernet":
             if server_data is None or len(server_data) < 2:
