@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from ...checkpoints import Checkpointer
 from ...config import RunSettings, space_kwargs
 from ...data import dataset_info
-from ...data.groups import even_sizes
 from ...federation.base import NodeProfile
 from ...latency import table_document
 from ...plots import (
@@ -32,27 +32,38 @@ from ...runs import (
 from ...search_spaces import build_space
 from ...seeding import seed_torch
 from .cfdnas import CFDNAS
+from .clusters import contiguous_cluster
 from .strategy import FDNAS
 
 __all__ = ["cluster_tagger", "fdnas_plots", "run_cfdnas", "run_fdnas"]
 
 
-def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:
-    """The CFDNAS tag of a node that declares no ``cluster``, from its partition id.
+def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int] | None:
+    """The CFDNAS tag of a node that declares no ``cluster``.
 
-    With the class-groups partitioner: the node's class group (the paper's data tag);
-    otherwise ``fdnas.num-clusters`` contiguous ranges of partition ids.
+    With the class-groups partitioner: the node's class group (the paper's data tag), the
+    class groups' contiguous ranges of partition ids (``clusters.contiguous_cluster``);
+    ``fdnas.num-clusters`` is then not used (a WARNING when it differs).  Otherwise
+    ``None``: the strategy's own rule, ``fdnas.num-clusters`` contiguous ranges.
     """
     spec = settings.data
+    if spec.partitioner != "class-groups":
+        return None
+    groups = len(spec.class_group_layout())
+    if settings.method == "cfdnas" and settings.fdnas.num_clusters != groups:
+        log(
+            WARNING,
+            "run config 'fdnas.num-clusters' = %d is not used: with 'data.partitioner' = "
+            "'class-groups' the clusters are the %d class groups",
+            settings.fdnas.num_clusters,
+            groups,
+        )
 
     def tag(profile: NodeProfile) -> int:
-        pid, total = profile.partition_id, profile.num_partitions
-        if spec.partitioner == "class-groups":
-            groups = len(spec.class_group_layout())
-            ends = np.cumsum(even_sizes(total, min(groups, total)))
-            return int(np.searchsorted(ends, pid, side="right"))
-        return pid * min(settings.fdnas.num_clusters, total) // total
+        total = profile.num_partitions
+        return contiguous_cluster(profile.partition_id, total, min(groups, total))
 
+    tag.rule = f"the {groups} class groups of 'data.partitioner' = 'class-groups'"  # type: ignore[attr-defined]
     return tag
 
 
