@@ -13,10 +13,16 @@ import torch
 from flwr.app import ArrayRecord
 
 from fedorasflwr.client_app import app as client_app
+from fedorasflwr.clients import make_client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.federation.base import NodeProfile
 from fedorasflwr.inprocess import InProcessGrid
-from fedorasflwr.methods.fdnas.clusters import cluster_ranges, contiguous_cluster
+from fedorasflwr.methods.fdnas.clusters import (
+    bounded_cluster,
+    cluster_ranges,
+    contiguous_cluster,
+    rank_bounds,
+)
 from fedorasflwr.methods.fdnas.runner import cluster_tagger
 from fedorasflwr.protocol import FDNAS_SEARCH, FDNAS_TRAIN
 from fedorasflwr.search_spaces import build_space
@@ -71,6 +77,35 @@ def test_the_default_tag_ignores_node_ids_arrival_order_and_seed(run_config):
         random.Random(seed).shuffle(shuffled)
         tags.append({p.partition_id: strategy._cluster_tag(p) for p in shuffled})
     assert tags[0] == tags[1] == tags[2] == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}
+
+
+def test_unknown_num_partitions_split_the_profiled_ids_by_rank():
+    ids = [907, 12, 5_000, 44, 3_001, 640]  # data-derived ids, num-partitions = 0
+    bounds = rank_bounds(ids, 2)
+    assert bounds == [907]  # sorted: 12, 44, 640 | 907, 3001, 5000
+    tags = {i: bounded_cluster(i, bounds) for i in ids}
+    assert tags == {12: 0, 44: 0, 640: 0, 907: 1, 3_001: 1, 5_000: 1}
+    assert [bounded_cluster(i, rank_bounds(ids, 3)) for i in sorted(ids)] == [0, 0, 1, 1, 2, 2]
+    assert bounded_cluster(900, bounds) == 0 and bounded_cluster(10**6, bounds) == 1  # late ids
+    assert rank_bounds([7], 2) == [7]  # fewer ids than clusters: the first left empty
+
+
+def test_a_library_app_without_partition_ids_still_gets_num_clusters_clusters(run_config):
+    def load_data(context):  # a user's own data, no partition id in the node config
+        generator = torch.Generator().manual_seed(context.node_id)
+        images = torch.rand(30, 1, 28, 28, generator=generator)
+        labels = torch.randint(0, 10, (30,), generator=generator)
+        split = torch.utils.data.TensorDataset(images, labels)
+        return split, split, split
+
+    grid = InProcessGrid(make_client_app(load_data, num_classes=10), run_config, NUM_NODES)
+    for context in grid.contexts.values():
+        del context.node_config["partition-id"], context.node_config["num-partitions"]
+    strategy = cfdnas(run_config)
+    strategy.setup(grid)
+    ids = sorted(strategy.cluster_of_partition)
+    assert all(p.num_partitions == 0 for p in strategy.profiles.values())
+    assert [strategy.cluster_of_partition[i] for i in ids] == [0, 0, 0, 1, 1, 1]
 
 
 # --- default construction on the in-process grid -----------------------------------------------

@@ -81,7 +81,7 @@ class CFDNAS(FDNAS):
             )
         total = max(p.num_partitions for p in self.profiles.values())
         for tag, members in enumerate(cluster_ranges(total, wanted)):
-            if tag not in clusters:
+            if tag not in clusters:  # (unknown num-partitions: ranks, none empty here)
                 raise ValueError(
                     f"run config 'fdnas.num-clusters' = {wanted}: cluster {tag} (partition ids "
                     f"{members.start}..{members.stop - 1} of num-partitions = {total}) has no "

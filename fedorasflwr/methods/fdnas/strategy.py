@@ -73,7 +73,7 @@ from ...protocol import (
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.differentiable import require_differentiable
 from ...seeding import seed_torch
-from .clusters import contiguous_cluster, describe_clusters
+from .clusters import bounded_cluster, contiguous_cluster, describe_clusters, rank_bounds
 from .hardware import (
     SLACK,
     derive_within_ms,
@@ -174,6 +174,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         self.validate_profiles = validate_profiles
         self.cluster_of_partition: dict[int, int] = {}
         self.cluster_rule_of: dict[int, str] = {}  # partition -> declared/cluster_of/contiguous
+        self._rank_bounds: list[float] = []  # num-partitions unknown: where clusters start
         self._current = ArrayRecord()
         self._specs: dict[str, ArraySpec] = {}
         self._sent: set[int] = set()
@@ -207,6 +208,8 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     def setup(self, grid: Grid) -> None:
         """Profile the nodes, tag each with its cluster and check the clusters."""
         profiles = self.profile_nodes(grid, ConfigRecord({"method": self.method}))
+        ids = [p.partition_id for p in profiles.values()]
+        self._rank_bounds = rank_bounds(ids, self.settings.num_clusters)
         for profile in profiles.values():
             self.cluster_of_partition[profile.partition_id] = self._cluster_tag(profile)
         self.check_clusters()
@@ -222,8 +225,9 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
 
     def _cluster_tag(self, profile: NodeProfile) -> int:
         """The cluster a node declares, else ``cluster_of``'s, else its partition's among
-        ``settings.num_clusters`` contiguous ranges (``clusters.contiguous_cluster``); the
-        rule that gave it is kept in ``cluster_rule_of[partition id]``."""
+        ``settings.num_clusters`` contiguous ranges (``clusters.contiguous_cluster``; of the
+        ids profiled at the start when ``num-partitions`` is unknown); the rule that gave it
+        is kept in ``cluster_rule_of[partition id]``."""
         rule, tag = self._tagged(profile)
         self.cluster_rule_of[profile.partition_id] = rule
         return tag
@@ -233,6 +237,8 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             return "declared", profile.cluster
         if self.cluster_of is not None:
             return "cluster_of", int(self.cluster_of(profile))
+        if profile.num_partitions < 1:  # unknown: ranges of the ids profiled at the start
+            return "contiguous", bounded_cluster(profile.partition_id, self._rank_bounds)
         num_clusters = self.settings.num_clusters
         return "contiguous", contiguous_cluster(
             profile.partition_id, profile.num_partitions, num_clusters
