@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -58,13 +58,24 @@ def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int] | None
             settings.fdnas.num_clusters,
             groups,
         )
+    return ClassGroupTag(groups)
 
-    def tag(profile: NodeProfile) -> int:
+
+@dataclass(frozen=True)
+class ClassGroupTag:
+    """A node's class group under the class-groups partitioner: ``groups`` contiguous
+    ranges of partition ids (fewer with fewer partitions), as the partitioner deals them."""
+
+    groups: int
+
+    @property
+    def rule(self) -> str:
+        """How the clusters were formed, for the strategy's logs and errors."""
+        return f"the {self.groups} class groups of 'data.partitioner' = 'class-groups'"
+
+    def __call__(self, profile: NodeProfile) -> int:
         total = profile.num_partitions
-        return contiguous_cluster(profile.partition_id, total, min(groups, total))
-
-    tag.rule = f"the {groups} class groups of 'data.partitioner' = 'class-groups'"  # type: ignore[attr-defined]
-    return tag
+        return contiguous_cluster(profile.partition_id, total, min(self.groups, total))
 
 
 def _run_fdnas(
