@@ -131,11 +131,16 @@ def test_a_declared_cluster_still_wins_over_the_default(run_config, caplog):
     )
 
 
-def test_the_runner_and_the_library_share_the_rule(run_config):
+def test_the_runner_and_the_library_share_the_rule(run_config, caplog):
     settings = parse_run_config(run_config)
     assert cluster_tagger(settings) is None  # not class-groups: the strategy's own rule
     grouped = parse_run_config({**run_config, "data.partitioner": "class-groups"})
     tag = cluster_tagger(grouped)
+    assert (
+        "run config 'fdnas.num-clusters' = 2 is not used: with 'data.partitioner' = "
+        "'class-groups' the clusters are the 3 class groups"
+    ) in caplog.text
+    assert tag.rule == "the 3 class groups of 'data.partitioner' = 'class-groups'"
     profile = NodeProfile(0, 0, 10, 10, 2, 2, (1,) * 10)
     tags = [tag(replace(profile, partition_id=p)) for p in range(10)]
     assert tags == [contiguous_cluster(p, 10, 3) for p in range(10)]
