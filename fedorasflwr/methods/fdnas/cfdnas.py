@@ -1,7 +1,9 @@
 """CFDNAS (Zhang et al., arXiv:2011.03372, Algorithm 2): FDNAS, then one search per cluster.
 
-Clients are grouped by a tag (``node_config`` ``cluster``, or derived
-reproducibly from the partition); each cluster inherits w and alpha from the
+Clients are grouped by a tag: the ``cluster`` a node's config declares (the paper's
+"users' tag"), else the strategy's ``cluster_of``, else ``fdnas.num-clusters`` contiguous
+ranges of partition ids (``clusters.contiguous_cluster``); the clusters are checked and
+logged right after profiling, before any training.  Each cluster inherits w and alpha from the
 FDNAS supernet ("meta-test") and repeats the search inside the cluster with its
 own FLOPs target (or, with ``fdnas.resource = "latency"``, its own latency target in ms
 on its cluster's group table), giving one net per cluster trained on its cluster's clients.
@@ -18,6 +20,8 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ...federation.base import NodeProfile
+from .clusters import cluster_ranges
 from .strategy import FDNAS, DerivedNet, FDNASResult
 
 __all__ = ["CFDNAS"]
@@ -43,6 +47,63 @@ class CFDNAS(FDNAS):
         self.inherit = inherit
         self.train_global = train_global
 
+    def check_clusters(self) -> None:
+        """Log the clusters, then refuse, naming the reason and the fix: with the default
+        rule, fewer nodes than ``fdnas.num-clusters`` or a cluster without a node; with
+        any rule, a number of cluster targets that is neither one nor one per cluster."""
+        self.log_clusters()
+        s = self.settings
+        clusters = sorted(set(self.cluster_of_partition.values()))
+        by_default = set(self.cluster_rule_of.values()) == {"contiguous"}
+        if by_default:
+            self._check_default_clusters(clusters)
+        targets = s.cluster_target_ms if s.resource == "latency" else s.cluster_target_flops
+        if not targets or (len(targets) > 1 and len(targets) != len(clusters)):
+            fix = "give one value for every cluster, or one per cluster in tag order"
+            if by_default and targets:
+                fix += f", or set 'fdnas.num-clusters' = {len(targets)}"
+            raise ValueError(
+                f"run config {s.cluster_targets_key()!r} has {len(targets)} value(s) for "
+                f"{len(clusters)} cluster(s) {clusters} (formed by {self.cluster_rules()}): "
+                f"{fix}"
+            )
+
+    def _check_default_clusters(self, clusters: list[int]) -> None:
+        """Every one of the ``fdnas.num-clusters`` contiguous ranges holds a node."""
+        wanted = self.settings.num_clusters
+        partitions = sorted(self.cluster_of_partition)
+        if len(partitions) < wanted:
+            raise ValueError(
+                f"run config 'fdnas.num-clusters' = {wanted}: only {len(partitions)} node(s) "
+                f"were profiled (partitions {partitions}) and every cluster needs one: set "
+                f"'fdnas.num-clusters' to at most {len(partitions)}, start more nodes, or "
+                "declare each node's cluster in its node config ('cluster=<tag>')"
+            )
+        total = max(p.num_partitions for p in self.profiles.values())
+        for tag, members in enumerate(cluster_ranges(total, wanted)):
+            if tag not in clusters:  # (unknown num-partitions: ranks, none empty here)
+                raise ValueError(
+                    f"run config 'fdnas.num-clusters' = {wanted}: cluster {tag} (partition ids "
+                    f"{members.start}..{members.stop - 1} of num-partitions = {total}) has no "
+                    f"node (profiled: partitions {partitions}): start a node for one of them, "
+                    "lower 'fdnas.num-clusters', or declare each node's cluster in its node "
+                    "config ('cluster=<tag>')"
+                )
+
+    def admit_late(self, profile: NodeProfile) -> str | None:
+        """As ``FDNAS.admit_late``; a new partition's cluster is logged."""
+        new = profile.partition_id not in self.cluster_of_partition
+        refused = super().admit_late(profile)
+        if new and refused is None:
+            log(
+                INFO,
+                "CFDNAS: partition %d joins cluster %d (%s)",
+                profile.partition_id,
+                self.cluster_of_partition[profile.partition_id],
+                self.cluster_rule_of[profile.partition_id],
+            )
+        return refused
+
     def run(self, grid: Grid, initial_arrays: ArrayRecord) -> FDNASResult:
         """FDNAS search (and net), then search, derive and train per cluster.
 
@@ -53,18 +114,11 @@ class CFDNAS(FDNAS):
         last round, or skips a finished one (the clusters' searches and nets start
         again)."""
         log(INFO, "CFDNAS: %s", "inherited" if self.inherit else "naive")
-        arrays = self.begin_search(grid, initial_arrays)
+        arrays = self.begin_search(grid, initial_arrays)  # profiles and checks the clusters
         resume = self.resume
         s = self.settings
         clusters = sorted(set(self.cluster_of_partition.values()))
-        latency = s.resource == "latency"
-        targets = s.cluster_target_ms if latency else s.cluster_target_flops
         key = s.cluster_targets_key()
-        if not targets or (len(targets) > 1 and len(targets) != len(clusters)):
-            raise ValueError(
-                f"run config {key!r} has {len(targets)} "
-                f"values for {len(clusters)} clusters {clusters}: give one, or one per cluster"
-            )
         members = {
             tag: sorted(p for p, t in self.cluster_of_partition.items() if t == tag)
             for tag in clusters

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from ...checkpoints import Checkpointer
 from ...config import RunSettings, space_kwargs
 from ...data import dataset_info
-from ...data.groups import even_sizes
 from ...federation.base import NodeProfile
 from ...latency import table_document
 from ...model_files import SPACE, SUBNET
@@ -29,6 +29,7 @@ from ...runs import (
 from ...search_spaces import build_space
 from ...seeding import seed_torch
 from .cfdnas import CFDNAS
+from .clusters import contiguous_cluster
 from .plots import plot_alpha_entropy, plot_fdnas_nets
 from .strategy import FDNAS
 
@@ -43,23 +44,44 @@ ACCURACY_CONVENTION = (
 )
 
 
-def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int]:
-    """The CFDNAS tag of a node that declares no ``cluster``, from its partition id.
+def cluster_tagger(settings: RunSettings) -> Callable[[NodeProfile], int] | None:
+    """The CFDNAS tag of a node that declares no ``cluster``.
 
-    With the class-groups partitioner: the node's class group (the paper's data tag);
-    otherwise ``fdnas.num-clusters`` contiguous ranges of partition ids.
+    With the class-groups partitioner: the node's class group (the paper's data tag), the
+    class groups' contiguous ranges of partition ids (``clusters.contiguous_cluster``);
+    ``fdnas.num-clusters`` is then not used (a WARNING when it differs).  Otherwise
+    ``None``: the strategy's own rule, ``fdnas.num-clusters`` contiguous ranges.
     """
     spec = settings.data
+    if spec.partitioner != "class-groups":
+        return None
+    groups = len(spec.class_group_layout())
+    if settings.method == "cfdnas" and settings.method_settings.num_clusters != groups:
+        log(
+            WARNING,
+            "run config 'fdnas.num-clusters' = %d is not used: with 'data.partitioner' = "
+            "'class-groups' the clusters are the %d class groups",
+            settings.method_settings.num_clusters,
+            groups,
+        )
+    return ClassGroupTag(groups)
 
-    def tag(profile: NodeProfile) -> int:
-        pid, total = profile.partition_id, profile.num_partitions
-        if spec.partitioner == "class-groups":
-            groups = len(spec.class_group_layout())
-            ends = np.cumsum(even_sizes(total, min(groups, total)))
-            return int(np.searchsorted(ends, pid, side="right"))
-        return pid * min(settings.method_settings.num_clusters, total) // total
 
-    return tag
+@dataclass(frozen=True)
+class ClassGroupTag:
+    """A node's class group under the class-groups partitioner: ``groups`` contiguous
+    ranges of partition ids (fewer with fewer partitions), as the partitioner deals them."""
+
+    groups: int
+
+    @property
+    def rule(self) -> str:
+        """How the clusters were formed, for the strategy's logs and errors."""
+        return f"the {self.groups} class groups of 'data.partitioner' = 'class-groups'"
+
+    def __call__(self, profile: NodeProfile) -> int:
+        total = profile.num_partitions
+        return contiguous_cluster(profile.partition_id, total, min(self.groups, total))
 
 
 def _run_fdnas(

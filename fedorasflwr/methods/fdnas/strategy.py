@@ -73,6 +73,7 @@ from ...search_spaces.base import SearchSpace
 from ...search_spaces.differentiable import require_differentiable
 from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
+from .clusters import bounded_cluster, contiguous_cluster, describe_clusters, rank_bounds
 from .hardware import (
     SLACK,
     derive_within_ms,
@@ -125,7 +126,10 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     seed : int
         Fixes client sampling, client-side sampling and fresh supernets.
     cluster_of : callable, optional
-        ``NodeProfile -> int``: the tag of a node that declares none (CFDNAS).
+        ``NodeProfile -> int``: the cluster tag of a node that declares no ``cluster`` in
+        its node config (CFDNAS).  ``None`` (default): ``settings.num_clusters``
+        contiguous ranges of partition ids (``clusters.contiguous_cluster``).  A
+        ``rule`` attribute on it (a string) names it in logs and errors.
     validate_profiles : callable, optional
         Called with the node profiles before any training; raise to stop.
     resume : Resume, optional
@@ -173,6 +177,8 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         self.cluster_of = cluster_of
         self.validate_profiles = validate_profiles
         self.cluster_of_partition: dict[int, int] = {}
+        self.cluster_rule_of: dict[int, str] = {}  # partition -> declared/cluster_of/contiguous
+        self._rank_bounds: list[float] = []  # num-partitions unknown: where clusters start
         self._current = ArrayRecord()
         self._specs: dict[str, ArraySpec] = {}
         self._sent: set[int] = set()
@@ -204,10 +210,13 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     # --- setup -------------------------------------------------------------------
 
     def setup(self, grid: Grid) -> None:
-        """Profile the nodes and tag each with its cluster."""
+        """Profile the nodes, tag each with its cluster and check the clusters."""
         profiles = self.profile_nodes(grid, ConfigRecord({"method": self.method}))
+        ids = [p.partition_id for p in profiles.values()]
+        self._rank_bounds = rank_bounds(ids, self.settings.num_clusters)
         for profile in profiles.values():
             self.cluster_of_partition[profile.partition_id] = self._cluster_tag(profile)
+        self.check_clusters()
         if self.settings.resource == "latency":
             self.query_latency(grid, self.space, request=self.latency_request)
 
@@ -219,10 +228,55 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         return None
 
     def _cluster_tag(self, profile: NodeProfile) -> int:
-        """The cluster a node declares, else ``cluster_of``'s, else 0."""
+        """The cluster a node declares, else ``cluster_of``'s, else its partition's among
+        ``settings.num_clusters`` contiguous ranges (``clusters.contiguous_cluster``; of the
+        ids profiled at the start when ``num-partitions`` is unknown); the rule that gave it
+        is kept in ``cluster_rule_of[partition id]``."""
+        rule, tag = self._tagged(profile)
+        self.cluster_rule_of[profile.partition_id] = rule
+        return tag
+
+    def _tagged(self, profile: NodeProfile) -> tuple[str, int]:
         if profile.cluster >= 0:
-            return profile.cluster
-        return self.cluster_of(profile) if self.cluster_of is not None else 0
+            return "declared", profile.cluster
+        if self.cluster_of is not None:
+            return "cluster_of", int(self.cluster_of(profile))
+        if profile.num_partitions < 1:  # unknown: ranges of the ids profiled at the start
+            return "contiguous", bounded_cluster(profile.partition_id, self._rank_bounds)
+        num_clusters = self.settings.num_clusters
+        return "contiguous", contiguous_cluster(
+            profile.partition_id, profile.num_partitions, num_clusters
+        )
+
+    def cluster_rules(self) -> str:
+        """How the clusters were formed, for logs and errors."""
+        rules = set(self.cluster_rule_of.values())
+        words = []
+        if "declared" in rules:
+            declared = sorted(p for p, r in self.cluster_rule_of.items() if r == "declared")
+            words.append(f"declared in the node config 'cluster' of partition(s) {declared}")
+        if "cluster_of" in rules:
+            words.append(getattr(self.cluster_of, "rule", "the strategy's cluster_of"))
+        if "contiguous" in rules:
+            words.append(
+                f"'fdnas.num-clusters' = {self.settings.num_clusters} contiguous ranges of "
+                "partition ids"
+            )
+        return " and ".join(words)
+
+    def check_clusters(self) -> None:
+        """Refuse clusters the method cannot search (before any training); FDNAS has
+        none to check."""
+
+    def log_clusters(self) -> None:
+        """Log which partitions went to which cluster, and by what rule."""
+        log(
+            INFO,
+            "%s clusters (%s): %s",
+            type(self).__name__,
+            self.cluster_rules(),
+            describe_clusters(self.cluster_of_partition),
+        )
 
     def stage_table(self, stage: str, partitions: Iterable[int]) -> LatencyTable | None:
         """The latency table standing for ``partitions``' nodes (``latency.group_table``:
