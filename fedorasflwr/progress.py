@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import IO, Any
 
+from .methods import summary_function
+
 __all__ = [
     "RESULTS_LINE",
     "RESULTS_MESSAGE",
@@ -470,7 +472,7 @@ def _ledger_bytes(ledger: Mapping[str, Any] | None) -> tuple[int, int]:
     return down, up
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     cells = [list(header)] + [[fmt(v) if not isinstance(v, str) else v for v in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
@@ -482,7 +484,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 MFLOPS, MMACS = "MFLOPs/sample", "MMACs/sample"
 
 
-def _with_latency(
+def with_latency(
     header: list[str], rows: list[list[Any]], entries: Sequence[Mapping[str, Any]], key: str
 ) -> tuple[list[str], list[list[Any]]]:
     """Adds a ``latency ms`` column after the FLOPs / MACs one when the run budgeted by
@@ -495,131 +497,7 @@ def _with_latency(
     return [*header[:at], "latency ms", *header[at:]], rows
 
 
-def _fedoras_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """Per tier and init: the path's accuracy with the supernet's weights when the search
-    chose it (validation data; only a supernet-init row has one: a rand-init row trains the
-    same path from scratch) and the test accuracy after Stage 3."""
-    header = [
-        "tier",
-        "init",
-        "model",
-        MFLOPS,
-        "params",
-        "supernet-path val acc (search)",
-        "test acc after fine-tune",
-    ]
-    rows = []
-    models = document.get("models", [])
-    for m in models:
-        test = m.get("test") or {}
-        searched = m.get("init", "supernet") == "supernet"
-        rows.append(
-            [
-                f"T{m['tier']}",
-                m.get("init", "-"),
-                "-".join(m.get("options", [])),
-                m["flops"] / 1e6,
-                m.get("params"),
-                m.get("search-accuracy") if searched else None,
-                test.get("accuracy"),
-            ]
-        )
-    return _with_latency(header, rows, models, "latency-ms")
-
-
-def _fdnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """Per net: the test accuracy of the trained net on its clients' pooled test data, and
-    the mean of each client's test accuracy after its local epochs of the last round."""
-    header = [
-        "net",
-        "model",
-        MFLOPS,
-        "params",
-        "clients",
-        "test acc (clients pooled)",
-        "test acc after local epochs (client mean)",
-    ]
-    rows = [
-        [
-            n["name"],
-            "-".join(n.get("options", [])),
-            n["flops"] / 1e6,
-            n.get("params"),
-            len(n.get("partitions", [])),
-            n.get("averaged-accuracy"),
-            n.get("mean-local-accuracy"),
-        ]
-        for n in document.get("nets", [])
-    ]
-    return _with_latency(header, rows, document.get("nets", []), "predicted-ms")
-
-
-def _decnas_rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """Per GM_t: its validation accuracy when the search chose it, its test accuracy then,
-    and after the long-term FedAvg tuning."""
-    header = [
-        "GM",
-        "widths",
-        MMACS,
-        "params",
-        "val acc (search)",
-        "test acc",
-        "test acc after tuning",
-    ]
-    rows = [
-        [
-            f"GM_{m['iteration']}",
-            "x".join(str(w) for w in m.get("widths", [])),
-            m["macs"] / 1e6,
-            m.get("params"),
-            m.get("search-val-accuracy"),
-            m.get("test-accuracy"),
-            m.get("tuned-test-accuracy"),
-        ]
-        for m in document.get("frontier", [])
-    ]
-    return _with_latency(header, rows, document.get("frontier", []), "latency-ms")
-
-
-def _dpfnas_lines(document: Mapping[str, Any], delta: float | None) -> list[str]:
-    space = document.get("space", {})
-    lines = [
-        f"genotype: {document.get('genotype', '-')}",
-        f"iterations: {fmt(document.get('iterations'))}"
-        + (
-            f" ({document['stopped']})"
-            if document.get("stopped", "completed") != "completed"
-            else ""
-        ),
-        f"test accuracy of the derived net: {fmt(document.get('test_accuracy'))}",
-        f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
-        f"{fmt(space.get('max-flops', 0) / 1e6)}",
-    ]
-    budget = document.get("latency") or {}
-    if "predicted-ms" in budget:
-        lines.append(
-            f"latency on the parties' table: {fmt(budget['predicted-ms'])} ms "
-            f"(budget {fmt(budget.get('budget-ms'))} ms)"
-        )
-    header = ["parties", "epsilon", "eps weights", "eps arch", "steps"]
-    # Parties that spent the same (most do: equal batches and steps) share one row.
-    spent: dict[tuple[Any, ...], list[int]] = {}
-    for p in document.get("privacy", []):
-        key = (
-            "inf" if p.get("epsilon") is None else fmt(p["epsilon"]),
-            fmt(p["weights"].get("epsilon")),
-            fmt(p["architecture"].get("epsilon")),
-            fmt(p["weights"].get("steps")),
-        )
-        spent.setdefault(key, []).append(int(p["partition_id"]))
-    rows = [[_id_ranges(ids), *key] for key, ids in spent.items()]
-    if rows:
-        lines.append(f"privacy spent (delta {fmt(delta)}; - or inf: no guarantee):")
-        lines += _table(header, rows)
-    return lines
-
-
-def _id_ranges(ids: Sequence[int]) -> str:
+def id_ranges(ids: Sequence[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``."""
     ordered = sorted(ids)
     parts: list[str] = []
@@ -634,26 +512,14 @@ def _id_ranges(ids: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def summary_lines(
-    method: str, document: Mapping[str, Any], *, delta: float | None = None
-) -> list[str]:
-    """The end-of-run summary of `method` from its result document (``server_app`` runners).
+def summary_lines(method: str, document: Mapping[str, Any], settings: Any = None) -> list[str]:
+    """The end-of-run summary of `method` from its result document (``server_app``).
 
-    Per tier (FedorAS), net (FDNAS/CFDNAS) or GM (DecNAS): the model, its FLOPs or MACs
-    and parameters, its accuracies; for DP-FNAS the genotype, test accuracy and the
-    privacy spent per party (`delta`: the run's); for all, the bytes moved (ledger).
+    The method's own lines (``methods/<method>/summary.py``: per tier, net or GM the model,
+    its cost and accuracies; DP-FNAS's genotype and the privacy spent, at the delta of
+    ``settings``, the run's method settings), then the bytes moved (ledger).
     """
-    lines = [f"=== {method} summary ==="]
-    if method == "fedoras":
-        lines += _table(*_fedoras_rows(document))
-    elif method in ("fdnas", "cfdnas"):
-        lines += _table(*_fdnas_rows(document))
-    elif method == "decnas":
-        lines += _table(*_decnas_rows(document))
-    elif method == "dpfnas":
-        lines += _dpfnas_lines(document, delta)
-    else:
-        raise ValueError(f"no summary for method {method!r}")
+    lines = [f"=== {method} summary ===", *summary_function(method)(document, settings)]
     down, up = _ledger_bytes(document.get("ledger"))
     lines.append(f"bytes moved: {format_bytes(down)} to clients, {format_bytes(up)} from clients")
     return lines

@@ -17,22 +17,6 @@ __all__ = [
     "LATENCY",
     "NONCE",
     "REPLY_BYTES",
-    "DPFNAS_ARCH",
-    "DECNAS_EVALUATE",
-    "DECNAS_TRAIN",
-    "DECNAS_TUNE",
-    "DECNAS_UPLOAD",
-    "DPFNAS_EVALUATE",
-    "DPFNAS_TRAIN",
-    "DPFNAS_WEIGHTS",
-    "FEDORAS_EVALUATE",
-    "FEDORAS_PATHS",
-    "FEDORAS_SUPERNET",
-    "FEDORAS_TRAIN",
-    "FDNAS_EVALUATE",
-    "FDNAS_SEARCH",
-    "FDNAS_TRAIN",
-    "QUERY_DECNAS_LATENCY",
     "QUERY_LATENCY",
     "QUERY_PROFILE",
     "SAMPLE_KINDS",
@@ -54,22 +38,6 @@ REPLY_BYTES = "reply-bytes"
 
 QUERY_PROFILE = "query.profile"
 QUERY_LATENCY = "query.latency"  # the node's latency table (fedorasflwr/latency.py)
-QUERY_DECNAS_LATENCY = "query.decnas_latency"  # a prunable net's layer table (decnas/latency.py)
-FEDORAS_SUPERNET = "train.fedoras_supernet"
-FEDORAS_PATHS = "evaluate.fedoras_paths"
-FEDORAS_TRAIN = "train.fedoras_finetune"
-FEDORAS_EVALUATE = "evaluate.fedoras_finetune"
-FDNAS_SEARCH = "train.fdnas_search"
-FDNAS_TRAIN = "train.fdnas_final"
-FDNAS_EVALUATE = "evaluate.fdnas_final"
-DECNAS_TUNE = "train.decnas_tune"  # train and validate a candidate; keep the weights
-DECNAS_UPLOAD = "train.decnas_upload"  # send the kept weights (survivors only)
-DECNAS_TRAIN = "train.decnas_fedavg"  # FedAvg of GM_0, the tuned GMs, baselines
-DECNAS_EVALUATE = "evaluate.decnas"
-DPFNAS_WEIGHTS = "train.dpfnas_weights"
-DPFNAS_ARCH = "train.dpfnas_arch"
-DPFNAS_TRAIN = "train.dpfnas_final"
-DPFNAS_EVALUATE = "evaluate.dpfnas_final"
 
 SPACE_PREFIX = "space."
 

@@ -79,8 +79,7 @@ def main(grid: Grid, context: Context) -> None:
         raise
     seconds = round(time.time() - started, 2)
     written = progress.write_result(document, finished=True, seconds=seconds)
-    delta = getattr(settings.method_settings, "delta", None)  # a private method's delta
-    for line in summary_lines(settings.method, written, delta=delta):
+    for line in summary_lines(settings.method, written, settings.method_settings):
         log(INFO, "%s", line)
     log(
         INFO,

@@ -18,14 +18,11 @@ from fedorasflwr.artifacts import load_checkpoint
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.federation.base import StageFailedError
 from fedorasflwr.inprocess import InProcessGrid, error_reply
-from fedorasflwr.protocol import (
-    CONFIG,
-    DECNAS_TUNE,
-    DPFNAS_WEIGHTS,
-    FDNAS_SEARCH,
-    FEDORAS_PATHS,
-    FEDORAS_SUPERNET,
-)
+from fedorasflwr.methods.decnas.messages import DECNAS_TUNE
+from fedorasflwr.methods.dpfnas.messages import DPFNAS_WEIGHTS
+from fedorasflwr.methods.fdnas.messages import FDNAS_SEARCH
+from fedorasflwr.methods.fedoras.messages import FEDORAS_PATHS, FEDORAS_SUPERNET
+from fedorasflwr.protocol import CONFIG
 from fedorasflwr.server_app import main
 from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas

@@ -19,16 +19,11 @@ from fedorasflwr.clients import HANDLERS, data_partition_id, make_client_app, re
 from fedorasflwr.clients.node_data import NodeDataCache, to_client_data
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.methods.decnas.messages import DECNAS_TUNE, DECNAS_UPLOAD
 from fedorasflwr.methods.decnas.strategy import DecNAS
+from fedorasflwr.methods.fedoras.messages import FEDORAS_SUPERNET
 from fedorasflwr.methods.fedoras.strategy import FedorAS
-from fedorasflwr.protocol import (
-    DECNAS_TUNE,
-    DECNAS_UPLOAD,
-    FEDORAS_SUPERNET,
-    METRICS,
-    PROFILE,
-    QUERY_PROFILE,
-)
+from fedorasflwr.protocol import METRICS, PROFILE, QUERY_PROFILE
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.search_spaces.prunable import build_prunable
 from tests.runconfig import tiny_decnas, tiny_fedoras

@@ -26,6 +26,7 @@ from fedorasflwr.progress import (
     setup_logging,
     summary_lines,
 )
+from fedorasflwr.strategies import DPFNASSettings
 
 LEDGER = {
     "train": {"seconds": 1.0, "totals": {"bytes_down": 3 * 1024**2, "bytes_up": 1024**2}},
@@ -309,7 +310,7 @@ def test_decnas_summary_per_gm() -> None:
 
 
 def test_dpfnas_summary_has_privacy_per_party() -> None:
-    lines = summary_lines("dpfnas", _dpfnas(), delta=1e-5)
+    lines = summary_lines("dpfnas", _dpfnas(), DPFNASSettings(delta=1e-5))
     text = "\n".join(lines)
     assert "genotype: normal=[sep_conv_3x3]" in text
     assert "test accuracy of the derived net: 0.4568" in text
@@ -350,7 +351,7 @@ def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
 
 
 def test_summary_of_unknown_method_is_refused() -> None:
-    with pytest.raises(ValueError, match="no summary for method 'fednas'"):
+    with pytest.raises(ValueError, match="method 'fednas': allowed: one of fedoras, fdnas"):
         summary_lines("fednas", {})
 
 

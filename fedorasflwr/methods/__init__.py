@@ -16,6 +16,8 @@ what it imports; this one names every method's settings class by its import path
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 #: every method a run config's ``method`` may name (``cfdnas`` is FDNAS's clustered variant)
 METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas")
@@ -31,9 +33,28 @@ SETTINGS = {
 }
 
 
+#: method -> the import path of its end-of-run summary (``methods/<method>/summary.py``)
+SUMMARIES = {
+    "fedoras": "fedorasflwr.methods.fedoras.summary:summary",
+    "fdnas": "fedorasflwr.methods.fdnas.summary:summary",
+    "cfdnas": "fedorasflwr.methods.fdnas.summary:summary",
+    "dpfnas": "fedorasflwr.methods.dpfnas.summary:summary",
+    "decnas": "fedorasflwr.methods.decnas.summary:summary",
+}
+
+
+def _load(table: dict[str, str], method: str) -> Any:
+    if method not in table:
+        raise ValueError(f"method {method!r}: allowed: one of {', '.join(METHODS)}")
+    module, _, name = table[method].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def settings_class(method: str) -> type:
     """The settings class of ``method`` (one of ``METHODS``)."""
-    if method not in SETTINGS:
-        raise ValueError(f"method {method!r}: allowed: one of {', '.join(METHODS)}")
-    module, _, name = SETTINGS[method].partition(":")
-    return getattr(importlib.import_module(module), name)
+    return _load(SETTINGS, method)
+
+
+def summary_function(method: str) -> Callable[..., list[str]]:
+    """``summary(document, **options)`` of ``method``: its end-of-run summary lines."""
+    return _load(SUMMARIES, method)

@@ -23,8 +23,8 @@ from fedorasflwr.methods.fdnas.clusters import (
     contiguous_cluster,
     rank_bounds,
 )
+from fedorasflwr.methods.fdnas.messages import FDNAS_SEARCH, FDNAS_TRAIN
 from fedorasflwr.methods.fdnas.runner import cluster_tagger
-from fedorasflwr.protocol import FDNAS_SEARCH, FDNAS_TRAIN
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.strategies import CFDNAS
 from tests.runconfig import tiny_fdnas

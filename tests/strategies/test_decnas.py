@@ -11,10 +11,11 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.federation.replies import REPLY_MARGIN
 from fedorasflwr.inprocess import InProcessGrid, error_reply
+from fedorasflwr.methods.decnas.messages import DECNAS_UPLOAD
 from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.methods.decnas.strategy import DecNAS
 from fedorasflwr.nonce import echo
-from fedorasflwr.protocol import ARRAYS, DECNAS_UPLOAD, METRICS, REPLY_BYTES
+from fedorasflwr.protocol import ARRAYS, METRICS, REPLY_BYTES
 from tests.runconfig import tiny_decnas
 
 NUM_NODES = 6

@@ -31,10 +31,11 @@ from fedorasflwr.methods.decnas.latency import (
     predict_ms,
     width_grid,
 )
+from fedorasflwr.methods.decnas.messages import QUERY_DECNAS_LATENCY
 from fedorasflwr.methods.decnas.netadapt import budget
 from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.methods.decnas.strategy import DecNAS
-from fedorasflwr.protocol import LATENCY, METRICS, QUERY_DECNAS_LATENCY
+from fedorasflwr.protocol import LATENCY, METRICS
 from fedorasflwr.search_spaces.prunable import build_prunable, prune_to_budget
 from tests.runconfig import tiny_decnas
 
@@ -403,7 +404,7 @@ def test_a_residual_and_concatenating_net_has_units_of_every_layer_feeding_them(
 
 @pytest.mark.slow  # three runs through server_app.main (exports, checkpoints): about a minute
 def test_a_resumed_run_by_latency_continues_on_the_same_table(data_cache, injected, tmp_path):
-    from fedorasflwr.protocol import DECNAS_TUNE
+    from fedorasflwr.methods.decnas.messages import DECNAS_TUNE
     from tests.test_checkpoints import result_of, stopped_and_resumed
 
     base = latency_config(

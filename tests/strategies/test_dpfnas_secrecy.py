@@ -23,10 +23,11 @@ from fedorasflwr.methods.dpfnas.client import (
     weight_gradient,
 )
 from fedorasflwr.methods.dpfnas.contract import INSECURE_KEY
+from fedorasflwr.methods.dpfnas.messages import DPFNAS_ARCH, DPFNAS_WEIGHTS
 from fedorasflwr.methods.dpfnas.runner import run_dpfnas
 from fedorasflwr.methods.dpfnas.secure_random import SecureRandom
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
-from fedorasflwr.protocol import ARRAYS, CONFIG, DPFNAS_ARCH, DPFNAS_WEIGHTS, space_to_config
+from fedorasflwr.protocol import ARRAYS, CONFIG, space_to_config
 from fedorasflwr.runs import build_supernet
 from fedorasflwr.search_spaces.darts import DerivedNetwork
 from fedorasflwr.seeding import stream_words, torch_generator

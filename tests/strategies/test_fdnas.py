@@ -14,9 +14,10 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.data import ClientData
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.fdnas.client import hardware_loss, rescale_sampled, search_supernet
+from fedorasflwr.methods.fdnas.messages import FDNAS_SEARCH
 from fedorasflwr.methods.fdnas.runner import cluster_tagger, run_cfdnas
 from fedorasflwr.nonce import echo
-from fedorasflwr.protocol import ARRAYS, CONFIG, FDNAS_SEARCH, METRICS, space_to_config
+from fedorasflwr.protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.strategies import CFDNAS, FDNAS
 from tests.runconfig import tiny_fdnas

@@ -24,9 +24,10 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.latency import LatencyTable, group_table
+from fedorasflwr.methods.fedoras.messages import FEDORAS_SUPERNET
 from fedorasflwr.methods.fedoras.runner import build_fedoras, latency_entries
 from fedorasflwr.methods.fedoras.tiers import PathCost
-from fedorasflwr.protocol import FEDORAS_SUPERNET, METRICS, QUERY_LATENCY
+from fedorasflwr.protocol import METRICS, QUERY_LATENCY
 from fedorasflwr.runs import build_supernet
 from tests.runconfig import tiny_fedoras
 

@@ -17,8 +17,9 @@ from fedorasflwr.data import load_server_data
 from fedorasflwr.federation.base import StageFailedError
 from fedorasflwr.inprocess import InProcessGrid, error_reply, replace_content
 from fedorasflwr.methods.fedoras.evaluation import SupernetEvaluator
+from fedorasflwr.methods.fedoras.messages import FEDORAS_SUPERNET
 from fedorasflwr.methods.fedoras.strategy import FedorAS
-from fedorasflwr.protocol import ARRAYS, FEDORAS_SUPERNET, METRICS
+from fedorasflwr.protocol import ARRAYS, METRICS
 from fedorasflwr.runs import build_supernet
 from tests.runconfig import tiny_fedoras
 

@@ -18,19 +18,18 @@ from fedorasflwr.data import load_server_data
 from fedorasflwr.federation.fedavg import cosine_lr, step_lr
 from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.methods.fedoras.finetune import SUPERNET_INIT, initial_subnet
+from fedorasflwr.methods.fedoras.messages import (
+    FEDORAS_EVALUATE,
+    FEDORAS_PATHS,
+    FEDORAS_SUPERNET,
+    FEDORAS_TRAIN,
+)
 from fedorasflwr.methods.fedoras.runner import resume_supernet
 from fedorasflwr.methods.fedoras.scoring import FederatedPathScorer, covering_subspace
 from fedorasflwr.methods.fedoras.search import kendall_tau, search_tier
 from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.methods.fedoras.tiers import Tier
-from fedorasflwr.protocol import (
-    ARRAYS,
-    FEDORAS_EVALUATE,
-    FEDORAS_PATHS,
-    FEDORAS_SUPERNET,
-    FEDORAS_TRAIN,
-    METRICS,
-)
+from fedorasflwr.protocol import ARRAYS, METRICS
 from fedorasflwr.runs import build_supernet
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.training import evaluate

@@ -28,9 +28,10 @@ from fedorasflwr.federation.fedavg import SeededFedAvg
 from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.ledger import Ledger
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
+from fedorasflwr.methods.fdnas.messages import FDNAS_SEARCH
 from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.nonce import echo_nonce, nonce_of
-from fedorasflwr.protocol import ARRAYS, FDNAS_SEARCH, METRICS, NONCE, QUERY_PROFILE
+from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, QUERY_PROFILE
 from fedorasflwr.runs import build_supernet
 from tests.runconfig import tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas

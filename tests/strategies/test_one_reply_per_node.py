@@ -14,15 +14,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid, replace_content
+from fedorasflwr.methods.fedoras.messages import FEDORAS_PATHS, FEDORAS_SUPERNET
 from fedorasflwr.methods.fedoras.strategy import FedorAS
-from fedorasflwr.protocol import (
-    ARRAYS,
-    FEDORAS_PATHS,
-    FEDORAS_SUPERNET,
-    METRICS,
-    NONCE,
-    QUERY_PROFILE,
-)
+from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, QUERY_PROFILE
 from fedorasflwr.runs import build_supernet
 from tests.runconfig import tiny_fedoras
 

@@ -25,7 +25,7 @@ from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
 from ...latency import LatencyRequest, LatencyTable
-from ...protocol import ARRAYS, CONFIG, DECNAS_EVALUATE, DECNAS_TRAIN, METRICS, space_to_config
+from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces.importable import require_importable
 from ...search_spaces.prunable import (
     PrunableNet,
@@ -36,6 +36,7 @@ from ...search_spaces.prunable import (
 )
 from ...seeding import seed_torch
 from .latency import LayerLayout, predict_ms
+from .messages import DECNAS_EVALUATE, DECNAS_TRAIN
 from .settings import DecNASSettings
 
 __all__ = ["DecNASResult", "GlobalModel", "PrunedModelStages"]

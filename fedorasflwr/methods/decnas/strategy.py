@@ -64,17 +64,7 @@ from ...federation.base import NodeProfile, StageFailedError, describe_table
 from ...federation.replies import array_specs, check_latency_reply, check_reply, content_bytes
 from ...latency import LatencyRequest, LatencyTable, group_table, table_document, table_from_records
 from ...progress import format_metrics
-from ...protocol import (
-    ARRAYS,
-    CONFIG,
-    DECNAS_TUNE,
-    DECNAS_UPLOAD,
-    LATENCY,
-    METRICS,
-    QUERY_DECNAS_LATENCY,
-    REPLY_BYTES,
-    space_to_config,
-)
+from ...protocol import ARRAYS, CONFIG, LATENCY, METRICS, REPLY_BYTES, space_to_config
 from ...search_spaces.prunable import PrunableNet, prune_to_budget
 from .grouping import (
     PLAUSIBLE_FACTOR,
@@ -86,6 +76,7 @@ from .grouping import (
     schedule_waves,
 )
 from .latency import layer_layout
+from .messages import DECNAS_TUNE, DECNAS_UPLOAD, QUERY_DECNAS_LATENCY
 from .netadapt import (
     budget,
     degradation,

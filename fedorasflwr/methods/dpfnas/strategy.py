@@ -70,16 +70,7 @@ from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import Bound, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock, fmt
-from ...protocol import (
-    ARRAYS,
-    CONFIG,
-    DPFNAS_ARCH,
-    DPFNAS_EVALUATE,
-    DPFNAS_TRAIN,
-    DPFNAS_WEIGHTS,
-    METRICS,
-    space_to_config,
-)
+from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.darts_style import require_darts_style, weight_keys
 from ...search_spaces.importable import require_importable
@@ -87,6 +78,7 @@ from ...seeding import seed_torch
 from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_layout
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
 from .evaluation import MixedSupernetEvaluator
+from .messages import DPFNAS_ARCH, DPFNAS_EVALUATE, DPFNAS_TRAIN, DPFNAS_WEIGHTS
 from .per_sample import per_sample_problem
 from .privacy import Accountant, PartyPrivacy, Segment, add_steps
 from .settings import DPFNASSettings

@@ -60,15 +60,7 @@ from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock, fmt
-from ...protocol import (
-    ARRAYS,
-    CONFIG,
-    FDNAS_EVALUATE,
-    FDNAS_SEARCH,
-    FDNAS_TRAIN,
-    METRICS,
-    space_to_config,
-)
+from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.differentiable import require_differentiable
 from ...search_spaces.importable import require_importable
@@ -81,6 +73,7 @@ from .hardware import (
     latency_config,
     path_range_ms,
 )
+from .messages import FDNAS_EVALUATE, FDNAS_SEARCH, FDNAS_TRAIN
 from .nets import DerivedNet, FDNASResult, LocalAccuracyFedAvg
 from .settings import FDNASSettings
 

@@ -43,11 +43,12 @@ from ...federation.base import NodeProfile
 from ...federation.fedavg import SeededFedAvg, cosine_lr, step_lr
 from ...federation.replies import check_reply
 from ...progress import fmt, format_seconds
-from ...protocol import ARRAYS, CONFIG, FEDORAS_EVALUATE, FEDORAS_TRAIN, METRICS, space_to_config
+from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces import build_space
 from ...seeding import seed_torch
 from ...training import evaluate, recalibrate_batchnorm, torch_device
 from .context import StageContext
+from .messages import FEDORAS_EVALUATE, FEDORAS_TRAIN
 from .search import initial_paths
 from .tiers import PathCost, Tier
 

@@ -35,10 +35,11 @@ from flwr.serverapp import Grid
 
 from ...federation.base import sample_nodes
 from ...federation.replies import Bound, check_reply
-from ...protocol import ARRAYS, CONFIG, FEDORAS_PATHS, METRICS, space_to_config
+from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces import Subspace
 from .context import StageContext
 from .evaluation import ServerPathScorer
+from .messages import FEDORAS_PATHS
 
 __all__ = [
     "FederatedPathScorer",

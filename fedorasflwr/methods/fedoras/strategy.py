@@ -61,11 +61,12 @@ from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock
-from ...protocol import ARRAYS, CONFIG, FEDORAS_SUPERNET, METRICS, space_to_config
+from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces import SearchSpace, Subspace, require_importable
 from .context import StageContext
 from .evaluation import ServerPathScorer, SupernetEvaluator
 from .finetune import RANDOM_INIT, SUPERNET_INIT, TierModel, finetune_tier, random_search_tier
+from .messages import FEDORAS_SUPERNET
 from .scoring import (
     FederatedPathScorer,
     TierScorer,

@@ -1,0 +1,19 @@
+"""DecNAS's message types (``<category>.<action>``; the table of docs/protocol.md),
+imported by its strategy and its client alike; the record keys every method shares are in
+``fedorasflwr.protocol``."""
+
+from __future__ import annotations
+
+__all__ = [
+    "QUERY_DECNAS_LATENCY",
+    "DECNAS_TUNE",
+    "DECNAS_UPLOAD",
+    "DECNAS_TRAIN",
+    "DECNAS_EVALUATE",
+]
+
+QUERY_DECNAS_LATENCY = "query.decnas_latency"  # a prunable net's layer table (decnas/latency.py)
+DECNAS_TUNE = "train.decnas_tune"  # train and validate a candidate; keep the weights
+DECNAS_UPLOAD = "train.decnas_upload"  # send the kept weights (survivors only)
+DECNAS_TRAIN = "train.decnas_fedavg"  # FedAvg of GM_0, the tuned GMs, baselines
+DECNAS_EVALUATE = "evaluate.decnas"

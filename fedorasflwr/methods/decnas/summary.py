@@ -1,0 +1,42 @@
+"""DecNAS's end-of-run summary (``progress.summary_lines`` prints it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...progress import MMACS, table, with_latency
+
+__all__ = ["summary"]
+
+
+def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Per GM_t: its validation accuracy when the search chose it, its test accuracy then,
+    and after the long-term FedAvg tuning."""
+    header = [
+        "GM",
+        "widths",
+        MMACS,
+        "params",
+        "val acc (search)",
+        "test acc",
+        "test acc after tuning",
+    ]
+    rows = [
+        [
+            f"GM_{m['iteration']}",
+            "x".join(str(w) for w in m.get("widths", [])),
+            m["macs"] / 1e6,
+            m.get("params"),
+            m.get("search-val-accuracy"),
+            m.get("test-accuracy"),
+            m.get("tuned-test-accuracy"),
+        ]
+        for m in document.get("frontier", [])
+    ]
+    return with_latency(header, rows, document.get("frontier", []), "latency-ms")
+
+
+def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
+    """The table of the frontier GM_0 .. GM_T (``rows``)."""
+    return table(*rows(document))

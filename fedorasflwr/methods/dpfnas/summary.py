@@ -1,0 +1,51 @@
+"""DP-FNAS's end-of-run summary (``progress.summary_lines`` prints it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...progress import fmt, id_ranges, table
+
+__all__ = ["summary"]
+
+
+def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
+    """The genotype, its test accuracy, the latency budget and the privacy spent per party
+    (the delta of ``settings``, the run's ``DPFNASSettings``)."""
+    delta = getattr(settings, "delta", None)
+    space = document.get("space", {})
+    lines = [
+        f"genotype: {document.get('genotype', '-')}",
+        f"iterations: {fmt(document.get('iterations'))}"
+        + (
+            f" ({document['stopped']})"
+            if document.get("stopped", "completed") != "completed"
+            else ""
+        ),
+        f"test accuracy of the derived net: {fmt(document.get('test_accuracy'))}",
+        f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
+        f"{fmt(space.get('max-flops', 0) / 1e6)}",
+    ]
+    budget = document.get("latency") or {}
+    if "predicted-ms" in budget:
+        lines.append(
+            f"latency on the parties' table: {fmt(budget['predicted-ms'])} ms "
+            f"(budget {fmt(budget.get('budget-ms'))} ms)"
+        )
+    header = ["parties", "epsilon", "eps weights", "eps arch", "steps"]
+    # Parties that spent the same (most do: equal batches and steps) share one row.
+    spent: dict[tuple[Any, ...], list[int]] = {}
+    for p in document.get("privacy", []):
+        key = (
+            "inf" if p.get("epsilon") is None else fmt(p["epsilon"]),
+            fmt(p["weights"].get("epsilon")),
+            fmt(p["architecture"].get("epsilon")),
+            fmt(p["weights"].get("steps")),
+        )
+        spent.setdefault(key, []).append(int(p["partition_id"]))
+    rows = [[id_ranges(ids), *key] for key, ids in spent.items()]
+    if rows:
+        lines.append(f"privacy spent (delta {fmt(delta)}; - or inf: no guarantee):")
+        lines += table(header, rows)
+    return lines

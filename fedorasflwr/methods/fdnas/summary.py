@@ -1,0 +1,42 @@
+"""FDNAS's and CFDNAS's end-of-run summary (``progress.summary_lines`` prints it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...progress import MFLOPS, table, with_latency
+
+__all__ = ["summary"]
+
+
+def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Per net: the test accuracy of the trained net on its clients' pooled test data, and
+    the mean of each client's test accuracy after its local epochs of the last round."""
+    header = [
+        "net",
+        "model",
+        MFLOPS,
+        "params",
+        "clients",
+        "test acc (clients pooled)",
+        "test acc after local epochs (client mean)",
+    ]
+    rows = [
+        [
+            n["name"],
+            "-".join(n.get("options", [])),
+            n["flops"] / 1e6,
+            n.get("params"),
+            len(n.get("partitions", [])),
+            n.get("averaged-accuracy"),
+            n.get("mean-local-accuracy"),
+        ]
+        for n in document.get("nets", [])
+    ]
+    return with_latency(header, rows, document.get("nets", []), "predicted-ms")
+
+
+def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
+    """The table of every net (``rows``)."""
+    return table(*rows(document))

@@ -1,0 +1,47 @@
+"""FedorAS's end-of-run summary (``progress.summary_lines`` prints it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...progress import MFLOPS, table, with_latency
+
+__all__ = ["summary"]
+
+
+def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Per tier and init: the path's accuracy with the supernet's weights when the search
+    chose it (validation data; only a supernet-init row has one: a rand-init row trains the
+    same path from scratch) and the test accuracy after Stage 3."""
+    header = [
+        "tier",
+        "init",
+        "model",
+        MFLOPS,
+        "params",
+        "supernet-path val acc (search)",
+        "test acc after fine-tune",
+    ]
+    rows = []
+    models = document.get("models", [])
+    for m in models:
+        test = m.get("test") or {}
+        searched = m.get("init", "supernet") == "supernet"
+        rows.append(
+            [
+                f"T{m['tier']}",
+                m.get("init", "-"),
+                "-".join(m.get("options", [])),
+                m["flops"] / 1e6,
+                m.get("params"),
+                m.get("search-accuracy") if searched else None,
+                test.get("accuracy"),
+            ]
+        )
+    return with_latency(header, rows, models, "latency-ms")
+
+
+def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
+    """The table of every tier's models (``rows``)."""
+    return table(*rows(document))
