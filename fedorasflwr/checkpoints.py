@@ -272,15 +272,11 @@ class Checkpointer:
         return finite(plain(result_json({**self.header, "status": status, **extra, **body})))
 
     def write_result(
-        self,
-        document: Mapping[str, Any] | None = None,
-        *,
-        finished: bool = False,
-        error: BaseException | None = None,
-        **extra: Any,
+        self, document: Mapping[str, Any] | None = None, **options: Any
     ) -> dict[str, Any]:
-        """Write ``result.json`` (``result``); returns what it wrote."""
-        content = self.result(document, finished=finished, error=error, **extra)
+        """Write ``result.json``: ``result(document, **options)`` (``finished``, ``error``,
+        extra entries); returns what it wrote."""
+        content = self.result(document, **options)
         write_json(self.out_dir / RESULT_FILE, content)
         return content
 

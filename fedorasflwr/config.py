@@ -27,6 +27,7 @@ from .training import check_device_setting
 
 __all__ = [
     "METHODS",
+    "Table",
     "MethodSettings",
     "RunSettings",
     "SpaceSettings",
@@ -40,8 +41,19 @@ __all__ = [
 ]
 
 SPACE_NAMES = ("cnn_l", "cnn_s", "rnn", "mbconv", "darts")
-#: the rules of robust aggregation (``federation.aggregation.AGGREGATIONS``)
+#: how an aggregation combines one key's updates (``federation.aggregation.Aggregation``)
 AGGREGATION_RULES = ("mean", "median", "trimmed-mean")
+
+
+def check_aggregation(
+    rule: str, trim: float, rule_name: str = "aggregation", trim_name: str = "aggregation-trim"
+) -> None:
+    """Refuse an aggregation rule outside ``AGGREGATION_RULES`` or a trim outside
+    ``[0, 0.5)``, naming them as ``rule_name`` / ``trim_name``."""
+    if rule not in AGGREGATION_RULES:
+        raise ValueError(f"{rule_name} {rule!r}: allowed: one of {', '.join(AGGREGATION_RULES)}")
+    if not 0.0 <= trim < 0.5:
+        raise ValueError(f"{trim_name} {trim!r}: allowed: 0 <= trim < 0.5")
 
 
 def read_key(
@@ -267,19 +279,6 @@ def check_table(cfg: Mapping[str, Any], prefix: str) -> None:
         check_known_keys(ours)
 
 
-def readers(cfg: Mapping[str, Any], p: str) -> tuple[Callable[..., float], Callable[..., int]]:
-    """``number(key, default, check, allowed)`` and ``count(key, default, low)`` reading
-    ``<p><key>`` from ``cfg``."""
-
-    def number(key: str, default: float, check=positive, allowed: str = "> 0") -> float:
-        return read_key(cfg, p + key, default, float, check, allowed)
-
-    def count(key: str, default: int, low: int = 1) -> int:
-        return read_key(cfg, p + key, default, int, lambda v: v >= low, f">= {low}")
-
-    return number, count
-
-
 def one_of(cfg: Mapping[str, Any], key: str, default: str, allowed: tuple[str, ...]) -> str:
     return read_key(cfg, key, default, str, lambda v: v in allowed, "one of " + ", ".join(allowed))
 
@@ -328,6 +327,65 @@ class LatencySettings:
         )
 
 
+class Table:
+    """One run-config table of a method (its keys ``<prefix><key>``), read and checked.
+
+    Constructing it refuses a key of the table that no parser reads (``check_table``);
+    each reader takes the key without the prefix and raises ``ValueError`` naming the
+    whole key, the value and what is allowed (``read_key``)."""
+
+    def __init__(self, cfg: Mapping[str, Any], prefix: str) -> None:
+        check_table(cfg, prefix)
+        self.cfg, self.prefix = cfg, prefix
+
+    def get(self, key: str, default: Any, kind: type, *checked: Any) -> Any:
+        """``<prefix><key>`` as ``kind``; ``checked``: a check and what it allows
+        (``read_key``)."""
+        return read_key(self.cfg, self.prefix + key, default, kind, *checked)
+
+    def number(
+        self, key: str, default: float, check: Callable[[float], bool] = positive, allowed="> 0"
+    ) -> float:
+        """A float (an int is accepted), by default > 0."""
+        return self.get(key, default, float, check, allowed)
+
+    def count(self, key: str, default: int, low: int = 1) -> int:
+        """An int of at least ``low``."""
+        return self.get(key, default, int, lambda v: v >= low, f">= {low}")
+
+    def flag(self, key: str, default: bool) -> bool:
+        return self.get(key, default, bool)
+
+    def one_of(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
+        return one_of(self.cfg, self.prefix + key, default, allowed)
+
+    def numbers(
+        self,
+        key: str,
+        default: str,
+        kind: type,
+        check: Callable[[Any], bool],
+        allowed: str,
+        *,
+        required: bool = False,
+    ) -> tuple[Any, ...]:
+        """Comma-separated ``kind`` values given as text (``"0.35,0.2"``; ``""``: none, refused
+        when ``required``), each passing ``check``; else ``ValueError`` naming the key, the
+        text and ``allowed``."""
+        text = self.get(key, default, str).strip()
+        try:
+            values = tuple(kind(v) for v in text.split(",")) if text else ()
+        except ValueError:
+            values = (None,)
+        if (required and not values) or not all(v is not None and check(v) for v in values):
+            raise ValueError(f"run config '{self.prefix}{key}' = {text!r}: {allowed}")
+        return values
+
+    def min_replies(self, default: int, train: TrainingRecipe) -> int:
+        """``<prefix>min-replies``, at most the recipe's clients per round."""
+        return read_min_replies(self.cfg, self.prefix, default, train)
+
+
 @dataclass(frozen=True)
 class MethodSettings:
     """What every method's settings share: its run-config table and robust aggregation.
@@ -351,16 +409,13 @@ class MethodSettings:
     aggregation_trim: float = 0.2
 
     def __post_init__(self) -> None:
-        if self.aggregation_rule not in AGGREGATION_RULES:
-            raise ValueError(
-                f"{type(self).__name__}.aggregation_rule = {self.aggregation_rule!r}: "
-                f"allowed: one of {', '.join(AGGREGATION_RULES)}"
-            )
-        if not 0.0 <= self.aggregation_trim < 0.5:
-            raise ValueError(
-                f"{type(self).__name__}.aggregation_trim = {self.aggregation_trim!r}: "
-                "allowed: 0 <= trim < 0.5"
-            )
+        name = type(self).__name__
+        check_aggregation(
+            self.aggregation_rule,
+            self.aggregation_trim,
+            f"{name}.aggregation_rule =",
+            f"{name}.aggregation_trim =",
+        )
 
     @staticmethod
     def shared_from_config(cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -484,17 +484,18 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 MFLOPS, MMACS = "MFLOPs/sample", "MMACs/sample"
 
 
-def with_latency(
+def cost_table(
     header: list[str], rows: list[list[Any]], entries: Sequence[Mapping[str, Any]], key: str
-) -> tuple[list[str], list[list[Any]]]:
-    """Adds a ``latency ms`` column after the FLOPs / MACs one when the run budgeted by
-    latency (its entries carry ``key``: milliseconds on their group's latency table)."""
-    if not any(key in entry for entry in entries):
-        return header, rows
-    at = next(i for i, name in enumerate(header) if name in (MFLOPS, MMACS)) + 1
-    for row, entry in zip(rows, entries, strict=True):
-        row.insert(at, entry.get(key, "-"))
-    return [*header[:at], "latency ms", *header[at:]], rows
+) -> list[str]:
+    """The lines of a summary table of models (``table``), one row per entry, with a
+    ``latency ms`` column after the FLOPs / MACs one when the run budgeted by latency (its
+    entries carry ``key``: milliseconds on their group's latency table)."""
+    if any(key in entry for entry in entries):
+        at = next(i for i, name in enumerate(header) if name in (MFLOPS, MMACS)) + 1
+        for row, entry in zip(rows, entries, strict=True):
+            row.insert(at, entry.get(key, "-"))
+        header = [*header[:at], "latency ms", *header[at:]]
+    return table(header, rows)
 
 
 def id_ranges(ids: Sequence[int]) -> str:

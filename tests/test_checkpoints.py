@@ -19,7 +19,7 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.federation.base import StageFailedError
 from fedorasflwr.inprocess import InProcessGrid, error_reply
 from fedorasflwr.methods.decnas.messages import DECNAS_TUNE
-from fedorasflwr.methods.dpfnas.messages import DPFNAS_WEIGHTS
+from fedorasflwr.methods.dpfnas.contract import DPFNAS_WEIGHTS
 from fedorasflwr.methods.fdnas.messages import FDNAS_SEARCH
 from fedorasflwr.methods.fedoras.messages import FEDORAS_PATHS, FEDORAS_SUPERNET
 from fedorasflwr.protocol import CONFIG

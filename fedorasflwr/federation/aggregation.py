@@ -26,10 +26,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
+from ..config import AGGREGATION_RULES, check_aggregation
+
 __all__ = ["AGGREGATIONS", "MEAN", "Aggregation", "opa", "weighted_mean"]
 
 #: the values of run config ``aggregation``
-AGGREGATIONS = ("mean", "median", "trimmed-mean")
+AGGREGATIONS = AGGREGATION_RULES
 
 Counts = Mapping[str, int] | int
 
@@ -72,12 +74,7 @@ class Aggregation:
     trim: float = 0.2
 
     def __post_init__(self) -> None:
-        if self.rule not in AGGREGATIONS:
-            raise ValueError(
-                f"aggregation {self.rule!r}: allowed: one of {', '.join(AGGREGATIONS)}"
-            )
-        if not 0.0 <= self.trim < 0.5:
-            raise ValueError(f"aggregation-trim {self.trim!r}: allowed: 0 <= trim < 0.5")
+        check_aggregation(self.rule, self.trim)
 
     @property
     def robust(self) -> bool:

@@ -266,10 +266,7 @@ def failure_message(
         elif run_dir.is_dir():
             names = ", ".join(sorted(path.name for path in run_dir.iterdir())[:8])
             lines.append(f"run directory {run_dir}: kept ({names})")
-            checkpoint = run_dir / CHECKPOINT_FILE
-            if checkpoint.is_file():
-                lines.append(f"resume it from {checkpoint} with:")
-                lines.append(resume_command(argv, checkpoint, values, cwd))
+            lines += _resume_lines(run_dir, argv, values, cwd)
     else:
         lines.append("no run directory was created")
     if home is not None:
@@ -325,13 +322,18 @@ def interrupt_message(
         lines.append("the run had not created its run directory yet: nothing to resume")
         return "\n".join(lines)
     lines.append(f"run directory: {run_dir}")
+    return "\n".join(lines + _resume_lines(run_dir, argv, values, cwd))
+
+
+def _resume_lines(
+    run_dir: Path, argv: Sequence[str], values: Mapping[str, ConfigValue], cwd: Path
+) -> list[str]:
+    """How to resume the run of ``run_dir``: its checkpoint and the command on a line of its
+    own (`resume_command`); without a checkpoint, that the same command starts over."""
     checkpoint = run_dir / CHECKPOINT_FILE
     if checkpoint.is_file():
-        lines.append(f"resume it from {checkpoint} with:")
-        lines.append(resume_command(argv, checkpoint, values, cwd))
-    else:
-        lines.append(f"no {CHECKPOINT_FILE} written yet: the same command starts the run over")
-    return "\n".join(lines)
+        return [f"resume it from {checkpoint} with:", resume_command(argv, checkpoint, values, cwd)]
+    return [f"no {CHECKPOINT_FILE} written yet: the same command starts the run over"]
 
 
 def _print_err(text: str) -> None:

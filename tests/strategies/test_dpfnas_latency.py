@@ -14,7 +14,7 @@ from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.latency import LatencyRequest, LatencyTable
 from fedorasflwr.methods.dpfnas.budget import budgeted_genotype, cheapest_ms, genotype_ms
-from fedorasflwr.methods.dpfnas.messages import DPFNAS_WEIGHTS
+from fedorasflwr.methods.dpfnas.contract import DPFNAS_WEIGHTS
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
 from fedorasflwr.runs import build_supernet
 from fedorasflwr.search_spaces.darts import EDGES, PRIMITIVES, derive_genotype

@@ -22,8 +22,7 @@ from fedorasflwr.methods.dpfnas.client import (
     train_final,
     weight_gradient,
 )
-from fedorasflwr.methods.dpfnas.contract import INSECURE_KEY
-from fedorasflwr.methods.dpfnas.messages import DPFNAS_ARCH, DPFNAS_WEIGHTS
+from fedorasflwr.methods.dpfnas.contract import DPFNAS_ARCH, DPFNAS_WEIGHTS, INSECURE_KEY
 from fedorasflwr.methods.dpfnas.runner import run_dpfnas
 from fedorasflwr.methods.dpfnas.secure_random import SecureRandom
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS

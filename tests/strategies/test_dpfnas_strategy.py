@@ -13,7 +13,7 @@ from opacus.accountants import RDPAccountant
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid, replace_content
-from fedorasflwr.methods.dpfnas.messages import DPFNAS_WEIGHTS
+from fedorasflwr.methods.dpfnas.contract import DPFNAS_WEIGHTS
 from fedorasflwr.methods.dpfnas.privacy import epsilon
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
 from fedorasflwr.protocol import ARRAYS, METRICS
@@ -163,8 +163,7 @@ def test_final_training_privacy(finished, data_cache):
 def test_second_order_search_sends_the_previous_weights(data_cache):
     """order 2: every arch exchange carries W before that iteration's W step
     (``previous.<key>``), which is what Eq. 5's W+- are built around."""
-    from fedorasflwr.methods.dpfnas.contract import PREVIOUS_PREFIX
-    from fedorasflwr.methods.dpfnas.messages import DPFNAS_ARCH
+    from fedorasflwr.methods.dpfnas.contract import DPFNAS_ARCH, PREVIOUS_PREFIX
 
     config = small_dpfnas(data_cache, **{"dpfnas.order": 2, "dpfnas.final-rounds": 0})
     strategy, grid, result = run(config)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid
-from fedorasflwr.methods.dpfnas.messages import DPFNAS_ARCH
+from fedorasflwr.methods.dpfnas.contract import DPFNAS_ARCH
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
 from fedorasflwr.search_spaces import MixedOp, SearchSpace, build_derived_network, build_space
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas

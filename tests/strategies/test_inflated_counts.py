@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.federation.aggregation import Aggregation
 from fedorasflwr.inprocess import InProcessGrid, replace_content
-from fedorasflwr.methods.dpfnas.messages import DPFNAS_WEIGHTS
+from fedorasflwr.methods.dpfnas.contract import DPFNAS_WEIGHTS
 from fedorasflwr.protocol import ARRAYS, METRICS
 from tests.runconfig import tiny_fdnas
 from tests.strategies.test_dpfnas_strategy import run as run_dpfnas

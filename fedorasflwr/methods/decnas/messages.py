@@ -1,8 +1,5 @@
-"""DecNAS's message types (``<category>.<action>``; the table of docs/protocol.md),
-imported by its strategy and its client alike; the record keys every method shares are in
-``fedorasflwr.protocol``."""
-
-from __future__ import annotations
+"""DecNAS's message types (docs/protocol.md), both sides: candidates tuned and uploaded,
+FedAvg, evaluation, the layer-wise latency table."""
 
 __all__ = [
     "QUERY_DECNAS_LATENCY",

@@ -6,15 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...config import (
-    MethodSettings,
-    TrainingRecipe,
-    check_table,
-    one_of,
-    read_key,
-    readers,
-    unit_interval,
-)
+from ...config import MethodSettings, Table, TrainingRecipe, unit_interval
 
 __all__ = ["DecNASSettings"]
 
@@ -43,7 +35,6 @@ class DecNASSettings(MethodSettings):
     """
 
     TABLE: ClassVar[str] = "decnas."
-    RESUME_SAFE: ClassVar[frozenset[str]] = frozenset()
 
     model: str = "convnet"
     variant: str = "decnas"
@@ -90,24 +81,23 @@ class DecNASSettings(MethodSettings):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> DecNASSettings:
         p = "decnas."
-        check_table(cfg, p)
+        t = Table(cfg, p)
 
-        number, count = readers(cfg, p)
+        number, count = t.number, t.count
 
-        text = read_key(cfg, p + "rounds", ",".join(map(str, cls.rounds)), str)
-        try:
-            rounds = tuple(int(v) for v in text.split(","))
-        except ValueError:
-            rounds = ()
-        if not rounds or min(rounds) < 1:
-            raise ValueError(
-                f"run config '{p}rounds' = {text!r}: comma-separated round numbers >= 1, "
-                "one per block of 'rounds-every' iterations, e.g. \"2,5,8,10\""
-            )
+        rounds = t.numbers(
+            "rounds",
+            ",".join(map(str, cls.rounds)),
+            int,
+            lambda v: v >= 1,
+            "comma-separated round numbers >= 1, one per block of 'rounds-every' iterations, "
+            'e.g. "2,5,8,10"',
+            required=True,
+        )
         return cls(
-            model=one_of(cfg, p + "model", cls.model, ("convnet", "mobilenet")),
-            variant=one_of(cfg, p + "variant", cls.variant, VARIANTS),
-            resource=one_of(cfg, p + "resource", cls.resource, ("macs", "params", "latency")),
+            model=t.one_of("model", cls.model, ("convnet", "mobilenet")),
+            variant=t.one_of("variant", cls.variant, VARIANTS),
+            resource=t.one_of("resource", cls.resource, ("macs", "params", "latency")),
             target=number("target", cls.target, lambda v: 0 < v < 1, "fraction of GM_0, 0 < t < 1"),
             initial_reduction=number(
                 "initial-reduction", cls.initial_reduction, lambda v: 0 < v < 1, "0 < r < 1"
@@ -124,31 +114,31 @@ class DecNASSettings(MethodSettings):
             ),
             min_filters=count("min-filters", cls.min_filters),
             final_rounds=count("final-rounds", cls.final_rounds, 0),
-            final_models=one_of(cfg, p + "final-models", cls.final_models, ("last", "all")),
-            pick=one_of(cfg, p + "pick", cls.pick, ("degradation", "accuracy")),
-            width_baseline=read_key(cfg, p + "width-baseline", cls.width_baseline, bool),
+            final_models=t.one_of("final-models", cls.final_models, ("last", "all")),
+            pick=t.one_of("pick", cls.pick, ("degradation", "accuracy")),
+            width_baseline=t.get("width-baseline", cls.width_baseline, bool),
             min_replies=count("min-replies", cls.min_replies),
-            latency_devices=_latency_devices(cfg, p),
-            latency_grid=read_key(
-                cfg, p + "latency-grid", cls.latency_grid, int, lambda v: 1 <= v <= 64, "1..64"
+            latency_devices=_latency_devices(t),
+            latency_grid=t.get(
+                "latency-grid", cls.latency_grid, int, lambda v: 1 <= v <= 64, "1..64"
             ),
             **cls.shared_from_config(cfg),
         )
 
 
-def _latency_devices(cfg: Mapping[str, Any], p: str) -> str:
+def _latency_devices(t: Table) -> str:
     """``decnas.latency-devices``: a device-class name (letters, digits, ``._-``) or "",
     meaningful with ``decnas.resource = "latency"`` only."""
+    p = t.prefix
     key = p + "latency-devices"
-    name = read_key(
-        cfg,
-        key,
+    name = t.get(
+        "latency-devices",
         "",
         str,
         lambda v: all(c.isalnum() or c in "._-" for c in v),
         'a node config device-class name (letters, digits, "._-") or "" (every node)',
     )
-    resource = cfg.get(p + "resource", DecNASSettings.resource)
+    resource = t.cfg.get(p + "resource", DecNASSettings.resource)
     if name and resource != "latency":
         raise ValueError(
             f"run config '{key}' = {name!r}: allowed with '{p}resource' = \"latency\" only "

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import MMACS, table, with_latency
+from ...progress import MMACS, cost_table
 
 __all__ = ["summary"]
 
 
-def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     """Per GM_t: its validation accuracy when the search chose it, its test accuracy then,
     and after the long-term FedAvg tuning."""
     header = [
@@ -34,9 +34,4 @@ def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
         ]
         for m in document.get("frontier", [])
     ]
-    return with_latency(header, rows, document.get("frontier", []), "latency-ms")
-
-
-def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
-    """The table of the frontier GM_0 .. GM_T (``rows``)."""
-    return table(*rows(document))
+    return cost_table(header, rows, document.get("frontier", []), "latency-ms")

@@ -6,14 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...config import (
-    MethodSettings,
-    TrainingRecipe,
-    check_table,
-    one_of,
-    read_key,
-    readers,
-)
+from ...config import MethodSettings, Table, TrainingRecipe
 
 __all__ = ["DPFNASSettings"]
 
@@ -36,7 +29,6 @@ class DPFNASSettings(MethodSettings):
     """
 
     TABLE: ClassVar[str] = "dpfnas."
-    RESUME_SAFE: ClassVar[frozenset[str]] = frozenset()
 
     mode: str = "dpfnas"
     iterations: int = 20
@@ -76,9 +68,9 @@ class DPFNASSettings(MethodSettings):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> DPFNASSettings:
         p = "dpfnas."
-        check_table(cfg, p)
+        t = Table(cfg, p)
 
-        number, count = readers(cfg, p)
+        number, count = t.number, t.count
 
         def non_negative(v: float) -> bool:
             return v >= 0
@@ -87,9 +79,8 @@ class DPFNASSettings(MethodSettings):
             return 0 <= v < 1
 
         return cls(
-            mode=read_key(
-                cfg,
-                p + "mode",
+            mode=t.get(
+                "mode",
                 cls.mode,
                 str,
                 lambda v: v in ("dpfnas", "fnas", "single"),
@@ -105,10 +96,9 @@ class DPFNASSettings(MethodSettings):
             clip_arch=number("clip-arch", cls.clip_arch),
             noise_weights=number("noise-weights", cls.noise_weights, non_negative, ">= 0"),
             noise_arch=number("noise-arch", cls.noise_arch, non_negative, ">= 0"),
-            order=read_key(cfg, p + "order", cls.order, int, lambda v: v in (1, 2), "1 or 2"),
-            aggregation=read_key(
-                cfg,
-                p + "aggregation",
+            order=t.get("order", cls.order, int, lambda v: v in (1, 2), "1 or 2"),
+            aggregation=t.get(
+                "aggregation",
                 cls.aggregation,
                 str,
                 lambda v: v in ("mean", "sum"),
@@ -118,9 +108,8 @@ class DPFNASSettings(MethodSettings):
                 "target-epsilon", cls.target_epsilon, non_negative, ">= 0 (0: no target)"
             ),
             delta=number("delta", cls.delta, lambda v: 0 < v < 1, "0 < delta < 1"),
-            accountant=read_key(
-                cfg,
-                p + "accountant",
+            accountant=t.get(
+                "accountant",
                 cls.accountant,
                 str,
                 lambda v: v in ("rdp", "prv", "gdp"),
@@ -146,21 +135,20 @@ class DPFNASSettings(MethodSettings):
                 "final-noise", cls.final_noise, non_negative, ">= 0 (0: not private)"
             ),
             final_clip=number("final-clip", cls.final_clip),
-            insecure_reproducible_noise=read_key(
-                cfg, p + "insecure-reproducible-noise", cls.insecure_reproducible_noise, bool
+            insecure_reproducible_noise=t.get(
+                "insecure-reproducible-noise", cls.insecure_reproducible_noise, bool
             ),
-            **_dpfnas_latency(cfg, p),
+            **_latency(t),
             **cls.shared_from_config(cfg),
         )
 
 
-def _dpfnas_latency(cfg: Mapping[str, Any], p: str) -> dict[str, Any]:
+def _latency(t: Table) -> dict[str, Any]:
     """``dpfnas.resource`` and ``dpfnas.latency-budget-ms`` (required with the latency)."""
-    resource = one_of(cfg, p + "resource", DPFNASSettings.resource, ("none", "latency"))
-    budget = read_key(
-        cfg, p + "latency-budget-ms", 0.0, float, lambda v: v >= 0, "> 0 ms (0: unset)"
-    )
+    resource = t.one_of("resource", DPFNASSettings.resource, ("none", "latency"))
+    budget = t.get("latency-budget-ms", 0.0, float, lambda v: v >= 0, "> 0 ms (0: unset)")
     if resource == "latency" and budget <= 0:
+        p = t.prefix
         raise ValueError(
             f"run config '{p}latency-budget-ms' = {budget!r}: with '{p}resource' = 'latency' "
             "give the derived network's latency budget in milliseconds, > 0"

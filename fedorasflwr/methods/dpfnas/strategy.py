@@ -76,9 +76,16 @@ from ...search_spaces.darts_style import require_darts_style, weight_keys
 from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
 from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_layout
-from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
+from .contract import (
+    DPFNAS_ARCH,
+    DPFNAS_EVALUATE,
+    DPFNAS_TRAIN,
+    DPFNAS_WEIGHTS,
+    INSECURE_KEY,
+    PREVIOUS_PREFIX,
+    final_steps,
+)
 from .evaluation import MixedSupernetEvaluator
-from .messages import DPFNAS_ARCH, DPFNAS_EVALUATE, DPFNAS_TRAIN, DPFNAS_WEIGHTS
 from .per_sample import per_sample_problem
 from .privacy import Accountant, PartyPrivacy, Segment, add_steps
 from .settings import DPFNASSettings

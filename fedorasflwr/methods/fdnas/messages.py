@@ -1,8 +1,4 @@
-"""FDNAS and CFDNAS's message types (``<category>.<action>``; the table of docs/protocol.md),
-imported by its strategy and its client alike; the record keys every method shares are in
-``fedorasflwr.protocol``."""
-
-from __future__ import annotations
+"""FDNAS's and CFDNAS's message types (docs/protocol.md): the search, the final training."""
 
 __all__ = ["FDNAS_SEARCH", "FDNAS_TRAIN", "FDNAS_EVALUATE"]
 

@@ -7,15 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from ...config import (
-    MethodSettings,
-    TrainingRecipe,
-    check_table,
-    one_of,
-    positive,
-    read_key,
-    read_min_replies,
-)
+from ...config import MethodSettings, Table, TrainingRecipe, positive
 
 __all__ = ["FDNASSettings"]
 
@@ -38,7 +30,6 @@ class FDNASSettings(MethodSettings):
     """
 
     TABLE: ClassVar[str] = "fdnas."
-    RESUME_SAFE: ClassVar[frozenset[str]] = frozenset()
 
     train: TrainingRecipe = TrainingRecipe(
         rounds=10, clients_per_round=10, local_epochs=1, batch_size=32, lr=0.05, weight_decay=3e-4
@@ -65,50 +56,43 @@ class FDNASSettings(MethodSettings):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FDNASSettings:
         p = "fdnas."
-        check_table(cfg, p)
+        t = Table(cfg, p)
         fraction = (lambda v: 0 < v <= 1, "fraction of the largest path's FLOPs, 0 < f <= 1")
         train = TrainingRecipe.from_config(cfg, p, cls.train, min_rounds=1)  # the search runs
-        min_replies = read_min_replies(cfg, p, cls.min_replies, train)
-        text = read_key(cfg, p + "cluster-target-flops", "0.35", str)
-        try:
-            targets = tuple(float(v) for v in text.split(","))
-        except ValueError:
-            targets = ()
-        if not targets or not all(0 < v <= 1 for v in targets):
-            raise ValueError(
-                f"run config '{p}cluster-target-flops' = {text!r}: comma-separated fractions "
-                "in (0, 1], one for every cluster or one per cluster (in cluster order)"
-            )
+        min_replies = t.min_replies(cls.min_replies, train)
+        targets = t.numbers(
+            "cluster-target-flops",
+            "0.35",
+            float,
+            lambda v: 0 < v <= 1,
+            "comma-separated fractions in (0, 1], one for every cluster or one per cluster "
+            "(in cluster order)",
+            required=True,
+        )
         return cls(
             train=train,
-            alpha_lr=read_key(cfg, p + "alpha-lr", cls.alpha_lr, float, positive, "> 0"),
-            alpha_every=read_key(
-                cfg, p + "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
+            alpha_lr=t.number("alpha-lr", cls.alpha_lr),
+            alpha_every=t.get(
+                "alpha-every", cls.alpha_every, int, lambda v: v >= 0, ">= 0 (0: never)"
             ),
-            warmup_rounds=read_key(
-                cfg,
-                p + "warmup-rounds",
+            warmup_rounds=t.get(
+                "warmup-rounds",
                 cls.warmup_rounds,
                 int,
                 lambda v: v == 0 or 0 < v < train.rounds,
                 f"0 <= N < fdnas.rounds = {train.rounds} (at least one round updates alpha)",
             ),
-            target_flops=read_key(cfg, p + "target-flops", cls.target_flops, float, *fraction),
-            max_flops=read_key(cfg, p + "max-flops", cls.max_flops, float, *fraction),
-            hardware_beta=read_key(
-                cfg, p + "hardware-beta", cls.hardware_beta, float, lambda v: v >= 0, ">= 0"
-            ),
-            num_clusters=read_key(
-                cfg,
-                p + "num-clusters",
+            target_flops=t.get("target-flops", cls.target_flops, float, *fraction),
+            max_flops=t.get("max-flops", cls.max_flops, float, *fraction),
+            hardware_beta=t.number("hardware-beta", cls.hardware_beta, lambda v: v >= 0, ">= 0"),
+            num_clusters=t.get(
+                "num-clusters",
                 cls.num_clusters,
                 int,
                 positive,
                 ">= 1 (used unless the partitioner is class-groups or nodes declare 'cluster')",
             ),
-            cluster_rounds=read_key(
-                cfg, p + "cluster-rounds", cls.cluster_rounds, int, positive, ">= 1"
-            ),
+            cluster_rounds=t.count("cluster-rounds", cls.cluster_rounds),
             cluster_target_flops=targets,
             final=TrainingRecipe.from_config(
                 cfg,
@@ -116,16 +100,9 @@ class FDNASSettings(MethodSettings):
                 replace(train, rounds=cls.final.rounds, lr=cls.final.lr),
                 keys=("rounds", "local_epochs", "lr"),
             ),
-            final_init=read_key(
-                cfg,
-                p + "final-init",
-                cls.final_init,
-                str,
-                lambda v: v in ("scratch", "supernet"),
-                "scratch or supernet",
-            ),
+            final_init=t.one_of("final-init", cls.final_init, ("scratch", "supernet")),
             min_replies=min_replies,
-            **_fdnas_latency(cfg, p),
+            **_latency(t),
             **cls.shared_from_config(cfg),
         )
 
@@ -150,33 +127,32 @@ class FDNASSettings(MethodSettings):
         return "fdnas.cluster-target-" + ("ms" if self.resource == "latency" else "flops")
 
 
-def _fdnas_latency(cfg: Mapping[str, Any], p: str) -> dict[str, Any]:
+def _latency(t: Table) -> dict[str, Any]:
     """``fdnas.resource``, ``fdnas.target-ms`` and ``fdnas.cluster-target-ms``: with the
     resource latency both targets are required, in milliseconds (0 / "": unset)."""
-    resource = one_of(cfg, p + "resource", FDNASSettings.resource, ("flops", "latency"))
-    target = read_key(cfg, p + "target-ms", 0.0, float, lambda v: v >= 0, "> 0 ms (0: unset)")
-    text = read_key(cfg, p + "cluster-target-ms", "", str).strip()
-    try:
-        targets = tuple(float(v) for v in text.split(",")) if text else ()
-    except ValueError:
-        targets = (math.nan,)
-    if not all(math.isfinite(v) and v > 0 for v in targets):
-        raise ValueError(
-            f"run config '{p}cluster-target-ms' = {text!r}: comma-separated milliseconds > 0, "
-            "one for every cluster or one per cluster (in cluster order)"
-        )
+    p = t.prefix
+    resource = t.one_of("resource", FDNASSettings.resource, ("flops", "latency"))
+    target = t.get("target-ms", 0.0, float, lambda v: v >= 0, "> 0 ms (0: unset)")
+    targets = t.numbers(
+        "cluster-target-ms",
+        "",
+        float,
+        lambda v: math.isfinite(v) and v > 0,
+        "comma-separated milliseconds > 0, one for every cluster or one per cluster "
+        "(in cluster order)",
+    )
     if resource == "latency":
         if target <= 0:
             raise ValueError(
                 f"run config '{p}target-ms' = {target!r}: with '{p}resource' = 'latency' give "
                 "the global search's latency target in milliseconds, > 0"
             )
-        if cfg.get("method") == "cfdnas" and not targets:
+        if t.cfg.get("method") == "cfdnas" and not targets:
             raise ValueError(
                 f"run config '{p}cluster-target-ms' = '': with '{p}resource' = 'latency' give "
                 'the clusters\' latency targets in milliseconds, e.g. "2.5" or "3,1.5"'
             )
-        max_flops = read_key(cfg, p + "max-flops", FDNASSettings.max_flops, float)
+        max_flops = t.get("max-flops", FDNASSettings.max_flops, float)
         if max_flops < 1:
             raise ValueError(
                 f"run config '{p}max-flops' = {max_flops!r}: with '{p}resource' = 'latency' "

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import MFLOPS, table, with_latency
+from ...progress import MFLOPS, cost_table
 
 __all__ = ["summary"]
 
 
-def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     """Per net: the test accuracy of the trained net on its clients' pooled test data, and
     the mean of each client's test accuracy after its local epochs of the last round."""
     header = [
@@ -34,9 +34,4 @@ def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
         ]
         for n in document.get("nets", [])
     ]
-    return with_latency(header, rows, document.get("nets", []), "predicted-ms")
-
-
-def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
-    """The table of every net (``rows``)."""
-    return table(*rows(document))
+    return cost_table(header, rows, document.get("nets", []), "predicted-ms")

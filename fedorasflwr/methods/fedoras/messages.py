@@ -1,8 +1,7 @@
-"""FedorAS's message types (``<category>.<action>``; the table of docs/protocol.md),
-imported by its strategy and its client alike; the record keys every method shares are in
-``fedorasflwr.protocol``."""
+"""FedorAS's message types: Stage 1 (supernet), Stage 2 (paths), Stage 3 (fine-tuning).
 
-from __future__ import annotations
+Imported by the strategy and the client alike (the table of docs/protocol.md).
+"""
 
 __all__ = ["FEDORAS_SUPERNET", "FEDORAS_PATHS", "FEDORAS_TRAIN", "FEDORAS_EVALUATE"]
 

@@ -14,13 +14,10 @@ from typing import Any, ClassVar
 from ...config import (
     MethodSettings,
     SpaceSettings,
+    Table,
     TrainingRecipe,
-    check_table,
-    one_of,
     positive,
     read_key,
-    read_min_replies,
-    readers,
     unit_interval,
 )
 
@@ -34,13 +31,14 @@ STAGES = ("supernet", "search", "finetune")
 RNN_GRAD_CLIP = 5.0
 
 
-def _grad_clip(cfg: Mapping[str, Any], key: str) -> float:
+def _grad_clip(t: Table) -> float:
     """``fedoras.grad-clip`` as text, like the other keys holding numbers: a max gradient
     norm (``"0"``: off), or ``"auto"`` (the default): the space's recipe, 5 for the rnn
     space (the paper's Shakespeare setting), else off."""
-    text = read_key(cfg, key, "auto", str).strip()
+    key = t.prefix + "grad-clip"
+    text = t.get("grad-clip", "auto", str).strip()
     if text == "auto":
-        space = read_key(cfg, "space.name", SpaceSettings.name, str)
+        space = read_key(t.cfg, "space.name", SpaceSettings.name, str)
         return RNN_GRAD_CLIP if space == "rnn" else 0.0
     try:
         value = float(text)
@@ -54,12 +52,9 @@ def _grad_clip(cfg: Mapping[str, Any], key: str) -> float:
     return value
 
 
-def _fedoras_stages_2_3(
-    cfg: Mapping[str, Any], cls: type[FedorASSettings], p: str, train: TrainingRecipe
-) -> dict[str, Any]:
+def _stages_2_3(t: Table, cls: type[FedorASSettings], train: TrainingRecipe) -> dict[str, Any]:
     """The ``fedoras.*`` keys of aggregation, resuming, search and fine-tuning."""
-
-    _, count = readers(cfg, p)
+    p, count = t.prefix, t.count
 
     population = count("search-population", cls.search_population, 2)
     evaluations = count("search-evaluations", cls.search_evaluations)
@@ -69,53 +64,44 @@ def _fedoras_stages_2_3(
             f"'{p}search-population' = {population}: the first generation alone needs that many"
         )
     return {
-        "aggregation": one_of(cfg, p + "aggregation", cls.aggregation, ("opa", "fedavg")),
-        "resume_from": read_key(cfg, p + "resume-from", cls.resume_from, str),
-        "stop_after": one_of(cfg, p + "stop-after", cls.stop_after, STAGES),
-        "search_scoring": one_of(
-            cfg, p + "search-scoring", cls.search_scoring, ("server", "federated", "both")
+        "aggregation": t.one_of("aggregation", cls.aggregation, ("opa", "fedavg")),
+        "resume_from": t.get("resume-from", cls.resume_from, str),
+        "stop_after": t.one_of("stop-after", cls.stop_after, STAGES),
+        "search_scoring": t.one_of(
+            "search-scoring", cls.search_scoring, ("server", "federated", "both")
         ),
-        "search_objective": one_of(
-            cfg, p + "search-objective", cls.search_objective, ("flops", "params")
-        ),
+        "search_objective": t.one_of("search-objective", cls.search_objective, ("flops", "params")),
         "search_population": population,
         "search_offspring": count("search-offspring", cls.search_offspring),
         "search_evaluations": evaluations,
-        "search_recalibrate_bn": read_key(
-            cfg, p + "search-recalibrate-bn", cls.search_recalibrate_bn, bool
-        ),
+        "search_recalibrate_bn": t.get("search-recalibrate-bn", cls.search_recalibrate_bn, bool),
         "search_calibration_batches": count(
             "search-calibration-batches", cls.search_calibration_batches
         ),
         "search_clients": count("search-clients", cls.search_clients),
         "finetune": TrainingRecipe.from_config(
-            cfg,
+            t.cfg,
             p + "finetune-",
             replace(cls.finetune, weight_decay=train.weight_decay),
             keys=("rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "momentum"),
             min_rounds=1,  # Stage 3 must run: a tier model is a fine-tuned one
         ),
-        "finetune_lr_decay": read_key(
-            cfg,
-            p + "finetune-lr-decay",
+        "finetune_lr_decay": t.get(
+            "finetune-lr-decay",
             cls.finetune_lr_decay,
             float,
             lambda v: 0 < v <= 1,
             "final lr as a fraction of finetune-lr, 0 < d <= 1",
         ),
-        "finetune_lr_schedule": one_of(
-            cfg, p + "finetune-lr-schedule", cls.finetune_lr_schedule, ("cosine", "step")
+        "finetune_lr_schedule": t.one_of(
+            "finetune-lr-schedule", cls.finetune_lr_schedule, ("cosine", "step")
         ),
-        "grad_clip": _grad_clip(cfg, p + "grad-clip"),
-        "compare_rand_init": read_key(cfg, p + "compare-rand-init", cls.compare_rand_init, bool),
+        "grad_clip": _grad_clip(t),
+        "compare_rand_init": t.get("compare-rand-init", cls.compare_rand_init, bool),
         "rand_init_rounds": count("rand-init-rounds", 0, 0) or None,
-        "rand_init_lr": read_key(
-            cfg, p + "rand-init-lr", 0.0, float, lambda v: v >= 0, ">= 0 (0: finetune-lr)"
-        )
+        "rand_init_lr": t.get("rand-init-lr", 0.0, float, lambda v: v >= 0, ">= 0 (0: finetune-lr)")
         or None,
-        "compare_random_search": read_key(
-            cfg, p + "compare-random-search", cls.compare_random_search, bool
-        ),
+        "compare_random_search": t.get("compare-random-search", cls.compare_random_search, bool),
         "random_search_paths": count("random-search-paths", cls.random_search_paths),
     }
 
@@ -206,16 +192,10 @@ class FedorASSettings(MethodSettings):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> FedorASSettings:
         p = "fedoras."
-        check_table(cfg, p)
-        num_tiers = read_key(
-            cfg, p + "num-tiers", cls.num_tiers, int, lambda v: 1 <= v <= 16, "1..16"
-        )
-        rho_low = read_key(
-            cfg, p + "rho-low", cls.rho_low, float, unit_interval, "0 <= rho-low <= 1"
-        )
-        rho_high = read_key(
-            cfg, p + "rho-high", cls.rho_high, float, lambda v: 0 < v <= 1, "0 < rho-high <= 1"
-        )
+        t = Table(cfg, p)
+        num_tiers = t.get("num-tiers", cls.num_tiers, int, lambda v: 1 <= v <= 16, "1..16")
+        rho_low = t.get("rho-low", cls.rho_low, float, unit_interval, "0 <= rho-low <= 1")
+        rho_high = t.get("rho-high", cls.rho_high, float, lambda v: 0 < v <= 1, "0 < rho-high <= 1")
         if rho_low >= rho_high:
             raise ValueError(
                 f"run config '{p}rho-low' = {rho_low} must be below '{p}rho-high' = {rho_high}"
@@ -226,34 +206,29 @@ class FedorASSettings(MethodSettings):
                 f"('{p}num-tiers' = {num_tiers}); use rho-low = 0"
             )
         proportions = _parse_proportions(
-            read_key(cfg, p + "tier-proportions", "", str), num_tiers, p + "tier-proportions"
+            t.get("tier-proportions", "", str), num_tiers, p + "tier-proportions"
         )
         train = TrainingRecipe.from_config(cfg, p, cls.train, min_rounds=1)  # Stage 1 must run
-        min_replies = read_min_replies(cfg, p, cls.min_replies, train)
+        min_replies = t.min_replies(cls.min_replies, train)
         return cls(
             num_tiers=num_tiers,
             rho_low=rho_low,
             rho_high=rho_high,
-            tier_samples=read_key(
-                cfg, p + "tier-samples", cls.tier_samples, int, lambda v: v >= 100, ">= 100"
-            ),
+            tier_samples=t.get("tier-samples", cls.tier_samples, int, lambda v: v >= 100, ">= 100"),
             tier_proportions=proportions,
-            tier_aware=read_key(cfg, p + "tier-aware", cls.tier_aware, bool),
-            resource=one_of(cfg, p + "resource", cls.resource, ("flops", "latency")),
+            tier_aware=t.get("tier-aware", cls.tier_aware, bool),
+            resource=t.one_of("resource", cls.resource, ("flops", "latency")),
             train=train,
-            comm_budget=read_key(
-                cfg,
-                p + "comm-budget",
+            comm_budget=t.get(
+                "comm-budget",
                 cls.comm_budget,
                 float,
                 lambda v: 0 < v <= 1,
                 "fraction of the supernet's size, 0 < b <= 1",
             ),
-            eval_every=read_key(
-                cfg, p + "eval-every", cls.eval_every, int, lambda v: v >= 0, ">= 0"
-            ),
-            eval_paths=read_key(cfg, p + "eval-paths", cls.eval_paths, int, positive, ">= 1"),
+            eval_every=t.get("eval-every", cls.eval_every, int, lambda v: v >= 0, ">= 0"),
+            eval_paths=t.get("eval-paths", cls.eval_paths, int, positive, ">= 1"),
             min_replies=min_replies,
-            **_fedoras_stages_2_3(cfg, cls, p, train),
+            **_stages_2_3(t, cls, train),
             **cls.shared_from_config(cfg),
         )

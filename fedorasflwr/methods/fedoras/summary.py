@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import MFLOPS, table, with_latency
+from ...progress import MFLOPS, cost_table
 
 __all__ = ["summary"]
 
 
-def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     """Per tier and init: the path's accuracy with the supernet's weights when the search
     chose it (validation data; only a supernet-init row has one: a rand-init row trains the
     same path from scratch) and the test accuracy after Stage 3."""
@@ -39,9 +39,4 @@ def rows(document: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
                 test.get("accuracy"),
             ]
         )
-    return with_latency(header, rows, models, "latency-ms")
-
-
-def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
-    """The table of every tier's models (``rows``)."""
-    return table(*rows(document))
+    return cost_table(header, rows, models, "latency-ms")
