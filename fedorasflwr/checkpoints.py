@@ -269,7 +269,7 @@ class Checkpointer:
         ``document`` (else the last checkpoint's history and ledger)."""
         body = dict(document) if document is not None else dict(self._partial)
         status = self.status(finished=finished, error=error)
-        return finite(plain(result_json({**self.header, "status": status, **extra, **body})))
+        return finite(result_json(plain({**self.header, "status": status, **extra, **body})))
 
     def write_result(
         self, document: Mapping[str, Any] | None = None, **options: Any

@@ -3,12 +3,16 @@
 A runner returns its result document with the keys its strategy writes; the ServerApp's
 ``Checkpointer`` writes it through ``result_json``, which gives every run's ``result.json``
 
-- top-level keys in snake_case (``run_id``, ``resumed_from``, ``tier_of_partition``, ...),
-  as the ``status`` entries are; the ``settings`` section is written as it is given;
+- every key in snake_case, at every depth (``run_id``, ``tier_of_partition``,
+  ``models[].search_accuracy``, ``history[].val_accuracy``, ``space.max_flops``), as the
+  ``settings`` and ``status`` entries are; keys that are data keep their spelling: the
+  ledger's stage names (``finetune-t1-supernet``, as the logs name the stage), partition and
+  node ids, and file names (a key with a ``.``, as in ``onnx``);
 - the ``ledger`` by partition id (``ledger.by_partition``: per stage ``partitions`` with
   each partition's Flower ``node_ids``, and ``unprofiled`` nodes by node id).
 
-Entries below the top level keep their own style (e.g. ``models[].search-accuracy``).
+A runner's document in memory (what the plots and the summary read) keeps the kebab-case
+names of the records it was built from; only the file is converted.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from .ledger import by_partition
 
-__all__ = ["result_json", "snake"]
+__all__ = ["result_json", "snake", "snake_keys"]
 
 
 def snake(key: str) -> str:
@@ -26,14 +30,37 @@ def snake(key: str) -> str:
     return key.replace("-", "_")
 
 
+def snake_keys(value: Any) -> Any:
+    """``value`` with every mapping key in snake_case (``snake``), at every depth; a key
+    that is data keeps its spelling: one with a ``.`` (a file name) or none of the
+    letters (an id)."""
+    if isinstance(value, Mapping):
+        converted: dict[str, Any] = {}
+        for key, item in value.items():
+            name = str(key)
+            if "." not in name and any(c.isalpha() for c in name):
+                name = snake(name)
+            if name in converted:
+                raise ValueError(f"result document: keys {key!r} and {name!r} are the same key")
+            converted[name] = snake_keys(item)
+        return converted
+    if isinstance(value, list | tuple):
+        return [snake_keys(item) for item in value]
+    return value
+
+
 def result_json(document: Mapping[str, Any]) -> dict[str, Any]:
-    """``document`` as ``result.json`` holds it: top-level keys in snake_case, the ledger
-    (a ``Ledger.summary()``) by partition id. Two keys that differ only in ``-`` / ``_``
-    are refused (``ValueError``)."""
+    """``document`` as ``result.json`` holds it: every key in snake_case (``snake_keys``;
+    the ledger's stage names as they are), the ledger (a ``Ledger.summary()``) by partition
+    id. Two keys that differ only in ``-`` / ``_`` are refused (``ValueError``)."""
     content: dict[str, Any] = {}
     for key, value in document.items():
         name = snake(str(key))
         if name in content:
             raise ValueError(f"result document: keys {key!r} and {name!r} are the same key")
-        content[name] = by_partition(value) if name == "ledger" and value else value
+        if name == "ledger" and value:
+            ledger = by_partition(value)
+            content[name] = {stage: snake_keys(entry) for stage, entry in ledger.items()}
+        else:
+            content[name] = snake_keys(value)
     return content

@@ -146,7 +146,7 @@ def test_fdnas_run_writes_its_plots(data_cache, tmp_path):
         assert_png(run_dir / name)
     layers = len(result["space"]["choices"])
     for entry in result["search_history"]:
-        entropy = entry["alpha-entropy"]
+        entropy = entry["alpha_entropy"]
         assert len(entropy) == layers
         bounds = [math.log(len(c["options"])) for c in result["space"]["choices"]]
         assert all(0 <= e <= b + 1e-6 for e, b in zip(entropy, bounds, strict=True))

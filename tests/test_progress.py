@@ -186,7 +186,7 @@ def _fedoras() -> dict[str, Any]:
         "options": ["identity", "conv3x3"],
         "flops": 268368,
         "params": 1698,
-        "search-accuracy": 0.1575,
+        "search_accuracy": 0.1575,
         "test": {"accuracy": 0.23503325942350334, "loss": 2.2},
     }
     rand_init = {**model, "init": "random", "test": {"accuracy": 0.125, "loss": 2.3}}
@@ -203,8 +203,8 @@ def _fdnas() -> dict[str, Any]:
         "flops": 143104,
         "params": 3068,
         "partitions": [0, 1, 2],
-        "averaged-accuracy": 0.09555555555555556,
-        "mean-local-accuracy": None,
+        "averaged_accuracy": 0.09555555555555556,
+        "mean_local_accuracy": None,
     }
     return {"nets": [net], "ledger": LEDGER}
 
@@ -215,9 +215,9 @@ def _decnas() -> dict[str, Any]:
         "widths": [4, 4, 8, 5],
         "macs": 371439,
         "params": 4453,
-        "search-val-accuracy": 0.8333333333333334,
-        "test-accuracy": 0.7911111111111111,
-        "tuned-test-accuracy": 0.9088888888888889,
+        "search_val_accuracy": 0.8333333333333334,
+        "test_accuracy": 0.7911111111111111,
+        "tuned_test_accuracy": 0.9088888888888889,
     }
     return {"frontier": [gm], "ledger": LEDGER}
 
@@ -235,7 +235,7 @@ def _dpfnas() -> dict[str, Any]:
         "iterations": 3,
         "stopped": "completed",
         "test_accuracy": 0.4567891,
-        "space": {"min-flops": 1_000_000, "max-flops": 2_500_000},
+        "space": {"min_flops": 1_000_000, "max_flops": 2_500_000},
         "privacy": [party, unbounded],
         "ledger": LEDGER,
     }
@@ -331,18 +331,18 @@ def test_dpfnas_summary_has_privacy_per_party() -> None:
 def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
     fedoras = _fedoras()
     fedoras["models"] = [
-        {**m, "latency-ms": 0.25 * (i + 1)} for i, m in enumerate(fedoras["models"])
+        {**m, "latency_ms": 0.25 * (i + 1)} for i, m in enumerate(fedoras["models"])
     ]
     lines = summary_lines("fedoras", fedoras)
     assert lines[1].split()[:6] == ["tier", "init", "model", "MFLOPs/sample", "latency", "ms"]
     assert _row(lines, "T2")[3:5] == ["0.2684", "0.75"]
     fdnas = _fdnas()
-    fdnas["nets"] = [{**n, "predicted-ms": 1.5} for n in fdnas["nets"]]
+    fdnas["nets"] = [{**n, "predicted_ms": 1.5} for n in fdnas["nets"]]
     assert _row(summary_lines("fdnas", fdnas), "cluster-1")[2:4] == ["0.1431", "1.5"]
     decnas = _decnas()
-    decnas["frontier"] = [{**m, "latency-ms": 0.125} for m in decnas["frontier"]]
+    decnas["frontier"] = [{**m, "latency_ms": 0.125} for m in decnas["frontier"]]
     assert _row(summary_lines("decnas", decnas), "GM_2")[2:4] == ["0.3714", "0.125"]
-    dpfnas = {**_dpfnas(), "latency": {"budget-ms": 2.0, "predicted-ms": 1.75}}
+    dpfnas = {**_dpfnas(), "latency": {"budget_ms": 2.0, "predicted_ms": 1.75}}
     text = "\n".join(summary_lines("dpfnas", dpfnas))
     assert "latency on the parties' table: 1.75 ms (budget 2 ms)" in text
     # by FLOPs: no such column or line

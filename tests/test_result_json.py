@@ -50,14 +50,17 @@ def test_a_restored_ledger_keeps_each_node_s_partition() -> None:
     assert reason is not None and "'partition_id'] = -1" in reason
 
 
-def test_result_json_has_snake_case_top_level_keys_and_leaves_the_rest() -> None:
+def test_result_json_has_snake_case_keys_at_every_depth_and_keeps_data_keys() -> None:
+    ledger = _ledger().summary()
+    ledger["finetune-t1-supernet"] = ledger["train"]
     document = {
         "run-id": 7,
         "resumed-from": None,
         "tier-of-partition": {"0": 1},
-        "models": [{"search-accuracy": 0.5}],
+        "models": [{"search-accuracy": 0.5, "history": [{"val-accuracy": 0.4}]}],
         "settings": {"output-dir": "x"},
-        "ledger": _ledger().summary(),
+        "onnx": {"tier-1.onnx": {"max-abs-diff": 0.0}},
+        "ledger": ledger,
     }
     content = result_json(document)
     assert list(content) == [
@@ -66,10 +69,15 @@ def test_result_json_has_snake_case_top_level_keys_and_leaves_the_rest() -> None
         "tier_of_partition",
         "models",
         "settings",
+        "onnx",
         "ledger",
     ]
-    assert content["models"] == [{"search-accuracy": 0.5}]  # below the top: as written
-    assert content["settings"] == {"output-dir": "x"}
+    assert content["models"] == [{"search_accuracy": 0.5, "history": [{"val_accuracy": 0.4}]}]
+    assert content["settings"] == {"output_dir": "x"}
+    assert content["tier_of_partition"] == {"0": 1}  # ids: data
+    assert content["onnx"] == {"tier-1.onnx": {"max_abs_diff": 0.0}}  # file names: data
+    assert "finetune-t1-supernet" in content["ledger"]  # stage names: data
+    assert "finetune_t1_supernet" not in content["ledger"]
     assert set(content["ledger"]["train"]) == {"seconds", "totals", "partitions", "unprofiled"}
     with pytest.raises(ValueError, match="'run-id' and 'run_id' are the same key"):
         result_json({"run_id": 1, "run-id": 2})

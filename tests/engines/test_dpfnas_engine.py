@@ -45,13 +45,13 @@ def test_simulation_engine_runs_dpfnas(simulation_runner, flwr_home, tmp_path, d
     result = json.loads(results[0].read_text())
     assert result["iterations"] == 1 and result["stopped"] == "completed"
     assert len(result["privacy"]) == 2
-    assert result["noise"]["private-against-server"] is True  # OS-CSPRNG noise by default
+    assert result["noise"]["private_against_server"] is True  # OS-CSPRNG noise by default
     assert all(0 < party["epsilon"] < 100 for party in result["privacy"])
     assert 0.0 <= result["test_accuracy"] <= 1.0
     assert result["ledger"]["weights"]["totals"]["replies"] == 2
     assert {"supernet.pt", "derived.pt"} <= set(result["files"])
     tables = result["latency_tables"]
-    assert [n["partition-id"] for n in tables["nodes"]] == [0, 1]
-    assert 0 < result["latency"]["predicted-ms"] <= result["latency"]["budget-ms"] == 1000.0
+    assert [n["partition_id"] for n in tables["nodes"]] == [0, 1]
+    assert 0 < result["latency"]["predicted_ms"] <= result["latency"]["budget_ms"] == 1000.0
     assert result["ledger"]["latency"]["totals"]["replies"] == 2
     assert find_pids(flwr_home=flwr_home) == []

@@ -111,13 +111,13 @@ def test_simulation_engine_runs_stage1_by_the_nodes_tables_as_in_process_and_sto
     # one host, one thread per ClientApp: the first node to ask timed the table (under the
     # cache's lock), the nine others read it
     tables = result["latency_tables"]["nodes"]
-    assert [n["partition-id"] for n in tables] == list(range(10))
-    assert len({json.dumps(n["option-ms"]) for n in tables}) == 1
+    assert [n["partition_id"] for n in tables] == list(range(10))
+    assert len({json.dumps(n["option_ms"]) for n in tables}) == 1
     (cache_file,) = (node_cache / "latency").glob("*.json")
     assert result["ledger"]["latency"]["totals"]["replies"] == 10
     # The tiers split the table's path range in milliseconds.
-    option_ms = tables[0]["option-ms"]
-    fixed = tables[0]["fixed-ms"]
+    option_ms = tables[0]["option_ms"]
+    fixed = tables[0]["fixed_ms"]
     lowest = fixed + sum(min(layer) for layer in option_ms)
     highest = fixed + sum(max(layer) for layer in option_ms)
     tiers = result["tiers"]

@@ -85,7 +85,7 @@ def test_fdnas_runs_on_the_simulation_engine(cfdnas_on_engine, tmp_path, data_ca
     assert result["search_history"][0]["clients"] == NUM_NODES
     net = result["nets"][0]
     assert net["name"] == "fdnas" and net["partitions"] == list(range(NUM_NODES))
-    assert 0.0 <= net["averaged-accuracy"] <= 1.0
+    assert 0.0 <= net["averaged_accuracy"] <= 1.0
     assert result["ledger"]["search"]["totals"]["replies"] == NUM_NODES
     # method = "fdnas" through the ServerApp's main: exactly that one net
     out = tmp_path / "out"
@@ -96,7 +96,7 @@ def test_fdnas_runs_on_the_simulation_engine(cfdnas_on_engine, tmp_path, data_ca
     assert result["search_history"][0]["clients"] == NUM_NODES
     (net,) = result["nets"]
     assert net["name"] == "fdnas" and net["partitions"] == list(range(NUM_NODES))
-    assert 0.0 <= net["averaged-accuracy"] <= 1.0
+    assert 0.0 <= net["averaged_accuracy"] <= 1.0
     assert result["ledger"]["search"]["totals"]["replies"] == NUM_NODES
 
 
@@ -114,12 +114,12 @@ def test_cfdnas_runs_on_the_simulation_engine(cfdnas_on_engine):
 
 def test_cfdnas_by_latency_on_the_engine_times_one_table_per_host(cfdnas_on_engine, node_cache):
     tables = cfdnas_on_engine["latency_tables"]
-    assert [n["partition-id"] for n in tables["nodes"]] == list(range(NUM_NODES))
+    assert [n["partition_id"] for n in tables["nodes"]] == list(range(NUM_NODES))
     assert sorted(tables["groups"]) == ["cluster-0", "cluster-1", "cluster-2", "search"]
     # one host, one thread per ClientApp: the first node to ask timed the table (under the
     # cache's lock), the five others read it from the node cache
-    assert len({json.dumps(n["option-ms"]) for n in tables["nodes"]}) == 1
+    assert len({json.dumps(n["option_ms"]) for n in tables["nodes"]}) == 1
     assert len(list((node_cache / "latency").glob("*.json"))) == 1
     for net in cfdnas_on_engine["nets"]:
-        assert net["target-ms"] == 1000.0
-        assert 0 < net["predicted-ms"] <= net["target-ms"]
+        assert net["target_ms"] == 1000.0
+        assert 0 < net["predicted_ms"] <= net["target_ms"]

@@ -97,11 +97,11 @@ def test_decnas_runs_on_the_simulation_engine(preset_run):
     (run_dir,) = out.glob("decnas-*")
     result = json.loads((run_dir / "result.json").read_text())
     gm0, gm1 = result["frontier"]
-    assert gm1["latency-ms"] <= gm1["budget"] < gm0["latency-ms"]
+    assert gm1["latency_ms"] <= gm1["budget"] < gm0["latency_ms"]
     assert gm1["macs"] < gm0["macs"]
-    assert [n["partition-id"] for n in result["latency"]["nodes"]] == list(range(6))
+    assert [n["partition_id"] for n in result["latency"]["nodes"]] == list(range(6))
     assert result["ledger"]["latency"]["totals"]["replies"] == 6
-    assert 0.0 <= gm1["tuned-test-accuracy"] <= 1.0
+    assert 0.0 <= gm1["tuned_test_accuracy"] <= 1.0
     (entry,) = result["history"]
     # A candidate per layer that can shed the step on the timed table (under load a layer's
     # noisy entries may leave it out: 5 of 6 seen in CI), then early dropping removes the

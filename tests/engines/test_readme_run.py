@@ -39,7 +39,7 @@ def test_default_search_runs_three_stages_above_chance_and_leaves_nothing_runnin
     result = json.loads(results[0].read_text())
     assert len(result["tier_of_partition"]) == 20
     assert len(result["tiers"]) == 4
-    curve = [h["val-accuracy"] for h in result["history"]]
+    curve = [h["val_accuracy"] for h in result["history"]]
     assert curve[0] < 0.2
     assert curve[-1] > 0.3  # ten classes: chance is 0.1
     run_dir = results[0].parent

@@ -193,17 +193,17 @@ def test_supernodes_measure_their_tables_and_their_budgets_place_them(secure_dep
     assert result["resource"] == "latency"
     # budget 1e6 ms: top; 1e-6: lowest
     assert result["tier_of_partition"] == {"0": 2, "1": 1, "2": 2}
-    nodes = {n["partition-id"]: n for n in result["latency_tables"]["nodes"]}
+    nodes = {n["partition_id"]: n for n in result["latency_tables"]["nodes"]}
     assert sorted(nodes) == [0, 1, 2]
     for pid, config in enumerate(NODE_CONFIGS):
-        assert nodes[pid]["device-class"] == config["device-class"]
-        assert nodes[pid]["latency-budget-ms"] == config["latency-budget-ms"]
-        assert 0 < nodes[pid]["min-path-ms"] <= nodes[pid]["max-path-ms"]
+        assert nodes[pid]["device_class"] == config["device_class"]
+        assert nodes[pid]["latency_budget_ms"] == config["latency_budget_ms"]
+        assert 0 < nodes[pid]["min_path_ms"] <= nodes[pid]["max_path_ms"]
         assert nodes[pid]["validation"]["paths"] == 4
     tiers = result["tiers"]
     assert all(t["low"] < t["high"] for t in tiers) and tiers[-1]["high"] < 1.0e6
     for model in result["models"]:
-        assert model["latency-ms"] > 0 and model["flops"] > 0
+        assert model["latency_ms"] > 0 and model["flops"] > 0
     assert result["ledger"]["latency"]["totals"]["replies"] == 3
     watch = done.node_ids[1]
     assert f"node {watch}: latency-budget-ms = 1e-06 is below every tier" in done.run.stdout

@@ -28,10 +28,10 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
             "x".join(str(w) for w in m.get("widths", [])),
             m["macs"] / 1e6,
             m.get("params"),
-            m.get("search-val-accuracy"),
-            m.get("test-accuracy"),
-            m.get("tuned-test-accuracy"),
+            m.get("search_val_accuracy"),
+            m.get("test_accuracy"),
+            m.get("tuned_test_accuracy"),
         ]
         for m in document.get("frontier", [])
     ]
-    return cost_table(header, rows, document.get("frontier", []), "latency-ms")
+    return cost_table(header, rows, document.get("frontier", []), "latency_ms")

@@ -24,14 +24,14 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
             else ""
         ),
         f"test accuracy of the derived net: {fmt(document.get('test_accuracy'))}",
-        f"supernet MFLOPs: {fmt(space.get('min-flops', 0) / 1e6)}.."
-        f"{fmt(space.get('max-flops', 0) / 1e6)}",
+        f"supernet MFLOPs: {fmt(space.get('min_flops', 0) / 1e6)}.."
+        f"{fmt(space.get('max_flops', 0) / 1e6)}",
     ]
     budget = document.get("latency") or {}
-    if "predicted-ms" in budget:
+    if "predicted_ms" in budget:
         lines.append(
-            f"latency on the parties' table: {fmt(budget['predicted-ms'])} ms "
-            f"(budget {fmt(budget.get('budget-ms'))} ms)"
+            f"latency on the parties' table: {fmt(budget['predicted_ms'])} ms "
+            f"(budget {fmt(budget.get('budget_ms'))} ms)"
         )
     header = ["parties", "epsilon", "eps weights", "eps arch", "steps"]
     # Parties that spent the same (most do: equal batches and steps) share one row.

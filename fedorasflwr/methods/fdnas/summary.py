@@ -29,9 +29,9 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
             n["flops"] / 1e6,
             n.get("params"),
             len(n.get("partitions", [])),
-            n.get("averaged-accuracy"),
-            n.get("mean-local-accuracy"),
+            n.get("averaged_accuracy"),
+            n.get("mean_local_accuracy"),
         ]
         for n in document.get("nets", [])
     ]
-    return cost_table(header, rows, document.get("nets", []), "predicted-ms")
+    return cost_table(header, rows, document.get("nets", []), "predicted_ms")

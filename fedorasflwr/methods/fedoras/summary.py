@@ -35,8 +35,8 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
                 "-".join(m.get("options", [])),
                 m["flops"] / 1e6,
                 m.get("params"),
-                m.get("search-accuracy") if searched else None,
+                m.get("search_accuracy") if searched else None,
                 test.get("accuracy"),
             ]
         )
-    return cost_table(header, rows, models, "latency-ms")
+    return cost_table(header, rows, models, "latency_ms")
