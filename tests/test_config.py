@@ -2,7 +2,8 @@
 
 import pytest
 
-from fedorasflwr.config import parse_run_config
+from fedorasflwr.artifacts import plain
+from fedorasflwr.config import RunSettings, parse_run_config
 from tests.runconfig import pyproject_run_config
 
 
@@ -135,3 +136,21 @@ def test_a_method_table_refuses_its_misspelled_keys_but_not_the_apps_own():
         FedorASSettings.from_config({"fedoras.round": 3})
     with pytest.raises(ValueError, match="'decnas.lrr' is unknown"):
         DecNASSettings.from_config({"decnas.lrr": 0.1})
+
+
+@pytest.mark.parametrize("method", ["fedoras", "fdnas", "cfdnas", "dpfnas", "decnas"])
+def test_a_runs_settings_hold_only_the_running_methods_table(method):
+    """``RunSettings.method_settings`` is the running method's; result.json's ``settings``
+    (``document``) hold it under its table's name and no other method's table."""
+    from fedorasflwr.methods import settings_class
+
+    settings = parse_run_config({**pyproject_run_config(), "method": method})
+    assert type(settings.method_settings) is settings_class(method)
+    document = settings.document()
+    table = "fdnas" if method == "cfdnas" else method
+    assert document[table] == plain(settings.method_settings)
+    others = {"fedoras", "fdnas", "dpfnas", "decnas"} - {table}
+    assert not others & set(document)
+    assert all("-" not in key for key in document)  # snake_case, as the rest of result.json
+    with pytest.raises(ValueError, match="method_settings of method 'decnas' must be a"):
+        RunSettings(method="decnas", method_settings=settings_class("fedoras")())
