@@ -1,4 +1,9 @@
-"""Run config -> typed, validated settings.
+"""Run config -> typed, validated settings: what every method shares.
+
+Each method's own settings live in its folder (``methods/<method>/settings.py``, a
+``MethodSettings`` reading its table through a ``Table``); ``parse_run_config`` reads the
+shared keys, checks every method's table and keeps the running method's settings
+(``RunSettings.method_settings``; ``methods.settings_class`` names the class).
 
 The run config (``[tool.flwr.app.config]`` in ``pyproject.toml``, overridable
 with ``flwr run . --run-config "k=v"``) arrives flattened: the sub-table
