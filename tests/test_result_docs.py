@@ -27,8 +27,16 @@ PAGES = {
     "docs/decnas.md": ("DecNASResult", "GlobalModel"),
     "docs/latency.md": ("LatencyTable", "LatencyValidation"),
 }
-#: dataclasses exported from fedorasflwr.strategies that are no result: a node's profile
-NOT_RESULTS = {"NodeProfile"}
+#: dataclasses exported from fedorasflwr.strategies that are no result: a node's profile, and
+#: the methods' settings (each page's table of run-config keys documents them: a field is its
+#: key in snake_case, a stage's recipe a ``TrainingRecipe``)
+NOT_RESULTS = {
+    "NodeProfile",
+    "FedorASSettings",
+    "FDNASSettings",
+    "DPFNASSettings",
+    "DecNASSettings",
+}
 
 
 def documented_fields(page: str, name: str) -> list[str]:
