@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
 from ...model_files import PRUNABLE
+from ...progress import PlannedStage, RunEstimate
 from ...runs import (
     RunFiles,
     latency_document,
@@ -21,11 +23,12 @@ from ...runs import (
 )
 from ...search_spaces.prunable import PrunableNet, build_prunable
 from ...seeding import seed_torch
+from .netadapt import rounds_for
 from .plots import plot_frontier
 from .stages import GM0, ITERATIONS, GlobalModel
 from .strategy import DecNAS
 
-__all__ = ["build_decnas_net", "model_file", "run_decnas"]
+__all__ = ["build_decnas_net", "decnas_plan", "model_file", "run_decnas"]
 
 
 def build_decnas_net(settings: RunSettings) -> PrunableNet:
@@ -64,7 +67,11 @@ def run_decnas(
     )
     run = RunFiles(out_dir, settings, net.spec, progress)
     initial = ArrayRecord(net.state_dict())
-    result = start(strategy, grid, settings, run, initial, settings.method_settings.max_iterations)
+    plan = decnas_plan(settings.method_settings, settings.min_nodes, len(net.spec["widths"]))
+    with plan.active():
+        result = start(
+            strategy, grid, settings, run, initial, settings.method_settings.max_iterations
+        )
     for model in result.frontier:
         extra = {"iteration": model.iteration, "macs": model.macs}
         saved = [(model.arrays, "iterations", False), (model.tuned_arrays, "final", True)]
@@ -93,6 +100,41 @@ def run_decnas(
     final = result.frontier[-1]
     summary["final-model"] = f"{model_file(final, final.tuned_arrays is not None)}.pt"
     return {**summary, **run.document()}
+
+
+def decnas_plan(settings: Any, nodes: int, layers: int) -> RunEstimate:
+    """The whole run's estimate (``progress.RunEstimate``) of DecNAS, in client-epochs (a
+    client training a model for ``decnas.local-epochs``), ``nodes`` clients, a net of
+    ``layers`` prunable layers: GM_0's FedAvg rounds (``gm0``); every NetAdapt iteration
+    ``t`` up to ``max-iterations`` (``iteration-<t>``), its rounds from the schedule
+    (``rounds`` / ``rounds-every``; the largest every iteration without dynamic rounds),
+    a round training each surviving candidate (one per prunable layer at first, ``ceil(
+    drop-ratio x layers)`` fewer after each round when dropping) on one group of
+    ``nodes / num-groups`` clients (every client without groups); the tuning rounds of
+    GM_T, or of every GM_t with ``final-models = "all"`` (``final-gm<t>``); with
+    ``width-baseline``, each GM_t's baseline (``width-<t>``). A search that reaches its
+    target before ``max-iterations`` ends the run before the plan does."""
+    recipe, epochs = settings.train, settings.train.local_epochs
+    per_round = float(recipe.clients(nodes) * epochs)
+    group = nodes / (min(settings.num_groups, nodes) if settings.grouping else 1)
+    drop = math.ceil(settings.drop_ratio * layers - 1e-9) if settings.dropping else 0
+    stages = [PlannedStage(GM0, recipe.rounds, per_round)]
+    for t in range(1, settings.max_iterations + 1):
+        rounds = (
+            rounds_for(t, settings.rounds, settings.rounds_every)
+            if settings.dynamic_rounds
+            else max(settings.rounds)
+        )
+        trained = [max(1, layers - r * drop) for r in range(rounds)]  # candidates per round
+        stages.append(
+            PlannedStage(f"iteration-{t}", rounds, sum(trained) / rounds * group * epochs)
+        )
+    tuned = settings.max_iterations if settings.final_models == "all" else 1
+    stages.append(PlannedStage("final-gm*", tuned * settings.final_rounds, per_round))
+    if settings.width_baseline:
+        rounds = settings.max_iterations * (recipe.rounds + settings.final_rounds)
+        stages.append(PlannedStage("width-*", rounds, per_round))
+    return RunEstimate(stages)
 
 
 def model_file(model: GlobalModel, tuned: bool) -> str:

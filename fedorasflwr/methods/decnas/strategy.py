@@ -63,7 +63,7 @@ from ...federation.aggregation import opa
 from ...federation.base import NodeProfile, StageFailedError, describe_table
 from ...federation.replies import array_specs, check_latency_reply, check_reply, content_bytes
 from ...latency import LatencyRequest, LatencyTable, group_table, table_document, table_from_records
-from ...progress import format_metrics
+from ...progress import StageClock
 from ...protocol import ARRAYS, CONFIG, LATENCY, METRICS, REPLY_BYTES, space_to_config
 from ...search_spaces.prunable import PrunableNet, prune_to_budget
 from .grouping import (
@@ -408,6 +408,7 @@ class DecNAS(PrunedModelStages):
             rounds,
         )
         history, accuracy, ratios = [], {}, {}
+        clock = StageClock(f"iteration-{t}", rounds)  # the run's plan: decnas/runner.py
         for round_ in range(1, rounds + 1):
             accuracy, reported, group_of = self.tune(grid, t, round_, pool)
             ratios = {
@@ -435,14 +436,8 @@ class DecNAS(PrunedModelStages):
                     "uploads": {str(c): n for c, n in sorted(uploads.items())},
                 }
             )
-            log(
-                INFO,
-                "[iteration %d round %d] candidate accuracy: %s; dropped %s",
-                t,
-                round_,
-                format_metrics(history[-1]["accuracy"]),
-                dropped or "-",
-            )
+            shown = {f"candidate-{c}": a for c, a in history[-1]["accuracy"].items()}
+            log(INFO, "%s", clock.line(round_, shown, dropped=dropped or "-"))
         best = pick_global_model({c: ratios[c] for c in pool}, accuracy, s.pick)
         spec, arrays = pool[best]
         model = self.global_model(

@@ -16,6 +16,7 @@ from ...config import RunSettings
 from ...data import load_server_data
 from ...latency import table_document
 from ...model_files import DERIVED, SPACE
+from ...progress import PlannedStage, RunEstimate
 from ...runs import (
     RunFiles,
     build_supernet,
@@ -29,7 +30,14 @@ from ...search_spaces.darts_style import build_derived_network
 from .plots import plot_dpfnas
 from .strategy import DPFNAS, json_safe, privacy_report
 
-__all__ = ["run_dpfnas"]
+__all__ = ["ITERATION_WORK", "dpfnas_plan", "run_dpfnas"]
+
+#: one search iteration of one party, in client-epochs (the plan's unit of work): two
+#: private exchanges, each a Poisson batch of ``dpfnas.batch-size`` samples with per-sample
+#: gradients, against a local epoch over the party's partition; a rough guide (about right
+#: for the defaults' 32-sample batches on MNIST-5k partitions) until the final training's
+#: first round is timed
+ITERATION_WORK = 0.15
 
 
 def run_dpfnas(
@@ -60,7 +68,8 @@ def run_dpfnas(
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.iterations
-    result = start(strategy, grid, settings, run, initial, rounds)
+    with dpfnas_plan(settings.method_settings, settings.min_nodes).active():
+        result = start(strategy, grid, settings, run, initial, rounds)
     genotype = result.genotype.to_text()
     run.save("supernet", result.arrays, stage="search", builder=SPACE, genotype=genotype)
     if result.final_arrays is not None:
@@ -105,3 +114,19 @@ def run_dpfnas(
         **latency,
         **run.document(),
     }
+
+
+def dpfnas_plan(settings: Any, nodes: int) -> RunEstimate:
+    """The whole run's estimate (``progress.RunEstimate``) of DP-FNAS's two stages, in
+    client-epochs, ``nodes`` parties (one in mode "single"): the search's iterations
+    (``DP-FNAS``, ``ITERATION_WORK`` per party) and the derived net's FedAvg rounds
+    (``final``: its clients, 0 every party, times local epochs). A privacy target that
+    stops the search early is not foreseen."""
+    parties = 1 if settings.mode == "single" else nodes
+    final = settings.final
+    return RunEstimate(
+        [
+            PlannedStage("DP-FNAS", settings.iterations, parties * ITERATION_WORK),
+            PlannedStage("final", final.rounds, float(final.clients(parties) * final.local_epochs)),
+        ]
+    )

@@ -18,6 +18,7 @@ from ...data import dataset_info
 from ...federation.base import NodeProfile
 from ...latency import table_document
 from ...model_files import SPACE, SUBNET
+from ...progress import PlannedStage, RunEstimate
 from ...runs import (
     RunFiles,
     describe_space,
@@ -29,11 +30,18 @@ from ...runs import (
 from ...search_spaces import build_space
 from ...seeding import seed_torch
 from .cfdnas import CFDNAS
-from .clusters import contiguous_cluster
+from .clusters import cluster_ranges, contiguous_cluster
 from .plots import plot_alpha_entropy, plot_fdnas_nets
 from .strategy import FDNAS
 
-__all__ = ["cluster_tagger", "fdnas_plots", "run_cfdnas", "run_fdnas"]
+__all__ = [
+    "cluster_tagger",
+    "fdnas_plan",
+    "fdnas_plots",
+    "planned_clusters",
+    "run_cfdnas",
+    "run_fdnas",
+]
 
 
 #: how ``result.json``'s per-net accuracies are averaged
@@ -106,7 +114,11 @@ def _run_fdnas(
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial = ArrayRecord(space.state_dict())
-    result = start(strategy, grid, settings, run, initial, settings.method_settings.train.rounds)
+    clusters = planned_clusters(settings) if strategy_class is CFDNAS else 0
+    with fdnas_plan(settings.method_settings, settings.min_nodes, clusters).active():
+        result = start(
+            strategy, grid, settings, run, initial, settings.method_settings.train.rounds
+        )
     run.save("supernet", result.supernet, stage="search", builder=SPACE)
     for net in result.nets:
         run.save(
@@ -134,6 +146,39 @@ def _run_fdnas(
         }
     run.add(*fdnas_plots(out_dir, document, strategy_class.__name__))
     return {**document, **run.document()}
+
+
+def planned_clusters(settings: RunSettings) -> int:
+    """CFDNAS's clusters as planned from the run config: the class groups with the
+    class-groups partitioner (``cluster_tagger``), else ``fdnas.num-clusters`` (nodes that
+    declare a ``cluster`` are not foreseen)."""
+    if settings.data.partitioner == "class-groups":
+        return len(settings.data.class_group_layout())
+    return settings.method_settings.num_clusters
+
+
+def fdnas_plan(settings: Any, nodes: int, clusters: int = 0) -> RunEstimate:
+    """The whole run's estimate (``progress.RunEstimate``) of FDNAS (``clusters`` 0) or
+    CFDNAS (``clusters`` > 0), in client-epochs (a round: its clients times local epochs),
+    ``nodes`` partitions: the global search's rounds (``search``); the derived net's FedAvg
+    on every node (``final-fdnas``); per cluster, its search rounds (``cluster-<k>``) and
+    its net's FedAvg on the cluster's nodes (``final-cluster-<k>``), the clusters being
+    ``clusters`` contiguous ranges of the ``nodes`` partitions (``clusters.cluster_ranges``;
+    a range left empty is no cluster)."""
+    train, final = settings.train, settings.final
+    stages = [
+        PlannedStage("search", train.rounds, float(train.clients(nodes) * train.local_epochs)),
+        PlannedStage("final-fdnas", final.rounds, float(nodes * final.local_epochs)),
+    ]
+    sizes = [len(r) for r in cluster_ranges(nodes, clusters) if len(r)] if clusters else []
+    if sizes:  # one pattern for every cluster: the work per step is their mean
+        search = sum(train.clients(size) for size in sizes) * train.local_epochs / len(sizes)
+        tuning = nodes * final.local_epochs / len(sizes)
+        stages += [
+            PlannedStage("cluster-*", len(sizes) * settings.cluster_rounds, search),
+            PlannedStage("final-cluster-*", len(sizes) * final.rounds, tuning),
+        ]
+    return RunEstimate(stages)
 
 
 def fdnas_plots(out_dir: Path, document: dict[str, Any], method: str) -> list[Path | None]:

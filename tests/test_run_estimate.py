@@ -1,0 +1,164 @@
+"""The whole run's ETA of FDNAS, CFDNAS, DP-FNAS and DecNAS: each method's plan from small
+settings, checked against hand-computed stages, and one tiny in-process run per method whose
+clock lines carry ``run ETA``, down to 0 at its last step (every planned step was seen: the
+plan's stage names are the names of the method's clocks)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import TrainingRecipe, parse_run_config
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.methods.decnas.runner import decnas_plan
+from fedorasflwr.methods.decnas.settings import DecNASSettings
+from fedorasflwr.methods.dpfnas.runner import ITERATION_WORK, dpfnas_plan
+from fedorasflwr.methods.dpfnas.settings import DPFNASSettings
+from fedorasflwr.methods.fdnas.runner import fdnas_plan, planned_clusters
+from fedorasflwr.methods.fdnas.settings import FDNASSettings
+from fedorasflwr.progress import PlannedStage
+from fedorasflwr.server_app import runner
+from tests.runconfig import tiny_decnas, tiny_fdnas
+from tests.strategies.test_dpfnas_strategy import small_dpfnas
+
+# ------------------------------------------------------------------ the plans
+
+
+def _fdnas_settings() -> FDNASSettings:
+    return FDNASSettings(
+        train=TrainingRecipe(rounds=4, clients_per_round=4, local_epochs=2),
+        cluster_rounds=2,
+        final=TrainingRecipe(rounds=5, clients_per_round=4, local_epochs=1),
+    )
+
+
+def test_fdnas_plan_searches_then_trains_the_net_on_every_node() -> None:
+    plan = fdnas_plan(_fdnas_settings(), nodes=10)
+    assert plan.stages == [
+        PlannedStage("search", 4, 4 * 2),  # 4 of 10 clients, 2 local epochs
+        PlannedStage("final-fdnas", 5, 10 * 1),  # the net's FedAvg: every node
+    ]
+
+
+def test_cfdnas_plan_adds_each_cluster_s_search_and_net() -> None:
+    plan = fdnas_plan(_fdnas_settings(), nodes=10, clusters=3)
+    # clusters of partitions 0-2, 3-5, 6-9: search rounds of 3, 3 and 4 clients x 2 epochs
+    assert plan.stages[2:] == [
+        PlannedStage("cluster-*", 3 * 2, (3 + 3 + 4) * 2 / 3),
+        PlannedStage("final-cluster-*", 3 * 5, 10 / 3),  # every node of its cluster
+    ]
+    assert plan.stages[2].covers("cluster-2") and not plan.stages[2].covers("final-cluster-2")
+    # more clusters than nodes: the empty ranges are no clusters
+    assert fdnas_plan(_fdnas_settings(), nodes=2, clusters=3).stages[2:] == [
+        PlannedStage("cluster-*", 2 * 2, 1 * 2),
+        PlannedStage("final-cluster-*", 2 * 5, 1.0),
+    ]
+
+
+def test_cfdnas_plans_the_class_groups_or_num_clusters() -> None:
+    groups = tiny_fdnas("-", method="cfdnas", **{"data.class-groups": "0,1;2,3;4,5;6,7,8,9"})
+    assert planned_clusters(parse_run_config(groups)) == 4
+    contiguous = tiny_fdnas("-", method="cfdnas", **{"data.partitioner": "iid"})
+    contiguous["fdnas.num-clusters"] = 2
+    assert planned_clusters(parse_run_config(contiguous)) == 2
+
+
+def test_dpfnas_plan_of_its_search_and_final_training() -> None:
+    settings = DPFNASSettings(
+        iterations=6, final=TrainingRecipe(rounds=3, clients_per_round=0, local_epochs=2)
+    )
+    assert dpfnas_plan(settings, nodes=4).stages == [
+        PlannedStage("DP-FNAS", 6, 4 * ITERATION_WORK),
+        PlannedStage("final", 3, 4 * 2),  # clients 0: every party
+    ]
+    single = DPFNASSettings(
+        mode="single",
+        iterations=6,
+        final=TrainingRecipe(rounds=3, clients_per_round=2, local_epochs=2),
+    )
+    assert dpfnas_plan(single, nodes=4).stages == [
+        PlannedStage("DP-FNAS", 6, ITERATION_WORK),  # one party
+        PlannedStage("final", 3, 1 * 2),
+    ]
+
+
+def _decnas_settings(**changes: object) -> DecNASSettings:
+    return DecNASSettings(
+        train=TrainingRecipe(rounds=3, clients_per_round=0, local_epochs=2),
+        max_iterations=3,
+        num_groups=2,
+        drop_ratio=0.33,
+        rounds=(1, 3),
+        rounds_every=2,
+        final_rounds=4,
+        **changes,
+    )
+
+
+def test_decnas_plan_follows_the_round_schedule_and_the_dropping() -> None:
+    plan = decnas_plan(_decnas_settings(), nodes=6, layers=4)
+    # a candidate trains on a group of 6 / 2 = 3 clients for 2 epochs; ceil(0.33 x 4) = 2
+    # candidates dropped after each round
+    assert plan.stages == [
+        PlannedStage("gm0", 3, 6 * 2),
+        PlannedStage("iteration-1", 1, 4 * 3 * 2),  # schedule block 1: 1 round
+        PlannedStage("iteration-2", 1, 4 * 3 * 2),
+        PlannedStage("iteration-3", 3, (4 + 2 + 1) / 3 * 3 * 2),  # block 2: 3 rounds
+        PlannedStage("final-gm*", 4, 6 * 2),  # GM_T only
+    ]
+
+
+def test_decnas_plan_of_the_naive_variant_with_every_model_tuned() -> None:
+    settings = _decnas_settings(variant="naive", final_models="all", width_baseline=True)
+    plan = decnas_plan(settings, nodes=6, layers=4)
+    # no groups (every client trains each candidate), no dropping, the largest round number
+    iterations = [PlannedStage(f"iteration-{t}", 3, 4 * 6 * 2) for t in (1, 2, 3)]
+    assert plan.stages == [
+        PlannedStage("gm0", 3, 12.0),
+        *iterations,
+        PlannedStage("final-gm*", 3 * 4, 12.0),  # GM_1..GM_3
+        PlannedStage("width-*", 3 * (3 + 4), 12.0),  # each baseline: GM_0's and tuning rounds
+    ]
+
+
+# ------------------------------------------------------------------ tiny runs
+
+#: a clock line with the run's ETA: its stage and the seconds left
+RUN_ETA = re.compile(
+    r"^\[(?P<stage>[^\]]+)\] \w+ \d+/\d+: .*, run ETA (?P<left>[0-9.]+s|\d+m\d+s|\d+h\d+m)"
+)
+
+#: method -> (its tiny run config, nodes, the clock stages that must show the run's ETA)
+RUNS = {
+    "fdnas": (lambda cache: tiny_fdnas(cache, **{"min-nodes": 6}), 6, {"search", "final-fdnas"}),
+    "cfdnas": (
+        lambda cache: tiny_fdnas(cache, method="cfdnas", **{"min-nodes": 6}),
+        6,
+        {"search", "final-fdnas", "cluster-0", "cluster-2", "final-cluster-0", "final-cluster-2"},
+    ),
+    "dpfnas": (lambda cache: small_dpfnas(cache, **{"min-nodes": 2}), 2, {"DP-FNAS", "final"}),
+    "decnas": (
+        lambda cache: tiny_decnas(cache, **{"min-nodes": 6}),
+        6,
+        {"gm0", "iteration-1", "final-gm1"},
+    ),
+}
+
+
+@pytest.mark.parametrize("method", list(RUNS))
+def test_a_tiny_run_shows_the_run_eta_down_to_zero(
+    method: str, data_cache: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_config, nodes, stages = RUNS[method]
+    config = {**make_config(data_cache), "output-dir": str(tmp_path)}
+    settings = parse_run_config(config)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        runner(method)(InProcessGrid(client_app, config, nodes), settings, tmp_path)
+    lines = [m for m in map(RUN_ETA.match, caplog.messages) if m is not None]
+    assert stages <= {m["stage"] for m in lines}, caplog.text
+    # the last step of the plan: every planned step was seen, none is left
+    assert lines[-1]["left"] == "0.0s", lines[-1].string
