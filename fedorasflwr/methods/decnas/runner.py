@@ -9,18 +9,12 @@ from typing import Any
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
+from ... import runs
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
 from ...model_files import PRUNABLE
 from ...progress import PlannedStage, RunEstimate
-from ...runs import (
-    RunFiles,
-    latency_document,
-    resume_checkpoint,
-    start,
-    strategy_options,
-)
 from ...search_spaces.prunable import PrunableNet, build_prunable
 from ...seeding import seed_torch
 from .netadapt import rounds_for
@@ -58,18 +52,18 @@ def run_decnas(
         GM0: settings.method_settings.train.rounds,
         ITERATIONS: settings.method_settings.max_iterations,
     }
-    resume = resume_checkpoint(settings, None, stages)
+    resume = runs.resume_checkpoint(settings, None, stages)
     strategy = DecNAS(
         net=net,
         settings=settings.method_settings,
         latency=settings.latency.request(settings.seed),
-        **strategy_options(settings, resume),
+        **runs.strategy_options(settings, resume),
     )
-    run = RunFiles(out_dir, settings, net.spec, progress)
+    run = runs.RunFiles(out_dir, settings, net.spec, progress)
     initial = ArrayRecord(net.state_dict())
     plan = decnas_plan(settings.method_settings, settings.min_nodes, len(net.spec["widths"]))
     with plan.active():
-        result = start(
+        result = runs.start(
             strategy, grid, settings, run, initial, settings.method_settings.max_iterations
         )
     for model in result.frontier:
@@ -92,7 +86,7 @@ def run_decnas(
     )
     summary = result.summary()
     if "latency" in summary:  # every target node's table, without its entries
-        nodes = latency_document(strategy.profiles, strategy.target_tables)["nodes"]
+        nodes = runs.latency_document(strategy.profiles, strategy.target_tables)["nodes"]
         summary["latency"]["nodes"] = [
             {k: v for k, v in node.items() if k != "option-ms"} for node in nodes
         ]

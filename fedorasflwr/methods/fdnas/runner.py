@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ... import runs
 from ...checkpoints import Checkpointer
 from ...config import RunSettings, space_kwargs
 from ...data import dataset_info
@@ -19,14 +20,6 @@ from ...federation.base import NodeProfile
 from ...latency import table_document
 from ...model_files import SPACE, SUBNET
 from ...progress import PlannedStage, RunEstimate
-from ...runs import (
-    RunFiles,
-    describe_space,
-    latency_document,
-    resume_checkpoint,
-    start,
-    strategy_options,
-)
 from ...search_spaces import build_space
 from ...seeding import seed_torch
 from .cfdnas import CFDNAS
@@ -107,16 +100,18 @@ def _run_fdnas(
         settings=settings.method_settings,
         cluster_of=cluster_tagger(settings),
         latency_request=settings.latency.request(settings.seed),
-        **strategy_options(
+        **runs.strategy_options(
             settings,
-            resume_checkpoint(settings, space, {"search": settings.method_settings.train.rounds}),
+            runs.resume_checkpoint(
+                settings, space, {"search": settings.method_settings.train.rounds}
+            ),
         ),
     )
-    run = RunFiles(out_dir, settings, space.spec, progress)
+    run = runs.RunFiles(out_dir, settings, space.spec, progress)
     initial = ArrayRecord(space.state_dict())
     clusters = planned_clusters(settings) if strategy_class is CFDNAS else 0
     with fdnas_plan(settings.method_settings, settings.min_nodes, clusters).active():
-        result = start(
+        result = runs.start(
             strategy, grid, settings, run, initial, settings.method_settings.train.rounds
         )
     run.save("supernet", result.supernet, stage="search", builder=SPACE)
@@ -130,7 +125,7 @@ def _run_fdnas(
             arch=list(net.arch),
         )
     document = {
-        "space": describe_space(space),
+        "space": runs.describe_space(space),
         "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
         "accuracy-convention": ACCURACY_CONVENTION,
         "cluster-of-partition": result.cluster_of_partition,
@@ -141,7 +136,7 @@ def _run_fdnas(
     }
     if settings.method_settings.resource == "latency":
         document["latency-tables"] = {
-            **latency_document(strategy.profiles, result.latency_tables),
+            **runs.latency_document(strategy.profiles, result.latency_tables),
             "groups": {name: table_document(t) for name, t in result.group_tables.items()},
         }
     run.add(*fdnas_plots(out_dir, document, strategy_class.__name__))
