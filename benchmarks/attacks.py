@@ -103,12 +103,12 @@ def make_strategy(config: dict[str, Any], evaluate: bool = False) -> FedorAS:
         evaluator = SupernetEvaluator(
             build_supernet(parsed),
             load_server_data(parsed.data),
-            num_paths=parsed.fedoras.eval_paths,
+            num_paths=parsed.method_settings.eval_paths,
             seed=parsed.seed,
         )
     return FedorAS(
         space=build_supernet(parsed),
-        settings=parsed.fedoras,
+        settings=parsed.method_settings,
         seed=parsed.seed,
         evaluate_fn=evaluator,
     )

@@ -119,7 +119,7 @@ def make(cls: type, config: dict[str, Any], **kwargs: Any) -> Any:
     run = parse_run_config(config)
     torch.manual_seed(run.seed)
     space = build_space(**space_kwargs(replace(run.space, name="mbconv"), dataset_info(run.data)))
-    fdnas = kwargs.pop("fdnas", run.fdnas)
+    fdnas = kwargs.pop("fdnas", run.method_settings)
     return cls(space=space, settings=fdnas, seed=run.seed, cluster_of=cluster_tagger(run), **kwargs)
 
 

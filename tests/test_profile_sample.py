@@ -75,7 +75,7 @@ def fedoras(config: dict[str, Any], num_classes: int = NUM_CLASSES) -> FedorAS:
     space = build_space(
         "cnn_s", num_classes=num_classes, in_channels=3, input_height=8, input_width=8, width=0.25
     )
-    return FedorAS(space=space, settings=parse_run_config(config).fedoras, seed=0)
+    return FedorAS(space=space, settings=parse_run_config(config).method_settings, seed=0)
 
 
 def test_the_profile_declares_the_sample_shape_and_dtype(fedoras_config):
@@ -123,7 +123,7 @@ def test_decnas_checks_the_nets_input_shape(tmp_path, caplog):
     net = build_prunable(
         "convnet", num_classes=NUM_CLASSES, in_channels=3, input_height=8, input_width=8
     )
-    strategy = DecNAS(net=net, settings=parse_run_config(config).decnas, seed=0)
+    strategy = DecNAS(net=net, settings=parse_run_config(config).method_settings, seed=0)
     grid, _ = rgb_grid(config, channels_last={0})
     with caplog.at_level(logging.WARNING):
         strategy.profile_nodes(grid, ConfigRecord({"method": "decnas"}))
