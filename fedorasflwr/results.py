@@ -7,7 +7,8 @@ A runner returns its result document with the keys its strategy writes; the Serv
   ``models[].search_accuracy``, ``history[].val_accuracy``, ``space.max_flops``), as the
   ``settings`` and ``status`` entries are; keys that are data keep their spelling: the
   ledger's stage names (``finetune-t1-supernet``, as the logs name the stage), partition and
-  node ids, and file names (a key with a ``.``, as in ``onnx``);
+  node ids, file names (a key with a ``.``, as in ``onnx``) and the stage names keying
+  ``latency_tables.groups``;
 - the ``ledger`` by partition id (``ledger.by_partition``: per stage ``partitions`` with
   each partition's Flower ``node_ids``, and ``unprofiled`` nodes by node id).
 
@@ -30,19 +31,24 @@ def snake(key: str) -> str:
     return key.replace("-", "_")
 
 
-def snake_keys(value: Any) -> Any:
+#: keys whose mapping is keyed by stage names (data, as the logs name the stages):
+#: ``latency_tables.groups`` (FDNAS / CFDNAS: ``search``, ``cluster-0``, ...)
+STAGE_KEYED = frozenset({"groups"})
+
+
+def snake_keys(value: Any, stage_keyed: bool = False) -> Any:
     """``value`` with every mapping key in snake_case (``snake``), at every depth; a key
-    that is data keeps its spelling: one with a ``.`` (a file name) or none of the
-    letters (an id)."""
+    that is data keeps its spelling: one with a ``.`` (a file name), none of the letters
+    (an id), or a stage name (``stage_keyed``: the mapping under a ``STAGE_KEYED`` key)."""
     if isinstance(value, Mapping):
         converted: dict[str, Any] = {}
         for key, item in value.items():
             name = str(key)
-            if "." not in name and any(c.isalpha() for c in name):
+            if not stage_keyed and "." not in name and any(c.isalpha() for c in name):
                 name = snake(name)
             if name in converted:
                 raise ValueError(f"result document: keys {key!r} and {name!r} are the same key")
-            converted[name] = snake_keys(item)
+            converted[name] = snake_keys(item, name in STAGE_KEYED)
         return converted
     if isinstance(value, list | tuple):
         return [snake_keys(item) for item in value]

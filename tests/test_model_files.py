@@ -53,7 +53,9 @@ class Run:
         self.saved: dict[str, dict[str, Any]] = {}
         self.out_dir = out_dir
         module = importlib.import_module(f"fedorasflwr.methods.{module_name}.runner")
-        real_start, real_save = module.start, RunFiles.save
+        # the runner's ``start``: its own name, or ``runs.start`` where it uses the module
+        owner = module if hasattr(module, "start") else module.runs
+        real_start, real_save = owner.start, RunFiles.save
 
         def start(strategy, *args, **kwargs):
             self.strategy = strategy
@@ -65,7 +67,7 @@ class Run:
             return real_save(files, name, arrays, **kwargs)
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(module, "start", start)
+            patch.setattr(owner, "start", start)
             patch.setattr(RunFiles, "save", save)
             self.document = runner(method)(
                 InProcessGrid(client_app, config, nodes), self.settings, out_dir

@@ -60,6 +60,7 @@ def test_result_json_has_snake_case_keys_at_every_depth_and_keeps_data_keys() ->
         "models": [{"search-accuracy": 0.5, "history": [{"val-accuracy": 0.4}]}],
         "settings": {"output-dir": "x"},
         "onnx": {"tier-1.onnx": {"max-abs-diff": 0.0}},
+        "latency-tables": {"groups": {"cluster-0": {"fixed-ms": 0.1}}},
         "ledger": ledger,
     }
     content = result_json(document)
@@ -70,12 +71,15 @@ def test_result_json_has_snake_case_keys_at_every_depth_and_keeps_data_keys() ->
         "models",
         "settings",
         "onnx",
+        "latency_tables",
         "ledger",
     ]
     assert content["models"] == [{"search_accuracy": 0.5, "history": [{"val_accuracy": 0.4}]}]
     assert content["settings"] == {"output_dir": "x"}
     assert content["tier_of_partition"] == {"0": 1}  # ids: data
     assert content["onnx"] == {"tier-1.onnx": {"max_abs_diff": 0.0}}  # file names: data
+    groups = content["latency_tables"]["groups"]
+    assert groups == {"cluster-0": {"fixed_ms": 0.1}}  # stage names: data
     assert "finetune-t1-supernet" in content["ledger"]  # stage names: data
     assert "finetune_t1_supernet" not in content["ledger"]
     assert set(content["ledger"]["train"]) == {"seconds", "totals", "partitions", "unprofiled"}

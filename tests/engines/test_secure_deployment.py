@@ -196,8 +196,8 @@ def test_supernodes_measure_their_tables_and_their_budgets_place_them(secure_dep
     nodes = {n["partition_id"]: n for n in result["latency_tables"]["nodes"]}
     assert sorted(nodes) == [0, 1, 2]
     for pid, config in enumerate(NODE_CONFIGS):
-        assert nodes[pid]["device_class"] == config["device_class"]
-        assert nodes[pid]["latency_budget_ms"] == config["latency_budget_ms"]
+        assert nodes[pid]["device_class"] == config["device-class"]
+        assert nodes[pid]["latency_budget_ms"] == config["latency-budget-ms"]
         assert 0 < nodes[pid]["min_path_ms"] <= nodes[pid]["max_path_ms"]
         assert nodes[pid]["validation"]["paths"] == 4
     tiers = result["tiers"]

@@ -422,10 +422,10 @@ def test_a_resumed_run_by_latency_continues_on_the_same_table(data_cache, inject
     assert second["frontier"] == first["frontier"]
     assert second["history"] == first["history"]
     budgets = [m["budget"] for m in second["frontier"][1:]]
-    latencies = [m["latency-ms"] for m in second["frontier"]]
+    latencies = [m["latency_ms"] for m in second["frontier"]]
     assert all(lat <= cap for lat, cap in zip(latencies[1:], budgets, strict=True))
-    assert second["latency"]["target-nodes"] == list(range(3))
+    assert second["latency"]["target_nodes"] == list(range(3))
     nodes = second["latency"]["nodes"]
-    assert [n["partition-id"] for n in nodes] == list(range(3))
-    assert all("option-ms" not in n and n["fixed-ms"] == 0.1 for n in nodes)
-    assert len(second["latency"]["table"]["option-ms"]) == len(second["latency"]["units"])
+    assert [n["partition_id"] for n in nodes] == list(range(3))
+    assert all("option_ms" not in n and n["fixed_ms"] == 0.1 for n in nodes)
+    assert len(second["latency"]["table"]["option_ms"]) == len(second["latency"]["units"])
