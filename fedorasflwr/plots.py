@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ACCURACY_LIMITS",
+    "accuracy_axis",
     "colour",
     "cost_formatter",
     "dodge",
@@ -111,6 +113,23 @@ def pad_y(ax: Any, values: Sequence[float]) -> None:
     ax.set_ylim(low - pad, high + 2 * pad)
 
 
+#: the y range of every accuracy axis: the whole of [0, 1] (room above for point labels), so
+#: that noise around chance never fills the plot as a peak would
+ACCURACY_LIMITS = (0.0, 1.08)
+
+
+def accuracy_axis(ax: Any, chance: float | None) -> Any:
+    """An accuracy axis: the y range ``ACCURACY_LIMITS`` and, given ``chance`` (1 / the
+    number of classes), a dotted grey line there; returns that line (for a legend) or
+    ``None``."""
+    ax.set_ylim(*ACCURACY_LIMITS)
+    if chance is None:
+        return None
+    return ax.axhline(
+        chance, linestyle=":", color="0.45", linewidth=1.2, label=f"chance ({chance:.3g})"
+    )
+
+
 def dodge(index: int, count: int, width: float = 0.12) -> float:
     """The x shift of curve ``index`` of ``count`` drawn on shared integer steps: curves with
     equal values sit side by side instead of one hiding the other."""
@@ -134,13 +153,17 @@ def plot_history(
     title: str,
     ylabel: str,
     step: str = "round",
+    chance: float | None = None,
 ) -> Path | None:
-    """Line of ``key`` over ``step`` (round or iteration); ``None`` if no entry has it."""
+    """Line of ``key`` over ``step`` (round or iteration); ``None`` if no entry has it.
+    ``chance`` given: ``key`` is an accuracy (``accuracy_axis``)."""
     points = [(h[step], h[key]) for h in history if h.get(key) is not None]
     if not points:
         return None
     fig, ax = figure(5.5, 3.5)
     ax.plot(*zip(*points, strict=True), marker="o", color=colour(0))
+    if chance is not None:
+        accuracy_axis(ax, chance)
     integer_ticks(ax)
     return finish(fig, ax, path, title=title, xlabel=step, ylabel=ylabel)
 

@@ -28,6 +28,7 @@ from .search_spaces.prunable import PrunableNet
 from .seeding import seed_torch
 
 __all__ = [
+    "chance_accuracy",
     "RunFiles",
     "Runner",
     "build_supernet",
@@ -50,6 +51,11 @@ def build_supernet(settings: RunSettings) -> SearchSpace:
     """The run's search space, initialised from the run seed."""
     seed_torch(settings.seed, "init")
     return build_space(**space_kwargs(settings.space, dataset_info(settings.data)))
+
+
+def chance_accuracy(settings: RunSettings) -> float:
+    """The accuracy of a guess (1 / the dataset's classes): the chance line of the plots."""
+    return 1.0 / dataset_info(settings.data).num_classes
 
 
 def check_partitions(settings: RunSettings, profiles: Sequence[NodeProfile]) -> None:

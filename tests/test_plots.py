@@ -158,3 +158,59 @@ def test_dpfnas_plot_of_a_run_without_noise(tmp_path):
     history = [{"iteration": i, "epsilon": math.inf, "val-accuracy": 0.1 * i} for i in range(3)]
     path = plot_dpfnas(tmp_path / "privacy_accuracy.png", history)
     assert path is not None and path.stat().st_size > 5000
+
+
+def test_every_accuracy_plot_spans_zero_to_one_with_a_chance_line(tmp_path, monkeypatch):
+    """Every accuracy axis shows [0, 1] (noise near chance is no peak) and, given the run's
+    chance, a line there; the runs' plots get it (``runs.chance_accuracy``)."""
+    import matplotlib.pyplot as plt
+
+    import fedorasflwr.methods.decnas.plots as decnas_plots
+    import fedorasflwr.methods.dpfnas.plots as dpfnas_plots
+    import fedorasflwr.methods.fdnas.plots as fdnas_plots
+    import fedorasflwr.methods.fedoras.plots as fedoras_plots
+    import fedorasflwr.plots as shared
+    from fedorasflwr.plots import ACCURACY_LIMITS, accuracy_axis
+
+    fig, ax = plt.subplots()
+    line = accuracy_axis(ax, 0.1)
+    assert ax.get_ylim() == ACCURACY_LIMITS == (0.0, 1.08)
+    assert list(line.get_ydata()) == [0.1, 0.1] and line.get_label() == "chance (0.1)"
+    assert accuracy_axis(ax, None) is None
+    plt.close(fig)
+
+    seen: list[tuple[str, float | None, tuple[float, float]]] = []
+
+    def spy(module):
+        def recorded(axis, chance):
+            result = accuracy_axis(axis, chance)
+            seen.append((module.__name__.split(".")[-2], chance, axis.get_ylim()))
+            return result
+
+        monkeypatch.setattr(module, "accuracy_axis", recorded)
+
+    for module in (shared, fedoras_plots, fdnas_plots, dpfnas_plots, decnas_plots):
+        spy(module)
+    history = [{"round": r, "iteration": r, "val-accuracy": 0.11 + 0.001 * r} for r in (1, 2)]
+    models = tier_models()
+    frontier = {"frontier": [{"iteration": 0, "macs": 1000, "test-accuracy": 0.5}]}
+    net = {"name": "fdnas", "flops": 3e5, "partitions": [0], "averaged-accuracy": 0.12}
+    assert_png(
+        shared.plot_history(
+            tmp_path / "h.png", history, "val-accuracy", title="t", ylabel="y", chance=0.1
+        )
+    )
+    assert_png(fedoras_plots.plot_tiers(tmp_path / "t.png", models, 0.1))
+    assert_png(fedoras_plots.plot_finetune(tmp_path / "f.png", models, 0.1))
+    assert_png(fdnas_plots.plot_fdnas_nets(tmp_path / "n.png", [net], chance=0.1))
+    assert_png(dpfnas_plots.plot_dpfnas(tmp_path / "d.png", history, chance=0.1))
+    assert_png(decnas_plots.plot_frontier(tmp_path / "g.png", frontier, chance=0.1))
+    assert [s[0] for s in seen] == [
+        "fedorasflwr",
+        "fedoras",
+        "fedoras",
+        "fdnas",
+        "dpfnas",
+        "decnas",
+    ]
+    assert all(chance == 0.1 and limits == ACCURACY_LIMITS for _, chance, limits in seen)

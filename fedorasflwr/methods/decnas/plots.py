@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...plots import colour, cost_formatter, figure, finish, label, pad_y
+from ...plots import accuracy_axis, colour, cost_formatter, figure, finish, label
 
 
-def plot_frontier(path: Path, document: Mapping[str, Any], variant: str = "") -> Path | None:
+def plot_frontier(
+    path: Path, document: Mapping[str, Any], variant: str = "", chance: float | None = None
+) -> Path | None:
     """DecNAS (``variant``): test accuracy against MACs of GM_0..GM_T (each labelled), after
     FL tuning, and the width-multiplier baseline.  ``document``: ``DecNASResult.summary()``."""
     frontier = document.get("frontier", ())
@@ -50,7 +52,7 @@ def plot_frontier(path: Path, document: Mapping[str, Any], variant: str = "") ->
         drawn += [p[1] for p in baseline]
     if not drawn:
         return None
-    pad_y(ax, drawn)
+    accuracy_axis(ax, chance)
     ax.set_xmargin(0.12)
     ax.xaxis.set_major_formatter(cost_formatter(""))
     return finish(

@@ -82,7 +82,12 @@ def run_decnas(
                     **extra,
                 )
     run.add(
-        plot_frontier(out_dir / "frontier.png", result.summary(), settings.method_settings.variant)
+        plot_frontier(
+            out_dir / "frontier.png",
+            result.summary(),
+            settings.method_settings.variant,
+            runs.chance_accuracy(settings),
+        )
     )
     summary = result.summary()
     if "latency" in summary:  # every target node's table, without its entries

@@ -7,11 +7,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...plots import colour, figure, finish, integer_ticks, label
+from ...plots import accuracy_axis, colour, figure, finish, integer_ticks, label
 
 
 def plot_dpfnas(
-    path: Path, history: Sequence[Mapping[str, Any]], target_epsilon: float = 0.0
+    path: Path,
+    history: Sequence[Mapping[str, Any]],
+    target_epsilon: float = 0.0,
+    chance: float | None = None,
 ) -> Path | None:
     """DP-FNAS: the worst party's epsilon (top) and the mixed supernet's validation
     accuracy (bottom) per iteration; ``target_epsilon`` > 0 draws the stopping target."""
@@ -52,6 +55,10 @@ def plot_dpfnas(
             transform=bottom.transAxes,
             color="0.4",
         )
+    if accuracy:
+        line = accuracy_axis(bottom, chance)
+        if line is not None:
+            bottom.legend(handles=[line], fontsize=9, loc="upper left")
     integer_ticks(bottom)
     return finish(
         fig,

@@ -20,6 +20,7 @@ from ...progress import PlannedStage, RunEstimate
 from ...runs import (
     RunFiles,
     build_supernet,
+    chance_accuracy,
     describe_space,
     latency_document,
     resume_checkpoint,
@@ -87,6 +88,7 @@ def run_dpfnas(
             out_dir / "privacy_accuracy.png",
             result.history,
             settings.method_settings.target_epsilon,
+            chance_accuracy(settings),
         )
     )
     latency: dict[str, Any] = {}

@@ -7,7 +7,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...plots import colour, dodge, figure, finish, integer_ticks, label, legend_outside, pad_y
+from ...plots import (
+    accuracy_axis,
+    colour,
+    dodge,
+    figure,
+    finish,
+    integer_ticks,
+    label,
+    legend_outside,
+)
 
 
 def plot_fdnas_nets(
@@ -15,6 +24,7 @@ def plot_fdnas_nets(
     nets: Sequence[Mapping[str, Any]],
     baseline: Mapping[str, float] | None = None,
     method: str = "FDNAS",
+    chance: float | None = None,
 ) -> Path | None:
     """FDNAS / CFDNAS: each derived net's federated-averaged test accuracy (filled) and
     mean local accuracy (hollow) against MFLOPs, labelled with its name; ``baseline``
@@ -67,8 +77,8 @@ def plot_fdnas_nets(
             )
         )
         drawn.append(baseline["accuracy"])
-    legend_outside(ax, handles)
-    pad_y(ax, drawn)
+    line = accuracy_axis(ax, chance)
+    legend_outside(ax, handles + ([line] if line is not None else []))
     costs = [n["flops"] / 1e6 for n in nets] + ([baseline["flops"] / 1e6] if baseline else [])
     ax.set_xlim(0, 1.25 * max(costs))  # from zero: one net alone gets readable ticks
     return finish(

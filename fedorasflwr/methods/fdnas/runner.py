@@ -139,7 +139,9 @@ def _run_fdnas(
             **runs.latency_document(strategy.profiles, result.latency_tables),
             "groups": {name: table_document(t) for name, t in result.group_tables.items()},
         }
-    run.add(*fdnas_plots(out_dir, document, strategy_class.__name__))
+    run.add(
+        *fdnas_plots(out_dir, document, strategy_class.__name__, runs.chance_accuracy(settings))
+    )
     return {**document, **run.document()}
 
 
@@ -176,10 +178,15 @@ def fdnas_plan(settings: Any, nodes: int, clusters: int = 0) -> RunEstimate:
     return RunEstimate(stages)
 
 
-def fdnas_plots(out_dir: Path, document: dict[str, Any], method: str) -> list[Path | None]:
-    """The derived nets' accuracy against FLOPs and the alpha entropy per search round."""
+def fdnas_plots(
+    out_dir: Path, document: dict[str, Any], method: str, chance: float | None = None
+) -> list[Path | None]:
+    """The derived nets' accuracy against FLOPs (``chance``: its chance line) and the alpha
+    entropy per search round."""
     return [
-        plot_fdnas_nets(out_dir / "nets_accuracy_flops.png", document["nets"], method=method),
+        plot_fdnas_nets(
+            out_dir / "nets_accuracy_flops.png", document["nets"], method=method, chance=chance
+        ),
         plot_alpha_entropy(
             out_dir / "alpha_entropy.png",
             document["search-history"],

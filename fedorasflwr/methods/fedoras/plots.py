@@ -6,7 +6,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...plots import colour, dodge, figure, finish, integer_ticks, label, legend_outside, pad_y
+from ...plots import (
+    accuracy_axis,
+    colour,
+    dodge,
+    figure,
+    finish,
+    integer_ticks,
+    label,
+    legend_outside,
+)
 
 #: FedorAS model ``init`` -> (legend name, line style, marker, filled)
 INITS = {"supernet": ("supernet init", "-", "o", True), "random": ("random init", "--", "s", False)}
@@ -32,7 +41,9 @@ def _init_handle(init: str) -> Any:
     )
 
 
-def plot_tiers(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
+def plot_tiers(
+    path: Path, models: Sequence[Mapping[str, Any]], chance: float | None = None
+) -> Path | None:
     """FedorAS: test accuracy against MFLOPs, one point per tier model labelled T1..Tn,
     filled for supernet init, hollow for random init.  ``models``: the result's
     ``models`` (``tier`` 1-based, ``init``, ``flops``, ``test.accuracy``)."""
@@ -69,8 +80,8 @@ def plot_tiers(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
                 facecolors=c if filled else "white",
             )
             label(ax, x, y, f"T{tier}", c)
-    legend_outside(ax, handles)
-    pad_y(ax, [m["test"]["accuracy"] for m in tested])
+    line = accuracy_axis(ax, chance)
+    legend_outside(ax, handles + ([line] if line is not None else []))
     ax.set_xmargin(0.12)
     return finish(
         fig,
@@ -83,7 +94,9 @@ def plot_tiers(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
     )
 
 
-def plot_finetune(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | None:
+def plot_finetune(
+    path: Path, models: Sequence[Mapping[str, Any]], chance: float | None = None
+) -> Path | None:
     """FedorAS Stage 3: server validation accuracy per fine-tuning round, one colour per
     tier, solid for supernet init and dashed for random init; curves are shifted a
     little apart on the round axis (``dodge``) so that equal ones stay visible."""
@@ -116,7 +129,8 @@ def plot_finetune(path: Path, models: Sequence[Mapping[str, Any]]) -> Path | Non
     inits = list(dict.fromkeys(m["init"] for m, _ in curves))
     handles = [Line2D([], [], color=colour(t - 1), linewidth=3, label=f"T{t}") for t in tiers]
     handles += [_init_handle(init) for init in inits]
-    legend_outside(ax, handles)
+    line = accuracy_axis(ax, chance)
+    legend_outside(ax, handles + ([line] if line is not None else []))
     integer_ticks(ax)
     return finish(
         fig,

@@ -21,6 +21,7 @@ from ...progress import PlannedStage, RunEstimate
 from ...runs import (
     RunFiles,
     build_supernet,
+    chance_accuracy,
     describe_space,
     latency_document,
     resume_checkpoint,
@@ -78,7 +79,7 @@ def run_fedoras(
             options=model.names,
             init=model.init,
         )
-    run.add(*fedoras_plots(out_dir, result))
+    run.add(*fedoras_plots(out_dir, result, chance_accuracy(settings)))
     return {
         "space": describe_space(space),
         # tiers 1-based, as users see them (file names, logs, ``models[].tier``)
@@ -179,18 +180,21 @@ def resume_supernet(path: str, space: SearchSpace) -> ArrayRecord:
     return ArrayRecord(checkpoint["state_dict"])
 
 
-def fedoras_plots(out_dir: Path, result: FedorASResult) -> list[Path | None]:
+def fedoras_plots(
+    out_dir: Path, result: FedorASResult, chance: float | None = None
+) -> list[Path | None]:
     """Accuracy against FLOPs per tier (FedorAS and rand-init), the supernet's curve,
-    and the fine-tuning curves."""
+    and the fine-tuning curves (``chance``: the chance line of each)."""
     models = [m.summary() for m in result.models]
     return [
-        plot_tiers(out_dir / "tiers_accuracy_flops.png", models),
+        plot_tiers(out_dir / "tiers_accuracy_flops.png", models, chance),
         plot_history(
             out_dir / "supernet_accuracy.png",
             result.history,
             "val-accuracy",
             title="Supernet: mean accuracy of random paths",
             ylabel="accuracy",
+            chance=chance,
         ),
-        plot_finetune(out_dir / "finetune_curves.png", models),
+        plot_finetune(out_dir / "finetune_curves.png", models, chance),
     ]
