@@ -7,16 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...plots import (
-    accuracy_axis,
-    colour,
-    dodge,
-    figure,
-    finish,
-    integer_ticks,
-    label,
-    legend_outside,
-)
+from ... import plots as style
 
 
 def plot_fdnas_nets(
@@ -34,14 +25,14 @@ def plot_fdnas_nets(
         return None
     from matplotlib.lines import Line2D
 
-    fig, ax = figure()
+    fig, ax = style.figure()
     drawn: list[float] = []
     handles = []
     for index, net in enumerate(nets):
-        c, x = colour(index), net["flops"] / 1e6
+        c, x = style.colour(index), net["flops"] / 1e6
         y = net["averaged-accuracy"]
         ax.scatter(x, y, s=50, color=c, zorder=4)  # on top: an equal local ring stays around it
-        label(ax, x, y, net["name"], c, "right")
+        style.label(ax, x, y, net["name"], c, "right")
         handles.append(Line2D([], [], marker="o", linestyle="", color=c, label=net["name"]))
         drawn.append(y)
         local = net.get("mean-local-accuracy")
@@ -64,7 +55,7 @@ def plot_fdnas_nets(
     )
     if baseline is not None:
         ax.scatter(baseline["flops"] / 1e6, baseline["accuracy"], marker="*", s=160, color="0.2")
-        label(ax, baseline["flops"] / 1e6, baseline["accuracy"], str(baseline["name"]), "0.2")
+        style.label(ax, baseline["flops"] / 1e6, baseline["accuracy"], str(baseline["name"]), "0.2")
         handles.append(
             Line2D(
                 [],
@@ -77,11 +68,11 @@ def plot_fdnas_nets(
             )
         )
         drawn.append(baseline["accuracy"])
-    line = accuracy_axis(ax, chance)
-    legend_outside(ax, handles + ([line] if line is not None else []))
+    line = style.accuracy_axis(ax, chance)
+    style.legend_outside(ax, handles + ([line] if line is not None else []))
     costs = [n["flops"] / 1e6 for n in nets] + ([baseline["flops"] / 1e6] if baseline else [])
     ax.set_xlim(0, 1.25 * max(costs))  # from zero: one net alone gets readable ticks
-    return finish(
+    return style.finish(
         fig,
         ax,
         path,
@@ -112,13 +103,13 @@ def plot_alpha_entropy(
     if not any(rows):
         return None
     offset = max((r for r, _ in rows[0]), default=0)
-    fig, ax = figure()
+    fig, ax = style.figure()
     for index, ((name, _), stage) in enumerate(zip(stages, rows, strict=True)):
         if not stage:
             continue
-        shift = (offset if index else 0) + (dodge(index - 1, len(stages) - 1) if index else 0)
+        shift = (offset if index else 0) + (style.dodge(index - 1, len(stages) - 1) if index else 0)
         rounds = [r + shift for r, _ in stage]
-        c = colour(index)
+        c = style.colour(index)
         ax.plot(
             rounds,
             [sum(e) / len(e) for _, e in stage],
@@ -142,8 +133,8 @@ def plot_alpha_entropy(
         ax.axhline(uniform, color="0.4", linestyle=":", label="undecided (uniform)")
         top = max(top, uniform)
     ax.set_ylim(0, 1.12 * top)
-    integer_ticks(ax)
-    return finish(
+    style.integer_ticks(ax)
+    return style.finish(
         fig,
         ax,
         path,
