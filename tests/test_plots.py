@@ -16,7 +16,7 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.decnas.plots import plot_frontier
 from fedorasflwr.methods.dpfnas.plots import plot_dpfnas
-from fedorasflwr.methods.fdnas.plots import plot_alpha_entropy, plot_fdnas_nets
+from fedorasflwr.methods.fdnas.plots import plot_alpha_entropy, plot_fdnas_nets, plot_fdnas_ops
 from fedorasflwr.methods.fedoras.plots import plot_finetune, plot_tiers
 from fedorasflwr.plots import cost_formatter, plot_history, plot_points, si
 from fedorasflwr.server_app import main
@@ -117,6 +117,9 @@ def test_fdnas_plots(tmp_path):
     baseline = {"name": "MobileNetV2", "flops": 250_000, "accuracy": 0.7}
     assert_png(plot_fdnas_nets(tmp_path / "nets.png", nets, baseline))
     assert plot_fdnas_nets(tmp_path / "n0.png", [{**nets[0], "partitions": []}]) is None
+    chosen = [{**nets[0], "options": ["mbconv_k3_e3", "identity"]}, {**nets[1], "options": []}]
+    assert_png(plot_fdnas_ops(tmp_path / "ops.png", chosen, "CFDNAS"))
+    assert plot_fdnas_ops(tmp_path / "ops0.png", [{**nets[0], "options": []}]) is None
     history = [{"round": r, "alpha-entropy": [math.log(6) / r, 0.5 / r]} for r in (1, 2, 3)]
     clusters = {0: history[:2], 1: history[:2]}
     assert_png(plot_alpha_entropy(tmp_path / "entropy.png", history, clusters, options=[6, 6]))
@@ -141,7 +144,7 @@ def test_fdnas_run_writes_its_plots(data_cache, tmp_path):
     main(InProcessGrid(client_app, config, 10), context)
     (run_dir,) = tmp_path.iterdir()
     result = json.loads((run_dir / "result.json").read_text())
-    for name in ("nets_accuracy_flops.png", "alpha_entropy.png"):
+    for name in ("nets_accuracy_flops.png", "alpha_entropy.png", "nets_operations.png"):
         assert name in result["files"]
         assert_png(run_dir / name)
     layers = len(result["space"]["choices"])

@@ -142,3 +142,51 @@ def plot_alpha_entropy(
         xlabel="search round" + (" (clusters after the global search)" if len(stages) > 1 else ""),
         ylabel="entropy of softmax(alpha) [nats]",
     )
+
+
+def plot_fdnas_ops(
+    path: Path, nets: Sequence[Mapping[str, Any]], method: str = "FDNAS"
+) -> Path | None:
+    """FDNAS / CFDNAS: the operation each derived net chose, layer by layer (one row per
+    net, one column per searchable layer, each operation in its colour and named in its
+    cell); ``None`` when no net has ``options``."""
+    nets = [n for n in nets if n.get("options")]
+    if not nets:
+        return None
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    ops = sorted({op for n in nets for op in n["options"]})
+    layers = max(len(n["options"]) for n in nets)
+    grid = [
+        [ops.index(op) for op in n["options"]] + [-1] * (layers - len(n["options"])) for n in nets
+    ]
+    fig, ax = style.figure(max(6.5, 1.1 * layers + 2.0), 0.9 * len(nets) + 1.6)
+    ax.grid(False)
+    cells = np.ma.masked_less(np.asarray(grid), 0)
+    ax.imshow(
+        cells,
+        cmap=ListedColormap([style.colour(i) for i in range(len(ops))]),
+        vmin=-0.5,
+        vmax=len(ops) - 0.5,
+        aspect="auto",
+        alpha=0.55,
+    )
+    for row, net in enumerate(nets):
+        for column, op in enumerate(net["options"]):
+            ax.text(column, row, op.replace("_", "\n", 1), ha="center", va="center", fontsize=7)
+    ax.set_xticks(np.arange(-0.5, layers), minor=True)  # white borders between cells
+    ax.set_yticks(np.arange(-0.5, len(nets)), minor=True)
+    ax.grid(which="minor", color="white", linewidth=2)
+    ax.tick_params(which="minor", length=0)
+    ax.set_yticks(range(len(nets)), [n["name"] for n in nets])
+    ax.set_xticks(range(layers), [str(i + 1) for i in range(layers)])
+    return style.finish(
+        fig,
+        ax,
+        path,
+        title=f"{method}: the operation chosen per layer",
+        xlabel="searchable layer",
+        ylabel="net",
+        legend=False,
+    )

@@ -24,7 +24,7 @@ from ...search_spaces import build_space
 from ...seeding import seed_torch
 from .cfdnas import CFDNAS
 from .clusters import cluster_ranges, contiguous_cluster
-from .plots import plot_alpha_entropy, plot_fdnas_nets
+from .plots import plot_alpha_entropy, plot_fdnas_nets, plot_fdnas_ops
 from .strategy import FDNAS
 
 __all__ = [
@@ -181,8 +181,8 @@ def fdnas_plan(settings: Any, nodes: int, clusters: int = 0) -> RunEstimate:
 def fdnas_plots(
     out_dir: Path, document: dict[str, Any], method: str, chance: float | None = None
 ) -> list[Path | None]:
-    """The derived nets' accuracy against FLOPs (``chance``: its chance line) and the alpha
-    entropy per search round."""
+    """The derived nets' accuracy against FLOPs (``chance``: its chance line), the alpha
+    entropy per search round and the operation each net chose per layer."""
     return [
         plot_fdnas_nets(
             out_dir / "nets_accuracy_flops.png", document["nets"], method=method, chance=chance
@@ -194,6 +194,7 @@ def fdnas_plots(
             options=[len(c["options"]) for c in document["space"]["choices"]],
             method=method,
         ),
+        plot_fdnas_ops(out_dir / "nets_operations.png", document["nets"], method=method),
     ]
 
 
