@@ -58,8 +58,9 @@ def load_model(path: Path | str) -> nn.Module:
     search space: FedorAS's and FDNAS's run one path, ``model(batch, arch)``; DP-FNAS's
     the mixed DARTS network, ``model(batch)``.  The file is read with
     ``torch.load(weights_only=True)``: it runs no code of its own.  A space or model class
-    of your own (an import path in ``space["name"]``) is imported, so its package must be
-    importable.
+    of your own (an import path in ``space["name"]``) is imported only from a package this
+    process has already loaded (``search_spaces.build_space``): import your package before
+    the call; a file never makes the process load a package it names.
 
     Raises
     ------
