@@ -3,8 +3,10 @@ the style and the generic plots; each method's own plots are in ``methods/<metho
 
 One style for every method (``figure`` / ``finish``): a colour per tier or net
 (``colour``), integer round ticks, costs in M/K with their unit (``cost_formatter``),
-the legend outside the axes.  matplotlib with the Agg backend; every function returns
-the path it wrote, or ``None`` when the run has nothing to draw.
+the legend outside the axes.  One rule for every plot against cost (``flops_axis``): the
+x axis in MFLOPs per sample (``torch.utils.flop_counter``: 2 x MACs) and a second x axis
+on top in MMACs, the unit the papers call "FLOPs".  matplotlib with the Agg backend;
+every function returns the path it wrote, or ``None`` when the run has nothing to draw.
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .costs import flops_to_macs, macs_to_flops
+
 __all__ = [
     "ACCURACY_LIMITS",
+    "FLOPS_LABEL",
+    "MACS_LABEL",
     "accuracy_axis",
     "colour",
     "cost_formatter",
     "dodge",
     "figure",
     "finish",
+    "flops_axis",
     "integer_ticks",
     "label",
     "legend_outside",
@@ -128,6 +135,21 @@ def accuracy_axis(ax: Any, chance: float | None) -> Any:
     return ax.axhline(
         chance, linestyle=":", color="0.45", linewidth=1.2, label=f"chance ({chance:.3g})"
     )
+
+
+#: the label of every cost axis (x values: millions of FLOPs of one sample) ...
+FLOPS_LABEL = "MFLOPs per sample (= 2 x MACs)"
+#: ... and of the MACs axis on top of it
+MACS_LABEL = 'MMACs per sample (the papers\' "FLOPs")'
+
+
+def flops_axis(ax: Any) -> str:
+    """Make ``ax``'s x axis, whose values are MFLOPs of one sample, a cost axis: a second x
+    axis on top in MMACs (``MACS_LABEL``); returns the x label to set (``FLOPS_LABEL``)."""
+    top = ax.secondary_xaxis("top", functions=(flops_to_macs, macs_to_flops))
+    top.set_xlabel(MACS_LABEL, fontsize=9)
+    top.tick_params(labelsize=8)
+    return FLOPS_LABEL
 
 
 def dodge(index: int, count: int, width: float = 0.12) -> float:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import IO, Any
 
+from .costs import flops_to_macs
 from .methods import summary_function
 
 __all__ = [
@@ -480,18 +481,25 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
-#: the cost columns, named with their unit (FLOPs and MACs of one sample, in millions)
+#: the cost columns, named with their unit (FLOPs and MACs of one sample, in millions):
+#: every summary table of models has both, side by side (the papers' "FLOPs" are MACs)
 MFLOPS, MMACS = "MFLOPs/sample", "MMACs/sample"
+COST_COLUMNS = (MFLOPS, MMACS)
+
+
+def cost_cells(flops: float) -> list[float]:
+    """The ``COST_COLUMNS`` cells of a model of ``flops`` FLOPs per sample: MFLOPs, MMACs."""
+    return [flops / 1e6, flops_to_macs(flops) / 1e6]
 
 
 def cost_table(
     header: list[str], rows: list[list[Any]], entries: Sequence[Mapping[str, Any]], key: str
 ) -> list[str]:
     """The lines of a summary table of models (``table``), one row per entry, with a
-    ``latency ms`` column after the FLOPs / MACs one when the run budgeted by latency (its
+    ``latency ms`` column after the FLOPs / MACs ones when the run budgeted by latency (its
     entries carry ``key``: milliseconds on their group's latency table)."""
     if any(key in entry for entry in entries):
-        at = next(i for i, name in enumerate(header) if name in (MFLOPS, MMACS)) + 1
+        at = max(i for i, name in enumerate(header) if name in COST_COLUMNS) + 1
         for row, entry in zip(rows, entries, strict=True):
             row.insert(at, entry.get(key, "-"))
         header = [*header[:at], "latency ms", *header[at:]]

@@ -18,6 +18,7 @@ from torch import nn
 from .artifacts import save_checkpoint
 from .checkpoints import Checkpointer, Resume, read_resume
 from .config import RunSettings, bound_settings, space_kwargs
+from .costs import COST_CONVENTION, flops_to_macs
 from .data import dataset_info
 from .export import OnnxExports
 from .federation.base import FederatedNASStrategy, NodeProfile
@@ -71,9 +72,12 @@ def describe_space(space: SearchSpace) -> dict[str, Any]:
         "choices": [{"name": c.name, "options": list(c.options)} for c in space.choices],
         "total-size": space.total_size,
         "fixed-flops": space.fixed_cost.flops,
+        "fixed-macs": flops_to_macs(space.fixed_cost.flops),
         "min-flops": space.min_flops(),
+        "min-macs": flops_to_macs(space.min_flops()),
         "max-flops": space.max_flops(),
-        "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
+        "max-macs": flops_to_macs(space.max_flops()),
+        "flops-convention": COST_CONVENTION,
     }
 
 

@@ -257,6 +257,7 @@ def test_fedoras_summary_per_tier_names_what_each_column_measures() -> None:
         "init",
         "model",
         "MFLOPs/sample",
+        "MMACs/sample",
         "params",
         "supernet-path val acc (search)",
         "test acc after fine-tune",
@@ -267,12 +268,22 @@ def test_fedoras_summary_per_tier_names_what_each_column_measures() -> None:
         "supernet",
         "identity-conv3x3",
         "0.2684",
+        "0.1342",
         "1698",
         "0.1575",
         "0.235",
     ]
     # the rand-init model trains the same path from scratch: it has no search accuracy
-    assert rand_init == ["T1", "random", "identity-conv3x3", "0.2684", "1698", "-", "0.125"]
+    assert rand_init == [
+        "T1",
+        "random",
+        "identity-conv3x3",
+        "0.2684",
+        "0.1342",
+        "1698",
+        "-",
+        "0.125",
+    ]
     assert _row(lines, "T2")[-1] == "-"  # not tested
     assert lines[-1] == "bytes moved: 4 MiB to clients, 1 MiB from clients"
 
@@ -285,6 +296,7 @@ def test_fdnas_summary_per_net_shows_final_accuracy(method: str) -> None:
         "net",
         "model",
         "MFLOPs/sample",
+        "MMACs/sample",
         "clients",
         "test acc (clients pooled)",
         "test acc after local epochs (client mean)",
@@ -294,6 +306,7 @@ def test_fdnas_summary_per_net_shows_final_accuracy(method: str) -> None:
         "cluster-1",
         "mbconv_k3_e3-mbconv_k5_e6",
         "0.1431",
+        "0.07155",
         "3068",
         "3",
         "0.09556",
@@ -303,9 +316,16 @@ def test_fdnas_summary_per_net_shows_final_accuracy(method: str) -> None:
 
 def test_decnas_summary_per_gm() -> None:
     lines = summary_lines("decnas", _decnas())
-    for column in ("GM", "widths", "MMACs/sample", "val acc (search)", "test acc after tuning"):
+    for column in (
+        "GM",
+        "widths",
+        "MFLOPs/sample",
+        "MMACs/sample",
+        "val acc (search)",
+        "test acc after tuning",
+    ):
         assert column in lines[1]
-    expected = ["GM_2", "4x4x8x5", "0.3714", "4453", "0.8333", "0.7911", "0.9089"]
+    expected = ["GM_2", "4x4x8x5", "0.7429", "0.3714", "4453", "0.8333", "0.7911", "0.9089"]
     assert _row(lines, "GM_2") == expected
 
 
@@ -324,8 +344,38 @@ def test_dpfnas_summary_has_privacy_per_party() -> None:
     same = [{**_dpfnas()["privacy"][0], "partition_id": i} for i in (0, 1, 2, 5, 7, 8)]
     grouped = summary_lines("dpfnas", {**_dpfnas(), "privacy": same})
     assert _row(grouped, "0-2,5,7-8") == ["0-2,5,7-8", "1.545", "0.8282", "1.545", "3"]
-    assert "supernet MFLOPs: 1..2.5" in text
+    assert "supernet MFLOPs/sample: 1..2.5; MMACs/sample: 0.5..1.25" in text
     assert lines[-1].startswith("bytes moved: 4 MiB")
+
+
+@pytest.mark.parametrize(
+    ("method", "document", "first_cell", "flops"),
+    [
+        ("fedoras", _fedoras(), "T1", 268368),
+        ("fdnas", _fdnas(), "cluster-1", 143104),
+        ("cfdnas", _fdnas(), "cluster-1", 143104),
+        ("decnas", _decnas(), "GM_2", 2 * 371439),
+    ],
+)
+def test_every_summary_table_shows_mflops_and_mmacs_side_by_side(
+    method: str, document: dict[str, Any], first_cell: str, flops: int
+) -> None:
+    """The papers' "FLOPs" are MACs: every table of models has MFLOPs/sample (2 x MACs,
+    torch.utils.flop_counter) and MMACs/sample next to it, MACs = FLOPs / 2."""
+    lines = summary_lines(method, document)
+    columns = [c.strip() for c in _columns(lines[1]) if c.strip()]
+    at = columns.index("MFLOPs/sample")
+    assert columns[at + 1] == "MMACs/sample"
+    cells = [c.strip() for c in _columns(_line(lines, first_cell)) if c.strip()]
+    mflops, mmacs = float(cells[at]), float(cells[at + 1])
+    assert mflops == pytest.approx(flops / 1e6, rel=5e-4)
+    assert mmacs == pytest.approx(flops / 2e6, rel=5e-4)
+    assert mmacs == pytest.approx(mflops / 2, rel=1e-3)
+
+
+def _line(lines: list[str], first_cell: str) -> str:
+    """The first line of ``lines`` whose first cell is ``first_cell``."""
+    return next(line for line in lines if line.split()[:1] == [first_cell])
 
 
 def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
@@ -334,14 +384,22 @@ def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
         {**m, "latency_ms": 0.25 * (i + 1)} for i, m in enumerate(fedoras["models"])
     ]
     lines = summary_lines("fedoras", fedoras)
-    assert lines[1].split()[:6] == ["tier", "init", "model", "MFLOPs/sample", "latency", "ms"]
-    assert _row(lines, "T2")[3:5] == ["0.2684", "0.75"]
+    assert lines[1].split()[:7] == [
+        "tier",
+        "init",
+        "model",
+        "MFLOPs/sample",
+        "MMACs/sample",
+        "latency",
+        "ms",
+    ]
+    assert _row(lines, "T2")[3:6] == ["0.2684", "0.1342", "0.75"]
     fdnas = _fdnas()
     fdnas["nets"] = [{**n, "predicted_ms": 1.5} for n in fdnas["nets"]]
-    assert _row(summary_lines("fdnas", fdnas), "cluster-1")[2:4] == ["0.1431", "1.5"]
+    assert _row(summary_lines("fdnas", fdnas), "cluster-1")[2:5] == ["0.1431", "0.07155", "1.5"]
     decnas = _decnas()
     decnas["frontier"] = [{**m, "latency_ms": 0.125} for m in decnas["frontier"]]
-    assert _row(summary_lines("decnas", decnas), "GM_2")[2:4] == ["0.3714", "0.125"]
+    assert _row(summary_lines("decnas", decnas), "GM_2")[2:5] == ["0.7429", "0.3714", "0.125"]
     dpfnas = {**_dpfnas(), "latency": {"budget_ms": 2.0, "predicted_ms": 1.75}}
     text = "\n".join(summary_lines("dpfnas", dpfnas))
     assert "latency on the parties' table: 1.75 ms (budget 2 ms)" in text

@@ -6,14 +6,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...plots import accuracy_axis, colour, cost_formatter, figure, finish, label
+from ...costs import macs_to_flops
+from ...plots import accuracy_axis, colour, figure, finish, flops_axis, label
+
+
+def _mflops(macs: float) -> float:
+    """The x value of a model of ``macs`` MACs: MFLOPs (the rule of every cost axis)."""
+    return macs_to_flops(macs) / 1e6
 
 
 def plot_frontier(
     path: Path, document: Mapping[str, Any], variant: str = "", chance: float | None = None
 ) -> Path | None:
-    """DecNAS (``variant``): test accuracy against MACs of GM_0..GM_T (each labelled), after
-    FL tuning, and the width-multiplier baseline.  ``document``: ``DecNASResult.summary()``."""
+    """DecNAS (``variant``): test accuracy against cost of GM_0..GM_T (each labelled), after
+    FL tuning, and the width-multiplier baseline: MFLOPs below, MMACs (the resource DecNAS
+    prunes by) on top (``flops_axis``).  ``document``: ``DecNASResult.summary()``."""
     frontier = document.get("frontier", ())
     series = [
         ("GM$_t$", "test-accuracy", "-", "o", True),
@@ -23,7 +30,7 @@ def plot_frontier(
     fig, ax = figure()
     for index, (name, key, style, marker, filled) in enumerate(series):
         points = sorted(
-            (m["macs"], m[key], m["iteration"]) for m in frontier if m.get(key) is not None
+            (_mflops(m["macs"]), m[key], m["iteration"]) for m in frontier if m.get(key) is not None
         )
         if not points:
             continue
@@ -41,7 +48,7 @@ def plot_frontier(
             label(ax, x, y, f"GM$_{{{t}}}$", c, "below" if filled else "left")
         drawn += [p[1] for p in points]
     baseline = sorted(
-        (r["macs"], r["test-accuracy"])
+        (_mflops(r["macs"]), r["test-accuracy"])
         for r in document.get("width-baseline", ())
         if r.get("test-accuracy") is not None
     )
@@ -54,12 +61,11 @@ def plot_frontier(
         return None
     accuracy_axis(ax, chance)
     ax.set_xmargin(0.12)
-    ax.xaxis.set_major_formatter(cost_formatter(""))
     return finish(
         fig,
         ax,
         path,
         title=f"DecNAS{f' ({variant})' if variant else ''}: test accuracy against cost",
-        xlabel="MACs per sample",
+        xlabel=flops_axis(ax),
         ylabel="test accuracy",
     )

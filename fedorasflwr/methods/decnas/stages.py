@@ -20,6 +20,7 @@ from flwr.serverapp.strategy import Result
 
 from ...artifacts import check_weights
 from ...checkpoints import Resume
+from ...costs import COST_CONVENTION, macs_to_flops
 from ...federation.aggregation import Aggregation
 from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules
 from ...federation.fedavg import SeededFedAvg
@@ -67,6 +68,11 @@ class GlobalModel:
         """Filters per prunable layer (the architecture)."""
         return list(self.spec["widths"])
 
+    @property
+    def flops(self) -> int:
+        """FLOPs of one sample (``2 x macs``, as ``torch.utils.flop_counter`` counts)."""
+        return int(macs_to_flops(self.macs))
+
     def summary(self) -> dict[str, Any]:
         """JSON-ready: architecture, budget, cost and accuracies (``None``: not measured)."""
         return {
@@ -75,6 +81,7 @@ class GlobalModel:
             "pruned-layer": self.pruned_layer,
             "budget": self.budget,
             "macs": self.macs,
+            "flops": self.flops,
             "params": self.params,
             "latency-ms": self.latency_ms,
             "search-val-accuracy": None if math.isnan(self.val_accuracy) else self.val_accuracy,
@@ -103,7 +110,7 @@ class DecNASResult(Result):
         """JSON-ready: the frontier, per-round history, groups, baseline and ledger (and
         with resource latency, the target devices' table: ``latency``)."""
         summary = {
-            "resource-convention": "MACs = FLOPs / 2 of one sample (torch.utils.flop_counter)",
+            "resource-convention": COST_CONVENTION,
             "frontier": [model.summary() for model in self.frontier],
             "history": self.history,
             "groups": self.groups,
@@ -420,6 +427,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
                     "iteration": model.iteration,
                     "widths": scaled.widths,
                     "macs": scaled.macs,
+                    "flops": scaled.flops,
                     "params": scaled.params,
                     "latency-ms": scaled.latency_ms,
                     "rounds": rounds,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import MMACS, cost_table
+from ...costs import macs_to_flops
+from ...progress import COST_COLUMNS, cost_cells, cost_table
 
 __all__ = ["summary"]
 
@@ -16,7 +17,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     header = [
         "GM",
         "widths",
-        MMACS,
+        *COST_COLUMNS,
         "params",
         "val acc (search)",
         "test acc",
@@ -26,7 +27,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         [
             f"GM_{m['iteration']}",
             "x".join(str(w) for w in m.get("widths", [])),
-            m["macs"] / 1e6,
+            *cost_cells(macs_to_flops(m["macs"])),
             m.get("params"),
             m.get("search_val_accuracy"),
             m.get("test_accuracy"),

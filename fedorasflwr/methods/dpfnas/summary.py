@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import fmt, id_ranges, table
+from ...costs import flops_to_macs
+from ...progress import MFLOPS, MMACS, fmt, id_ranges, table
 
 __all__ = ["summary"]
 
@@ -15,6 +16,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     (the delta of ``settings``, the run's ``DPFNASSettings``)."""
     delta = getattr(settings, "delta", None)
     space = document.get("space", {})
+    low, high = space.get("min_flops", 0), space.get("max_flops", 0)
     lines = [
         f"genotype: {document.get('genotype', '-')}",
         f"iterations: {fmt(document.get('iterations'))}"
@@ -24,8 +26,8 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
             else ""
         ),
         f"test accuracy of the derived net: {fmt(document.get('test_accuracy'))}",
-        f"supernet MFLOPs: {fmt(space.get('min_flops', 0) / 1e6)}.."
-        f"{fmt(space.get('max_flops', 0) / 1e6)}",
+        f"supernet {MFLOPS}: {fmt(low / 1e6)}..{fmt(high / 1e6)}; "
+        f"{MMACS}: {fmt(flops_to_macs(low) / 1e6)}..{fmt(flops_to_macs(high) / 1e6)}",
     ]
     budget = document.get("latency") or {}
     if "predicted_ms" in budget:

@@ -19,6 +19,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message
 from flwr.serverapp.strategy import Result
 
+from ...costs import flops_to_macs
 from ...federation.fedavg import SeededFedAvg
 from ...federation.replies import check_reply
 from ...latency import LatencyTable
@@ -56,6 +57,11 @@ class DerivedNet:
     def __post_init__(self) -> None:
         self.averaged_test_accuracy = self.averaged_accuracy()
 
+    @property
+    def macs(self) -> int:
+        """MACs of one sample (``flops / 2``; the papers' "FLOPs")."""
+        return int(flops_to_macs(self.flops))
+
     def averaged_accuracy(self, partitions: Iterable[int] | None = None) -> float:
         """Federated-averaged accuracy: the global model on the pooled test data of
         ``partitions`` (default: all of its own), i.e. ``test_accuracy`` weighted by
@@ -77,6 +83,7 @@ class DerivedNet:
             "arch": list(self.arch),
             "options": self.option_names,
             "flops": self.flops,
+            "macs": self.macs,
             "params": self.params,
             "partitions": self.partitions,
             "averaged-accuracy": self.averaged_test_accuracy,

@@ -18,7 +18,8 @@ def plot_fdnas_nets(
     chance: float | None = None,
 ) -> Path | None:
     """FDNAS / CFDNAS: each derived net's federated-averaged test accuracy (filled) and
-    mean local accuracy (hollow) against MFLOPs, labelled with its name; ``baseline``
+    mean local accuracy (hollow) against MFLOPs (MMACs on top: ``flops_axis``), labelled
+    with its name; ``baseline``
     (``{"name", "flops", "accuracy"}``, optional) a fixed net drawn as a star."""
     nets = [n for n in nets if n.get("partitions")]
     if not nets:
@@ -77,7 +78,7 @@ def plot_fdnas_nets(
         ax,
         path,
         title=f"{method}: derived nets, test accuracy against cost",
-        xlabel="MFLOPs per sample",
+        xlabel=style.flops_axis(ax),
         ylabel="test accuracy",
         legend=False,
     )

@@ -15,6 +15,7 @@ from flwr.supercore import log
 from ... import runs
 from ...checkpoints import Checkpointer
 from ...config import RunSettings, space_kwargs
+from ...costs import COST_CONVENTION
 from ...data import dataset_info
 from ...federation.base import NodeProfile
 from ...latency import table_document
@@ -126,7 +127,7 @@ def _run_fdnas(
         )
     document = {
         "space": runs.describe_space(space),
-        "flops-convention": "FLOPs = 2 x MACs per sample (torch.utils.flop_counter)",
+        "flops-convention": COST_CONVENTION,
         "accuracy-convention": ACCURACY_CONVENTION,
         "cluster-of-partition": result.cluster_of_partition,
         "nets": [net.summary() for net in result.nets],

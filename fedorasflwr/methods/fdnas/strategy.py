@@ -55,6 +55,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from ...checkpoints import Resume
+from ...costs import describe_flops, flops_to_macs
 from ...federation.aggregation import Aggregation, opa
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
@@ -193,11 +194,11 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         )
         log(
             INFO,
-            "\t└── supernet %d elements, %d searchable layers, FLOPs %d..%d",
+            "\t└── supernet %d elements, %d searchable layers, %s..%s",
             self.space.total_size,
             len(self.space.choices),
-            self.space.min_flops(),
-            self.space.max_flops(),
+            describe_flops(self.space.min_flops()),
+            describe_flops(self.space.max_flops()),
         )
 
     # --- setup -------------------------------------------------------------------
@@ -472,13 +473,17 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             if stage == SEARCH:
                 self._record_round(server_round, arrays, metrics)
             arch = self.derive(arrays, table, target)
+            derived = self.space.cost(arch).flops
+            expected = float(self.space.expected_flops().detach())
             entry = {
                 "round": server_round,
                 "sent": len(messages),
                 **dict(metrics or {}),
                 "derived": list(arch),
-                "derived-flops": self.space.cost(arch).flops,
-                "expected-flops": float(self.space.expected_flops().detach()),
+                "derived-flops": derived,
+                "derived-macs": flops_to_macs(derived),
+                "expected-flops": expected,
+                "expected-macs": flops_to_macs(expected),
                 **self._latency_entry(arch, table),
                 "alpha-entropy": self.alpha_entropy(),
                 "seconds": round(time.perf_counter() - started, 4),
@@ -489,7 +494,10 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
                 clock.line(
                     server_round,
                     metrics,
-                    **{"derived-MFLOPs": entry["derived-flops"] / 1e6},
+                    **{
+                        "derived-MFLOPs": entry["derived-flops"] / 1e6,
+                        "derived-MMACs": entry["derived-macs"] / 1e6,
+                    },
                     **{k: entry[k] for k in ("derived-ms", "expected-ms") if k in entry},
                 ),
             )
@@ -653,12 +661,12 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         local = net.mean_local_accuracy()
         log(
             INFO,
-            "[%s] %s: averaged accuracy %s, mean local accuracy %s (%s MFLOPs)",
+            "[%s] %s: averaged accuracy %s, mean local accuracy %s (%s)",
             stage,
             name,
             fmt(net.averaged_accuracy()),
             fmt(None if math.isnan(local) else local),
-            fmt(net.flops / 1e6),
+            describe_flops(net.flops),
         )
         return net
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import MFLOPS, cost_table
+from ...progress import COST_COLUMNS, cost_cells, cost_table
 
 __all__ = ["summary"]
 
@@ -16,7 +16,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     header = [
         "net",
         "model",
-        MFLOPS,
+        *COST_COLUMNS,
         "params",
         "clients",
         "test acc (clients pooled)",
@@ -26,7 +26,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         [
             n["name"],
             "-".join(n.get("options", [])),
-            n["flops"] / 1e6,
+            *cost_cells(n["flops"]),
             n.get("params"),
             len(n.get("partitions", [])),
             n.get("averaged_accuracy"),

@@ -38,7 +38,7 @@ from flwr.supercore import log
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from ...costs import training_flops
+from ...costs import describe_flops, flops_to_macs, training_flops
 from ...federation.base import NodeProfile
 from ...federation.fedavg import SeededFedAvg, cosine_lr, step_lr
 from ...federation.replies import check_reply
@@ -96,6 +96,11 @@ class TierModel:
     #: predicted latency on the tier's devices (``fedoras.resource = "latency"``)
     latency_ms: float | None = None
 
+    @property
+    def macs(self) -> int:
+        """MACs of one sample (``flops / 2``; the papers' "FLOPs")."""
+        return int(flops_to_macs(self.flops))
+
     def summary(self) -> dict[str, Any]:
         return {
             "tier": self.tier + 1,
@@ -103,6 +108,7 @@ class TierModel:
             "arch": list(self.arch),
             "options": self.names,
             "flops": self.flops,
+            "macs": self.macs,
             "params": self.params,
             **({} if self.latency_ms is None else {"latency-ms": self.latency_ms}),
             "search-accuracy": None if math.isnan(self.search_accuracy) else self.search_accuracy,
@@ -275,10 +281,10 @@ def finetune_tier(
         trained += f", val-accuracy {fmt(last['val-accuracy'])}"
     log(
         INFO,
-        "[%s] %s %s MFLOPs: %s; test accuracy %s (worst client %s) | %s",
+        "[%s] %s %s: %s; test accuracy %s (worst client %s) | %s",
         stage,
         "-".join(model.names),
-        fmt(model.flops / 1e6),
+        describe_flops(model.flops),
         trained,
         fmt(model.test.accuracy),
         fmt(model.test.client_worst),

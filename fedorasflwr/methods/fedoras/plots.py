@@ -12,6 +12,7 @@ from ...plots import (
     dodge,
     figure,
     finish,
+    flops_axis,
     integer_ticks,
     label,
     legend_outside,
@@ -44,9 +45,10 @@ def _init_handle(init: str) -> Any:
 def plot_tiers(
     path: Path, models: Sequence[Mapping[str, Any]], chance: float | None = None
 ) -> Path | None:
-    """FedorAS: test accuracy against MFLOPs, one point per tier model labelled T1..Tn,
-    filled for supernet init, hollow for random init.  ``models``: the result's
-    ``models`` (``tier`` 1-based, ``init``, ``flops``, ``test.accuracy``)."""
+    """FedorAS: test accuracy against MFLOPs (MMACs on top: ``flops_axis``), one point per
+    tier model labelled T1..Tn, filled for supernet init, hollow for random init.
+    ``models``: the result's ``models`` (``tier`` 1-based, ``init``, ``flops``,
+    ``test.accuracy``)."""
     tested = [m for m in models if m.get("test")]
     if not tested:
         return None
@@ -88,7 +90,7 @@ def plot_tiers(
         ax,
         path,
         title="FedorAS: test accuracy per tier",
-        xlabel="MFLOPs per sample",
+        xlabel=flops_axis(ax),
         ylabel="test accuracy",
         legend=False,
     )

@@ -13,6 +13,7 @@ from torch.utils.data import TensorDataset
 from ...artifacts import check_state, load_checkpoint
 from ...checkpoints import Checkpointer, Resume
 from ...config import RunSettings
+from ...costs import flops_to_macs
 from ...data import load_server_data
 from ...latency import table_document
 from ...model_files import SUBNET
@@ -82,8 +83,7 @@ def run_fedoras(
     run.add(*fedoras_plots(out_dir, result, chance_accuracy(settings)))
     return {
         "space": describe_space(space),
-        # tiers 1-based, as users see them (file names, logs, ``models[].tier``)
-        "tiers": [{**asdict(t), "index": t.index + 1} for t in result.tiers],
+        "tiers": tier_entries(result),
         "tier-of-partition": {p: t + 1 for p, t in sorted(result.tier_of_partition.items())},
         "history": result.history,
         "search": [s.summary() for s in result.searches],
@@ -93,6 +93,20 @@ def run_fedoras(
         **latency_entries(strategy, result),
         **run.document(),
     }
+
+
+def tier_entries(result: FedorASResult) -> list[dict[str, Any]]:
+    """``result.json``'s tiers: ``index`` 1-based, as users see them (file names, logs,
+    ``models[].tier``), the bounds ``low`` / ``high`` in the resource's unit and, for
+    tiers of FLOPs, the same bounds in MACs beside them (``low-macs`` / ``high-macs``)."""
+    entries = []
+    for tier in result.tiers:
+        entry: dict[str, Any] = {**asdict(tier), "index": tier.index + 1}
+        if result.resource == "flops":
+            entry["low-macs"] = flops_to_macs(tier.low)
+            entry["high-macs"] = flops_to_macs(tier.high)
+        entries.append(entry)
+    return entries
 
 
 def fedoras_plan(settings: Any, nodes: int) -> RunEstimate:

@@ -26,6 +26,7 @@ from pymoo.operators.repair.rounding import RoundingRepair
 from pymoo.problems.static import StaticProblem
 from scipy.stats import kendalltau
 
+from ...costs import flops_to_macs
 from ...search_spaces import SearchSpace
 from ...seeding import numpy_stream
 from .tiers import PathCost, Tier
@@ -49,6 +50,11 @@ class Scored:
     generation: int
     #: table latency on the tier's devices (``fedoras.resource = "latency"``)
     latency_ms: float | None = None
+
+    @property
+    def macs(self) -> int:
+        """MACs of one sample (``flops / 2``; the papers' "FLOPs")."""
+        return int(flops_to_macs(self.flops))
 
 
 @dataclass
@@ -78,6 +84,7 @@ class TierSearch:
                     "path": list(e.path),
                     "accuracy": e.accuracy,
                     "flops": e.flops,
+                    "macs": e.macs,
                     "params": e.params,
                     "feasible": e.feasible,
                     "generation": e.generation,

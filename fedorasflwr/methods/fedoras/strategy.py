@@ -56,6 +56,7 @@ from torch.utils.data import TensorDataset
 
 from ...artifacts import plain
 from ...checkpoints import Resume
+from ...costs import describe_flops, flops_to_macs
 from ...federation.aggregation import Aggregation, opa
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import ArraySpec, array_specs, check_reply
@@ -321,18 +322,14 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             top = s.num_tiers - 1
             self.tier_of_partition = {pid: top for pid in self.tier_of_partition}
             log(INFO, "Tier-unaware: every client may train and run every path")
-        unit = PathCost(self.space, self.all_table).unit
+        cost = PathCost(self.space, self.all_table)
         for tier in self.tiers:
             members = sum(1 for t in self.tier_of_partition.values() if t == tier.index)
-            log(
-                INFO,
-                "Tier %d: %s (%.4g, %.4g], %d client(s)",
-                tier.index + 1,
-                unit,
-                tier.low,
-                tier.high,
-                members,
-            )
+            bounds = f"{cost.unit} ({tier.low:.4g}, {tier.high:.4g}]"
+            if cost.table is None:  # FLOPs: the same bounds in MACs, the papers' unit
+                low, high = flops_to_macs(tier.low), flops_to_macs(tier.high)
+                bounds += f" = MACs ({low:.4g}, {high:.4g}]"
+            log(INFO, "Tier %d: %s, %d client(s)", tier.index + 1, bounds, members)
         if latency:
             self._latency_budgets()
 
@@ -823,11 +820,11 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                 )
             log(
                 INFO,
-                "[SEARCH] tier %d: best %s, accuracy %.4f, %.4g FLOPs%s",
+                "[SEARCH] tier %d: best %s, accuracy %.4f, %s%s",
                 tier.index + 1,
                 "-".join(self.space.option_names(outcome.best)),
                 outcome.best_accuracy,
-                self.space.cost(outcome.best).flops,
+                describe_flops(self.space.cost(outcome.best).flops),
                 self._latency_note(tier.index, outcome.best),
             )
             searches.append(outcome)
@@ -896,7 +893,12 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
         if not tiers:
             return []
         budget = self.client_compute() / len(tiers)
-        log(INFO, "[random search] %.4g client training FLOPs per tier", budget)
+        log(
+            INFO,
+            "[random search] %.4g client training FLOPs (%.4g MACs) per tier",
+            budget,
+            flops_to_macs(budget),
+        )
         context = self.stage_context()
         return [
             self._with_latency(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import MFLOPS, cost_table
+from ...progress import COST_COLUMNS, cost_cells, cost_table
 
 __all__ = ["summary"]
 
@@ -18,7 +18,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         "tier",
         "init",
         "model",
-        MFLOPS,
+        *COST_COLUMNS,
         "params",
         "supernet-path val acc (search)",
         "test acc after fine-tune",
@@ -33,7 +33,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
                 f"T{m['tier']}",
                 m.get("init", "-"),
                 "-".join(m.get("options", [])),
-                m["flops"] / 1e6,
+                *cost_cells(m["flops"]),
                 m.get("params"),
                 m.get("search_accuracy") if searched else None,
                 test.get("accuracy"),
