@@ -147,8 +147,16 @@ def test_fdnas_run_writes_its_plots(data_cache, tmp_path):
     for name in ("nets_accuracy_flops.png", "alpha_entropy.png", "nets_operations.png"):
         assert name in result["files"]
         assert_png(run_dir / name)
+    # every FLOPs count has its MACs (FLOPs / 2, the papers' "FLOPs") beside it
+    assert "2 x MACs" in result["flops_convention"]
+    space = result["space"]
+    for bound in ("fixed", "min", "max"):
+        assert space[f"{bound}_macs"] == space[f"{bound}_flops"] // 2 > 0
+    assert result["nets"] and all(n["macs"] * 2 == n["flops"] for n in result["nets"])
     layers = len(result["space"]["choices"])
     for entry in result["search_history"]:
+        assert entry["derived_macs"] * 2 == entry["derived_flops"]
+        assert entry["expected_macs"] == entry["expected_flops"] / 2
         entropy = entry["alpha_entropy"]
         assert len(entropy) == layers
         bounds = [math.log(len(c["options"])) for c in result["space"]["choices"]]
@@ -217,3 +225,42 @@ def test_every_accuracy_plot_spans_zero_to_one_with_a_chance_line(tmp_path, monk
         "decnas",
     ]
     assert all(chance == 0.1 and limits == ACCURACY_LIMITS for _, chance, limits in seen)
+
+
+def test_every_cost_axis_names_its_unit_and_shows_macs_on_top(tmp_path, monkeypatch):
+    """The papers' "FLOPs" are MACs: every plot against cost labels its x axis MFLOPs per
+    sample (= 2 x MACs) and carries a second axis on top in MMACs, at half the FLOPs."""
+    import fedorasflwr.methods.decnas.plots as decnas_plots
+    import fedorasflwr.methods.fdnas.plots as fdnas_plots
+    import fedorasflwr.methods.fedoras.plots as fedoras_plots
+    import fedorasflwr.plots as shared
+    from fedorasflwr.plots import FLOPS_LABEL, MACS_LABEL, flops_axis
+
+    assert FLOPS_LABEL == "MFLOPs per sample (= 2 x MACs)"
+    assert MACS_LABEL.startswith("MMACs per sample")
+    axes: list[tuple[str, Any]] = []
+
+    def spy(module):
+        def recorded(ax):
+            axes.append((module.__name__.split(".")[-2], ax))
+            return flops_axis(ax)
+
+        monkeypatch.setattr(module, "flops_axis", recorded)
+
+    for module in (shared, fedoras_plots, decnas_plots):
+        spy(module)  # (fdnas' plots call it as ``plots.flops_axis``: the shared spy)
+    net = {"name": "fdnas", "flops": 3e5, "partitions": [0], "averaged-accuracy": 0.7}
+    frontier = {"frontier": [{"iteration": 0, "macs": 150_000, "test-accuracy": 0.5}]}
+    assert_png(fedoras_plots.plot_tiers(tmp_path / "t.png", tier_models(), 0.1))
+    assert_png(fdnas_plots.plot_fdnas_nets(tmp_path / "n.png", [net], chance=0.1))
+    assert_png(decnas_plots.plot_frontier(tmp_path / "g.png", frontier, chance=0.1))
+    assert [name for name, _ in axes] == ["fedoras", "fedorasflwr", "decnas"]
+    for _, ax in axes:
+        assert ax.get_xlabel() == FLOPS_LABEL
+        (top,) = ax.child_axes
+        assert top.get_xlabel() == MACS_LABEL
+        low, high = ax.get_xlim()
+        assert top.get_xlim() == (low / 2, high / 2)
+    # DecNAS's frontier is in MACs: its point sits at 2 x 150K MACs = 0.3 MFLOPs
+    (line,) = axes[2][1].get_lines()[:1]
+    assert list(line.get_xdata()) == [0.3]

@@ -67,6 +67,8 @@ def test_default_search_exports_a_model_per_tier_and_init_that_rebuilds(readme_r
     for model in result["models"]:
         tier = result["tiers"][model["tier"] - 1]
         assert tier["low"] < model["flops"] <= tier["high"]
+        assert model["macs"] * 2 == model["flops"]  # MACs beside FLOPs: the papers' unit
+        assert tier["low_macs"] < model["macs"] <= tier["high_macs"]
         assert 0.0 <= model["test"]["accuracy"] <= 1.0
         suffix = "" if model["init"] == "supernet" else f"-{model['init']}-init"
         exported = load_checkpoint(run_dir / f"tier-{model['tier']}{suffix}.pt")

@@ -58,6 +58,13 @@ def test_only_survivors_groups_upload_weights(data_cache):
     assert gm1.pruned_layer in entry["survivors"]
     assert gm1.macs <= gm1.budget < gm0.macs
     assert sum(gm1.widths) < sum(gm0.widths)
+    # result.json: FLOPs (2 x MACs, torch.utils.flop_counter) beside each GM_t's MACs
+    summary = result.summary()
+    assert [(m["macs"], m["flops"]) for m in summary["frontier"]] == [
+        (gm.macs, 2 * gm.macs) for gm in (gm0, gm1)
+    ]
+    assert "2 x MACs" in summary["resource-convention"]
+    assert "the papers call FLOPs" in summary["resource-convention"]
 
 
 def test_fusion_is_the_training_count_weighted_mean(data_cache):

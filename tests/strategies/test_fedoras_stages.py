@@ -24,13 +24,14 @@ from fedorasflwr.methods.fedoras.messages import (
     FEDORAS_SUPERNET,
     FEDORAS_TRAIN,
 )
-from fedorasflwr.methods.fedoras.runner import resume_supernet
+from fedorasflwr.methods.fedoras.runner import resume_supernet, tier_entries
 from fedorasflwr.methods.fedoras.scoring import FederatedPathScorer, covering_subspace
 from fedorasflwr.methods.fedoras.search import kendall_tau, search_tier
 from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.methods.fedoras.tiers import Tier
 from fedorasflwr.protocol import ARRAYS, METRICS
-from fedorasflwr.runs import build_supernet
+from fedorasflwr.results import result_json
+from fedorasflwr.runs import build_supernet, describe_space
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.training import evaluate
 from tests.runconfig import tiny_fedoras
@@ -216,6 +217,30 @@ def test_one_start_runs_search_and_finetuning_for_every_tier(three_stages):
         assert 0.0 <= model.test.accuracy <= 1.0 and model.test.clients >= 1
         assert model.test.client_worst <= model.test.client_mean
         assert len(model.history) == 1 and "val-accuracy" in model.history[0]
+
+
+def test_result_json_gives_macs_beside_every_flops(three_stages):
+    """The papers' "FLOPs" are MACs: result.json's tiers, search points and models give
+    MACs (FLOPs / 2) beside every FLOPs count."""
+    strategy, grid, result = three_stages
+    content = result_json(
+        {
+            "space": describe_space(strategy.space),
+            "tiers": tier_entries(result),
+            "search": [s.summary() for s in result.searches],
+            "models": [m.summary() for m in result.models],
+        }
+    )
+    assert "2 x MACs" in content["space"]["flops_convention"]
+    assert content["space"]["max_macs"] * 2 == content["space"]["max_flops"]
+    for tier in content["tiers"]:
+        assert (tier["low_macs"], tier["high_macs"]) == (tier["low"] / 2, tier["high"] / 2)
+    points = [p for search in content["search"] for p in search["points"]]
+    assert points and all(p["macs"] * 2 == p["flops"] for p in points)
+    for model in content["models"]:
+        tier = content["tiers"][model["tier"] - 1]
+        assert model["macs"] * 2 == model["flops"]
+        assert tier["low_macs"] < model["macs"] <= tier["high_macs"]
 
 
 def test_finetuning_starts_from_the_supernet_weights_of_the_path(three_stages, run_config):
