@@ -3,7 +3,9 @@ path scoring, tier-restricted fine-tuning, rand-init, OPA vs FedAvg, resume."""
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -502,10 +504,22 @@ def test_a_corrupt_finetuning_reply_is_dropped_and_the_model_stays_finite(run_co
         "fedoras.finetune-clients-per-round": 12,
     }
     faults = {0: poison}
+    caplog.set_level(logging.INFO, logger="flwr")
     strategy, grid, result = run(config, faults=faults)
     assert "dropped reply of node" in caplog.text
     for array in result.models[0].arrays.values():
         assert torch.isfinite(torch.as_tensor(array.numpy())).all()
+    # the log lines that give FLOPs give MACs (FLOPs / 2, the paper's "FLOPs") beside them
+    (tier,), model = result.tiers, result.models[0]
+    low, high = tier.low, tier.high
+    assert f"Tier 1: FLOPs ({low:.4g}, {high:.4g}] = MACs ({low / 2:.4g}, {high / 2:.4g}]" in (
+        caplog.text
+    )
+    cost = f"{model.flops / 1e6:.4g} MFLOPs ({model.flops / 2e6:.4g} MMACs)"
+    names = re.escape("-".join(model.names))
+    search = rf"\[SEARCH\] tier 1: best {names}, accuracy [0-9.]+, {re.escape(cost)}$"
+    assert re.search(search, caplog.text, re.MULTILINE)
+    assert f"[finetune-t1-supernet] {'-'.join(model.names)} {cost}: " in caplog.text
 
 
 def test_the_text_task_runs_all_three_stages_and_reports_perplexity(data_cache):
