@@ -55,6 +55,11 @@ def check_result(out: Path, config: dict[str, Any]) -> dict[str, Any]:
         assert (model["flops"], model["params"]) == (cost.flops, cost.params)
         tier = found["tiers"][model["tier"] - 1]
         assert tier["flops-low"] <= model["flops"] <= tier["flops-high"], (model, tier)
+        assert model["macs"] * 2 == model["flops"]  # MACs beside FLOPs: the papers' unit
+        assert (tier["macs-low"], tier["macs-high"]) == (
+            tier["flops-low"] / 2,
+            tier["flops-high"] / 2,
+        )
         for key in ("test-accuracy", "search-accuracy"):
             assert isinstance(model[key], float) and 0.0 <= model[key] <= 1.0, model
         assert model["test-examples"] > 0 and model["test-clients"] > 0

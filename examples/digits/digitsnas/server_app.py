@@ -43,12 +43,20 @@ def search(grid: Grid, run_config: Mapping[str, Any]) -> tuple[DigitsSpace, Fedo
 
 
 def summary(space: DigitsSpace, result: FedorASResult) -> dict[str, Any]:
-    """What the run found, as JSON: the space, the tiers and each tier's model (1 = lowest)."""
+    """What the run found, as JSON: the space, the tiers and each tier's model (1 = lowest).
+    Costs in FLOPs (``torch.utils.flop_counter``: 2 x MACs) and in MACs, the papers' "FLOPs"."""
     return {
         "space": dict(space.spec),
         "choices": {layer.name: list(layer.options) for layer in space.choices},
         "tiers": [
-            {"tier": t.index + 1, "flops-low": t.low, "flops-high": t.high} for t in result.tiers
+            {
+                "tier": t.index + 1,
+                "flops-low": t.low,
+                "flops-high": t.high,
+                "macs-low": t.low / 2,
+                "macs-high": t.high / 2,
+            }
+            for t in result.tiers
         ],
         "supernet-rounds": [
             {"round": r["round"], "train-loss": r["train-loss"], "clients": r["clients"]}
@@ -62,6 +70,7 @@ def summary(space: DigitsSpace, result: FedorASResult) -> dict[str, Any]:
                 "arch": list(m.arch),
                 "names": list(m.names),
                 "flops": m.flops,
+                "macs": m.macs,
                 "params": m.params,
                 "search-accuracy": m.search_accuracy,
                 "test-accuracy": m.test.accuracy,
@@ -107,7 +116,7 @@ def main(grid: Grid, context: Context) -> None:
     for model in found["models"]:
         print(
             f"  tier {model['tier']} ({model['init']}): {'-'.join(model['names'])}, "
-            f"{model['flops']} FLOPs, {model['params']} params, "
+            f"{model['flops']} FLOPs ({model['macs']} MACs), {model['params']} params, "
             f"test accuracy {model['test-accuracy']:.3f} on {model['test-clients']} client(s)"
         )
     print(f"digitsnas: wrote {out / 'result.json'}")
