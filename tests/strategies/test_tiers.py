@@ -5,6 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from fedorasflwr.methods.fedoras.runner import tier_entries
+from fedorasflwr.methods.fedoras.strategy import FedorASResult
 from fedorasflwr.methods.fedoras.tiers import (
     Tier,
     assign_tiers,
@@ -93,3 +95,14 @@ def test_10k_paths_per_tier_stay_within_its_budget_in_a_comm_budget_subspace(spa
     subspace = space.sample_subspace(rng, space.total_size // 2, max_flops=tier.high)
     assert space.subspace_size(subspace) <= space.total_size // 2
     _check_paths(space, rng, tier.high, subspace, samples=10_000)
+
+
+def test_result_json_tiers_give_flops_bounds_in_macs_too_and_ms_bounds_alone():
+    tiers = [Tier(0, 1000.0, 2000.0), Tier(1, 2000.0, 5000.0)]
+    assert tier_entries(FedorASResult(tiers=tiers)) == [
+        {"index": 1, "low": 1000.0, "high": 2000.0, "low-macs": 500.0, "high-macs": 1000.0},
+        {"index": 2, "low": 2000.0, "high": 5000.0, "low-macs": 1000.0, "high-macs": 2500.0},
+    ]
+    # tiers of latency bound milliseconds: no MACs to give
+    by_latency = FedorASResult(tiers=[Tier(0, 0.5, 1.5)], resource="latency")
+    assert tier_entries(by_latency) == [{"index": 1, "low": 0.5, "high": 1.5}]
