@@ -195,18 +195,29 @@ class SpaceSettings:
     name: str = "cnn_s"
     width: float = 0.5
     layers_per_block: int = 4
+    blocks: int = 3  # cnn_l only
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> SpaceSettings:
+        name = read_key(
+            cfg,
+            "space.name",
+            cls.name,
+            str,
+            lambda v: v in SPACE_NAMES,
+            "one of " + ", ".join(SPACE_NAMES),
+        )
+        blocks = read_key(
+            cfg, "space.blocks", cls.blocks, int, lambda v: 1 <= v <= 6, "1..6 (cnn_l blocks)"
+        )
+        if blocks != cls.blocks and name != "cnn_l":
+            raise ValueError(
+                f"run config 'space.blocks' = {blocks}: only the cnn_l space has a block count; "
+                f"'space.name' = {name!r} (leave space.blocks at {cls.blocks})"
+            )
         return cls(
-            name=read_key(
-                cfg,
-                "space.name",
-                cls.name,
-                str,
-                lambda v: v in SPACE_NAMES,
-                "one of " + ", ".join(SPACE_NAMES),
-            ),
+            name=name,
+            blocks=blocks,
             width=read_key(
                 cfg, "space.width", cls.width, float, lambda v: 0 < v <= 4, "0 < width <= 4"
             ),
@@ -251,6 +262,7 @@ def space_kwargs(space: SpaceSettings, info: DatasetInfo) -> dict[str, Any]:
     }
     if space.name == "cnn_l":
         kwargs["layers_per_block"] = space.layers_per_block
+        kwargs["blocks"] = space.blocks
     if space.name == "mbconv":
         kwargs["layers_per_stage"] = space.layers_per_block
     if space.name == "darts":

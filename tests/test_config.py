@@ -43,6 +43,8 @@ def test_pyproject_defaults_parse():
         ("fedoras.stop-after", "deploy", "fedoras.stop-after"),
         ("fedoras.rand-init-rounds", -2, "fedoras.rand-init-rounds"),
         ("fedoras.rand-init-lr", -0.1, "fedoras.rand-init-lr"),
+        ("fedoras.rand-init-clients-per-round", -1, "fedoras.rand-init-clients-per-round"),
+        ("fedoras.rand-init-clients-per-round", 2.5, "fedoras.rand-init-clients-per-round"),
         ("fdnas.max-flops", 0.0, "fdnas.max-flops"),
         ("fdnas.warmup-rounds", 10, "fdnas.rounds = 10"),  # no round would update alpha
         ("data.dataset", "imagenet", "data.dataset"),

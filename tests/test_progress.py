@@ -174,6 +174,11 @@ def test_fedoras_plan_covers_its_three_stages() -> None:
     ]
     assert plan.stages[3].covers("finetune-t2-random")
     assert not plan.stages[3].covers("finetune-t2-random-search-0")
+    # rand-init's own clients per round (the paper: 10 against fine-tuning's 6) sets its work
+    own = parse_run_config(
+        {**pyproject_run_config(), "fedoras.rand-init-clients-per-round": 10}
+    ).method_settings
+    assert fedoras_plan(own, nodes=20).stages[3].work == 10 * finetune.local_epochs
 
 
 # ------------------------------------------------------------------ summary tables

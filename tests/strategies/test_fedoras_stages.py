@@ -31,6 +31,7 @@ from fedorasflwr.methods.fedoras.scoring import FederatedPathScorer, covering_su
 from fedorasflwr.methods.fedoras.search import kendall_tau, search_tier
 from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.methods.fedoras.tiers import Tier
+from fedorasflwr.nonce import nonce_of
 from fedorasflwr.protocol import ARRAYS, METRICS
 from fedorasflwr.results import result_json
 from fedorasflwr.runs import build_supernet, describe_space
@@ -386,6 +387,7 @@ def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
         "fedoras.num-tiers": 2,
         "fedoras.rand-init-rounds": 2,
         "fedoras.rand-init-lr": 0.2,
+        "fedoras.rand-init-clients-per-round": 5,  # fine-tuning: 3 (tiny_fedoras)
     }
     strategy, grid, result = run(config)
     assert [(m.tier, m.init) for m in result.models] == [
@@ -404,6 +406,21 @@ def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
     assert result.models[0].history[0]["lr"] == pytest.approx(strategy.settings.finetune.lr)
     assert cold_lrs[1] < cold_lrs[0]
     trains = [m for m in grid.sent if m.metadata.message_type == FEDORAS_TRAIN]
+    # and its own clients per round (the paper: 10 against fine-tuning's 6, Table 11): every
+    # round of each tier (6 eligible nodes at the least) samples that many
+    per_round = {}
+    for m in trains:
+        stamp = nonce_of(m)  # its stage (tier and init) and round
+        key = (stamp["stage"], stamp["step"])
+        per_round[key] = per_round.get(key, 0) + 1
+    assert per_round == {
+        ("finetune-t1-supernet", 1): 3,
+        ("finetune-t1-random", 1): 5,
+        ("finetune-t1-random", 2): 5,
+        ("finetune-t2-supernet", 1): 3,
+        ("finetune-t2-random", 1): 5,
+        ("finetune-t2-random", 2): 5,
+    }
     by_phase = {m.content.config_records["config"]["phase"]: m for m in trains}
     warm, cold = by_phase["finetune-supernet"], by_phase["finetune-random"]
     assert (

@@ -4,7 +4,8 @@
 epochs, alternate a weight step on a training batch (one path sampled from
 ``softmax(alpha)``, binary gates) and an architecture step on a validation
 batch with the ProxylessNAS two-path gradient estimator and a hardware-aware
-loss ``CE + beta log(E[FLOPs] / target)^2`` (E[latency] on the table the server sends
+loss, ``CE + beta log(E[FLOPs] / target)^2`` or FDNAS's released ``add#linear``
+``CE + lambda (E[FLOPs] - target) / target`` (E[latency] on the table the server sends
 with ``fdnas.resource = "latency"``, ``hardware.py``), each followed by ProxylessNAS's
 rescaling of the two sampled alphas; return w and alpha (``alpha-every = 0``, the
 server's warm-up rounds: weights only).
@@ -45,25 +46,47 @@ from .hardware import expected_latency, latency_from_config
 __all__ = ["evaluate_net", "hardware_loss", "rescale_sampled", "search_supernet", "train_net"]
 
 
+#: ``fdnas.hardware-loss`` values: this project's squared log-gap, FDNAS's released form
+HARDWARE_LOSSES = ("log-gap", "add-linear")
+
+
 def hardware_loss(
-    space: SearchSpace, target_flops: float, beta: float, expected: Tensor | None = None
+    space: SearchSpace,
+    target_flops: float,
+    weight: float,
+    expected: Tensor | None = None,
+    *,
+    form: str = "log-gap",
 ) -> Tensor:
-    """``beta log(E[FLOPs] / target)^2``: the hardware term added to CE, 0 at the target.
+    """The hardware term added to CE (``fdnas.hardware-loss``), 0 at the target:
+
+    - ``"log-gap"``: ``weight log(E[FLOPs] / target)^2`` (``weight``: ``hardware-beta``);
+    - ``"add-linear"``: ``weight (E[FLOPs] - target) / target`` (``weight``:
+      ``hardware-lambda``), ProxylessNAS's ``add#linear``, the form FDNAS's released code
+      uses (``--grad_reg_loss_type add#linear``, lambda 0.05).  The paper itself only says
+      "the details of hardware-aware loss term refer to ProxylessNAS".
+
     With ``expected`` (e.g. the expected latency, ``hardware.expected_latency``) that cost
     and a ``target`` in its unit replace the FLOPs.
 
-    ProxylessNAS multiplies CE by ``(log E[LAT] / log T)^beta``; in a product
-    with a power law the target only rescales the alpha gradient, and Adam undoes
-    the scale, so the target cannot steer the search (a one-sided ``max(1, .)``
-    only switches the pressure off under it).  The squared log-gap pulls the
-    expected FLOPs with a force growing with their distance from the target,
-    downwards above it and upwards below it, so a lower target settles the search
-    on a cheaper supernet (a target-seeking term as in TuNAS, Bender et al. 2020,
-    added like ProxylessNAS's ``add#linear`` form).
+    The two differ in what the target does.  In ``add-linear`` the hardware part of the
+    alpha gradient, ``weight / target x dE/dalpha``, always pushes towards cheaper options
+    and does not change sign at the target: the target sets only the push's size against
+    the CE gradient, so the search settles where the two balance, above or below the
+    target.  The squared log-gap pulls the expected FLOPs with a force growing with their
+    distance from the target, downwards above it and upwards below it, so a lower target
+    settles the search on a cheaper supernet (a target-seeking term as in TuNAS, Bender et
+    al. 2020).  ProxylessNAS's third form, ``mul#log``, multiplies CE by
+    ``(log E / log T)^beta``: there the target scales the whole alpha gradient, which Adam
+    undoes, so it cannot steer the search; FDNAS's released code does not use it.
     """
     cost = space.expected_flops() if expected is None else expected
+    if form == "add-linear":
+        return weight * (cost - target_flops) / target_flops
+    if form != "log-gap":
+        raise ValueError(f"hardware loss {form!r}: allowed: {', '.join(HARDWARE_LOSSES)}")
     gap = torch.log(cost / target_flops)
-    return beta * gap**2
+    return weight * gap**2
 
 
 def rescale_sampled(
@@ -121,11 +144,12 @@ def _alpha_step(
     targets: Tensor,
     rng: np.random.Generator,
     target_flops: float,
-    beta: float,
+    weight: float,
     expected: Callable[[], Tensor] | None = None,
+    form: str = "log-gap",
 ) -> tuple[float, int, list[tuple[int, ...]]]:
     """Accumulate alpha gradients of one validation batch; return its CE, forward FLOPs
-    and each layer's two sampled options."""
+    and each layer's two sampled options (``weight``: the hardware term's, 0: none)."""
     alphas = space.arch_parameters()
     picks = [_sample_candidates(rng, p) for p in _probabilities(space)]
     candidates = [pick[0] for pick in picks]
@@ -139,9 +163,9 @@ def _alpha_step(
     cross_entropy = nn.functional.cross_entropy(
         space.forward_gated(inputs, candidates, gates), targets
     )
-    if beta:
+    if weight:
         cost = None if expected is None else expected()
-        loss = cross_entropy + hardware_loss(space, target_flops, beta, cost)
+        loss = cross_entropy + hardware_loss(space, target_flops, weight, cost, form=form)
     else:
         loss = cross_entropy
     loss.backward()
@@ -175,7 +199,9 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     alpha_optimizer = torch.optim.Adam(
         space.arch_parameters(), lr=float(config["alpha-lr"]), betas=(0.0, 0.999)
     )
-    beta = float(config["hardware-beta"])
+    # an older server sends neither key: the squared log-gap, weighted by hardware-beta
+    form = str(config.get("hardware-loss", "log-gap"))
+    weight = float(config["hardware-lambda" if form == "add-linear" else "hardware-beta"])
     # resource latency: the group table and a target in ms replace the FLOPs
     latency = latency_from_config(config, space.num_options())
     target = float(config["target-flops"]) if latency is None else latency[2]
@@ -209,8 +235,9 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
                     val_targets.to(device),
                     rng,
                     target,
-                    beta,
+                    weight,
                     expected,
+                    form,
                 )
                 alphas = space.arch_parameters()
                 before = [a.detach()[list(p)].clone() for a, p in zip(alphas, pairs, strict=True)]

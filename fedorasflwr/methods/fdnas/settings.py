@@ -21,7 +21,10 @@ class FDNASSettings(MethodSettings):
     weight decay 3e-4 for w; Adam without weight decay for alpha (ProxylessNAS:
     lr 6e-3, betas (0, 0.999)); 90/10 train/validation split; CFDNAS 25 rounds
     per cluster; the derived net trained with FedAvg for 250 rounds.  The
-    hardware term is ``CE + beta log(E[FLOPs] / target)^2`` (two-sided); targets are
+    hardware term is ``CE + beta log(E[FLOPs] / target)^2`` (two-sided; ``hardware_loss =
+    "log-gap"``) or, as FDNAS's released code, ProxylessNAS's ``add#linear``
+    ``CE + lambda (E[FLOPs] - target) / target`` (``"add-linear"``, lambda 0.05, with an
+    alpha step every 5 weight steps, ``alpha_every``); targets are
     fractions of the supernet's largest path, as is ``max_flops``, the bound on every
     derived net (the most probable path within it; 1: plain argmax).  Defaults are sized
     for a 2-core CPU.  ``resource = "latency"``: the hardware term uses the expected
@@ -39,7 +42,9 @@ class FDNASSettings(MethodSettings):
     warmup_rounds: int = 0
     target_flops: float = 0.5
     max_flops: float = 1.0
+    hardware_loss: str = "log-gap"
     hardware_beta: float = 1.0
+    hardware_lambda: float = 0.05
     num_clusters: int = 3
     cluster_rounds: int = 3
     cluster_target_flops: tuple[float, ...] = (0.35,)
@@ -84,7 +89,11 @@ class FDNASSettings(MethodSettings):
             ),
             target_flops=t.get("target-flops", cls.target_flops, float, *fraction),
             max_flops=t.get("max-flops", cls.max_flops, float, *fraction),
+            hardware_loss=t.one_of("hardware-loss", cls.hardware_loss, ("log-gap", "add-linear")),
             hardware_beta=t.number("hardware-beta", cls.hardware_beta, lambda v: v >= 0, ">= 0"),
+            hardware_lambda=t.number(
+                "hardware-lambda", cls.hardware_lambda, lambda v: v >= 0, ">= 0 (0: no term)"
+            ),
             num_clusters=t.get(
                 "num-clusters",
                 cls.num_clusters,

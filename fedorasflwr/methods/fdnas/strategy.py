@@ -22,10 +22,11 @@ Client contract
     config: ``method``, ``phase`` (``"search"``), ``stage``, ``server-round``,
     ``seed``, ``local-epochs``, ``batch-size``, ``lr``, ``momentum``,
     ``weight-decay``, ``alpha-lr``, ``alpha-every``, ``target-flops`` (absolute
-    FLOPs), ``hardware-beta`` and ``space.<kwarg>``; with ``fdnas.resource =
-    "latency"``, ``target-ms``, ``latency-option-ms`` and ``latency-fixed-ms`` (the
-    stage's group table, ``hardware.py``) instead of ``target-flops``.  Reply: ArrayRecord
-    ``arrays`` with every key sent; MetricRecord ``metrics`` with
+    FLOPs), ``hardware-loss``, ``hardware-beta``, ``hardware-lambda`` and
+    ``space.<kwarg>``; with ``fdnas.resource = "latency"``, ``target-ms``,
+    ``latency-option-ms`` and ``latency-fixed-ms`` (the stage's group table,
+    ``hardware.py``) instead of ``target-flops``.  Reply: ArrayRecord ``arrays`` with
+    every key sent; MetricRecord ``metrics`` with
     ``num-examples`` (local data size N_k), ``train-loss``, ``val-loss``,
     ``train-flops``, ``expected-flops`` (and ``expected-ms`` with the latency term).
 ``train.fdnas_final``
@@ -365,7 +366,9 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
                 if stage.table is None
                 else latency_config(stage.table, stage.target)
             ),
+            "hardware-loss": s.hardware_loss,
             "hardware-beta": s.hardware_beta,
+            "hardware-lambda": s.hardware_lambda,
             **space_to_config(self.space.spec),
         }
         messages = [

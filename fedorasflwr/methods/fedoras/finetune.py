@@ -204,13 +204,16 @@ def finetune_tier(
     init: str = SUPERNET_INIT,
     server_data: TensorDataset | None = None,
     rounds: int | None = None,
+    clients_per_round: int | None = None,
     candidate: int = 0,
 ) -> TierModel:
     """Fine-tune ``arch`` with FedAvg on the tier's eligible clients (``finetune-rounds``
-    rounds unless ``rounds`` is given), then test it there."""
+    rounds of ``finetune-clients-per-round`` clients unless ``rounds`` or
+    ``clients_per_round`` is given), then test it there."""
     started = time.perf_counter()
     s, space, federation = context.settings, context.space, context.federation
     num_rounds = s.finetune.rounds if rounds is None else rounds
+    per_round = s.finetune.clients_per_round if clients_per_round is None else clients_per_round
     stage = f"finetune-t{tier + 1}-{init}" + (f"-{candidate}" if init == RANDOM_SEARCH else "")
     nodes = context.eligible(tier)
     arrays = initial_subnet(context, supernet, arch, init, tier, candidate)
@@ -246,7 +249,7 @@ def finetune_tier(
             seed=federation.seed,
             stage=stage,
             ledger=federation.ledger,
-            clients_per_round=s.finetune.clients_per_round,
+            clients_per_round=per_round,
             min_replies=min(federation.min_replies, len(nodes)),
             train_message_type=FEDORAS_TRAIN,
             round_config=lambda r: {"lr": lr_at(r)},
@@ -274,8 +277,7 @@ def finetune_tier(
             for r in range(1, num_rounds + 1)
         ]
     model.test = test_subnet(context, grid, model.arrays, nodes, config, f"test-{stage}")
-    per_round = min(s.finetune.clients_per_round, len(nodes))
-    trained = f"{num_rounds} rounds x {per_round}/{len(nodes)} nodes"
+    trained = f"{num_rounds} rounds x {min(per_round or len(nodes), len(nodes))}/{len(nodes)} nodes"
     last = model.history[-1] if model.history else {}
     if "val-accuracy" in last:
         trained += f", val-accuracy {fmt(last['val-accuracy'])}"

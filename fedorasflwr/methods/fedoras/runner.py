@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,9 @@ def fedoras_plan(settings: Any, nodes: int) -> RunEstimate:
         )
         if settings.compare_rand_init:
             rounds = settings.rand_init_rounds or finetune.rounds
-            stages.append(PlannedStage("finetune-t*-random", tiers * rounds, per_round(finetune)))
+            clients = settings.rand_init_clients_per_round or finetune.clients_per_round
+            rand_init = replace(finetune, clients_per_round=clients)
+            stages.append(PlannedStage("finetune-t*-random", tiers * rounds, per_round(rand_init)))
         if settings.compare_random_search:  # the fine-tuning's client compute, split
             stages.append(
                 PlannedStage(

@@ -101,6 +101,7 @@ def _stages_2_3(t: Table, cls: type[FedorASSettings], train: TrainingRecipe) -> 
         "rand_init_rounds": count("rand-init-rounds", 0, 0) or None,
         "rand_init_lr": t.get("rand-init-lr", 0.0, float, lambda v: v >= 0, ">= 0 (0: finetune-lr)")
         or None,
+        "rand_init_clients_per_round": count("rand-init-clients-per-round", 0, 0) or None,
         "compare_random_search": t.get("compare-random-search", cls.compare_random_search, bool),
         "random_search_paths": count("random-search-paths", cls.random_search_paths),
     }
@@ -186,6 +187,8 @@ class FedorASSettings(MethodSettings):
     compare_rand_init: bool = True
     rand_init_rounds: int | None = None  # None: as many as finetune.rounds
     rand_init_lr: float | None = None  # None: finetune.lr (paper: 0.1 against 0.01)
+    # None: finetune.clients_per_round (paper, Table 11: 10 on CIFAR against 6 in fine-tuning)
+    rand_init_clients_per_round: int | None = None
     compare_random_search: bool = False
     random_search_paths: int = 4
 

@@ -871,6 +871,11 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
                             init=init,
                             server_data=self.server_data,
                             rounds=self.settings.rand_init_rounds if init == RANDOM_INIT else None,
+                            clients_per_round=(
+                                self.settings.rand_init_clients_per_round
+                                if init == RANDOM_INIT
+                                else None
+                            ),
                         )
                     )
                 )
