@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...progress import COST_COLUMNS, cost_cells, cost_table
 
-__all__ = ["summary"]
+__all__ = ["pooled_accuracy", "summary"]
+
+
+def pooled_accuracy(net: Mapping[str, Any], partitions: Iterable[Any]) -> float | None:
+    """``net``'s test accuracy on the pooled test data of ``partitions`` (its per-client
+    ``test_accuracy`` weighted by ``test_count``, keys as result.json writes them);
+    None when it has no test sample there."""
+    accuracy, count = net.get("test_accuracy", {}), net.get("test_count", {})
+    keys = [str(p) for p in partitions if str(p) in accuracy and count.get(str(p))]
+    total = sum(count[k] for k in keys)
+    return sum(accuracy[k] * count[k] for k in keys) / total if total else None
 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     """Per net: the test accuracy of the trained net on its clients' pooled test data, and
-    the mean of each client's test accuracy after its local epochs of the last round."""
+    the mean of each client's test accuracy after its local epochs of the last round.
+    CFDNAS adds, per cluster net, the global (FDNAS) net on the same clients: the
+    comparison the clusters are for."""
+    nets = document.get("nets", [])
+    global_net = next((n for n in nets if n["name"] == "fdnas"), None)
+    compare = global_net is not None and len(nets) > 1
     header = [
         "net",
         "model",
@@ -21,6 +36,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         "clients",
         "test acc (clients pooled)",
         "test acc after local epochs (client mean)",
+        *(["fdnas net on these clients"] if compare else []),
     ]
     rows = [
         [
@@ -31,7 +47,16 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
             len(n.get("partitions", [])),
             n.get("averaged_accuracy"),
             n.get("mean_local_accuracy"),
+            *(
+                [
+                    pooled_accuracy(global_net, n.get("partitions", []))
+                    if n is not global_net
+                    else "-"
+                ]
+                if compare
+                else []
+            ),
         ]
-        for n in document.get("nets", [])
+        for n in nets
     ]
-    return cost_table(header, rows, document.get("nets", []), "predicted_ms")
+    return cost_table(header, rows, nets, "predicted_ms")
