@@ -1,6 +1,6 @@
 """Checks of a cached partition or server slice: is it the data the spec describes?
 
-A cache file is trusted only if (1) its checksum - SHA-256 over every tensor's
+A cache file (a client's partition, the server slice, the global test set) is trusted only if (1) its checksum - SHA-256 over every tensor's
 dtype, shape and bytes and every other value - matches (a flipped bit on disk,
 a truncated copy), and (2) its content is in range for the dataset (a file
 written by a buggy or foreign builder with a valid checksum): every split
@@ -22,7 +22,13 @@ import torch
 
 from .catalog import DatasetInfo
 
-__all__ = ["CLIENT_SPLITS", "checksum", "client_problem", "server_problem"]
+__all__ = [
+    "CLIENT_SPLITS",
+    "checksum",
+    "client_problem",
+    "global_test_problem",
+    "server_problem",
+]
 
 CLIENT_SPLITS = ("train", "val", "test")
 
@@ -67,6 +73,11 @@ def client_problem(payload: Mapping[str, Any], info: DatasetInfo) -> str | None:
 def server_problem(payload: Mapping[str, Any], info: DatasetInfo) -> str | None:
     """What is wrong with a server-slice payload for dataset ``info`` (``None``: nothing)."""
     return _split_problem("server", payload.get("server"), info)
+
+
+def global_test_problem(payload: Mapping[str, Any], info: DatasetInfo) -> str | None:
+    """What is wrong with a global-test payload for dataset ``info`` (``None``: nothing)."""
+    return _split_problem("global-test", payload.get("global-test"), info)
 
 
 def _split_problem(name: str, pair: Any, info: DatasetInfo) -> str | None:
