@@ -136,13 +136,25 @@ _ENTRIES: dict[str, DatasetEntry] = {
     ),
     # 35 keywords: the "_silence_" clips (no speaker) are dropped, as in FedorAS.
     "speech-commands": DatasetEntry(
-        "image", 35, (1, 40, 51), "label", "speaker_id", "speech_commands", "v0.02",
+        "image",
+        35,
+        (1, 40, 51),
+        "label",
+        "speaker_id",
+        "speech_commands",
+        "v0.02",
         test_split="test",
     ),
     # The 12-class task (FedorAS's main table; Warden 2018): the 10 keywords, "unknown" (the
     # other 25 words) and "silence" (the "_silence_" clips, kept): SPEECH_COMMANDS_12.
     "speech-commands-12": DatasetEntry(
-        "image", 12, (1, 40, 51), "label", "speaker_id", "speech_commands", "v0.02",
+        "image",
+        12,
+        (1, 40, 51),
+        "label",
+        "speaker_id",
+        "speech_commands",
+        "v0.02",
         test_split="test",
     ),
     "shakespeare": DatasetEntry(

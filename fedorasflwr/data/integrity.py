@@ -1,6 +1,7 @@
-"""Checks of a cached partition or server slice: is it the data the spec describes?
+"""Checks of a cached partition, server slice or global test set: is it the data the spec
+describes?
 
-A cache file (a client's partition, the server slice, the global test set) is trusted only if (1) its checksum - SHA-256 over every tensor's
+A cache file is trusted only if (1) its checksum - SHA-256 over every tensor's
 dtype, shape and bytes and every other value - matches (a flipped bit on disk,
 a truncated copy), and (2) its content is in range for the dataset (a file
 written by a buggy or foreign builder with a valid checksum): every split

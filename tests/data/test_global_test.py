@@ -13,8 +13,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from torch.utils.data import TensorDataset
 
-from fedorasflwr.data import DataSpec, load_client_data, load_global_test, load_server_data
-from fedorasflwr.data import cache
+from fedorasflwr.data import DataSpec, cache, load_client_data, load_global_test, load_server_data
 from fedorasflwr.data.catalog import num_client_samples, text_num_windows
 from fedorasflwr.data.partition import (
     GLOBAL_TEST_SPLIT,
@@ -71,7 +70,9 @@ def test_off_leaves_every_key_and_partition_unchanged(data_cache: Path) -> None:
     off = DataSpec(cache_dir=str(data_cache))
     # a spec without the keys hashes as before they existed: the cached partitions are reused
     # (the name main's cache.client_path gave before the keys existed, FORMAT_VERSION 3)
-    assert cache.client_path(off, 0, 20).name == "client-mnist5k-0-of-20-a1cf8623648e9bcd2d426056.pt"
+    assert (
+        cache.client_path(off, 0, 20).name == "client-mnist5k-0-of-20-a1cf8623648e9bcd2d426056.pt"
+    )
     assert cache.client_path(off, 3, 20) == cache.client_path(
         DataSpec(global_test_fraction=0.3, cache_dir=str(data_cache)), 3, 20
     )

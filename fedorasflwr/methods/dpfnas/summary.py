@@ -24,6 +24,14 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
             else ""
         ),
         f"test accuracy of the derived net: {fmt(document.get('test_accuracy'))}",
+        *(
+            [
+                f"global test acc of the derived net: {fmt(document['global_test_accuracy'])}"
+                f" ({document.get('global_test_count')} samples on the server)"
+            ]
+            if document.get("global_test_accuracy") is not None
+            else []
+        ),
         f"supernet MFLOPs: {fmt(space.get('min_flops', 0) / 1e6)}.."
         f"{fmt(space.get('max_flops', 0) / 1e6)}",
     ]

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import MFLOPS, cost_table
+from ...progress import MFLOPS, cost_table, global_test_columns
 
 __all__ = ["summary"]
 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     """Per net: the test accuracy of the trained net on its clients' pooled test data, and
-    the mean of each client's test accuracy after its local epochs of the last round."""
+    the mean of each client's test accuracy after its local epochs of the last round (with
+    ``data.global-test``: its accuracy on the server's global test set too)."""
     header = [
         "net",
         "model",
@@ -34,4 +35,5 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         ]
         for n in document.get("nets", [])
     ]
+    header = global_test_columns(header, rows, document.get("nets", []))
     return cost_table(header, rows, document.get("nets", []), "predicted_ms")
