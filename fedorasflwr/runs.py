@@ -32,6 +32,7 @@ from .training import held_out_metrics
 
 __all__ = [
     "GlobalTest",
+    "GlobalTestScore",
     "chance_accuracy",
     "RunFiles",
     "Runner",
@@ -64,6 +65,15 @@ def chance_accuracy(settings: RunSettings) -> float:
 
 
 @dataclass(frozen=True)
+class GlobalTestScore:
+    """A model on the global test set: its accuracy and the set's samples (text: the
+    accuracy over every predicted position, the count in windows)."""
+
+    accuracy: float
+    count: int
+
+
+@dataclass(frozen=True)
 class GlobalTest:
     """The server's global test set (run config ``data.global-test``) and what a model's
     BatchNorm statistics are re-estimated on before it is scored there: the server's
@@ -74,18 +84,13 @@ class GlobalTest:
     data: TensorDataset
     calibration: TensorDataset | None
 
-    def score(self, net: nn.Module, arrays: ArrayRecord) -> dict[str, float | int]:
+    def score(self, net: nn.Module, arrays: ArrayRecord) -> GlobalTestScore:
         """``net`` with ``arrays`` loaded, scored on the global test set in eval mode, its
         BatchNorm statistics first re-estimated for these weights on ``calibration``
-        (``training.held_out_metrics``, on ``training.torch_device()``, in batches of 256):
-        ``{"global-test-accuracy": ..., "global-test-count": samples}`` (text: the accuracy
-        over every predicted position, the count in windows)."""
+        (``training.held_out_metrics``, on ``training.torch_device()``, in batches of 256)."""
         net.load_state_dict(arrays.to_torch_state_dict())
         metrics = held_out_metrics(net, self.data, self.calibration)
-        return {
-            "global-test-accuracy": float(metrics["accuracy"]),
-            "global-test-count": len(self.data),
-        }
+        return GlobalTestScore(float(metrics["accuracy"]), len(self.data))
 
 
 def global_test(settings: RunSettings) -> GlobalTest | None:

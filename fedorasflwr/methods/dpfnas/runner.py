@@ -77,8 +77,7 @@ def run_dpfnas(
     held = global_test(settings)  # scored on the server, beside the parties' test
     if result.final_arrays is not None and held is not None:
         scored = held.score(build_derived_network(space.spec, genotype), result.final_arrays)
-        result.global_test_accuracy = scored["global-test-accuracy"]
-        result.global_test_count = int(scored["global-test-count"])
+        result.global_test_accuracy, result.global_test_count = scored.accuracy, scored.count
     if result.final_arrays is not None:
         net = build_derived_network(space.spec, genotype)
         run.save(

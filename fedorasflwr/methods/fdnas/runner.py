@@ -118,8 +118,7 @@ def _run_fdnas(
     held = runs.global_test(settings)  # scored on the server, beside the clients' test
     for net in result.nets if held is not None else ():
         scored = held.score(space.subnet(net.arch), net.arrays)
-        net.global_test_accuracy = scored["global-test-accuracy"]
-        net.global_test_count = int(scored["global-test-count"])
+        net.global_test_accuracy, net.global_test_count = scored.accuracy, scored.count
     for net in result.nets:
         run.save(
             net.name,

@@ -71,8 +71,7 @@ def run_fedoras(
     held = global_test(settings)  # scored on the server, beside the clients' test
     for model in result.models if held is not None else ():
         scored = held.score(space.subnet(model.arch), model.arrays)
-        model.global_test_accuracy = scored["global-test-accuracy"]
-        model.global_test_count = int(scored["global-test-count"])
+        model.global_test_accuracy, model.global_test_count = scored.accuracy, scored.count
     for model in result.models:
         suffix = "" if model.init == SUPERNET_INIT else f"-{model.init}-init"
         run.save(
