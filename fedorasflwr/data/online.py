@@ -87,15 +87,15 @@ def _entry(spec: DataSpec) -> DatasetEntry:
     return entry
 
 
-def _drop_silence(splits: DatasetDict) -> DatasetDict:
-    """``train`` (and ``test``, the global test set's source, when present) without the
-    ``_silence_`` clips."""
+def _drop_silence(splits: DatasetDict, test: bool = False) -> DatasetDict:
+    """``train`` without the ``_silence_`` clips; with ``test`` (the global test set's
+    source, ``data.global-test``) the ``test`` split too, else it is left out (not filtered)."""
     silence = splits["train"].features["label"].names.index("_silence_")
+    names = ("train", "test") if test else ("train",)
     return DatasetDict(
         {
             name: splits[name].filter(lambda label: label != silence, input_columns="label")
-            for name in ("train", "test")
-            if name in splits
+            for name in names
         }
     )
 
@@ -126,7 +126,7 @@ def federated_dataset(
     if spec.dataset == "speech-commands":
 
         def preprocess(splits: DatasetDict) -> DatasetDict:
-            return prepare(_drop_silence(splits))
+            return prepare(_drop_silence(splits, spec.global_test))
     elif spec.dataset == "speech-commands-12":
 
         def preprocess(splits: DatasetDict) -> DatasetDict:

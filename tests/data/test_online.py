@@ -206,7 +206,8 @@ def test_speech_rows_drop_silence_and_become_mfcc() -> None:
         },
         features=features,
     ).cast_column("audio", Audio())
-    dropped = _drop_silence(DatasetDict({"train": table, "test": table}))
+    assert list(_drop_silence(DatasetDict({"train": table, "test": table}))) == ["train"]
+    dropped = _drop_silence(DatasetDict({"train": table, "test": table}), test=True)
     words = dropped["train"]
     assert words["label"] == [0, 2, 0]
     assert dropped["test"]["label"] == [0, 2, 0]  # the global test set's source too
