@@ -28,7 +28,7 @@ from fedorasflwr.results import snake_keys
 from fedorasflwr.runs import RunFiles
 from fedorasflwr.search_spaces import SearchSpace, build_prunable, build_space
 from fedorasflwr.server_app import runner
-from fedorasflwr.training import evaluate, ordered_loader, refresh_batchnorm
+from fedorasflwr.training import evaluate, ordered_loader, refresh_batchnorm, torch_device
 from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import small_dpfnas
 
@@ -315,7 +315,8 @@ def test_every_final_model_is_scored_on_the_server_s_global_test_set(runs, metho
     assert len(data) == GLOBAL_COUNT
     net = load_model(run.out_dir / first_file)
     refresh_batchnorm(net, load_server_data(run.settings.data))
-    expected = evaluate(net.eval(), ordered_loader(data), torch.device("cpu"))
+    device = torch_device()  # where the runner scored it (refresh_batchnorm moved net there)
+    expected = evaluate(net.to(device).eval(), ordered_loader(data), device)
     assert expected.count == GLOBAL_COUNT
     assert entries[0][key] == pytest.approx(expected.accuracy, abs=1e-9)
     # and the console's summary shows it
