@@ -40,6 +40,7 @@ __all__ = [
     "RunEstimate",
     "format_bytes",
     "format_metrics",
+    "global_test_columns",
     "quiet_flower_strategy",
     "root_logger_kept",
     "setup_logging",
@@ -504,6 +505,25 @@ def cost_table(
             row.insert(at, entry.get(key, "-"))
         header = [*header[:at], "latency ms", *header[at:]]
     return table(header, rows)
+
+
+def global_test_columns(
+    header: list[str],
+    rows: list[list[Any]],
+    entries: Sequence[Mapping[str, Any]],
+    columns: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Append a summary table's global-test columns (``data.global-test``), in place: for
+    each ``columns`` item (default ``{"global test acc": "global_test_accuracy"}``) whose key
+    some entry carries, a column of each entry's value ("-" where it has none); returns the
+    header. Runs without a global test set keep their table as it was."""
+    columns = {"global test acc": "global_test_accuracy"} if columns is None else columns
+    for name, key in columns.items():
+        if any(entry.get(key) is not None for entry in entries):
+            header = [*header, name]
+            for row, entry in zip(rows, entries, strict=True):
+                row.append(entry.get(key, "-"))
+    return header
 
 
 def id_ranges(ids: Sequence[int]) -> str:

@@ -8,18 +8,20 @@ space and strategy, calls ``strategy.start`` and writes the run's artifacts; the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from .artifacts import save_checkpoint
 from .checkpoints import Checkpointer, Resume, read_resume
 from .config import RunSettings, bound_settings, space_kwargs
 from .costs import COST_CONVENTION, flops_to_macs
-from .data import dataset_info
+from .data import dataset_info, load_global_test, load_server_data
 from .export import OnnxExports
 from .federation.base import FederatedNASStrategy, NodeProfile
 from .latency import LatencyTable, table_document
@@ -27,8 +29,11 @@ from .model_files import BUILDER, BUILDERS
 from .search_spaces import SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet
 from .seeding import seed_torch
+from .training import held_out_metrics
 
 __all__ = [
+    "GlobalTest",
+    "GlobalTestScore",
     "chance_accuracy",
     "RunFiles",
     "Runner",
@@ -36,6 +41,7 @@ __all__ = [
     "check_partitions",
     "checkpointer",
     "describe_space",
+    "global_test",
     "latency_document",
     "resume_checkpoint",
     "start",
@@ -57,6 +63,44 @@ def build_supernet(settings: RunSettings) -> SearchSpace:
 def chance_accuracy(settings: RunSettings) -> float:
     """The accuracy of a guess (1 / the dataset's classes): the chance line of the plots."""
     return 1.0 / dataset_info(settings.data).num_classes
+
+
+@dataclass(frozen=True)
+class GlobalTestScore:
+    """A model on the global test set: its accuracy and the set's samples (text: the
+    accuracy over every predicted position, the count in windows)."""
+
+    accuracy: float
+    count: int
+
+
+@dataclass(frozen=True)
+class GlobalTest:
+    """The server's global test set (run config ``data.global-test``) and what a model's
+    BatchNorm statistics are re-estimated on before it is scored there: the server's
+    validation slice (``calibration``; ``None`` when ``data.server-fraction`` is 0, and the
+    model is scored with the statistics it carries). Server-side only: no client is asked.
+    """
+
+    data: TensorDataset
+    calibration: TensorDataset | None
+
+    def score(self, net: nn.Module, arrays: ArrayRecord) -> GlobalTestScore:
+        """``net`` with ``arrays`` loaded, scored on the global test set in eval mode, its
+        BatchNorm statistics first re-estimated for these weights on ``calibration``
+        (``training.held_out_metrics``, on ``training.torch_device()``, in batches of 256)."""
+        net.load_state_dict(arrays.to_torch_state_dict())
+        metrics = held_out_metrics(net, self.data, self.calibration)
+        return GlobalTestScore(float(metrics["accuracy"]), len(self.data))
+
+
+def global_test(settings: RunSettings) -> GlobalTest | None:
+    """The run's ``GlobalTest`` with ``data.global-test`` = true (loaded, cached and checked
+    as the server slice is: ``data.load_global_test``), else ``None``."""
+    if not settings.data.global_test:
+        return None
+    server = load_server_data(settings.data)
+    return GlobalTest(load_global_test(settings.data), server if len(server) else None)
 
 
 def check_partitions(settings: RunSettings, profiles: Sequence[NodeProfile]) -> None:

@@ -274,3 +274,25 @@ def test_recalibrated_statistics_are_pooled_over_batches_of_any_size():
     torch.testing.assert_close(bn.running_mean, pooled.mean(dim=1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(bn.running_var, pooled.var(dim=1), rtol=1e-5, atol=1e-6)
     assert not bn.training
+
+
+def test_the_global_test_set_scores_with_statistics_of_the_server_slice():
+    from fedorasflwr.runs import GlobalTest
+
+    # one feature, BatchNorm then a fixed linear read-out: class 1 iff the normalised input
+    # is > 0.  Test inputs 1, 2, 3, 4 with labels 0, 0, 1, 1.
+    def net() -> nn.Module:
+        model = nn.Sequential(nn.BatchNorm1d(1, affine=False), nn.Linear(1, 2))
+        with torch.no_grad():
+            model[1].weight.copy_(torch.tensor([[-1.0], [1.0]]))
+            model[1].bias.zero_()
+        return model
+
+    arrays = ArrayRecord(net().state_dict())  # running mean 0, variance 1: all > 0
+    test = TensorDataset(torch.tensor([[1.0], [2.0], [3.0], [4.0]]), torch.tensor([0, 0, 1, 1]))
+    stale = GlobalTest(test, None).score(net(), arrays)
+    assert (stale.accuracy, stale.count) == (0.5, 4)  # every input called class 1
+    # the server slice's mean is 2.5: inputs 3 and 4 above it, 1 and 2 below: all right
+    server = TensorDataset(torch.tensor([[2.0], [3.0]]), torch.tensor([0, 1]))
+    fresh = GlobalTest(test, server).score(net(), arrays)
+    assert (fresh.accuracy, fresh.count) == (1.0, 4)

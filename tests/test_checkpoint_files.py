@@ -372,3 +372,15 @@ def test_settings_of_another_type_are_refused_naming_the_field(space, tmp_path, 
     content = {**torch.load(path, weights_only=True), "settings": settings}
     with pytest.raises(ValueError, match="'settings' = .*expected a dict of run-config keys"):
         resume_with(write(tmp_path, content), space, fedoras_settings())
+
+
+def test_the_global_test_set_binds_a_checkpoint_only_when_on(space, tmp_path):
+    off = fedoras_settings()
+    # off, the data is what it was before the keys existed: a checkpoint written then resumes
+    assert not {"data.global-test", "data.global-test-fraction"} & set(off)
+    assert fedoras_settings(**{"data.global-test-fraction": 0.3}) == off
+    on = fedoras_settings(**{"data.global-test": True})
+    assert on["data.global-test"] is True and on["data.global-test-fraction"] == 0.1
+    path = checkpoint(tmp_path, space, settings=off)
+    with pytest.raises(ValueError, match=r"'data.global-test' = '\(absent\)' there, True here"):
+        resume_with(path, space, on)

@@ -1,7 +1,8 @@
 """``fedorasflwr.load_model``: every kind of model file, written by the real runners on tiny
 runs, comes back as the module the run had, in eval mode, with the same outputs; a file it
 cannot rebuild is refused naming the path and the reason. Also what these runs return:
-DecNAS's deployable ``result.arrays`` and FDNAS's averaged test accuracy."""
+DecNAS's deployable ``result.arrays``, FDNAS's averaged test accuracy, and every final model's
+accuracy on the server's global test set (the runs hold one: ``data.global-test``)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,23 @@ from fedorasflwr import load_model
 from fedorasflwr.artifacts import load_checkpoint, save_checkpoint
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
+from fedorasflwr.data import load_global_test, load_server_data
 from fedorasflwr.export import example_inputs
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.model_files import builder_of
+from fedorasflwr.progress import summary_lines
+from fedorasflwr.results import snake_keys
 from fedorasflwr.runs import RunFiles
 from fedorasflwr.search_spaces import SearchSpace, build_prunable, build_space
 from fedorasflwr.server_app import runner
+from fedorasflwr.training import evaluate, ordered_loader, refresh_batchnorm, torch_device
 from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import small_dpfnas
+
+#: every run holds a global test set: 45 digits of each class (mnist5k's 500, less the server
+#: slice's 50, times data.global-test-fraction 0.1)
+GLOBAL = {"data.global-test": True}
+GLOBAL_COUNT = 450
 
 #: method -> (its runner module, its tiny run config, nodes)
 RUNS = {
@@ -33,13 +43,18 @@ RUNS = {
         "fedoras",
         lambda cache: tiny_fedoras(
             cache,
-            **{"fedoras.num-tiers": 1, "fedoras.rounds": 1, "fedoras.compare-rand-init": True},
+            **{
+                "fedoras.num-tiers": 1,
+                "fedoras.rounds": 1,
+                "fedoras.compare-rand-init": True,
+                **GLOBAL,
+            },
         ),
         6,
     ),
-    "cfdnas": ("fdnas", lambda cache: tiny_fdnas(cache, method="cfdnas"), 6),
-    "dpfnas": ("dpfnas", small_dpfnas, 2),
-    "decnas": ("decnas", tiny_decnas, 6),
+    "cfdnas": ("fdnas", lambda cache: tiny_fdnas(cache, method="cfdnas", **GLOBAL), 6),
+    "dpfnas": ("dpfnas", lambda cache: small_dpfnas(cache, **GLOBAL), 2),
+    "decnas": ("decnas", lambda cache: tiny_decnas(cache, **GLOBAL), 6),
 }
 
 
@@ -269,3 +284,41 @@ def test_prunable_weights_of_other_widths_are_refused(tmp_path):
     )
     with pytest.raises(ValueError, match=r"gm1\.pt.*weights do not fit its 'prunable' module"):
         load_model(path)
+
+
+#: method -> where its document lists its final models, and the files of the first model
+#: and of its global-test accuracy's key
+GLOBAL_MODELS = {
+    "fedoras": ("models", "tier-1.pt", "global-test-accuracy"),
+    "cfdnas": ("nets", "fdnas.pt", "global-test-accuracy"),
+    "dpfnas": (None, "derived.pt", "global-test-accuracy"),
+    "decnas": ("frontier", "gm0.pt", "global-test-accuracy"),
+}
+
+
+@pytest.mark.parametrize("method", list(RUNS))
+def test_every_final_model_is_scored_on_the_server_s_global_test_set(runs, method):
+    run = runs(method)
+    listed, first_file, key = GLOBAL_MODELS[method]
+    entries = [run.document] if listed is None else run.document[listed]
+    assert entries
+    for entry in entries:
+        assert 0.0 <= entry[key] <= 1.0
+        assert entry["global-test-count"] == GLOBAL_COUNT
+    if method == "fedoras":  # per tier and per init
+        assert {e["init"] for e in entries} == {"supernet", "random"}
+    if method == "decnas":  # GM_T's tuned model too
+        assert 0.0 <= entries[-1]["tuned-global-test-accuracy"] <= 1.0
+    # the first model's figure, recomputed here: its file's module, BatchNorm statistics
+    # re-estimated on the server's slice, scored in eval mode on the 450 digits
+    data = load_global_test(run.settings.data)
+    assert len(data) == GLOBAL_COUNT
+    net = load_model(run.out_dir / first_file)
+    refresh_batchnorm(net, load_server_data(run.settings.data))
+    device = torch_device()  # where the runner scored it (refresh_batchnorm moved net there)
+    expected = evaluate(net.to(device).eval(), ordered_loader(data), device)
+    assert expected.count == GLOBAL_COUNT
+    assert entries[0][key] == pytest.approx(expected.accuracy, abs=1e-9)
+    # and the console's summary shows it
+    text = "\n".join(summary_lines(method, snake_keys(run.document), run.settings.method_settings))
+    assert "global test acc" in text

@@ -413,6 +413,36 @@ def test_a_run_by_latency_shows_milliseconds_next_to_the_flops() -> None:
     assert "latency" not in "\n".join(summary_lines("dpfnas", _dpfnas()))
 
 
+def test_a_run_with_a_global_test_set_shows_its_accuracy_in_the_last_column() -> None:
+    fedoras = _fedoras()
+    first, rand_init, untested = fedoras["models"]
+    fedoras["models"] = [{**first, "global_test_accuracy": 0.4567891}, rand_init, untested]
+    lines = summary_lines("fedoras", fedoras)
+    assert lines[1].rstrip().endswith("global test acc")
+    # the supernet row has one; rand-init's and the untested tier's have none: "-"
+    rows = [line.split() for line in lines[2:] if line.split()[:1] in (["T1"], ["T2"])]
+    assert [(row[1], row[-1]) for row in rows] == [
+        ("supernet", "0.4568"),
+        ("random", "-"),
+        ("supernet", "-"),
+    ]
+    fdnas = _fdnas()
+    fdnas["nets"][0]["global_test_accuracy"] = 0.5
+    assert _row(summary_lines("fdnas", fdnas), "cluster-1")[-1] == "0.5"
+    decnas = _decnas()
+    decnas["frontier"][0].update(global_test_accuracy=0.75, tuned_global_test_accuracy=0.875)
+    lines = summary_lines("decnas", decnas)
+    assert lines[1].rstrip().endswith("global test acc  global test acc after tuning")
+    assert _row(lines, "GM_2")[-2:] == ["0.75", "0.875"]
+    dpfnas = {**_dpfnas(), "global_test_accuracy": 0.25, "global_test_count": 450}
+    text = "\n".join(summary_lines("dpfnas", dpfnas))
+    assert "global test acc of the derived net: 0.25 (450 samples on the server)" in text
+    # without a global test set, no such column or line
+    for method, document in [("fedoras", _fedoras()), ("fdnas", _fdnas()), ("decnas", _decnas())]:
+        assert "global" not in summary_lines(method, document)[1]
+    assert "global" not in "\n".join(summary_lines("dpfnas", _dpfnas()))
+
+
 def test_summary_of_unknown_method_is_refused() -> None:
     with pytest.raises(ValueError, match="method 'fednas': allowed: one of fedoras, fdnas"):
         summary_lines("fednas", {})

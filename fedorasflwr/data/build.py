@@ -27,6 +27,7 @@ from flwr_datasets.partitioner import Partitioner
 from . import offline
 from .catalog import dataset_entry, dataset_info
 from .partition import (
+    GLOBAL_TEST_SPLIT,
     SERVER_SPLIT,
     build_partitioner,
     client_split_indices,
@@ -36,7 +37,7 @@ from .partition import (
 )
 from .spec import DataSpec
 
-__all__ = ["build_client", "build_server", "offline_splits"]
+__all__ = ["build_client", "build_global_test", "build_server", "offline_splits"]
 
 
 @contextmanager
@@ -116,3 +117,15 @@ def build_server(spec: DataSpec, cache_dir: Path) -> dict[str, Any]:
 
         rows = online.server_rows(spec, cache_dir)
     return {"server": _tensors(spec, rows, np.arange(len(rows)))}
+
+
+def build_global_test(spec: DataSpec, cache_dir: Path) -> dict[str, Any]:
+    """Cache payload of the global test set: ``global-test`` as ``[x, y]``."""
+    if spec.dataset in offline.OFFLINE_DATASETS:
+        with _quiet():
+            rows = offline_splits(spec, None)[GLOBAL_TEST_SPLIT]
+    else:
+        from . import online
+
+        rows = online.global_test_rows(spec, cache_dir)
+    return {GLOBAL_TEST_SPLIT: _tensors(spec, rows, np.arange(len(rows)))}

@@ -1,4 +1,4 @@
-"""Disk cache of prepared client partitions and server slices.
+"""Disk cache of prepared client partitions, server slices and global test sets.
 
 The deployment engine starts a fresh ClientApp process per message, so a client
 must not rebuild its partition every time. A prepared partition is one
@@ -27,13 +27,24 @@ import torch
 from .integrity import checksum
 from .spec import DataSpec
 
-__all__ = ["FORMAT_VERSION", "cache_root", "client_path", "server_path", "read", "write"]
+__all__ = [
+    "FORMAT_VERSION",
+    "cache_root",
+    "client_path",
+    "global_test_path",
+    "server_path",
+    "read",
+    "write",
+]
 
 FORMAT_VERSION = 3  # 2: files carry a checksum; 3: splits drawn from named streams
 CHECKSUM = "checksum"
 _LOG = logging.getLogger(__name__)
 # Only these fields shape the server slice: a new partitioner reuses the same file.
 _SERVER_KEYS = ("dataset", "server-fraction", "seq-len", "seed")
+#: The global test set's keys, in a spec's key only while it is on (``data.global-test``): a
+#: spec without it keeps the key (and the cached files) it had before the keys existed.
+_GLOBAL_KEYS = ("global-test", "global-test-fraction")
 
 
 def cache_root(spec: DataSpec) -> Path:
@@ -55,6 +66,9 @@ def client_path(spec: DataSpec, partition_id: int, num_partitions: int) -> Path:
     """Cache file of one client's train / val / test tensors."""
     config = spec.to_config()
     config.pop("cache-dir")
+    if not spec.global_test:
+        for name in _GLOBAL_KEYS:
+            config.pop(name)
     key = _digest({"spec": config, "partition-id": partition_id, "num-partitions": num_partitions})
     name = f"client-{_slug(spec.dataset)}-{partition_id}-of-{num_partitions}-{key}.pt"
     return cache_root(spec) / "data" / name
@@ -65,6 +79,17 @@ def server_path(spec: DataSpec) -> Path:
     config = spec.to_config()
     key = _digest({"server": {name: config[name] for name in _SERVER_KEYS}})
     return cache_root(spec) / "data" / f"server-{_slug(spec.dataset)}-{key}.pt"
+
+
+def global_test_path(spec: DataSpec) -> Path:
+    """Cache file of the global test set: keyed by the server slice's fields (it is carved
+    after the slice) and, where it is carved, ``global-test-fraction``."""
+    config = spec.to_config()
+    content = {name: config[name] for name in _SERVER_KEYS}
+    if spec.carves_global_test():
+        content["global-test-fraction"] = config["global-test-fraction"]
+    key = _digest({"global-test": content})
+    return cache_root(spec) / "data" / f"global-test-{_slug(spec.dataset)}-{key}.pt"
 
 
 def read(path: Path) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ __all__ = [
     "DatasetInfo",
     "DatasetChoice",
     "DatasetEntry",
+    "carved_global_fraction",
     "dataset_entry",
     "dataset_info",
     "num_classes_of",
@@ -51,6 +52,12 @@ class DatasetChoice(Protocol):
 
     @property
     def server_fraction(self) -> float: ...
+
+    @property
+    def global_test(self) -> bool: ...
+
+    @property
+    def global_test_fraction(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class DatasetEntry:
     num_train: int | None = None  # samples in the split that is partitioned, if fixed
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
+    test_split: str | None = None  # the source's own test split (the global test set)
 
 
 # Normalisation: the usual per-channel statistics of each dataset's training set
@@ -110,6 +118,7 @@ _ENTRIES: dict[str, DatasetEntry] = {
         None,
         hub_id="uoft-cs/cifar10",
         num_train=50000,
+        test_split="test",
         mean=(0.4914, 0.4822, 0.4465),
         std=(0.2470, 0.2435, 0.2616),
     ),
@@ -121,17 +130,32 @@ _ENTRIES: dict[str, DatasetEntry] = {
         None,
         hub_id="uoft-cs/cifar100",
         num_train=50000,
+        test_split="test",
         mean=(0.5071, 0.4865, 0.4409),
         std=(0.2673, 0.2564, 0.2762),
     ),
     # 35 keywords: the "_silence_" clips (no speaker) are dropped, as in FedorAS.
     "speech-commands": DatasetEntry(
-        "image", 35, (1, 40, 51), "label", "speaker_id", "speech_commands", "v0.02"
+        "image",
+        35,
+        (1, 40, 51),
+        "label",
+        "speaker_id",
+        "speech_commands",
+        "v0.02",
+        test_split="test",
     ),
     # The 12-class task (FedorAS's main table; Warden 2018): the 10 keywords, "unknown" (the
     # other 25 words) and "silence" (the "_silence_" clips, kept): SPEECH_COMMANDS_12.
     "speech-commands-12": DatasetEntry(
-        "image", 12, (1, 40, 51), "label", "speaker_id", "speech_commands", "v0.02"
+        "image",
+        12,
+        (1, 40, 51),
+        "label",
+        "speaker_id",
+        "speech_commands",
+        "v0.02",
+        test_split="test",
     ),
     "shakespeare": DatasetEntry(
         "text", OOV_ID + 1, None, None, "character_id", "flwrlabs/shakespeare"
@@ -262,16 +286,38 @@ def text_num_windows(dataset: str, seq_len: int) -> dict[str, int] | None:
     return {name: num_windows(length, seq_len) for name, length in _pydoc_topic_lengths()}
 
 
+def carved_global_fraction(spec: DatasetChoice) -> float:
+    """The fraction of the rows left after the server slice that is carved out as the global
+    test set: ``global_test_fraction`` when the global test set is on and the dataset has no
+    test split of its own, else 0."""
+    entry = dataset_entry(spec.dataset)
+    if not spec.global_test or entry is None or entry.test_split is not None:
+        return 0.0
+    return float(spec.global_test_fraction)
+
+
+def _carved(count: int, fraction: float) -> int:
+    return math.floor(fraction * count + 1e-9)  # as partition.server_split_indices floors
+
+
 def num_client_samples(spec: DatasetChoice) -> int | None:
-    """Samples left for the clients once the server slice is removed, when known cheaply.
+    """Samples left for the clients once the server slice (and a carved global test set,
+    ``carved_global_fraction``) is removed, when known cheaply.
 
     Exact for pydoc-topics (floor per topic) and for datasets with equal class counts
     (mnist5k, cifar); ``None`` when only loading the data would tell.
     """
+    carve = carved_global_fraction(spec)
     counts = text_num_windows(spec.dataset, spec.seq_len)
     if counts is not None:
-        return sum(n - math.floor(spec.server_fraction * n) for n in counts.values())
+        rest = [n - math.floor(spec.server_fraction * n) for n in counts.values()]
+        return sum(n - _carved(n, carve) for n in rest)
     entry = dataset_entry(spec.dataset)
     if entry is None or entry.num_train is None:
         return None
-    return entry.num_train - math.floor(spec.server_fraction * entry.num_train)
+    if carve == 0:
+        return entry.num_train - math.floor(spec.server_fraction * entry.num_train)
+    assert entry.num_classes is not None
+    per_class = entry.num_train // entry.num_classes
+    rest = per_class - math.floor(spec.server_fraction * per_class)
+    return entry.num_classes * (rest - _carved(rest, carve))

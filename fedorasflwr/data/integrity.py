@@ -1,4 +1,5 @@
-"""Checks of a cached partition or server slice: is it the data the spec describes?
+"""Checks of a cached partition, server slice or global test set: is it the data the spec
+describes?
 
 A cache file is trusted only if (1) its checksum - SHA-256 over every tensor's
 dtype, shape and bytes and every other value - matches (a flipped bit on disk,
@@ -22,7 +23,13 @@ import torch
 
 from .catalog import DatasetInfo
 
-__all__ = ["CLIENT_SPLITS", "checksum", "client_problem", "server_problem"]
+__all__ = [
+    "CLIENT_SPLITS",
+    "checksum",
+    "client_problem",
+    "global_test_problem",
+    "server_problem",
+]
 
 CLIENT_SPLITS = ("train", "val", "test")
 
@@ -67,6 +74,11 @@ def client_problem(payload: Mapping[str, Any], info: DatasetInfo) -> str | None:
 def server_problem(payload: Mapping[str, Any], info: DatasetInfo) -> str | None:
     """What is wrong with a server-slice payload for dataset ``info`` (``None``: nothing)."""
     return _split_problem("server", payload.get("server"), info)
+
+
+def global_test_problem(payload: Mapping[str, Any], info: DatasetInfo) -> str | None:
+    """What is wrong with a global-test payload for dataset ``info`` (``None``: nothing)."""
+    return _split_problem("global-test", payload.get("global-test"), info)
 
 
 def _split_problem(name: str, pair: Any, info: DatasetInfo) -> str | None:

@@ -1,4 +1,5 @@
-"""``load_client_data`` / ``load_server_data``: disk cache first, build on a miss.
+"""``load_client_data`` / ``load_server_data`` / ``load_global_test``: disk cache first,
+build on a miss.
 
 A cache hit reads one ``torch.load`` file and imports neither ``datasets``,
 ``flwr_datasets`` nor ``mlxtend``: the builders (:mod:`.build`) are imported only
@@ -19,10 +20,10 @@ from torch.utils.data import TensorDataset
 
 from . import cache
 from .catalog import DatasetInfo, dataset_info
-from .integrity import client_problem, server_problem
+from .integrity import client_problem, global_test_problem, server_problem
 from .spec import DataSpec
 
-__all__ = ["ClientData", "load_client_data", "load_server_data"]
+__all__ = ["ClientData", "load_client_data", "load_global_test", "load_server_data"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -133,3 +134,30 @@ def load_server_data(spec: DataSpec) -> TensorDataset:
 
     payload = _cached(cache.server_path(spec), dataset_info(spec), server_problem, build)
     return TensorDataset(*payload["server"])
+
+
+def load_global_test(spec: DataSpec) -> TensorDataset:
+    """The server's global test set (run config ``data.global-test`` = true): the dataset's
+    own test split where it has one, else ``spec.global_test_fraction`` of the rows left
+    after the server slice, carved out before partitioning (stratified, seeded by
+    ``spec.seed``; disjoint from the server slice and from every client).
+
+    Raises
+    ------
+    ValueError
+        If ``spec.global_test`` is off (naming the key).
+    """
+    if not spec.global_test:
+        raise ValueError(
+            "run config 'data.global-test' = false: there is no global test set; set it to"
+            " true to hold one on the server"
+        )
+
+    def build() -> dict[str, Any]:
+        from .build import build_global_test
+
+        return build_global_test(spec, cache.cache_root(spec))
+
+    path = cache.global_test_path(spec)
+    payload = _cached(path, dataset_info(spec), global_test_problem, build)
+    return TensorDataset(*payload["global-test"])

@@ -20,8 +20,10 @@ shakespeare    flwrlabs/shakespeare     ``x``, ``y``    -                ``chara
 folder:<path>  imagefolder              ``image``       ``label``        -
 ============== ======================== =============== ================ ==================
 
-Only the ``train`` split is used: clients split their partitions into train / val /
-test and the server slice comes out of it too; a hub ``test`` split is ignored.
+Only the ``train`` split is partitioned: clients split their partitions into train / val /
+test and the server slice comes out of it too. A hub ``test`` split is used only as the
+global test set (``data.global-test``: cifar10, cifar100, speech-commands(-12)); the
+datasets without one (shakespeare, folders) carve it out of ``train`` before partitioning.
 Conversions: CIFAR images scaled to [0, 1] and normalised with the per-channel
 statistics in :mod:`.catalog`; folder images converted to the first image's mode
 (L or RGB) and size, normalised with mean 0.5 / std 0.5; speech clips (the
@@ -66,11 +68,17 @@ from .catalog import (
     folder_root,
     speech_commands_12_ids,
 )
-from .partition import SERVER_SPLIT, build_partitioner, load_partition, make_preprocessor
+from .partition import (
+    GLOBAL_TEST_SPLIT,
+    SERVER_SPLIT,
+    build_partitioner,
+    load_partition,
+    make_preprocessor,
+)
 from .spec import DataSpec
 from .text import OOV_ID, encode
 
-__all__ = ["federated_dataset", "client_rows", "server_rows", "to_tensors"]
+__all__ = ["federated_dataset", "client_rows", "global_test_rows", "server_rows", "to_tensors"]
 
 
 def _entry(spec: DataSpec) -> DatasetEntry:
@@ -79,11 +87,16 @@ def _entry(spec: DataSpec) -> DatasetEntry:
     return entry
 
 
-def _drop_silence(splits: DatasetDict) -> DatasetDict:
-    train = splits["train"]
-    silence = train.features["label"].names.index("_silence_")
+def _drop_silence(splits: DatasetDict, test: bool = False) -> DatasetDict:
+    """``train`` without the ``_silence_`` clips; with ``test`` (the global test set's
+    source, ``data.global-test``) the ``test`` split too, else it is left out (not filtered)."""
+    silence = splits["train"].features["label"].names.index("_silence_")
+    names = ("train", "test") if test else ("train",)
     return DatasetDict(
-        {"train": train.filter(lambda label: label != silence, input_columns="label")}
+        {
+            name: splits[name].filter(lambda label: label != silence, input_columns="label")
+            for name in names
+        }
     )
 
 
@@ -100,7 +113,7 @@ def _silence_speakers(splits: DatasetDict) -> DatasetDict:
         )
     ]
     named = train.remove_columns("speaker_id").add_column("speaker_id", speakers)
-    return DatasetDict({"train": named})
+    return DatasetDict({"train": named, **({"test": splits["test"]} if "test" in splits else {})})
 
 
 def federated_dataset(
@@ -113,7 +126,7 @@ def federated_dataset(
     if spec.dataset == "speech-commands":
 
         def preprocess(splits: DatasetDict) -> DatasetDict:
-            return prepare(_drop_silence(splits))
+            return prepare(_drop_silence(splits, spec.global_test))
     elif spec.dataset == "speech-commands-12":
 
         def preprocess(splits: DatasetDict) -> DatasetDict:
@@ -149,6 +162,12 @@ def client_rows(spec: DataSpec, partition_id: int, num_partitions: int, cache_di
 def server_rows(spec: DataSpec, cache_dir: Path) -> Dataset:
     """The rows of the held-out server slice."""
     return federated_dataset(spec, None, cache_dir).load_split(SERVER_SPLIT)
+
+
+def global_test_rows(spec: DataSpec, cache_dir: Path) -> Dataset:
+    """The rows of the global test set (``spec.global_test``): the hub's test split, or the
+    rows carved out before partitioning where the dataset has none."""
+    return federated_dataset(spec, None, cache_dir).load_split(GLOBAL_TEST_SPLIT)
 
 
 def _images(values: Sequence[Any], shape: tuple[int, ...], entry: DatasetEntry) -> torch.Tensor:

@@ -36,11 +36,13 @@ from flwr_datasets.partitioner import (
 )
 
 from ..seeding import numpy_stream
+from .catalog import dataset_entry
 from .groups import even_sizes
 from .spec import DataSpec
 
 __all__ = [
     "SERVER_SPLIT",
+    "GLOBAL_TEST_SPLIT",
     "NATURAL_COLUMN",
     "column_values",
     "ClassGroupPartitioner",
@@ -50,9 +52,11 @@ __all__ = [
     "load_partition",
     "client_split_indices",
     "server_split_indices",
+    "global_test_indices",
 ]
 
 SERVER_SPLIT = "server"
+GLOBAL_TEST_SPLIT = "global-test"
 NATURAL_COLUMN = "natural-partition"
 _EPS = 1e-9  # so that 0.1 * 70 counts as 7, not 7.000000000000001 or 6.999...
 
@@ -68,6 +72,20 @@ def _as_keys(values: Sequence[object] | np.ndarray) -> np.ndarray:
     return array.astype(str) if array.dtype.kind == "O" else array
 
 
+def _pick_per_stratum(
+    rng: np.random.Generator, strata: Sequence[object] | np.ndarray, fraction: float
+) -> np.ndarray:
+    """Positions (sorted) of ``floor(fraction * n_s)`` rows drawn from every stratum ``s``."""
+    _, inverse = np.unique(_as_keys(strata), return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse))[:-1]
+    chosen = [
+        rng.choice(rows, size=math.floor(fraction * len(rows) + _EPS), replace=False)
+        for rows in np.split(order, bounds)
+    ]
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+
+
 def server_split_indices(
     strata: Sequence[object] | np.ndarray, fraction: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -77,17 +95,28 @@ def server_split_indices(
     a generator seeded by ``seed`` alone: the slice never depends on the partitioning.
     """
     rng = numpy_stream(seed, "server-split")
-    _, inverse = np.unique(_as_keys(strata), return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.cumsum(np.bincount(inverse))[:-1]
-    chosen = [
-        rng.choice(rows, size=math.floor(fraction * len(rows) + _EPS), replace=False)
-        for rows in np.split(order, bounds)
-    ]
-    server = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
-    keep = np.ones(len(inverse), dtype=bool)
+    server = _pick_per_stratum(rng, strata, fraction)
+    keep = np.ones(len(strata), dtype=bool)
     keep[server] = False
     return rng.permutation(np.flatnonzero(keep)), server
+
+
+def global_test_indices(
+    strata: Sequence[object] | np.ndarray, rest: np.ndarray, fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The global test set carved out of the client rows ``rest`` (``server_split_indices``'
+    first value): ``(rest without it, in rest's order; its rows, sorted)``.
+
+    ``floor(fraction * m_s)`` of the ``m_s`` rows of every stratum ``s`` in ``rest``, drawn
+    by a generator seeded by ``seed`` alone (its own stream, so the server slice is the same
+    with or without it): disjoint from the server slice, and no client ever sees them.
+    """
+    picked = _pick_per_stratum(
+        numpy_stream(seed, "global-test-split"), np.asarray(strata)[rest], fraction
+    )
+    held = np.zeros(len(rest), dtype=bool)
+    held[picked] = True
+    return rest[~held], np.sort(rest[held])
 
 
 def make_preprocessor(
@@ -98,22 +127,36 @@ def make_preprocessor(
 ) -> Callable[[DatasetDict], DatasetDict]:
     """``DatasetDict -> {"train": client rows, "server": server slice}`` for ``spec``.
 
-    Only the input's ``train`` split is used. With ``num_partitions`` given and a
-    natural partitioner, the client rows gain :data:`NATURAL_COLUMN`: the rank of
-    the row's natural id among the sorted ids, modulo ``num_partitions``.
+    Only the input's ``train`` split is partitioned. With ``spec.global_test`` the output
+    also has :data:`GLOBAL_TEST_SPLIT`: the input's own test split (the catalog's
+    ``test_split``) when the dataset has one, else the rows ``global_test_indices`` carves
+    out of the client rows. With ``num_partitions`` given and a natural partitioner, the
+    client rows gain :data:`NATURAL_COLUMN`: the rank of the row's natural id among the
+    sorted ids, modulo ``num_partitions``.
     """
+    entry = dataset_entry(spec.dataset)
+    assert entry is not None
 
     def preprocess(splits: DatasetDict) -> DatasetDict:
         table = splits["train"]
         strata = column_values(table, stratify_column) if stratify_column else np.zeros(len(table))
         rest, server = server_split_indices(strata, spec.server_fraction, spec.seed)
+        held: Dataset | None = None
+        if spec.global_test and entry.test_split is not None:
+            held = splits[entry.test_split]
+        elif spec.global_test:
+            rest, carved = global_test_indices(strata, rest, spec.global_test_fraction, spec.seed)
+            held = table.select(carved)
         if spec.partitioner == "natural" and num_partitions is not None:
             assert natural_column is not None
             # Before select(): adding a column to a selection copies the table. Ids are
             # ranked over all rows; when the slice is stratified by natural id (text) it
             # takes floor(f * n) < n rows of each, so every id keeps rows.
             table = _add_natural_partition(table, natural_column, num_partitions)
-        return DatasetDict({"train": table.select(rest), SERVER_SPLIT: table.select(server)})
+        out = {"train": table.select(rest), SERVER_SPLIT: table.select(server)}
+        if held is not None:
+            out[GLOBAL_TEST_SPLIT] = held
+        return DatasetDict(out)
 
     return preprocess
 

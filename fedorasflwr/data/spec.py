@@ -17,6 +17,7 @@ from .catalog import (
     FOLDER_PREFIX,
     LABELLED_PARTITIONERS,
     PARTITIONERS,
+    carved_global_fraction,
     dataset_entry,
     folder_classes,
     num_classes_of,
@@ -66,6 +67,17 @@ class DataSpec:
     server_fraction : float, default 0.1
         Held-out server validation slice in [0, 1), removed before partitioning
         (stratified by label, or by natural id for text; floor per stratum).
+    global_test : bool, default False
+        Hold a global test set on the server, on which every method's final models are
+        scored server-side (as the papers' code does), beside the clients' test splits.
+        Datasets with a test split of their own (cifar10, cifar100, speech-commands,
+        speech-commands-12) use it whole; the others (mnist5k, pydoc-topics, shakespeare,
+        ``folder:``) carve ``global_test_fraction`` of the rows left after the server slice,
+        before partitioning (stratified like the server slice, seeded, disjoint from it and
+        from every client). Off: the data is exactly what it is without the key.
+    global_test_fraction : float, default 0.1
+        The fraction carved for the global test set, in (0, 1), where the dataset has no test
+        split (used only with ``global_test``).
     seq_len : int, default 80
         Text window length (characters per input).
     seed : int, default 0
@@ -82,6 +94,8 @@ class DataSpec:
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     server_fraction: float = 0.1
+    global_test: bool = False
+    global_test_fraction: float = 0.1
     seq_len: int = 80
     seed: int = 0
     cache_dir: str = ""
@@ -146,6 +160,13 @@ class DataSpec:
                 f"val-fraction + test-fraction ({self.test_fraction}) must be < 1,"
                 " leaving clients a training split",
             )
+        if not isinstance(self.global_test, bool):
+            raise _invalid("global-test", self.global_test, "true or false")
+        fraction = self.global_test_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise _invalid("global-test-fraction", fraction, "a fraction in (0, 1)")
+        if not 0 < fraction < 1:
+            raise _invalid("global-test-fraction", fraction, "a fraction in (0, 1)")
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise _invalid("seq-len", self.seq_len, "an integer >= 1")
         if self.dataset == "shakespeare" and self.seq_len > 80:
@@ -154,6 +175,11 @@ class DataSpec:
             raise _invalid("seed", self.seed, "an integer in [0, 2**32)")
         if not isinstance(self.cache_dir, str):
             raise _invalid("cache-dir", self.cache_dir, "a directory path, or '' for the default")
+
+    def carves_global_test(self) -> bool:
+        """Whether the global test set is carved out of the rows the clients would get (on,
+        and the dataset has no test split of its own): the clients' partitions change."""
+        return carved_global_fraction(self) > 0
 
     def min_partition_size(self) -> int:
         """Smallest partition that leaves train, and val / test when asked for, non-empty."""
@@ -202,7 +228,8 @@ class DataSpec:
             if num_partitions * need > available:
                 raise ValueError(
                     f"num-partitions = {num_partitions} is too many for '{_PREFIX}dataset' = "
-                    f"{self.dataset!r}: {available} samples outside the server slice, and each"
+                    f"{self.dataset!r}: {available} samples outside the server slice"
+                    f"{' and the global test set' if self.carves_global_test() else ''}, and each"
                     f" client needs >= {need} (train/val/test); use <= {available // need}"
                 )
 
@@ -217,10 +244,10 @@ class DataSpec:
                 f" use <= {len(counts)} or '{_PREFIX}partitioner' = 'iid'"
             )
         per_client = [0] * num_partitions
+        carve = carved_global_fraction(self)
         for rank, (_, windows) in enumerate(sorted(counts.items())):
-            per_client[rank % num_partitions] += windows - math.floor(
-                self.server_fraction * windows
-            )
+            rest = windows - math.floor(self.server_fraction * windows)
+            per_client[rank % num_partitions] += rest - math.floor(carve * rest + 1e-9)
         if min(per_client) < need:
             raise ValueError(
                 f"run config '{_PREFIX}seq-len' = {self.seq_len} leaves client "
@@ -282,7 +309,11 @@ class DataSpec:
 
 def _coerce(key: str, value: Any, annotation: object) -> Any:
     """Run-config values arrive as TOML scalars: accept ints for floats, nothing lossy."""
-    kind = {"str": str, "int": int, "float": float}[str(annotation)]
+    kind = {"str": str, "int": int, "float": float, "bool": bool}[str(annotation)]
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise _invalid(key, value, "true or false")
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise _invalid(key, value, f"a {kind.__name__}")
     if kind is float and isinstance(value, int | float):

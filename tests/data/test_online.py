@@ -18,7 +18,13 @@ from flwr_datasets.common import telemetry
 from flwr_datasets.partitioner import NaturalIdPartitioner
 from PIL import Image
 
-from fedorasflwr.data import DataSpec, dataset_info, load_client_data, load_server_data
+from fedorasflwr.data import (
+    DataSpec,
+    dataset_info,
+    load_client_data,
+    load_global_test,
+    load_server_data,
+)
 from fedorasflwr.data.audio import mel_filterbank, mfcc
 from fedorasflwr.data.catalog import SPEECH_COMMANDS_12, speech_commands_12_ids
 from fedorasflwr.data.online import _drop_silence, _silence_speakers, to_tensors
@@ -78,6 +84,32 @@ def test_folder_through_federated_dataset(image_folder: Path, tmp_path: Path) ->
         4,
     )
     assert torch.equal(again.train.tensors[0], load_client_data(spec, 2, 4).train.tensors[0])
+
+
+def test_folder_global_test_set_is_carved_through_federated_dataset(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    # a folder has no test split: floor(0.25 x 18) = 4 of the 18 images a class leaves after
+    # the server slice's 2, never a client's
+    spec = DataSpec(
+        dataset=f"folder:{image_folder}",
+        partitioner="iid",
+        global_test=True,
+        global_test_fraction=0.25,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    test = load_global_test(spec)
+    assert test.tensors[1].tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    held = {row.numpy().tobytes() for row in test.tensors[0]}
+    held |= {row.numpy().tobytes() for row in load_server_data(spec).tensors[0]}
+    assert len(held) == 18
+    seen = 0
+    for i in range(4):
+        client = load_client_data(spec, i, 4)
+        for split in (client.train, client.val, client.test):
+            assert not held & {row.numpy().tobytes() for row in split.tensors[0]}
+            seen += len(split)
+    assert seen == 60 - 18
 
 
 def test_folder_class_groups_default_to_one_class_each(image_folder: Path, tmp_path: Path) -> None:
@@ -174,8 +206,11 @@ def test_speech_rows_drop_silence_and_become_mfcc() -> None:
         },
         features=features,
     ).cast_column("audio", Audio())
-    words = _drop_silence(DatasetDict({"train": table}))["train"]
+    assert list(_drop_silence(DatasetDict({"train": table, "test": table}))) == ["train"]
+    dropped = _drop_silence(DatasetDict({"train": table, "test": table}), test=True)
+    words = dropped["train"]
     assert words["label"] == [0, 2, 0]
+    assert dropped["test"]["label"] == [0, 2, 0]  # the global test set's source too
     spec = DataSpec(dataset="speech-commands", partitioner="natural")
     x, y = to_tensors(spec, words)
     assert x.shape == (3, 1, 40, 51) and x.dtype == torch.float32

@@ -21,6 +21,8 @@ def test_defaults_are_valid_and_round_trip() -> None:
         "val-fraction",
         "test-fraction",
         "server-fraction",
+        "global-test",
+        "global-test-fraction",
         "seq-len",
         "seed",
         "cache-dir",

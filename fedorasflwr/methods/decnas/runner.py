@@ -66,6 +66,13 @@ def run_decnas(
         result = runs.start(
             strategy, grid, settings, run, initial, settings.method_settings.max_iterations
         )
+    held = runs.global_test(settings)  # scored on the server, beside the clients' test
+    for model in result.frontier if held is not None else ():
+        scored = held.score(build_prunable(**model.spec), model.arrays)
+        model.global_test_accuracy, model.global_test_count = scored.accuracy, scored.count
+        if model.tuned_arrays is not None:
+            tuned = held.score(build_prunable(**model.spec), model.tuned_arrays)
+            model.tuned_global_test_accuracy = tuned.accuracy
     for model in result.frontier:
         extra = {"iteration": model.iteration, "macs": model.macs}
         saved = [(model.arrays, "iterations", False), (model.tuned_arrays, "final", True)]

@@ -62,6 +62,11 @@ class GlobalModel:
     tuned_test_accuracy: float | None = None
     tuned_arrays: ArrayRecord | None = None
     latency_ms: float | None = None  # predicted on the target devices' table (resource latency)
+    # on the server's global test set (data.global-test; set by the app's runner,
+    # runs.GlobalTest): GM_t as searched, as tuned, and the set's samples
+    global_test_accuracy: float | None = None
+    tuned_global_test_accuracy: float | None = None
+    global_test_count: int | None = None
 
     @property
     def widths(self) -> list[int]:
@@ -87,6 +92,15 @@ class GlobalModel:
             "search-val-accuracy": None if math.isnan(self.val_accuracy) else self.val_accuracy,
             "test-accuracy": self.test_accuracy,
             "tuned-test-accuracy": self.tuned_test_accuracy,
+            **(
+                {}
+                if self.global_test_count is None
+                else {
+                    "global-test-accuracy": self.global_test_accuracy,
+                    "tuned-global-test-accuracy": self.tuned_global_test_accuracy,
+                    "global-test-count": self.global_test_count,
+                }
+            ),
         }
 
 

@@ -6,14 +6,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...costs import macs_to_flops
-from ...progress import COST_COLUMNS, cost_cells, cost_table
+from ...progress import COST_COLUMNS, cost_cells, cost_table, global_test_columns
 
 __all__ = ["summary"]
 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     """Per GM_t: its validation accuracy when the search chose it, its test accuracy then,
-    and after the long-term FedAvg tuning."""
+    and after the long-term FedAvg tuning (with ``data.global-test``: both on the server's
+    global test set too)."""
     header = [
         "GM",
         "widths",
@@ -35,4 +36,9 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         ]
         for m in document.get("frontier", [])
     ]
+    columns = {
+        "global test acc": "global_test_accuracy",
+        "global test acc after tuning": "tuned_global_test_accuracy",
+    }
+    header = global_test_columns(header, rows, document.get("frontier", []), columns)
     return cost_table(header, rows, document.get("frontier", []), "latency_ms")

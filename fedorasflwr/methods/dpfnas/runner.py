@@ -22,6 +22,7 @@ from ...runs import (
     build_supernet,
     chance_accuracy,
     describe_space,
+    global_test,
     latency_document,
     resume_checkpoint,
     start,
@@ -73,6 +74,10 @@ def run_dpfnas(
         result = start(strategy, grid, settings, run, initial, rounds)
     genotype = result.genotype.to_text()
     run.save("supernet", result.arrays, stage="search", builder=SPACE, genotype=genotype)
+    held = global_test(settings)  # scored on the server, beside the parties' test
+    if result.final_arrays is not None and held is not None:
+        scored = held.score(build_derived_network(space.spec, genotype), result.final_arrays)
+        result.global_test_accuracy, result.global_test_count = scored.accuracy, scored.count
     if result.final_arrays is not None:
         net = build_derived_network(space.spec, genotype)
         run.save(
@@ -109,6 +114,14 @@ def run_dpfnas(
         "privacy": privacy_report(result.privacy),
         "noise": result.noise,
         "test-accuracy": result.test_accuracy,
+        **(
+            {}
+            if result.global_test_accuracy is None
+            else {
+                "global-test-accuracy": result.global_test_accuracy,
+                "global-test-count": result.global_test_count,
+            }
+        ),
         "final-privacy": json_safe(result.final_privacy),
         "history": json_safe(result.history),
         "final-history": result.final_history,

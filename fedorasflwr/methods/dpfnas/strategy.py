@@ -110,6 +110,10 @@ class DPFNASResult(Result):
     final_arrays: ArrayRecord | None = None
     final_history: list[dict[str, Any]] = field(default_factory=list)
     test_accuracy: float | None = None
+    # the derived net on the server's global test set (data.global-test; set by the app's
+    # runner, runs.GlobalTest) and the set's samples
+    global_test_accuracy: float | None = None
+    global_test_count: int | None = None
     final_privacy: list[dict[str, Any]] = field(default_factory=list)
     ledger: dict[str, Any] = field(default_factory=dict)
     noise: dict[str, Any] = field(default_factory=dict)

@@ -26,6 +26,14 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
             else ""
         ),
         f"test accuracy of the derived net: {fmt(document.get('test_accuracy'))}",
+        *(
+            [
+                f"global test acc of the derived net: {fmt(document['global_test_accuracy'])}"
+                f" ({document.get('global_test_count')} samples on the server)"
+            ]
+            if document.get("global_test_accuracy") is not None
+            else []
+        ),
         f"supernet {MFLOPS}: {fmt(low / 1e6)}..{fmt(high / 1e6)}; "
         f"{MMACS}: {fmt(flops_to_macs(low) / 1e6)}..{fmt(flops_to_macs(high) / 1e6)}",
     ]

@@ -52,6 +52,10 @@ class DerivedNet:
     # that stage's target (both ms)
     latency_ms: float | None = None
     target_ms: float | None = None
+    # on the server's global test set (data.global-test; set by the app's runner,
+    # runs.GlobalTest): the accuracy and the set's samples
+    global_test_accuracy: float | None = None
+    global_test_count: int | None = None
     averaged_test_accuracy: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +98,14 @@ class DerivedNet:
             "test-count": self.test_count,
             "local-accuracy": self.local_accuracy,
             "history": self.history,
+            **(
+                {}
+                if self.global_test_accuracy is None
+                else {
+                    "global-test-accuracy": self.global_test_accuracy,
+                    "global-test-count": self.global_test_count,
+                }
+            ),
             **(
                 {}
                 if self.latency_ms is None

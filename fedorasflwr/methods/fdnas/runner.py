@@ -116,6 +116,10 @@ def _run_fdnas(
             strategy, grid, settings, run, initial, settings.method_settings.train.rounds
         )
     run.save("supernet", result.supernet, stage="search", builder=SPACE)
+    held = runs.global_test(settings)  # scored on the server, beside the clients' test
+    for net in result.nets if held is not None else ():
+        scored = held.score(space.subnet(net.arch), net.arrays)
+        net.global_test_accuracy, net.global_test_count = scored.accuracy, scored.count
     for net in result.nets:
         run.save(
             net.name,

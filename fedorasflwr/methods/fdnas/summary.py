@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ...progress import COST_COLUMNS, cost_cells, cost_table
+from ...progress import COST_COLUMNS, cost_cells, cost_table, global_test_columns
 
 __all__ = ["pooled_accuracy", "summary"]
 
@@ -22,9 +22,10 @@ def pooled_accuracy(net: Mapping[str, Any], partitions: Iterable[Any]) -> float 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     """Per net: the test accuracy of the trained net on its clients' pooled test data, and
-    the mean of each client's test accuracy after its local epochs of the last round.
-    CFDNAS adds, per cluster net, the global (FDNAS) net on the same clients: the
-    comparison the clusters are for."""
+    the mean of each client's test accuracy after its local epochs of the last round (with
+    ``data.global-test``: its accuracy on the server's global test set too). CFDNAS adds,
+    per cluster net, the global (FDNAS) net on the same clients: the comparison the
+    clusters are for."""
     nets = document.get("nets", [])
     global_net = next((n for n in nets if n["name"] == "fdnas"), None)
     compare = global_net is not None and len(nets) > 1
@@ -59,4 +60,5 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         ]
         for n in nets
     ]
+    header = global_test_columns(header, rows, nets)
     return cost_table(header, rows, nets, "predicted_ms")

@@ -95,6 +95,10 @@ class TierModel:
     test: TierTest | None = None
     #: predicted latency on the tier's devices (``fedoras.resource = "latency"``)
     latency_ms: float | None = None
+    #: accuracy on the server's global test set and its samples (``data.global-test``;
+    #: set by the app's runner, ``runs.GlobalTest``)
+    global_test_accuracy: float | None = None
+    global_test_count: int | None = None
 
     @property
     def macs(self) -> int:
@@ -113,6 +117,14 @@ class TierModel:
             **({} if self.latency_ms is None else {"latency-ms": self.latency_ms}),
             "search-accuracy": None if math.isnan(self.search_accuracy) else self.search_accuracy,
             "test": None if self.test is None else vars(self.test),
+            **(
+                {}
+                if self.global_test_accuracy is None
+                else {
+                    "global-test-accuracy": self.global_test_accuracy,
+                    "global-test-count": self.global_test_count,
+                }
+            ),
             "history": self.history,
         }
 

@@ -24,6 +24,7 @@ from ...runs import (
     build_supernet,
     chance_accuracy,
     describe_space,
+    global_test,
     latency_document,
     resume_checkpoint,
     start,
@@ -68,6 +69,10 @@ def run_fedoras(
         result = start(strategy, grid, settings, run, initial, rounds, supernet="supernet.pt")
     if not trained:
         run.add(out_dir / "supernet.pt")
+    held = global_test(settings)  # scored on the server, beside the clients' test
+    for model in result.models if held is not None else ():
+        scored = held.score(space.subnet(model.arch), model.arrays)
+        model.global_test_accuracy, model.global_test_count = scored.accuracy, scored.count
     for model in result.models:
         suffix = "" if model.init == SUPERNET_INIT else f"-{model.init}-init"
         run.save(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import COST_COLUMNS, cost_cells, cost_table
+from ...progress import COST_COLUMNS, cost_cells, cost_table, global_test_columns
 
 __all__ = ["summary"]
 
@@ -39,4 +39,5 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
                 test.get("accuracy"),
             ]
         )
+    header = global_test_columns(header, rows, models)
     return cost_table(header, rows, models, "latency_ms")
