@@ -254,26 +254,24 @@ def run_cases(
 def model_accuracy(model: dict[str, Any]) -> float | None:
     """A model's accuracy on the global test set, or (a run without one) on its eligible
     clients' pooled test splits."""
-    if model.get("global_test_accuracy") is not None:
-        return model["global_test_accuracy"]
+    if model.get("global-test-accuracy") is not None:  # (the runner's in-memory keys)
+        return model["global-test-accuracy"]
     return model["test"]["accuracy"] if model.get("test") else None
 
 
 def accuracies(run: dict[str, Any], init: str, num_tiers: int) -> list[float | None]:
     """Per tier (1-based order), the test accuracy of the ``init`` model, if any."""
     by_tier = {m["tier"]: m for m in run["models"] if m["init"] == init}
-    return [
-        model_accuracy(by_tier[t]) if t in by_tier else None for t in range(1, num_tiers + 1)
-    ]
+    return [model_accuracy(by_tier[t]) if t in by_tier else None for t in range(1, num_tiers + 1)]
 
 
 def measured_on(runs: list[dict[str, Any]]) -> str:
-    """What the table's accuracies were measured on."""
+    """What the table's accuracies were measured on: ``global`` (the server's global test
+    set), or ``clients`` (each model's eligible clients' pooled test splits)."""
     models = [m for run in runs for m in run.get("models", [])]
-    if models and all(m.get("global_test_accuracy") is not None for m in models):
-        count = models[0].get("global_test_count")
-        return f"the global test set held by the server, {count} samples"
-    return "each model's eligible clients' pooled test splits"
+    if models and all(m.get("global-test-accuracy") is not None for m in models):
+        return "global"
+    return "clients"
 
 
 def cell(value: float | None, digits: int = 4) -> str:
@@ -421,10 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
     tiers = " | ".join(f"T{t}" for t in range(1, num_tiers + 1))
-    print(
-        f"FedorAS on MNIST-5k, {clients} clients, {num_tiers} tiers (test accuracy per tier, "
-        f"on {measured_on(runs)}):\n"
-    )
+    on = "the global test set" if measured_on(runs) == "global" else "the clients' test splits"
+    print(f"FedorAS on MNIST-5k, {clients} clients, {num_tiers} tiers (test accuracy on {on}):\n")
     print(f"| setting | alpha | {tiers} | mean | Stage-1 MB down per client |")
     print("| --- | --- | " + "--- | " * num_tiers + "--- | --- |")
     for name, alpha, values, down in rows:
