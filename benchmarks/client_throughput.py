@@ -103,10 +103,11 @@ def plain(content: RecordDict, data: Any) -> tuple[float, int]:
     optimizer and loader are made inside the timing, as ``supernet_epochs`` makes them."""
     from fedorasflwr.methods.fedoras.client import load_supernet
     from fedorasflwr.protocol import ARRAYS, CONFIG
-    from fedorasflwr.training import seeded_loader
+    from fedorasflwr.training import seeded_loader, torch_device
 
     config = content.config_records[CONFIG]
     space = load_supernet(config, content.array_records[ARRAYS])
+    device = torch_device()  # where ours computes (supernet_epochs): the same for both sides
     subspace = space.subspace_from_mask([int(v) for v in config["subspace-mask"]])
     words = (int(config["seed"]), int(config["server-round"]), 0)
     rng = np.random.default_rng(words)
@@ -115,6 +116,7 @@ def plain(content: RecordDict, data: Any) -> tuple[float, int]:
     budget = float(config["max-flops"])
     paths = [space.sample_path(rng, budget, subspace) for _ in range(epochs * batches)]
     started = time.perf_counter()
+    space.to(device)  # inside the timing, as supernet_epochs moves it
     loader = seeded_loader(data.train, int(config["batch-size"]), words)
     optimizer = torch.optim.SGD(
         space.parameters(),
@@ -128,11 +130,14 @@ def plain(content: RecordDict, data: Any) -> tuple[float, int]:
     for _ in range(epochs):
         for inputs, targets in loader:
             optimizer.zero_grad(set_to_none=True)
+            inputs, targets = inputs.to(device), targets.to(device)
             loss = criterion(space(inputs, paths[step]), targets)
             loss.backward()
             optimizer.step()
             seen += len(targets)
             step += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the queued kernels are part of the work
     return time.perf_counter() - started, seen
 
 

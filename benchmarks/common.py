@@ -8,6 +8,8 @@ the same numbers to ``benchmarks/results/<name>.json`` (``<name>.quick.json`` fo
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,7 +18,55 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
-__all__ = ["RESULTS", "ROOT", "headline", "report", "run_config", "warm_data_cache"]
+__all__ = [
+    "RESULTS",
+    "ROOT",
+    "headline",
+    "machine",
+    "report",
+    "run_config",
+    "warm_data_cache",
+]
+
+_LOAD_AT_IMPORT = os.getloadavg()
+"""The load average when the benchmark started (every benchmark imports this module first)."""
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """Where and under what load a benchmark ran, saved with every result: the device
+    PyTorch computes on (``fedorasflwr.training.torch_device``; CUDA's card name), torch's
+    intra-op threads, the CPUs, and the 1/5/15-minute load averages at the start and at
+    the end. A ratio holds only between figures taken under the same conditions."""
+    import torch
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from fedorasflwr.training import torch_device
+
+    device = torch_device()
+    return {
+        "device": str(device),
+        "device_name": (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+        ),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average_start": [round(v, 2) for v in _LOAD_AT_IMPORT],
+        "load_average_end": [round(v, 2) for v in os.getloadavg()],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+    }
 
 
 def run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,11 +104,10 @@ def headline(values: Mapping[str, Any]) -> str:
 
 def report(name: str, quick: bool, summary: Mapping[str, Any], document: Mapping[str, Any]) -> Path:
     """Print the headline of ``summary`` (plus ``quick``) and write ``document`` with it
-    to ``results/<name>[.quick].json``; returns that path."""
+    and the ``machine()`` it ran on to ``results/<name>[.quick].json``; returns that path."""
     print(headline({**summary, "quick": quick}))
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / (name + (".quick" if quick else "") + ".json")
-    path.write_text(
-        json.dumps({"quick": quick, **document, "headline": dict(summary)}, indent=2, default=str)
-    )
+    saved = {"quick": quick, **document, "machine": machine(), "headline": dict(summary)}
+    path.write_text(json.dumps(saved, indent=2, default=str))
     return path

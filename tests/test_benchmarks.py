@@ -29,6 +29,11 @@ def run_quick(name: str) -> dict:
     printed = dict(item.split("=", 1) for item in lines[-1].split()[1:])
     saved = json.loads((ROOT / f"benchmarks/results/{name}.quick.json").read_text())
     assert printed.pop("quick") == "True" and saved["quick"] is True
+    # where and under what load it ran (issue 30: a ratio holds only under the same conditions)
+    machine = saved["machine"]
+    assert machine["device"] in {"cpu", "cuda", "cuda:0"} and machine["torch_threads"] >= 1
+    for key in ("load_average_start", "load_average_end"):
+        assert len(machine[key]) == 3 and all(v >= 0 for v in machine[key]), machine
     assert printed.keys() == saved["headline"].keys()
     for key, value in saved["headline"].items():
         if isinstance(value, float):
