@@ -264,3 +264,26 @@ def test_every_cost_axis_names_its_unit_and_shows_macs_on_top(tmp_path, monkeypa
     # DecNAS's frontier is in MACs: its point sits at 2 x 150K MACs = 0.3 MFLOPs
     (line,) = axes[2][1].get_lines()[:1]
     assert list(line.get_xdata()) == [0.3]
+
+
+def test_dpfnas_plot_sets_the_derived_nets_accuracy_beside_the_search(tmp_path, monkeypatch):
+    # a noised search sits at chance; the derived net's final accuracy is the result
+    import fedorasflwr.methods.dpfnas.plots as dpfnas_plots
+
+    captured = {}
+    real_finish = dpfnas_plots.finish
+
+    def spy(fig, ax, path, **kwargs):
+        captured["ax"] = ax
+        return real_finish(fig, ax, path, **kwargs)
+
+    monkeypatch.setattr(dpfnas_plots, "finish", spy)
+    history = [
+        {"iteration": 1, "epsilon": 4.5},
+        {"iteration": 2, "epsilon": 6.5, "val-accuracy": 0.11},
+    ]
+    path = plot_dpfnas(tmp_path / "privacy_accuracy.png", history, 0.0, 0.1, 0.62)
+    assert path is not None
+    stars = [line for line in captured["ax"].get_lines() if line.get_marker() == "*"]
+    assert len(stars) == 1
+    assert list(stars[0].get_xdata()) == [2] and list(stars[0].get_ydata()) == [0.62]

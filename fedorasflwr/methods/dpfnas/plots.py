@@ -15,9 +15,12 @@ def plot_dpfnas(
     history: Sequence[Mapping[str, Any]],
     target_epsilon: float = 0.0,
     chance: float | None = None,
+    derived_accuracy: float | None = None,
 ) -> Path | None:
     """DP-FNAS: the worst party's epsilon (top) and the mixed supernet's validation
-    accuracy (bottom) per iteration; ``target_epsilon`` > 0 draws the stopping target."""
+    accuracy (bottom) per iteration; ``target_epsilon`` > 0 draws the stopping target;
+    ``derived_accuracy`` (the derived net's test accuracy after its final training) is a
+    star at the last iteration, so a search near chance is not read as the result."""
     # epsilon is inf without noise (modes fnas / single, or sigma = 0): nothing to draw
     spent = [(h["iteration"], h["epsilon"]) for h in history if h.get("epsilon") is not None]
     epsilon = [(i, e) for i, e in spent if math.isfinite(e)]
@@ -44,8 +47,14 @@ def plot_dpfnas(
         top.legend(fontsize=9, loc="lower right")
     top.set_ylabel("epsilon (worst party)")
     top.set_ylim(0, 1.2 * max([e for _, e in epsilon] + [target_epsilon, 1e-9]))
+    handles = []
     if accuracy:
-        bottom.plot(*zip(*accuracy, strict=True), marker="o", color=colour(0))
+        handles += bottom.plot(
+            *zip(*accuracy, strict=True),
+            marker="o",
+            color=colour(0),
+            label="mixed supernet, server validation",
+        )
     else:
         bottom.text(
             0.5,
@@ -55,10 +64,24 @@ def plot_dpfnas(
             transform=bottom.transAxes,
             color="0.4",
         )
-    if accuracy:
+    if derived_accuracy is not None and (accuracy or spent):
+        last = max(i for i, _ in accuracy + spent)
+        (star,) = bottom.plot(
+            [last],
+            [derived_accuracy],
+            marker="*",
+            markersize=12,
+            linestyle="",
+            color=colour(3),
+            label="derived net, test (after final training)",
+        )
+        label(bottom, last, derived_accuracy, f"{derived_accuracy:.2f}", colour(3), "left")
+        handles.append(star)
+    if accuracy or handles:
         line = accuracy_axis(bottom, chance)
-        if line is not None:
-            bottom.legend(handles=[line], fontsize=9, loc="upper left")
+        handles += [line] if line is not None else []
+        if handles:
+            bottom.legend(handles=handles, fontsize=9, loc="upper left")
     integer_ticks(bottom)
     return finish(
         fig,
@@ -66,6 +89,6 @@ def plot_dpfnas(
         path,
         title="DP-FNAS: privacy spent and supernet accuracy",
         xlabel="iteration",
-        ylabel="validation accuracy",
+        ylabel="accuracy",
         legend=False,
     )

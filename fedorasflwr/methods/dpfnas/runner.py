@@ -94,6 +94,7 @@ def run_dpfnas(
             result.history,
             settings.method_settings.target_epsilon,
             chance_accuracy(settings),
+            result.test_accuracy,
         )
     )
     latency: dict[str, Any] = {}
