@@ -35,7 +35,9 @@ def run_config(data_cache):
 def make_strategy(config):
     settings = parse_run_config(config)
     torch.manual_seed(settings.seed)
-    space = build_space("darts", channels=2, cells=1, input_height=28, input_width=28, stem_stride=2)
+    space = build_space(
+        "darts", channels=2, cells=1, input_height=28, input_width=28, stem_stride=2
+    )
     return FedNAS(space=space, settings=settings.method_settings, seed=settings.seed)
 
 
@@ -43,7 +45,9 @@ def reply_to(message, arrays, n, **metrics):
     content = RecordDict(
         {
             ARRAYS: arrays,
-            METRICS: MetricRecord({"num-examples": n, "train-loss": 1.0, "val-loss": 1.0, **metrics}),
+            METRICS: MetricRecord(
+                {"num-examples": n, "train-loss": 1.0, "val-loss": 1.0, **metrics}
+            ),
         }
     )
     return echo(message, Message(content, reply_to=message))
@@ -112,7 +116,9 @@ def test_a_reply_without_the_alphas_or_with_a_nan_is_dropped_and_the_rest_averag
 
 def test_the_client_moves_the_alphas_and_reports_its_training_samples(client_data):
     torch.manual_seed(0)
-    space = build_space("darts", channels=2, cells=1, input_height=28, input_width=28, stem_stride=2)
+    space = build_space(
+        "darts", channels=2, cells=1, input_height=28, input_width=28, stem_stride=2
+    )
     before = {k: v.clone() for k, v in space.state_dict().items()}
     config = {
         "seed": 0,
@@ -136,7 +142,9 @@ def test_the_client_moves_the_alphas_and_reports_its_training_samples(client_dat
 
 
 def test_alpha_entropy_is_ln_options_when_uniform_and_falls_when_decided():
-    space = build_space("darts", channels=2, cells=1, input_height=28, input_width=28, stem_stride=2)
+    space = build_space(
+        "darts", channels=2, cells=1, input_height=28, input_width=28, stem_stride=2
+    )
     with torch.no_grad():
         space.net.alpha_normal.zero_()
         space.net.alpha_reduce.zero_()
@@ -147,7 +155,9 @@ def test_alpha_entropy_is_ln_options_when_uniform_and_falls_when_decided():
 
 
 def test_the_genotypes_cost_is_its_path_in_the_supernet():
-    space = build_space("darts", channels=2, cells=3, input_height=28, input_width=28, stem_stride=2)
+    space = build_space(
+        "darts", channels=2, cells=3, input_height=28, input_width=28, stem_stride=2
+    )
     genotype = space.genotype()
     cost = genotype_cost(space, genotype)
     assert space.min_flops() <= cost <= space.max_flops()

@@ -256,7 +256,9 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """w and alpha <- sum_k N_k / N (w_k, alpha_k) over the accepted replies, in
         partition-id order (FedML averages w only and keeps client 0's alpha)."""
-        accepted = self.accept(SEARCH, self.screened(SEARCH, "train", replies), self.check_train_reply)
+        accepted = self.accept(
+            SEARCH, self.screened(SEARCH, "train", replies), self.check_train_reply
+        )
         self.require(SEARCH, len(accepted), len(self._sent), at_most_sent=True)
         updates, totals, examples = [], {"train-loss": 0.0, "val-loss": 0.0}, 0
         for reply in accepted:
