@@ -34,6 +34,7 @@ RUNNERS: dict[str, str] = {
     "cfdnas": "fedorasflwr.methods.fdnas.runner:run_cfdnas",
     "dpfnas": "fedorasflwr.methods.dpfnas.runner:run_dpfnas",
     "decnas": "fedorasflwr.methods.decnas.runner:run_decnas",
+    "fednas": "fedorasflwr.methods.fednas.runner:run_fednas",
 }
 
 

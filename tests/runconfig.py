@@ -103,3 +103,24 @@ def readme_run_command() -> str:
     blocks = readme_bash_blocks()
     assert blocks, "README.md must open with a bash block holding the run command"
     return blocks[0].strip()
+
+
+def tiny_fednas(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
+    """FedNAS on MNIST-5k: a one-cell darts space of 2 channels, 1 round, 1 FedAvg round."""
+    config = pyproject_run_config()
+    config.update(
+        {
+            "method": "fednas",
+            "data.cache-dir": str(cache_dir),
+            "onnx": False,  # ONNX export has its own tests (test_export.py, the README run)
+            "data.partitioner": "iid",
+            "space.name": "darts",
+            "space.width": 0.25,
+            "space.layers-per-block": 1,
+            "fednas.rounds": 1,
+            "fednas.final-rounds": 1,
+            "fednas.batch-size": 64,
+        }
+    )
+    config.update(overrides)
+    return config

@@ -349,3 +349,40 @@ def test_a_resume_with_other_tiers_is_refused_before_training(data_cache, fedora
     assert not [m for m in grid.sent if m.metadata.message_type == FEDORAS_SUPERNET]
     (run_dir,) = (tmp_path / "out").iterdir()
     assert "'fedoras.num-tiers' = 4 there" in result_of(run_dir)["status"]["error"]
+
+
+# --- FedNAS --------------------------------------------------------------------------------
+
+
+def test_a_resumed_fednas_search_equals_the_uninterrupted_one(data_cache, tmp_path):
+    """After a stop before search round 3 the resumed run's supernet, derived network,
+    history (alpha entropies included) and test accuracy equal the uninterrupted run's."""
+    from fedorasflwr.methods.fednas.messages import FEDNAS_SEARCH
+    from tests.runconfig import tiny_fednas
+
+    base = tiny_fednas(data_cache, **{"fednas.rounds": 3, "checkpoint-every": 1})
+
+    def config(name: str, **extra: Any) -> dict[str, Any]:
+        return {**base, "output-dir": str(tmp_path / name), **extra}
+
+    whole = run_main(InProcessGrid(client_app, config("whole"), 2), config("whole"))
+    grid = StoppingGrid(client_app, config("stopped"), 2, message_type=FEDNAS_SEARCH, stop=3)
+    with pytest.raises(SuperLinkGoneError):
+        run_main(grid, config("stopped"))
+    (stopped,) = (tmp_path / "stopped").iterdir()
+    assert result_of(stopped)["status"]["step"] == 2
+    resumed_config = config("resumed", **{"resume-from": str(stopped / "checkpoint.pt")})
+    grid = InProcessGrid(client_app, resumed_config, 2)
+    resumed = run_main(grid, resumed_config)
+    rounds = {
+        m.content.config_records[CONFIG]["server-round"]
+        for m in grid.sent
+        if m.metadata.message_type == FEDNAS_SEARCH
+    }
+    assert rounds == {3}
+    assert_same_weights(whole / "supernet.pt", resumed / "supernet.pt")
+    assert_same_weights(whole / "derived.pt", resumed / "derived.pt")
+    first, second = result_of(whole), result_of(resumed)
+    assert without_seconds(second["history"]) == without_seconds(first["history"])
+    assert second["genotype"] == first["genotype"]
+    assert second["test_accuracy"] == first["test_accuracy"]

@@ -95,7 +95,7 @@ def is_server(name: str) -> bool:
 def test_the_walk_sees_the_layout() -> None:
     names = set(modules())
     assert {f"{ROOT}.federation.base", f"{ROOT}.training", f"{ROOT}.server_app"} <= names
-    for method in ("fedoras", "decnas", "fdnas", "dpfnas"):
+    for method in ("fedoras", "decnas", "fdnas", "dpfnas", "fednas"):
         assert f"{ROOT}.methods.{method}.strategy" in names
         assert is_client(f"{ROOT}.methods.{method}.client")
     assert f"{ROOT}.methods.fedoras.client" in reachable(f"{ROOT}.client_app")
@@ -184,7 +184,7 @@ def test_every_seeded_generator_comes_from_the_named_streams():
 
 
 #: what names a method: its package's name in any spelling (FedorAS, FDNAS, DP-FNAS, ...)
-METHOD_WORDS = ("fedoras", "fdnas", "dpfnas", "decnas")
+METHOD_WORDS = ("fedoras", "fdnas", "dpfnas", "decnas", "fednas")
 
 
 def is_shared(name: str) -> bool:

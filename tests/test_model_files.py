@@ -29,7 +29,7 @@ from fedorasflwr.runs import RunFiles
 from fedorasflwr.search_spaces import SearchSpace, build_prunable, build_space
 from fedorasflwr.server_app import runner
 from fedorasflwr.training import evaluate, ordered_loader, refresh_batchnorm, torch_device
-from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
+from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fednas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import small_dpfnas
 
 #: every run holds a global test set: 45 digits of each class (mnist5k's 500, less the server
@@ -55,6 +55,7 @@ RUNS = {
     "cfdnas": ("fdnas", lambda cache: tiny_fdnas(cache, method="cfdnas", **GLOBAL), 6),
     "dpfnas": ("dpfnas", lambda cache: small_dpfnas(cache, **GLOBAL), 2),
     "decnas": ("decnas", lambda cache: tiny_decnas(cache, **GLOBAL), 6),
+    "fednas": ("fednas", lambda cache: tiny_fednas(cache, **GLOBAL), 2),
 }
 
 
@@ -138,6 +139,7 @@ KINDS = {
     ],
     "dpfnas": ["checkpoint.pt", "derived.pt", "supernet.pt"],
     "decnas": ["checkpoint.pt", "gm0.pt", "gm1-tuned.pt", "gm1.pt"],
+    "fednas": ["checkpoint.pt", "derived.pt", "supernet.pt"],
 }
 
 
@@ -293,6 +295,7 @@ GLOBAL_MODELS = {
     "cfdnas": ("nets", "fdnas.pt", "global-test-accuracy"),
     "dpfnas": (None, "derived.pt", "global-test-accuracy"),
     "decnas": ("frontier", "gm0.pt", "global-test-accuracy"),
+    "fednas": (None, "derived.pt", "global-test-accuracy"),
 }
 
 

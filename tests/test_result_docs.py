@@ -25,6 +25,7 @@ PAGES = {
     "docs/fdnas.md": ("FDNASResult", "DerivedNet"),
     "docs/dpfnas.md": ("DPFNASResult", "PartyPrivacy", "MechanismPrivacy"),
     "docs/decnas.md": ("DecNASResult", "GlobalModel"),
+    "docs/fednas.md": ("FedNASResult",),
     "docs/latency.md": ("LatencyTable", "LatencyValidation"),
 }
 #: dataclasses exported from fedorasflwr.strategies that are no result: a node's profile, and
@@ -36,6 +37,7 @@ NOT_RESULTS = {
     "FDNASSettings",
     "DPFNASSettings",
     "DecNASSettings",
+    "FedNASSettings",
 }
 
 

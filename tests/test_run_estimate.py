@@ -22,7 +22,7 @@ from fedorasflwr.methods.fdnas.runner import fdnas_plan, planned_clusters
 from fedorasflwr.methods.fdnas.settings import FDNASSettings
 from fedorasflwr.progress import PlannedStage
 from fedorasflwr.server_app import runner
-from tests.runconfig import tiny_decnas, tiny_fdnas
+from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fednas
 from tests.strategies.test_dpfnas_strategy import small_dpfnas
 
 # ------------------------------------------------------------------ the plans
@@ -141,6 +141,7 @@ RUNS = {
         {"search", "final-fdnas", "cluster-0", "cluster-2", "final-cluster-0", "final-cluster-2"},
     ),
     "dpfnas": (lambda cache: small_dpfnas(cache, **{"min-nodes": 2}), 2, {"DP-FNAS", "final"}),
+    "fednas": (lambda cache: tiny_fednas(cache, **{"min-nodes": 2}), 2, {"FedNAS", "final"}),
     "decnas": (
         lambda cache: tiny_decnas(cache, **{"min-nodes": 6}),
         6,

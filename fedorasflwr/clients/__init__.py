@@ -13,6 +13,7 @@ See ``docs/library.md``; the messages are those of ``docs/protocol.md``.
 from ..methods.decnas import client as decnas
 from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
+from ..methods.fednas import client as fednas
 from ..methods.fedoras import client as fedoras
 from .factory import HANDLERS, make_client_app, node_threads, register
 from .node_data import NodeData, data_partition_id, to_client_data
@@ -24,6 +25,7 @@ __all__ = [
     "decnas",
     "dpfnas",
     "fdnas",
+    "fednas",
     "fedoras",
     "make_client_app",
     "node_threads",

@@ -25,6 +25,7 @@ from ..data import ClientData
 from ..methods.decnas import client as decnas
 from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
+from ..methods.fednas import client as fednas
 from ..methods.fedoras import client as fedoras
 from ..nonce import echo
 from ..protocol import CONFIG, PROFILE, sample_kind
@@ -131,6 +132,9 @@ HANDLERS: tuple[Handler, ...] = (
     Handler("train", "decnas_upload", _upload, "DecNAS: upload a survivor's kept weights"),
     Handler("train", "decnas_fedavg", _seeded(decnas.train_model), "DecNAS FedAvg stages"),
     Handler("evaluate", "decnas", _plain(decnas.evaluate_model), "DecNAS validation and tests"),
+    Handler("train", "fednas_search", _seeded(fednas.search_supernet), "FedNAS local DARTS"),
+    Handler("train", "fednas_final", _seeded(fednas.train_final), "FedNAS final FedAvg"),
+    Handler("evaluate", "fednas_final", _plain(fednas.evaluate_final), "FedNAS test"),
 )
 
 

@@ -2,6 +2,7 @@
 
 - ``fedoras``: FedorAS (Dudziak et al., 2022): supernet, tiered search, fine-tuning;
 - ``decnas``: DecNAS: NetAdapt-style pruning, grouped candidates;
+- ``fednas``: FedNAS (He et al., 2020): FedAvg of local DARTS searches (baseline).
 - ``fdnas``: FDNAS and CFDNAS (He et al., 2020): DARTS-style search over MBConv;
 - ``dpfnas``: DP-FNAS (Singh et al., 2020): differentially private DARTS.
 
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 #: every method a run config's ``method`` may name (``cfdnas`` is FDNAS's clustered variant)
-METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas")
+METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas", "fednas")
 
 #: method -> the import path of its settings class (``methods/<method>/settings.py``),
 #: imported when asked for: importing this package loads no method
@@ -30,6 +31,7 @@ SETTINGS = {
     "cfdnas": "fedorasflwr.methods.fdnas.settings:FDNASSettings",
     "dpfnas": "fedorasflwr.methods.dpfnas.settings:DPFNASSettings",
     "decnas": "fedorasflwr.methods.decnas.settings:DecNASSettings",
+    "fednas": "fedorasflwr.methods.fednas.settings:FedNASSettings",
 }
 
 
@@ -40,6 +42,7 @@ SUMMARIES = {
     "cfdnas": "fedorasflwr.methods.fdnas.summary:summary",
     "dpfnas": "fedorasflwr.methods.dpfnas.summary:summary",
     "decnas": "fedorasflwr.methods.decnas.summary:summary",
+    "fednas": "fedorasflwr.methods.fednas.summary:summary",
 }
 
 

@@ -29,12 +29,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import nn
 
+from ..protocol import space_from_config
 from .base import SearchSpace, class_path, space_class
 
 __all__ = [
     "DARTS_STYLE_API",
     "DartsStyle",
     "build_derived_network",
+    "derived_network_of",
     "require_darts_style",
     "weight_keys",
 ]
@@ -98,3 +100,12 @@ def build_derived_network(spec: Mapping[str, Any], genotype: str) -> nn.Module:
     if not callable(getattr(cls, "derived_network", None)):
         raise ValueError(f"{class_path(cls)} has no derived_network: not a DARTS-style space")
     return cls.derived_network(genotype, **{k: v for k, v in spec.items() if k != "name"})
+
+
+def derived_network_of(config: Mapping[str, Any], state: Mapping[str, Any]) -> nn.Module:
+    """The derived network a message describes, loaded with ``state``: its ``genotype``
+    (text) for the space of its ``space.<kwarg>`` entries (``protocol.space_from_config``).
+    The client side of every method that trains a derived network with FedAvg."""
+    net = build_derived_network(space_from_config(config), str(config["genotype"]))
+    net.load_state_dict(state)
+    return net

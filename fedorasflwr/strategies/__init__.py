@@ -3,7 +3,7 @@ with what their ``start`` returns.
 
 Each is a ``flwr.serverapp.strategy.Strategy`` needing only a ``Grid``.  Each result class
 and the dataclasses inside it are documented field by field in its method's page
-(docs/fedoras.md, docs/fdnas.md, docs/dpfnas.md, docs/decnas.md; ``LatencyTable``:
+(docs/fedoras.md, docs/fdnas.md, docs/dpfnas.md, docs/decnas.md, docs/fednas.md; ``LatencyTable``:
 docs/latency.md).
 
 >>> from fedorasflwr.strategies import FedorAS, DecNAS, FDNAS, CFDNAS, DPFNAS, SeededFedAvg
@@ -26,6 +26,8 @@ from ..methods.fdnas.cfdnas import CFDNAS
 from ..methods.fdnas.nets import DerivedNet, FDNASResult
 from ..methods.fdnas.settings import FDNASSettings
 from ..methods.fdnas.strategy import FDNAS
+from ..methods.fednas.settings import FedNASSettings
+from ..methods.fednas.strategy import FedNAS, FedNASResult
 from ..methods.fedoras.finetune import TierModel, TierTest
 from ..methods.fedoras.search import Scored, TierSearch
 from ..methods.fedoras.settings import FedorASSettings
@@ -44,6 +46,9 @@ __all__ = [
     "FDNAS",
     "FDNASResult",
     "FDNASSettings",
+    "FedNAS",
+    "FedNASResult",
+    "FedNASSettings",
     "FedorAS",
     "FedorASResult",
     "FedorASSettings",

@@ -24,12 +24,18 @@ from tests.reliability.catalog import (
     reply_fault,
 )
 from tests.reliability.conftest import NoTrainingGrid, TrainingStartedError
-from tests.runconfig import pyproject_run_config, tiny_decnas, tiny_fdnas, tiny_fedoras
+from tests.runconfig import (
+    pyproject_run_config,
+    tiny_decnas,
+    tiny_fdnas,
+    tiny_fednas,
+    tiny_fedoras,
+)
 
 __all__ = ["METHODS", "config_trial", "profile_trial", "reply_trial", "run_config_for"]
 
 KINDS = list(REPLY_FAULTS)
-METHODS = ("fedoras", "fdnas", "decnas", "dpfnas")
+METHODS = ("fedoras", "fdnas", "decnas", "dpfnas", "fednas")
 NODES = len(KINDS) + 3  # one node per fault kind, three honest ones
 
 
@@ -71,6 +77,14 @@ def run_config_for(method: str, cache: Path | str) -> dict[str, Any]:
             "dpfnas.eval-every": 0,
             "dpfnas.final-rounds": 0,
         }
+    if method == "fednas":
+        return tiny_fednas(
+            cache,
+            **{
+                "fednas.final-rounds": 0,
+                "fednas.rounds": 2,  # a stale reply re-sends an earlier round's update
+            },
+        )
     raise ValueError(method)
 
 

@@ -83,14 +83,20 @@ def test_unknown_key_shape_mismatch_and_negative_counts_raise():
 def test_public_api_imports_as_design_says():
     from flwr.serverapp.strategy import Strategy
 
-    from fedorasflwr.clients import decnas, dpfnas, fdnas, fedoras
+    from fedorasflwr.clients import decnas, dpfnas, fdnas, fednas, fedoras
     from fedorasflwr.search_spaces import SearchSpace, build_space  # noqa: F401
-    from fedorasflwr.strategies import CFDNAS, DPFNAS, FDNAS, DecNAS, FedorAS
+    from fedorasflwr.strategies import CFDNAS, DPFNAS, FDNAS, DecNAS, FedNAS, FedorAS
     from fedorasflwr.strategies import opa as public_opa
 
-    for strategy in (FedorAS, DecNAS, FDNAS, CFDNAS, DPFNAS):
+    for strategy in (FedorAS, DecNAS, FDNAS, CFDNAS, DPFNAS, FedNAS):
         assert issubclass(strategy, Strategy)
     assert public_opa is opa
-    clients = {"decnas": decnas, "dpfnas": dpfnas, "fdnas": fdnas, "fedoras": fedoras}
+    clients = {
+        "decnas": decnas,
+        "dpfnas": dpfnas,
+        "fdnas": fdnas,
+        "fednas": fednas,
+        "fedoras": fedoras,
+    }
     for method, client in clients.items():
         assert client.__name__ == f"fedorasflwr.methods.{method}.client"

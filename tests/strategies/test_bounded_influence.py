@@ -166,7 +166,7 @@ def test_bad_aggregation_settings_are_refused_with_the_key_and_what_is_allowed()
     assert parse_run_config({}).method_settings.aggregation_rule == "mean"
 
 
-@pytest.mark.parametrize("method", ["fedoras", "fdnas", "cfdnas", "dpfnas", "decnas"])
+@pytest.mark.parametrize("method", ["fedoras", "fdnas", "cfdnas", "dpfnas", "decnas", "fednas"])
 def test_the_aggregation_rule_is_a_settings_field_of_every_method(method):
     """From Python: ``<Method>Settings(aggregation_rule=...)``; the strategy takes it, a bad
     rule is refused on construction."""

@@ -63,12 +63,22 @@ def dpfnas(cache):
     return config, DPFNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
 
 
+def fednas(cache):
+    from fedorasflwr.strategies import FedNAS
+    from tests.runconfig import tiny_fednas
+
+    config = tiny_fednas(cache)
+    settings = parse_run_config(config)
+    return config, FedNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
+
+
 #: method -> (its run config and strategy, the ledger stage of its training replies,
 #: the config its configure_train takes)
 METHODS = {
     "fedoras": (fedoras, "supernet", dict),
     "fdnas": (fdnas, "search", dict),
     "dpfnas": (dpfnas, "weights", lambda: {"phase": "weights"}),
+    "fednas": (fednas, "search", dict),
 }
 
 

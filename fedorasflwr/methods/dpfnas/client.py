@@ -36,7 +36,7 @@ from torch.utils.data import Dataset
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces import SearchSpace, build_space
-from ...search_spaces.darts_style import build_derived_network, require_darts_style, weight_keys
+from ...search_spaces.darts_style import derived_network_of, require_darts_style, weight_keys
 from ...seeding import stream_words, substream
 from ...training import held_out_metrics, local_sgd, torch_device
 from .contract import INSECURE_KEY, PREVIOUS_PREFIX, final_steps
@@ -284,9 +284,7 @@ def _second_order(
 
 def _derived(content: RecordDict) -> tuple[nn.Module, ConfigRecord]:
     config: ConfigRecord = content.config_records[CONFIG]
-    net = build_derived_network(space_from_config(config), str(config["genotype"]))
-    net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict())
-    return net, config
+    return derived_network_of(config, content.array_records[ARRAYS].to_torch_state_dict()), config
 
 
 def train_final(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:

@@ -1,0 +1,114 @@
+"""FedNAS's runner: run config -> darts space, ``FedNAS.start``, derived net, result.json."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from ...checkpoints import Checkpointer
+from ...config import RunSettings
+from ...model_files import DERIVED, SPACE
+from ...progress import PlannedStage, RunEstimate
+from ...runs import (
+    RunFiles,
+    build_supernet,
+    describe_space,
+    global_test,
+    resume_checkpoint,
+    start,
+    strategy_options,
+)
+from ...search_spaces.darts_style import build_derived_network
+from .settings import FedNASSettings
+from .strategy import FedNAS
+
+__all__ = ["SEARCH_WORK", "fednas_plan", "run_fednas"]
+
+#: one local search epoch, in client-epochs (the plan's unit of work: a local epoch of
+#: plain training): a weight step and an architecture step of the mixed supernet per
+#: batch, each a forward and backward through every operation; a rough guide
+SEARCH_WORK = 2.0
+
+
+def run_fednas(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """FedNAS: federated DARTS search, derivation, FedAvg training of the derived net."""
+    if settings.space.name != "darts":
+        log(INFO, "FedNAS searches the darts space (run config 'space.name' ignored)")
+        settings = replace(settings, space=replace(settings.space, name="darts"))
+    method: FedNASSettings = settings.method_settings
+    space = build_supernet(settings)
+    strategy = FedNAS(
+        space=space,
+        settings=method,
+        **strategy_options(
+            settings,
+            resume_checkpoint(
+                settings, space, {"search": method.search.rounds, "final": method.final.rounds}
+            ),
+        ),
+    )
+    run = RunFiles(out_dir, settings, space.spec, progress)
+    initial = ArrayRecord(space.state_dict())
+    with fednas_plan(method, settings.min_nodes).active():
+        result = start(strategy, grid, settings, run, initial, method.search.rounds)
+    genotype = result.genotype.to_text()
+    run.save("supernet", result.arrays, stage="search", builder=SPACE, genotype=genotype)
+    held = global_test(settings)  # scored on the server, beside the clients' test
+    if result.final_arrays is not None:
+        if held is not None:
+            scored = held.score(build_derived_network(space.spec, genotype), result.final_arrays)
+            result.global_test_accuracy = scored.accuracy
+            result.global_test_count = scored.count
+        net = build_derived_network(space.spec, genotype)
+        run.save(
+            "derived",
+            result.final_arrays,
+            stage="final",
+            builder=DERIVED,
+            model=net,
+            genotype=genotype,
+        )
+    return {
+        "space": describe_space(space),
+        "genotype": genotype,
+        "rounds": result.rounds,
+        "flops": result.flops,
+        "macs": result.macs,
+        "alpha-entropy": [h.get("alpha-entropy") for h in result.history],
+        "test-accuracy": result.test_accuracy,
+        **(
+            {}
+            if result.global_test_accuracy is None
+            else {
+                "global-test-accuracy": result.global_test_accuracy,
+                "global-test-count": result.global_test_count,
+            }
+        ),
+        "history": result.history,
+        "final-history": result.final_history,
+        "ledger": result.ledger,
+        **run.document(),
+    }
+
+
+def fednas_plan(settings: FedNASSettings, nodes: int) -> RunEstimate:
+    """The whole run's estimate (``progress.RunEstimate``) in client-epochs: the search's
+    rounds (its clients times local epochs times ``SEARCH_WORK``) and the derived net's
+    FedAvg rounds (``final``)."""
+    search, final = settings.search, settings.final
+    return RunEstimate(
+        [
+            PlannedStage(
+                "FedNAS", search.rounds, search.clients(nodes) * search.local_epochs * SEARCH_WORK
+            ),
+            PlannedStage("final", final.rounds, float(final.clients(nodes) * final.local_epochs)),
+        ]
+    )

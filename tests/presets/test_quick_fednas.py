@@ -1,0 +1,33 @@
+"""configs/quick-fednas.toml shows FedNAS's point: a federated DARTS search whose averaged
+alphas leave uniform (the searched cell's entropy falls), and a derived net that reaches
+5x chance."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.presets.common import MIN_ACCURACY, run_preset
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory, data_cache):
+    return run_preset("quick-fednas", tmp_path_factory.mktemp("quick-fednas"), data_cache)
+
+
+def test_the_derived_net_reaches_five_times_chance(preset) -> None:
+    assert preset.document["test_accuracy"] >= MIN_ACCURACY, preset.document["test_accuracy"]
+    assert preset.document["global_test_accuracy"] >= MIN_ACCURACY
+
+
+def test_the_alphas_leave_uniform_round_by_round_and_the_summary_says_it(preset) -> None:
+    # one cell (space.layers-per-block = 1): the reduction cell's alphas are the searched ones
+    entropy = [e["net.alpha_reduce"] for e in preset.document["alpha_entropy"]]
+    assert len(entropy) == preset.document["rounds"] == 3
+    assert entropy[-1] < entropy[0] < math.log(8)
+    assert entropy[-1] < 0.99 * math.log(8), entropy
+    assert preset.document["macs"] == pytest.approx(preset.document["flops"] / 2)
+    assert any(line.startswith("alpha entropy") for line in preset.summary)
