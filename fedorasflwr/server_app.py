@@ -34,6 +34,8 @@ RUNNERS: dict[str, str] = {
     "cfdnas": "fedorasflwr.methods.fdnas.runner:run_cfdnas",
     "dpfnas": "fedorasflwr.methods.dpfnas.runner:run_dpfnas",
     "decnas": "fedorasflwr.methods.decnas.runner:run_decnas",
+    "heterofl": "fedorasflwr.methods.widths.runner:run_heterofl",
+    "fjord": "fedorasflwr.methods.widths.runner:run_fjord",
 }
 
 

@@ -26,6 +26,7 @@ PAGES = {
     "docs/dpfnas.md": ("DPFNASResult", "PartyPrivacy", "MechanismPrivacy"),
     "docs/decnas.md": ("DecNASResult", "GlobalModel"),
     "docs/latency.md": ("LatencyTable", "LatencyValidation"),
+    "docs/baselines.md": ("WidthResult", "TierWidth"),
 }
 #: dataclasses exported from fedorasflwr.strategies that are no result: a node's profile, and
 #: the methods' settings (each page's table of run-config keys documents them: a field is its
@@ -36,6 +37,8 @@ NOT_RESULTS = {
     "FDNASSettings",
     "DPFNASSettings",
     "DecNASSettings",
+    "HeteroFLSettings",
+    "FjORDSettings",
 }
 
 

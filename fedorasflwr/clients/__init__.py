@@ -14,6 +14,7 @@ from ..methods.decnas import client as decnas
 from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
 from ..methods.fedoras import client as fedoras
+from ..methods.widths import client as widths
 from .factory import HANDLERS, make_client_app, node_threads, register
 from .node_data import NodeData, data_partition_id, to_client_data
 
@@ -29,4 +30,5 @@ __all__ = [
     "node_threads",
     "register",
     "to_client_data",
+    "widths",
 ]

@@ -26,6 +26,7 @@ from ..methods.decnas import client as decnas
 from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
 from ..methods.fedoras import client as fedoras
+from ..methods.widths import client as widths
 from ..nonce import echo
 from ..protocol import CONFIG, PROFILE, sample_kind
 from ..training import device_mod
@@ -131,6 +132,8 @@ HANDLERS: tuple[Handler, ...] = (
     Handler("train", "decnas_upload", _upload, "DecNAS: upload a survivor's kept weights"),
     Handler("train", "decnas_fedavg", _seeded(decnas.train_model), "DecNAS FedAvg stages"),
     Handler("evaluate", "decnas", _plain(decnas.evaluate_model), "DecNAS validation and tests"),
+    Handler("train", "widths", _seeded(widths.train_width), "HeteroFL / FjORD local training"),
+    Handler("evaluate", "widths", _plain(widths.evaluate_width), "HeteroFL / FjORD tier test"),
 )
 
 

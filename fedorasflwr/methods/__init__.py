@@ -3,7 +3,9 @@
 - ``fedoras``: FedorAS (Dudziak et al., 2022): supernet, tiered search, fine-tuning;
 - ``decnas``: DecNAS: NetAdapt-style pruning, grouped candidates;
 - ``fdnas``: FDNAS and CFDNAS (He et al., 2020): DARTS-style search over MBConv;
-- ``dpfnas``: DP-FNAS (Singh et al., 2020): differentially private DARTS.
+- ``dpfnas``: DP-FNAS (Singh et al., 2020): differentially private DARTS;
+- ``widths``: the width-scaling baselines ``heterofl`` (Diao et al., 2021) and ``fjord``
+  (Horvath et al., 2021) on one fixed ConvNet.
 
 Rules (``tests/test_layout.py``): a method imports no other method; a server module
 (anything but ``client.py``) imports no client module.  Shared server code lives in
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 #: every method a run config's ``method`` may name (``cfdnas`` is FDNAS's clustered variant)
-METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas")
+METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas", "heterofl", "fjord")
 
 #: method -> the import path of its settings class (``methods/<method>/settings.py``),
 #: imported when asked for: importing this package loads no method
@@ -30,6 +32,8 @@ SETTINGS = {
     "cfdnas": "fedorasflwr.methods.fdnas.settings:FDNASSettings",
     "dpfnas": "fedorasflwr.methods.dpfnas.settings:DPFNASSettings",
     "decnas": "fedorasflwr.methods.decnas.settings:DecNASSettings",
+    "heterofl": "fedorasflwr.methods.widths.settings:HeteroFLSettings",
+    "fjord": "fedorasflwr.methods.widths.settings:FjORDSettings",
 }
 
 
@@ -40,6 +44,8 @@ SUMMARIES = {
     "cfdnas": "fedorasflwr.methods.fdnas.summary:summary",
     "dpfnas": "fedorasflwr.methods.dpfnas.summary:summary",
     "decnas": "fedorasflwr.methods.decnas.summary:summary",
+    "heterofl": "fedorasflwr.methods.widths.summary:summary",
+    "fjord": "fedorasflwr.methods.widths.summary:summary",
 }
 
 

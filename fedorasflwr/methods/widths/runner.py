@@ -1,0 +1,81 @@
+"""The width baselines' runner: run config -> ``HeteroFL`` / ``FjORD`` ``start`` -> each
+tier's model scored on the global test set -> the result document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord
+from flwr.serverapp import Grid
+
+from ...checkpoints import Checkpointer
+from ...config import RunSettings
+from ...data import dataset_info
+from ...runs import RunFiles, global_test, start, strategy_options
+from ...search_spaces.widths import width_net
+from .strategy import FjORD, HeteroFL, WidthStrategy
+
+__all__ = ["run_fjord", "run_heterofl", "run_widths"]
+
+
+def image_spec(settings: RunSettings) -> dict[str, int]:
+    """The fixed architecture's input and classes for the run's (image) dataset."""
+    info = dataset_info(settings.data)
+    if info.kind != "image":
+        raise ValueError(
+            f"run config 'data.dataset' = {info.name!r} is {info.kind}: the width baselines "
+            "widen an image ConvNet; use an image dataset"
+        )
+    channels, height, width = info.input_shape
+    return {
+        "num_classes": info.num_classes,
+        "in_channels": channels,
+        "input_height": height,
+        "input_width": width,
+    }
+
+
+def run_widths(
+    strategy_class: type[WidthStrategy],
+    grid: Grid,
+    settings: RunSettings,
+    out_dir: Path,
+    progress: Checkpointer | None = None,
+) -> dict[str, Any]:
+    """Train, test each tier's model on its nodes and on the global test set, report."""
+    image = image_spec(settings)
+    strategy = strategy_class(
+        image=image, settings=settings.method_settings, **strategy_options(settings, None)
+    )
+    spec = {"name": "widths-convnet", **image}
+    run = RunFiles(out_dir, settings, spec, progress)
+    result = start(
+        strategy, grid, settings, run, ArrayRecord(), settings.method_settings.train.rounds
+    )
+    held = global_test(settings)
+    if held is not None:
+        for tier in result.tiers:
+            net = width_net(image, tier.width)
+            tier.global_test_accuracy = held.score(net, strategy.tier_arrays(tier.tier)).accuracy
+    return {
+        "mode": strategy.mode,
+        "architecture": spec,
+        **result.summary(),
+        **({} if held is None else {"global-test-count": len(held.data)}),
+        **run.document(),
+    }
+
+
+def run_heterofl(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """HeteroFL (``run_widths``)."""
+    return run_widths(HeteroFL, grid, settings, out_dir, progress)
+
+
+def run_fjord(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """FjORD (``run_widths``)."""
+    return run_widths(FjORD, grid, settings, out_dir, progress)
