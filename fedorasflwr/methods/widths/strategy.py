@@ -253,13 +253,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         with self.ledger.timed("setup"):
             self.profile_nodes(grid, ConfigRecord({"method": self.mode}))
             self.tiers = {n: self.tier_of(p) for n, p in self.profiles.items()}
-        if not len(initial_arrays):
-            initial_arrays = ArrayRecord(self.net.state_dict())
-        self._global = initial_arrays
-        full = to_numpy(initial_arrays)
-        self._specs = {
-            w: array_specs(to_record(sub_arrays(full, shape))) for w, shape in self.shapes.items()
-        }
+        self.use_model(initial_arrays)
         history: list[dict[str, Any]] = []
         self.reached("train", 0)
         for server_round in range(1, s.train.rounds + 1):
@@ -285,6 +279,20 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         result = WidthResult(tiers=tiers, history=history, ledger=self.ledger.summary())
         self.contract_result(result, self._global)
         return result
+
+    def use_model(self, arrays: ArrayRecord) -> None:
+        """Make ``arrays`` the full-width global model (empty: the net's initial weights),
+        and its slices' specs what every reply is checked against."""
+        if not len(arrays):
+            arrays = ArrayRecord(self.net.state_dict())
+        full = to_numpy(arrays)
+        for name, shape in width_shapes(self.image, 1.0).items():
+            if name not in full or tuple(full[name].shape) != shape:
+                raise ValueError(f"initial arrays: {name!r} is not the full-width {shape}")
+        self._global = arrays
+        self._specs = {
+            w: array_specs(to_record(sub_arrays(full, shape))) for w, shape in self.shapes.items()
+        }
 
     def tier_arrays(self, tier: int) -> ArrayRecord:
         """The global model at ``tier``'s width (its leading slice)."""
