@@ -163,3 +163,22 @@ def test_a_tiny_run_serves_every_tier(method, data_cache) -> None:
     full = to_numpy(result.arrays)
     for name, value in sub_arrays(full, width_shapes(MNIST, 0.25)).items():
         np.testing.assert_array_equal(small[name], value)
+
+
+def test_a_tier_model_file_loads_back_as_the_same_net(tmp_path) -> None:
+    from fedorasflwr.methods.widths.runner import save_tier
+    from fedorasflwr.model_files import load_model
+    from fedorasflwr.runs import RunFiles
+
+    settings = parse_run_config(pyproject_run_config() | {"method": "heterofl", "onnx": False})
+    torch.manual_seed(0)
+    full = to_numpy(ArrayRecord(width_net(MNIST, 1.0).state_dict()))
+    arrays = to_record(sub_arrays(full, width_shapes(MNIST, 0.5)))
+    run = RunFiles(tmp_path, settings, {"name": "widths-convnet", **MNIST}, None)
+    save_tier(run, MNIST, 1, 0.5, arrays)
+    assert run.document()["files"] == ["tier1.pt"]
+    loaded = load_model(tmp_path / "tier1.pt").eval()
+    net = width_net(MNIST, 0.5)
+    net.load_state_dict(arrays.to_torch_state_dict())
+    x = torch.randn(3, 1, 28, 28)
+    torch.testing.assert_close(loaded(x), net.eval()(x))

@@ -12,8 +12,11 @@ from flwr.serverapp import Grid
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
+from ...model_files import PRUNABLE
 from ...runs import RunFiles, global_test, start, strategy_options
+from ...search_spaces.prunable import build_prunable, load_prunable
 from ...search_spaces.widths import width_net
+from ...seeding import seed_torch
 from .strategy import FjORD, HeteroFL, WidthStrategy
 
 __all__ = ["run_fjord", "run_heterofl", "run_widths"]
@@ -50,14 +53,15 @@ def run_widths(
     )
     spec = {"name": "widths-convnet", **image}
     run = RunFiles(out_dir, settings, spec, progress)
-    result = start(
-        strategy, grid, settings, run, ArrayRecord(), settings.method_settings.train.rounds
-    )
+    seed_torch(settings.seed, "init")
+    initial = ArrayRecord(width_net(image, 1.0).state_dict())
+    result = start(strategy, grid, settings, run, initial, settings.method_settings.train.rounds)
     held = global_test(settings)
-    if held is not None:
-        for tier in result.tiers:
-            net = width_net(image, tier.width)
-            tier.global_test_accuracy = held.score(net, strategy.tier_arrays(tier.tier)).accuracy
+    for tier in result.tiers:
+        arrays = strategy.tier_arrays(tier.tier)
+        if held is not None:
+            tier.global_test_accuracy = held.score(width_net(image, tier.width), arrays).accuracy
+        save_tier(run, image, tier.tier, tier.width, arrays)
     return {
         "mode": strategy.mode,
         "architecture": spec,
@@ -65,6 +69,18 @@ def run_widths(
         **({} if held is None else {"global-test-count": len(held.data)}),
         **run.document(),
     }
+
+
+def save_tier(
+    run: RunFiles, image: dict[str, int], tier: int, width: float, arrays: ArrayRecord
+) -> None:
+    """``tier<t>.pt`` (and ``.onnx``): the tier's model as a DecNAS prunable ConvNet at its
+    width (``model_files.load_model`` rebuilds it; its keys gain the ``model.`` prefix)."""
+    keys = {f"model.{k}": v for k, v in arrays.to_torch_state_dict().items()}
+    spec = build_prunable("convnet", width=width, **image).spec
+    net = load_prunable(spec, keys)
+    record = ArrayRecord(net.state_dict())
+    run.save(f"tier{tier}", record, stage="final", builder=PRUNABLE, model=net, space_spec=spec)
 
 
 def run_heterofl(
