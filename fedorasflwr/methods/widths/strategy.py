@@ -34,11 +34,12 @@ from ...search_spaces.widths import (
     width_net,
     width_shapes,
 )
+from .messages import WIDTHS_EVALUATE, WIDTHS_TRAIN
 from .settings import FjORDSettings, HeteroFLSettings, WidthSettings
 
 __all__ = ["FjORD", "HeteroFL", "TierWidth", "WidthResult", "WidthStrategy"]
 
-TRAIN, EVALUATE = "train.widths", "evaluate.widths"
+TRAIN, EVALUATE = WIDTHS_TRAIN, WIDTHS_EVALUATE
 
 
 @dataclass(kw_only=True)
