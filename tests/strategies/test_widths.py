@@ -49,10 +49,12 @@ def profile(node_id: int, partition_id: int, tier: int = -1) -> NodeProfile:
         ("heterofl.widths", "0,1", "heterofl.widths"),
         ("fjord.tier-widths", "0.3,1.0", "fjord.tier-widths"),
         ("fjord.widths", "1.0,2.0", "fjord.widths"),
+        ("aggregation", "median", "aggregation"),
     ],
 )
 def test_bad_widths_name_the_key(key, value, words) -> None:
-    config = pyproject_run_config() | {"method": key.split(".")[0], key: value}
+    method = "heterofl" if "." not in key else key.split(".")[0]
+    config = pyproject_run_config() | {"method": method, key: value}
     with pytest.raises(ValueError, match=words):
         parse_run_config(config)
 

@@ -41,11 +41,13 @@ class WidthSettings(MethodSettings):
         train = TrainingRecipe.from_config(
             cfg, t.prefix, cls.train, keys=RECIPE_KEYS, all_clients=True, min_rounds=1
         )
-        return {
-            "train": train,
-            "min_replies": t.min_replies(cls.min_replies, train),
-            **cls.shared_from_config(cfg),
-        }
+        shared = cls.shared_from_config(cfg)
+        if shared["aggregation_rule"] != "mean":
+            raise ValueError(
+                f"run config 'aggregation' = {shared['aggregation_rule']!r}: the width "
+                "baselines average each entry over the clients holding it; allowed: mean"
+            )
+        return {"train": train, "min_replies": t.min_replies(cls.min_replies, train), **shared}
 
 
 @dataclass(frozen=True)
