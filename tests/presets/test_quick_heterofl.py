@@ -25,3 +25,5 @@ def test_every_tier_gets_its_width_and_reaches_five_times_chance(preset) -> None
         assert tier["test_accuracy"] >= MIN_ACCURACY, tier
         assert tier["global_test_accuracy"] >= MIN_ACCURACY, tier
     assert any("global test acc" in line for line in preset.summary)
+    files = set(preset.document["files"])
+    assert {"tier0.pt", "tier3.pt", "tiers_accuracy.png"} <= files, files

@@ -17,6 +17,7 @@ from ...runs import RunFiles, global_test, start, strategy_options
 from ...search_spaces.prunable import build_prunable, load_prunable
 from ...search_spaces.widths import width_net
 from ...seeding import seed_torch
+from .plots import plot_tiers
 from .strategy import FjORD, HeteroFL, WidthStrategy
 
 __all__ = ["run_fjord", "run_heterofl", "run_widths"]
@@ -62,10 +63,11 @@ def run_widths(
         if held is not None:
             tier.global_test_accuracy = held.score(width_net(image, tier.width), arrays).accuracy
         save_tier(run, image, tier.tier, tier.width, arrays)
+    summary = {"mode": strategy.mode, **result.summary()}
+    run.add(plot_tiers(out_dir / "tiers_accuracy.png", summary))
     return {
-        "mode": strategy.mode,
         "architecture": spec,
-        **result.summary(),
+        **summary,
         **({} if held is None else {"global-test-count": len(held.data)}),
         **run.document(),
     }
