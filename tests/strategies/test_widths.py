@@ -161,6 +161,7 @@ def test_a_tiny_run_serves_every_tier(method, data_cache) -> None:
     assert [t.partitions for t in result.tiers] == [[0], [1], [2], [3]]
     assert all(t.test_count > 0 and t.test_accuracy is not None for t in result.tiers)
     assert result.ledger["train"]["totals"]["replies"] == 4
+    assert result.ledger["train"]["totals"]["train_flops"] > 0  # what the clients reported
     small = to_numpy(strategy.tier_arrays(0))
     full = to_numpy(result.arrays)
     for name, value in sub_arrays(full, width_shapes(MNIST, 0.25)).items():

@@ -236,7 +236,9 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             width = self.width_of(reply.metadata.src_node_id)
             arrays = to_numpy(reply.content.array_records[ARRAYS])
             updates.append((arrays, width, int(metrics["num-examples"])))
-            flops += int(metrics.get("train-flops", 0))
+            spent = int(metrics.get("train-flops", 0))
+            self.ledger.node("train", reply.metadata.src_node_id).train_flops += spent
+            flops += spent
         fused = aggregate_slices(to_numpy(self._global), updates)
         total = sum(n for _, _, n in updates)
         return to_record(fused), MetricRecord(
@@ -269,11 +271,12 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             self.record_step(server_round, fused, history, entry, every=0, last=False)
             log(
                 INFO,
-                "[%s] round %d/%d: %d client(s)",
+                "[%s] round %d/%d: %d of %d client(s)",
                 self.mode,
                 server_round,
                 s.train.rounds,
-                len(replies),
+                entry["clients"],
+                len(messages),
             )
             self.reached("train", server_round, fused, history=history)
         tiers = self.test_tiers(grid)
