@@ -185,3 +185,37 @@ def test_a_tier_model_file_loads_back_as_the_same_net(tmp_path) -> None:
     net.load_state_dict(arrays.to_torch_state_dict())
     x = torch.randn(3, 1, 28, 28)
     torch.testing.assert_close(loaded(x), net.eval()(x))
+
+
+@pytest.mark.slow
+def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> None:
+    """FjORD (per-batch widths from the seed): stopped before round 2 of 2, resumed from its
+    checkpoint: the same tier models, history and training ledger."""
+    from fedorasflwr.methods.widths.messages import WIDTHS_TRAIN
+    from tests.test_checkpoints import (
+        StoppingGrid,
+        SuperLinkGoneError,
+        assert_same_weights,
+        result_of,
+        run_main,
+        stage_totals,
+    )
+
+    base = pyproject_run_config() | tiny(data_cache, "fjord", **{"fjord.rounds": 2})
+
+    def config(name: str, **extra):
+        return {**base, "output-dir": str(tmp_path / name), "checkpoint-every": 1, **extra}
+
+    whole = run_main(InProcessGrid(client_app, config("whole"), 4), config("whole"))
+    grid = StoppingGrid(client_app, config("stopped"), 4, message_type=WIDTHS_TRAIN, stop=2)
+    with pytest.raises(SuperLinkGoneError):
+        run_main(grid, config("stopped"))
+    (stopped,) = (tmp_path / "stopped").iterdir()
+    resumed_config = config("resumed", **{"resume-from": str(stopped / "checkpoint.pt")})
+    resumed = run_main(InProcessGrid(client_app, resumed_config, 4), resumed_config)
+    for tier in range(4):
+        assert_same_weights(whole / f"tier{tier}.pt", resumed / f"tier{tier}.pt")
+    first, second = result_of(whole), result_of(resumed)
+    assert second["history"] == first["history"] and len(second["history"]) == 2
+    assert stage_totals(second, "train") == stage_totals(first, "train")
+    assert second["tiers"] == first["tiers"]

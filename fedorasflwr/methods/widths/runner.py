@@ -13,12 +13,12 @@ from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
 from ...model_files import PRUNABLE
-from ...runs import RunFiles, global_test, start, strategy_options
+from ...runs import RunFiles, global_test, resume_checkpoint, start, strategy_options
 from ...search_spaces.prunable import build_prunable, load_prunable
 from ...search_spaces.widths import width_net
 from ...seeding import seed_torch
 from .plots import plot_tiers
-from .strategy import FjORD, HeteroFL, WidthStrategy
+from .strategy import STAGE, FjORD, HeteroFL, WidthStrategy
 
 __all__ = ["run_fjord", "run_heterofl", "run_widths"]
 
@@ -49,14 +49,16 @@ def run_widths(
 ) -> dict[str, Any]:
     """Train, test each tier's model on its nodes and on the global test set, report."""
     image = image_spec(settings)
+    rounds = settings.method_settings.train.rounds
+    resume = resume_checkpoint(settings, None, {STAGE: rounds})
     strategy = strategy_class(
-        image=image, settings=settings.method_settings, **strategy_options(settings, None)
+        image=image, settings=settings.method_settings, **strategy_options(settings, resume)
     )
     spec = {"name": "widths-convnet", **image}
     run = RunFiles(out_dir, settings, spec, progress)
     seed_torch(settings.seed, "init")
     initial = ArrayRecord(width_net(image, 1.0).state_dict())
-    result = start(strategy, grid, settings, run, initial, settings.method_settings.train.rounds)
+    result = start(strategy, grid, settings, run, initial, rounds)
     held = global_test(settings)
     for tier in result.tiers:
         arrays = strategy.tier_arrays(tier.tier)

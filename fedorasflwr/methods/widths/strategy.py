@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
+from ...checkpoints import Resume
 from ...costs import COST_CONVENTION
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import array_specs, check_reply
@@ -40,6 +41,8 @@ from .settings import FjORDSettings, HeteroFLSettings, WidthSettings
 __all__ = ["FjORD", "HeteroFL", "TierWidth", "WidthResult", "WidthStrategy"]
 
 TRAIN, EVALUATE = WIDTHS_TRAIN, WIDTHS_EVALUATE
+#: the one stage a checkpoint can be taken in (its steps: rounds)
+STAGE = "train"
 
 
 @dataclass(kw_only=True)
@@ -109,6 +112,10 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         Fixes the sampling and the clients' batches and widths.
     validate_profiles : callable, optional
         Called with the node profiles before any training; raise to stop.
+    resume : Resume, optional
+        A checkpoint of the training rounds: the run continues with the round after it
+        (its global model, history and ledger); tiers and sampling are recomputed from
+        the profiles and the seed, so the resumed run equals the uninterrupted one.
     min_nodes : int
         Nodes to wait for before profiling.
     """
@@ -124,12 +131,11 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         settings: WidthSettings,
         seed: int,
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
-        resume: Any = None,
+        resume: Resume | None = None,
         min_nodes: int = 2,
     ) -> None:
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
-        if resume is not None:
-            raise ValueError(f"{self.mode}: resuming from a checkpoint is not supported")
+        self.resume: Resume | None = resume
         self.image = dict(image)
         self.settings = settings
         self.validate_profiles = validate_profiles
@@ -256,10 +262,24 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         with self.ledger.timed("setup"):
             self.profile_nodes(grid, ConfigRecord({"method": self.mode}))
             self.tiers = {n: self.tier_of(p) for n, p in self.profiles.items()}
-        self.use_model(initial_arrays)
         history: list[dict[str, Any]] = []
-        self.reached("train", 0)
-        for server_round in range(1, s.train.rounds + 1):
+        first = 1
+        if self.resume is not None:
+            self.ledger.restore(self.resume.ledger)
+            self.use_model(self.resume.arrays)
+            history = [dict(h) for h in self.resume.history or []]
+            first = self.resume.step + 1
+            log(
+                INFO,
+                "%s resumed after round %d (%s)",
+                self.mode,
+                self.resume.step,
+                self.resume.path,
+            )
+        else:
+            self.use_model(initial_arrays)
+            self.reached(STAGE, 0)
+        for server_round in range(first, s.train.rounds + 1):
             messages = list(self.configure_train(server_round, self._global, ConfigRecord(), grid))
             replies = self.exchange(grid, "train", messages)
             fused, metrics = self.aggregate_train(server_round, replies)
@@ -278,7 +298,8 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
                 entry["clients"],
                 len(messages),
             )
-            self.reached("train", server_round, fused, history=history)
+            done = server_round == s.train.rounds
+            self.reached(STAGE, server_round, fused, history=history, stage_done=done)
         tiers = self.test_tiers(grid)
         result = WidthResult(tiers=tiers, history=history, ledger=self.ledger.summary())
         self.contract_result(result, self._global)
