@@ -187,7 +187,6 @@ def test_a_tier_model_file_loads_back_as_the_same_net(tmp_path) -> None:
     torch.testing.assert_close(loaded(x), net.eval()(x))
 
 
-@pytest.mark.slow
 def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> None:
     """FjORD (per-batch widths from the seed): stopped before round 2 of 2, resumed from its
     checkpoint: the same tier models, history and training ledger."""
