@@ -260,8 +260,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         log(INFO, "Starting %s", self.mode)
         self.summary()
         with self.ledger.timed("setup"):
-            self.profile_nodes(grid, ConfigRecord({"method": self.mode}))
-            self.tiers = {n: self.tier_of(p) for n, p in self.profiles.items()}
+            self.setup(grid)
         history: list[dict[str, Any]] = []
         first = 1
         if self.resume is not None:
@@ -304,6 +303,13 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         result = WidthResult(tiers=tiers, history=history, ledger=self.ledger.summary())
         self.contract_result(result, self._global)
         return result
+
+    def setup(self, grid: Grid) -> None:
+        """Profile the nodes and give each its tier (``tier_of``); the global model is the
+        net's initial weights until ``use_model`` (what ``run`` does first)."""
+        self.profile_nodes(grid, ConfigRecord({"method": self.mode}))
+        self.tiers = {n: self.tier_of(p) for n, p in self.profiles.items()}
+        self.use_model(ArrayRecord())
 
     def use_model(self, arrays: ArrayRecord) -> None:
         """Make ``arrays`` the full-width global model (empty: the net's initial weights),
