@@ -35,6 +35,8 @@ RUNNERS: dict[str, str] = {
     "dpfnas": "fedorasflwr.methods.dpfnas.runner:run_dpfnas",
     "decnas": "fedorasflwr.methods.decnas.runner:run_decnas",
     "fednas": "fedorasflwr.methods.fednas.runner:run_fednas",
+    "heterofl": "fedorasflwr.methods.widths.runner:run_heterofl",
+    "fjord": "fedorasflwr.methods.widths.runner:run_fjord",
 }
 
 

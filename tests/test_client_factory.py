@@ -225,7 +225,7 @@ def test_register_adds_every_handler_to_an_app_of_ones_own() -> None:
     with pytest.raises(ValueError, match="already registered"):
         register(app, UserData())
     assert {h.message_type for h in HANDLERS} >= {QUERY_PROFILE, FEDORAS_SUPERNET, DECNAS_TUNE}
-    assert len({h.message_type for h in HANDLERS}) == len(HANDLERS) == 21
+    assert len({h.message_type for h in HANDLERS}) == len(HANDLERS) == 23
 
 
 def test_bad_data_is_an_error_reply_naming_the_split() -> None:

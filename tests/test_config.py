@@ -140,7 +140,9 @@ def test_a_method_table_refuses_its_misspelled_keys_but_not_the_apps_own():
         DecNASSettings.from_config({"decnas.lrr": 0.1})
 
 
-@pytest.mark.parametrize("method", ["fedoras", "fdnas", "cfdnas", "dpfnas", "decnas", "fednas"])
+@pytest.mark.parametrize(
+    "method", ["fedoras", "fdnas", "cfdnas", "dpfnas", "decnas", "fednas", "heterofl", "fjord"]
+)
 def test_a_runs_settings_hold_only_the_running_methods_table(method):
     """``RunSettings.method_settings`` is the running method's; result.json's ``settings``
     (``document``) hold it under its table's name and no other method's table."""
@@ -151,7 +153,7 @@ def test_a_runs_settings_hold_only_the_running_methods_table(method):
     document = settings.document()
     table = "fdnas" if method == "cfdnas" else method
     assert document[table] == plain(settings.method_settings)
-    others = {"fedoras", "fdnas", "dpfnas", "decnas", "fednas"} - {table}
+    others = {"fedoras", "fdnas", "dpfnas", "decnas", "fednas", "heterofl", "fjord"} - {table}
     assert not others & set(document)
     assert all("-" not in key for key in document)  # snake_case, as the rest of result.json
     with pytest.raises(ValueError, match="method_settings of method 'decnas' must be a"):

@@ -111,7 +111,8 @@ def test_the_server_app_is_a_thin_dispatcher() -> None:
     for method, path in RUNNERS.items():
         module = path.partition(":")[0]
         assert module in modules() and is_server(module), (method, path)
-        assert _method(module) == ("fdnas" if method == "cfdnas" else method)
+        package = {"cfdnas": "fdnas", "heterofl": "widths", "fjord": "widths"}.get(method, method)
+        assert _method(module) == package
 
 
 def test_no_server_module_reaches_a_client_module() -> None:
@@ -184,7 +185,7 @@ def test_every_seeded_generator_comes_from_the_named_streams():
 
 
 #: what names a method: its package's name in any spelling (FedorAS, FDNAS, DP-FNAS, ...)
-METHOD_WORDS = ("fedoras", "fdnas", "dpfnas", "decnas", "fednas")
+METHOD_WORDS = ("fedoras", "fdnas", "dpfnas", "decnas", "fednas", "heterofl", "fjord")
 
 
 def is_shared(name: str) -> bool:

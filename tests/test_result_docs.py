@@ -27,6 +27,7 @@ PAGES = {
     "docs/decnas.md": ("DecNASResult", "GlobalModel"),
     "docs/fednas.md": ("FedNASResult",),
     "docs/latency.md": ("LatencyTable", "LatencyValidation"),
+    "docs/baselines.md": ("WidthResult", "TierWidth"),
 }
 #: dataclasses exported from fedorasflwr.strategies that are no result: a node's profile, and
 #: the methods' settings (each page's table of run-config keys documents them: a field is its
@@ -38,6 +39,8 @@ NOT_RESULTS = {
     "DPFNASSettings",
     "DecNASSettings",
     "FedNASSettings",
+    "HeteroFLSettings",
+    "FjORDSettings",
 }
 
 

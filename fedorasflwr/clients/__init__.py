@@ -15,6 +15,7 @@ from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
 from ..methods.fednas import client as fednas
 from ..methods.fedoras import client as fedoras
+from ..methods.widths import client as widths
 from .factory import HANDLERS, make_client_app, node_threads, register
 from .node_data import NodeData, data_partition_id, to_client_data
 
@@ -31,4 +32,5 @@ __all__ = [
     "node_threads",
     "register",
     "to_client_data",
+    "widths",
 ]

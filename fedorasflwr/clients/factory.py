@@ -27,6 +27,7 @@ from ..methods.dpfnas import client as dpfnas
 from ..methods.fdnas import client as fdnas
 from ..methods.fednas import client as fednas
 from ..methods.fedoras import client as fedoras
+from ..methods.widths import client as widths
 from ..nonce import echo
 from ..protocol import CONFIG, PROFILE, sample_kind
 from ..training import device_mod
@@ -135,6 +136,8 @@ HANDLERS: tuple[Handler, ...] = (
     Handler("train", "fednas_search", _seeded(fednas.search_supernet), "FedNAS local DARTS"),
     Handler("train", "fednas_final", _seeded(fednas.train_final), "FedNAS final FedAvg"),
     Handler("evaluate", "fednas_final", _plain(fednas.evaluate_final), "FedNAS test"),
+    Handler("train", "widths", _seeded(widths.train_width), "HeteroFL / FjORD local training"),
+    Handler("evaluate", "widths", _plain(widths.evaluate_width), "HeteroFL / FjORD tier test"),
 )
 
 

@@ -4,7 +4,9 @@
 - ``decnas``: DecNAS: NetAdapt-style pruning, grouped candidates;
 - ``fednas``: FedNAS (He et al., 2020): FedAvg of local DARTS searches (baseline).
 - ``fdnas``: FDNAS and CFDNAS (He et al., 2020): DARTS-style search over MBConv;
-- ``dpfnas``: DP-FNAS (Singh et al., 2020): differentially private DARTS.
+- ``dpfnas``: DP-FNAS (Singh et al., 2020): differentially private DARTS;
+- ``widths``: the width-scaling baselines ``heterofl`` (Diao et al., 2021) and ``fjord``
+  (Horvath et al., 2021) on one fixed ConvNet.
 
 Rules (``tests/test_layout.py``): a method imports no other method; a server module
 (anything but ``client.py``) imports no client module.  Shared server code lives in
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 #: every method a run config's ``method`` may name (``cfdnas`` is FDNAS's clustered variant)
-METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas", "fednas")
+METHODS = ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas", "fednas", "heterofl", "fjord")
 
 #: method -> the import path of its settings class (``methods/<method>/settings.py``),
 #: imported when asked for: importing this package loads no method
@@ -32,6 +34,8 @@ SETTINGS = {
     "dpfnas": "fedorasflwr.methods.dpfnas.settings:DPFNASSettings",
     "decnas": "fedorasflwr.methods.decnas.settings:DecNASSettings",
     "fednas": "fedorasflwr.methods.fednas.settings:FedNASSettings",
+    "heterofl": "fedorasflwr.methods.widths.settings:HeteroFLSettings",
+    "fjord": "fedorasflwr.methods.widths.settings:FjORDSettings",
 }
 
 
@@ -43,6 +47,8 @@ SUMMARIES = {
     "dpfnas": "fedorasflwr.methods.dpfnas.summary:summary",
     "decnas": "fedorasflwr.methods.decnas.summary:summary",
     "fednas": "fedorasflwr.methods.fednas.summary:summary",
+    "heterofl": "fedorasflwr.methods.widths.summary:summary",
+    "fjord": "fedorasflwr.methods.widths.summary:summary",
 }
 
 

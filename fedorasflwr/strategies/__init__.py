@@ -8,6 +8,7 @@ docs/latency.md).
 
 >>> from fedorasflwr.strategies import FedorAS, DecNAS, FDNAS, CFDNAS, DPFNAS, SeededFedAvg
 >>> from fedorasflwr.strategies import FedorASResult, FDNASResult, DPFNASResult, DecNASResult
+>>> from fedorasflwr.strategies import HeteroFL, FjORD, WidthResult  # width baselines
 >>> from fedorasflwr.strategies import opa
 >>> from fedorasflwr.strategies import FedorASSettings, FDNASSettings, DecNASSettings
 """
@@ -33,8 +34,16 @@ from ..methods.fedoras.search import Scored, TierSearch
 from ..methods.fedoras.settings import FedorASSettings
 from ..methods.fedoras.strategy import FedorAS, FedorASResult
 from ..methods.fedoras.tiers import Tier
+from ..methods.widths.settings import FjORDSettings, HeteroFLSettings
+from ..methods.widths.strategy import FjORD, HeteroFL, TierWidth, WidthResult
 
 __all__ = [
+    "FjORD",
+    "FjORDSettings",
+    "HeteroFL",
+    "HeteroFLSettings",
+    "TierWidth",
+    "WidthResult",
     "CFDNAS",
     "DPFNAS",
     "DPFNASResult",

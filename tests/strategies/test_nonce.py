@@ -30,6 +30,8 @@ from fedorasflwr.ledger import Ledger
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
 from fedorasflwr.methods.fdnas.messages import FDNAS_SEARCH
 from fedorasflwr.methods.fedoras.strategy import FedorAS
+from fedorasflwr.methods.widths.runner import image_spec
+from fedorasflwr.methods.widths.strategy import HeteroFL
 from fedorasflwr.nonce import echo_nonce, nonce_of
 from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, QUERY_PROFILE
 from fedorasflwr.runs import build_supernet
@@ -72,6 +74,12 @@ def fednas(cache):
     return config, FedNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
 
 
+def heterofl(cache):
+    config = tiny_fedoras(cache) | {"method": "heterofl", "heterofl.batch-size": 64}
+    settings = parse_run_config(config)
+    return config, HeteroFL(image=image_spec(settings), settings=settings.method_settings, seed=0)
+
+
 #: method -> (its run config and strategy, the ledger stage of its training replies,
 #: the config its configure_train takes)
 METHODS = {
@@ -79,6 +87,7 @@ METHODS = {
     "fdnas": (fdnas, "search", dict),
     "dpfnas": (dpfnas, "weights", lambda: {"phase": "weights"}),
     "fednas": (fednas, "search", dict),
+    "heterofl": (heterofl, "train", dict),
 }
 
 
@@ -109,7 +118,8 @@ def test_aggregate_train_called_directly_screens_as_exchange_does(method, data_c
     run_config, strategy = build(data_cache)
     grid = InProcessGrid(client_app, run_config, NODES)
     strategy.setup(grid)
-    arrays = ArrayRecord(strategy.space.state_dict())
+    model = strategy.space if hasattr(strategy, "space") else strategy.net  # widths: a net
+    arrays = ArrayRecord(model.state_dict())
     first = list(strategy.configure_train(1, arrays, ConfigRecord(config()), grid))
     earlier = {r.metadata.src_node_id: r for r in grid.send_and_receive(first)}
     strategy.aggregate_train(1, list(earlier.values()))

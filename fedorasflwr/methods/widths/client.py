@@ -1,0 +1,144 @@
+"""HeteroFL / FjORD client: train the received sub-model, reply with it; test it.
+
+The server sends the leading channel slice of the global model at the client's tier
+width ``width`` (``search_spaces.widths.sub_arrays``).  HeteroFL trains that
+sub-model as it is (``local_sgd``).  FjORD's ordered dropout samples, for every batch,
+one width of the ladder ``widths`` up to ``width`` (uniformly) and takes the SGD step
+on that width's leading slice only (the entries outside it get no gradient; momentum
+is kept at the tier width, as a masked model would keep it).  Both refresh the
+BatchNorm statistics of the tier-width model on the training split before replying.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from torch import nn
+from torch.utils.data import Dataset
+
+from ...costs import training_flops
+from ...data import ClientData
+from ...protocol import ARRAYS, CONFIG, METRICS
+from ...search_spaces.widths import width_net, width_shapes
+from ...seeding import numpy_stream, stream_words
+from ...training import (
+    clip_gradients,
+    flatten_logits,
+    held_out_metrics,
+    local_sgd,
+    refresh_batchnorm,
+    reply_state,
+    seeded_loader,
+    torch_device,
+)
+
+__all__ = ["IMAGE_KEYS", "evaluate_width", "image_of", "ordered_dropout_sgd", "train_width"]
+
+#: the image keys of every message (the fixed architecture's input and classes)
+IMAGE_KEYS = ("num-classes", "in-channels", "input-height", "input-width")
+
+
+def image_of(config: Mapping[str, Any]) -> dict[str, int]:
+    """The image spec (``width_net``'s) a message's config names."""
+    return {key.replace("-", "_"): int(config[key]) for key in IMAGE_KEYS}
+
+
+def _load(content: RecordDict) -> tuple[ConfigRecord, nn.Module]:
+    config: ConfigRecord = content.config_records[CONFIG]
+    net = width_net(image_of(config), float(config["width"]))
+    net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict())
+    return config, net
+
+
+def _ladder(config: Mapping[str, Any]) -> list[tuple[float, int]]:
+    """(width, MACs) of every ladder width up to the client's ``width``."""
+    width = float(config["width"])
+    pairs = zip(config["widths"], config["width-macs"], strict=True)
+    return [(float(w), int(m)) for w, m in pairs if float(w) <= width + 1e-9]
+
+
+def ordered_dropout_sgd(
+    net: nn.Module,
+    image: Mapping[str, int],
+    dataset: Dataset,
+    config: Mapping[str, Any],
+    words: tuple[int, ...],
+    rng: np.random.Generator,
+) -> tuple[float, int, int]:
+    """FjORD's local training of ``net`` (the tier-width model), in place: per batch a width
+    sampled uniformly from the ladder (``_ladder``), the step taken on its leading slice.
+    ``words`` fix the batch order, ``rng`` the widths. Returns the mean loss, the samples
+    seen and the training FLOPs spent."""
+    device = torch_device()
+    net.to(device).train()
+    optimizer = torch.optim.SGD(
+        net.parameters(),
+        lr=float(config["lr"]),
+        momentum=float(config["momentum"]),
+        weight_decay=float(config.get("weight-decay", 0.0)),
+    )
+    criterion = nn.CrossEntropyLoss()
+    ladder = _ladder(config)
+    subs = {w: width_net(image, w).to(device).train() for w, _ in ladder}
+    shapes = {w: width_shapes(image, w) for w, _ in ladder}
+    params = dict(net.named_parameters())
+    loss_sum, seen, flops = 0.0, 0, 0
+    for _ in range(int(config["local-epochs"])):
+        for inputs, targets in seeded_loader(dataset, int(config["batch-size"]), words):
+            width, macs = ladder[int(rng.integers(len(ladder)))]
+            sub = subs[width]
+            with torch.no_grad():  # the sub-model: the leading slice of the current weights
+                for name, tensor in sub.named_parameters():
+                    tensor.copy_(params[name][tuple(slice(0, s) for s in shapes[width][name])])
+            sub.zero_grad(set_to_none=True)
+            loss = criterion(*flatten_logits(sub(inputs.to(device)), targets.to(device)))
+            loss.backward()
+            optimizer.zero_grad(set_to_none=False)
+            for name, tensor in sub.named_parameters():
+                grad = torch.zeros_like(params[name])
+                grad[tuple(slice(0, s) for s in tensor.shape)] = tensor.grad
+                params[name].grad = grad
+            clip_gradients(net.parameters(), float(config.get("grad-clip", 0.0)))
+            optimizer.step()
+            loss_sum += float(loss.detach()) * len(targets)
+            seen += len(targets)
+            flops += training_flops(2 * macs, len(targets))
+    calibrated = refresh_batchnorm(net, dataset, int(config["batch-size"]))
+    flops += 2 * _ladder(config)[-1][1] * calibrated
+    net.eval()
+    return loss_sum / max(seen, 1), seen, flops
+
+
+def train_width(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+    """Local epochs of the received tier-width model (``mode`` "heterofl": that width only;
+    "fjord": ordered dropout over the ladder); reply with its weights."""
+    config, net = _load(content)
+    words = stream_words(
+        config["seed"], f"{config['mode']}-train", config["server-round"], partition_id
+    )
+    if config["mode"] == "fjord":
+        rng = numpy_stream(config["seed"], "fjord-widths", config["server-round"], partition_id)
+        image = image_of(config)
+        loss, _, flops = ordered_dropout_sgd(net, image, data.train, config, words, rng)
+    else:
+        done = local_sgd(net, data.train, config, words)
+        loss, flops = done.loss, done.flops(2 * _ladder(config)[-1][1])
+    return RecordDict(
+        {
+            ARRAYS: ArrayRecord(reply_state(net, content.array_records[ARRAYS])),
+            METRICS: MetricRecord(
+                {"num-examples": len(data.train), "train-loss": loss, "train-flops": flops}
+            ),
+        }
+    )
+
+
+def evaluate_width(content: RecordDict, data: ClientData) -> RecordDict:
+    """Loss and accuracy of the received tier-width model on the test split, its BatchNorm
+    statistics re-estimated on the training split first (``held_out_metrics``)."""
+    _, net = _load(content)
+    return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test, data.train))})

@@ -1,0 +1,101 @@
+"""The width baselines' runner: run config -> ``HeteroFL`` / ``FjORD`` ``start`` -> each
+tier's model scored on the global test set -> the result document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord
+from flwr.serverapp import Grid
+
+from ...checkpoints import Checkpointer
+from ...config import RunSettings
+from ...data import dataset_info
+from ...model_files import PRUNABLE
+from ...runs import RunFiles, global_test, resume_checkpoint, start, strategy_options
+from ...search_spaces.prunable import build_prunable, load_prunable
+from ...search_spaces.widths import width_net
+from ...seeding import seed_torch
+from .plots import plot_tiers
+from .strategy import STAGE, FjORD, HeteroFL, WidthStrategy
+
+__all__ = ["run_fjord", "run_heterofl", "run_widths"]
+
+
+def image_spec(settings: RunSettings) -> dict[str, int]:
+    """The fixed architecture's input and classes for the run's (image) dataset."""
+    info = dataset_info(settings.data)
+    if info.kind != "image":
+        raise ValueError(
+            f"run config 'data.dataset' = {info.name!r} is {info.kind}: the width baselines "
+            "widen an image ConvNet; use an image dataset"
+        )
+    channels, height, width = info.input_shape
+    return {
+        "num_classes": info.num_classes,
+        "in_channels": channels,
+        "input_height": height,
+        "input_width": width,
+    }
+
+
+def run_widths(
+    strategy_class: type[WidthStrategy],
+    grid: Grid,
+    settings: RunSettings,
+    out_dir: Path,
+    progress: Checkpointer | None = None,
+) -> dict[str, Any]:
+    """Train, test each tier's model on its nodes and on the global test set, report."""
+    image = image_spec(settings)
+    rounds = settings.method_settings.train.rounds
+    resume = resume_checkpoint(settings, None, {STAGE: rounds})
+    strategy = strategy_class(
+        image=image, settings=settings.method_settings, **strategy_options(settings, resume)
+    )
+    spec = {"name": "widths-convnet", **image}
+    run = RunFiles(out_dir, settings, spec, progress)
+    seed_torch(settings.seed, "init")
+    initial = ArrayRecord(width_net(image, 1.0).state_dict())
+    result = start(strategy, grid, settings, run, initial, rounds)
+    held = global_test(settings)
+    for tier in result.tiers:
+        arrays = strategy.tier_arrays(tier.tier)
+        if held is not None:
+            tier.global_test_accuracy = held.score(width_net(image, tier.width), arrays).accuracy
+        save_tier(run, image, tier.tier, tier.width, arrays)
+    summary = {"mode": strategy.mode, **result.summary()}
+    run.add(plot_tiers(out_dir / "tiers_accuracy.png", summary))
+    return {
+        "architecture": spec,
+        **summary,
+        **({} if held is None else {"global-test-count": len(held.data)}),
+        **run.document(),
+    }
+
+
+def save_tier(
+    run: RunFiles, image: dict[str, int], tier: int, width: float, arrays: ArrayRecord
+) -> None:
+    """``tier<t>.pt`` (and ``.onnx``): the tier's model as a DecNAS prunable ConvNet at its
+    width (``model_files.load_model`` rebuilds it; its keys gain the ``model.`` prefix)."""
+    keys = {f"model.{k}": v for k, v in arrays.to_torch_state_dict().items()}
+    spec = build_prunable("convnet", width=width, **image).spec
+    net = load_prunable(spec, keys)
+    record = ArrayRecord(net.state_dict())
+    run.save(f"tier{tier}", record, stage="final", builder=PRUNABLE, model=net, space_spec=spec)
+
+
+def run_heterofl(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """HeteroFL (``run_widths``)."""
+    return run_widths(HeteroFL, grid, settings, out_dir, progress)
+
+
+def run_fjord(
+    grid: Grid, settings: RunSettings, out_dir: Path, progress: Checkpointer | None = None
+) -> dict[str, Any]:
+    """FjORD (``run_widths``)."""
+    return run_widths(FjORD, grid, settings, out_dir, progress)

@@ -1,0 +1,220 @@
+"""HeteroFL and FjORD: settings, tiers, slice-wise aggregation of real replies, the
+ordered-dropout loop, and a tiny run of each on the in-process grid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedorasflwr.client_app import app as client_app
+from fedorasflwr.config import parse_run_config
+from fedorasflwr.federation.base import NodeProfile
+from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.methods.widths.client import ordered_dropout_sgd
+from fedorasflwr.methods.widths.strategy import TRAIN, to_numpy, to_record
+from fedorasflwr.nonce import echo
+from fedorasflwr.protocol import ARRAYS, METRICS
+from fedorasflwr.search_spaces.widths import sub_arrays, width_net, width_shapes
+from fedorasflwr.strategies import FjORD, HeteroFL
+from tests.runconfig import pyproject_run_config
+
+MNIST = {"num_classes": 10, "in_channels": 1, "input_height": 28, "input_width": 28}
+
+
+def tiny(cache, method: str, **overrides):
+    config = pyproject_run_config()
+    config.update(
+        {
+            "method": method,
+            "data.cache-dir": str(cache),
+            "onnx": False,
+            f"{method}.rounds": 1,
+            f"{method}.batch-size": 64,
+            **overrides,
+        }
+    )
+    return config
+
+
+def profile(node_id: int, partition_id: int, tier: int = -1) -> NodeProfile:
+    return NodeProfile(node_id, partition_id, 4, 100, 10, 10, (10,) * 10, tier=tier)
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("heterofl.widths", "0.5,0.25", "heterofl.widths"),
+        ("heterofl.widths", "0,1", "heterofl.widths"),
+        ("fjord.tier-widths", "0.3,1.0", "fjord.tier-widths"),
+        ("fjord.widths", "1.0,2.0", "fjord.widths"),
+        ("aggregation", "median", "aggregation"),
+    ],
+)
+def test_bad_widths_name_the_key(key, value, words) -> None:
+    method = "heterofl" if "." not in key else key.split(".")[0]
+    config = pyproject_run_config() | {"method": method, key: value}
+    with pytest.raises(ValueError, match=words):
+        parse_run_config(config)
+
+
+def test_tiers_come_from_the_node_config_else_partition_ranges() -> None:
+    settings = parse_run_config(pyproject_run_config() | {"method": "heterofl"}).method_settings
+    strategy = HeteroFL(image=MNIST, settings=settings, seed=0)
+    assert [strategy.tier_of(profile(1, p)) for p in range(4)] == [0, 1, 2, 3]
+    assert strategy.tier_of(profile(1, 0, tier=3)) == 3
+    with pytest.raises(ValueError, match="tier 4"):
+        strategy.tier_of(profile(1, 0, tier=4))
+
+
+@pytest.fixture
+def task(data_cache) -> None:
+    InProcessGrid(client_app, tiny(data_cache, "heterofl"), 1)  # sets the task identity
+
+
+def _replies(strategy, sent, values):
+    replies = []
+    for message, (value, count) in zip(sent, values, strict=True):
+        shapes = width_shapes(MNIST, strategy.width_of(message.metadata.dst_node_id))
+        arrays = {k: np.full(s, value, dtype=np.float32) for k, s in shapes.items()}
+        arrays = {k: v.astype(np.int64) if "num_batches" in k else v for k, v in arrays.items()}
+        content = RecordDict(
+            {ARRAYS: to_record(arrays), METRICS: MetricRecord({"num-examples": count})}
+        )
+        replies.append(echo(message, Message(content, reply_to=message)))
+    return replies
+
+
+def test_each_entry_is_averaged_over_the_replies_that_hold_it(task) -> None:
+    settings = parse_run_config(pyproject_run_config() | {"method": "heterofl"}).method_settings
+    strategy = HeteroFL(image=MNIST, settings=settings, seed=0)
+    strategy.profiles = {7: profile(7, 1), 8: profile(8, 3)}  # tiers 1 (0.5) and 3 (1.0)
+    strategy.tiers = {7: 1, 8: 3}
+    strategy.use_model(ArrayRecord())
+    messages = strategy._messages(strategy._global, strategy.profiles.values(), 1, TRAIN)
+    sent = strategy.instruct("train", "train", 1, messages)  # what aggregate_train screens by
+    fused, metrics = strategy.aggregate_train(1, _replies(strategy, sent, ((1.0, 1), (5.0, 3))))
+    weight = fused["blocks.1.conv.weight"].numpy()  # (32, 32, 3, 3), node 7 holds [:16, :16]
+    np.testing.assert_allclose(weight[:16, :16], 4.0)  # (1 x 1 + 5 x 3) / 4
+    np.testing.assert_allclose(weight[16:], 5.0)
+    np.testing.assert_allclose(weight[:16, 16:], 5.0)
+    assert metrics["num-examples"] == 4 and metrics["clients"] == 2
+
+
+def test_a_reply_of_another_width_is_dropped(task, caplog) -> None:
+    settings = parse_run_config(pyproject_run_config() | {"method": "heterofl"}).method_settings
+    strategy = HeteroFL(image=MNIST, settings=settings, seed=0)
+    strategy.profiles = {7: profile(7, 1), 8: profile(8, 3)}
+    strategy.tiers = {7: 1, 8: 3}
+    strategy.use_model(ArrayRecord())
+    messages = strategy._messages(strategy._global, strategy.profiles.values(), 1, TRAIN)
+    sent = strategy.instruct("train", "train", 1, messages)  # what aggregate_train screens by
+    strategy.tiers = {7: 3, 8: 3}  # node 7's reply now has the wrong (half) shapes
+    fused, metrics = strategy.aggregate_train(1, _replies(strategy, sent[1:], ((5.0, 3),)))
+    assert metrics["clients"] == 1
+    strategy.tiers = {7: 1, 8: 3}
+    bad = _replies(strategy, sent[:1], ((1.0, 1),))
+    strategy.tiers = {7: 3, 8: 3}
+    assert strategy.aggregate_train(1, bad) == (None, None)
+    assert "dropped reply of node 7" in caplog.text
+
+
+def test_ordered_dropout_trains_only_the_sampled_slice(data_cache) -> None:
+    from fedorasflwr.data import load_client_data
+
+    settings = parse_run_config(pyproject_run_config() | {"data.cache-dir": str(data_cache)})
+    data = load_client_data(settings.data, 0, 20)
+    torch.manual_seed(0)
+    net = width_net(MNIST, 0.5)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    config = ConfigRecord(
+        {
+            "width": 0.5,
+            "widths": [0.25, 1.0],  # up to p_max 0.5: only 0.25 is ever sampled
+            "width-macs": [1, 4],
+            "local-epochs": 1,
+            "batch-size": 32,
+            "lr": 0.1,
+            "momentum": 0.0,
+        }
+    )
+    rng = np.random.default_rng(0)  # the width is fixed whatever it draws
+    loss, seen, flops = ordered_dropout_sgd(net, MNIST, data.train, config, (0, 1), rng)
+    after = net.state_dict()
+    inner = width_shapes(MNIST, 0.25)["blocks.1.conv.weight"]
+    w0, w1 = before["blocks.1.conv.weight"], after["blocks.1.conv.weight"].cpu()
+    assert not torch.equal(w0[: inner[0], : inner[1]], w1[: inner[0], : inner[1]])
+    assert torch.equal(w0[inner[0] :], w1[inner[0] :])  # outside the 0.25 slice: untouched
+    assert seen == len(data.train) and flops > 0 and np.isfinite(loss)
+
+
+@pytest.mark.parametrize("method", ["heterofl", "fjord"])
+def test_a_tiny_run_serves_every_tier(method, data_cache) -> None:
+    config = tiny(data_cache, method)
+    settings = parse_run_config(config)
+    strategy = (HeteroFL if method == "heterofl" else FjORD)(
+        image=MNIST, settings=settings.method_settings, seed=settings.seed
+    )
+    result = strategy.start(InProcessGrid(client_app, config, 4), ArrayRecord(), num_rounds=1)
+    assert [t.width for t in result.tiers] == [0.25, 0.5, 0.75, 1.0]
+    assert [t.partitions for t in result.tiers] == [[0], [1], [2], [3]]
+    assert all(t.test_count > 0 and t.test_accuracy is not None for t in result.tiers)
+    assert result.ledger["train"]["totals"]["replies"] == 4
+    assert result.ledger["train"]["totals"]["train_flops"] > 0  # what the clients reported
+    small = to_numpy(strategy.tier_arrays(0))
+    full = to_numpy(result.arrays)
+    for name, value in sub_arrays(full, width_shapes(MNIST, 0.25)).items():
+        np.testing.assert_array_equal(small[name], value)
+
+
+def test_a_tier_model_file_loads_back_as_the_same_net(tmp_path) -> None:
+    from fedorasflwr.methods.widths.runner import save_tier
+    from fedorasflwr.model_files import load_model
+    from fedorasflwr.runs import RunFiles
+
+    settings = parse_run_config(pyproject_run_config() | {"method": "heterofl", "onnx": False})
+    torch.manual_seed(0)
+    full = to_numpy(ArrayRecord(width_net(MNIST, 1.0).state_dict()))
+    arrays = to_record(sub_arrays(full, width_shapes(MNIST, 0.5)))
+    run = RunFiles(tmp_path, settings, {"name": "widths-convnet", **MNIST}, None)
+    save_tier(run, MNIST, 1, 0.5, arrays)
+    assert run.document()["files"] == ["tier1.pt"]
+    loaded = load_model(tmp_path / "tier1.pt").eval()
+    net = width_net(MNIST, 0.5)
+    net.load_state_dict(arrays.to_torch_state_dict())
+    x = torch.randn(3, 1, 28, 28)
+    torch.testing.assert_close(loaded(x), net.eval()(x))
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> None:
+    """FjORD (per-batch widths from the seed): stopped before round 2 of 2, resumed from its
+    checkpoint: the same tier models, history and training ledger."""
+    from fedorasflwr.methods.widths.messages import WIDTHS_TRAIN
+    from tests.test_checkpoints import (
+        StoppingGrid,
+        SuperLinkGoneError,
+        assert_same_weights,
+        result_of,
+        run_main,
+        stage_totals,
+    )
+
+    base = pyproject_run_config() | tiny(data_cache, "fjord", **{"fjord.rounds": 2})
+
+    def config(name: str, **extra):
+        return {**base, "output-dir": str(tmp_path / name), "checkpoint-every": 1, **extra}
+
+    whole = run_main(InProcessGrid(client_app, config("whole"), 4), config("whole"))
+    grid = StoppingGrid(client_app, config("stopped"), 4, message_type=WIDTHS_TRAIN, stop=2)
+    with pytest.raises(SuperLinkGoneError):
+        run_main(grid, config("stopped"))
+    (stopped,) = (tmp_path / "stopped").iterdir()
+    resumed_config = config("resumed", **{"resume-from": str(stopped / "checkpoint.pt")})
+    resumed = run_main(InProcessGrid(client_app, resumed_config, 4), resumed_config)
+    for tier in range(4):
+        assert_same_weights(whole / f"tier{tier}.pt", resumed / f"tier{tier}.pt")
+    first, second = result_of(whole), result_of(resumed)
+    assert second["history"] == first["history"] and len(second["history"]) == 2
+    assert stage_totals(second, "train") == stage_totals(first, "train")
+    assert second["tiers"] == first["tiers"]
