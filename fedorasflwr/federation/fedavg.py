@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -60,7 +61,7 @@ from .base import (
 from .polling import prompt
 from .replies import ArraySpec, array_specs, check_reply, error_reason, screen_replies
 
-__all__ = ["SeededFedAvg", "cosine_lr", "step_lr"]
+__all__ = ["SeededFedAvg", "TrainedRounds", "cosine_lr", "step_lr", "trained_rounds"]
 
 
 class SeededFedAvg(FedAvg):
@@ -366,3 +367,31 @@ def step_lr(lr: float, server_round: int, num_rounds: int, factor: float = 0.1) 
     with those milestones counts rounds from 0."""
     passed = sum(server_round - 1 >= round(m * num_rounds) for m in STEP_MILESTONES)
     return lr * factor**passed
+
+
+@dataclass
+class TrainedRounds:
+    """What a ``SeededFedAvg`` stage that trains and tests one net leaves: its arrays, one
+    history entry per round (the train metrics, the test metrics as ``test-<name>``) and
+    the last evaluated round's accuracy (None when no round was evaluated or it is not
+    finite)."""
+
+    arrays: ArrayRecord
+    history: list[dict[str, Any]]
+    test_accuracy: float | None
+
+
+def trained_rounds(outcome: Result, num_rounds: int) -> TrainedRounds:
+    """``TrainedRounds`` of a finished ``SeededFedAvg.start`` of ``num_rounds`` rounds."""
+    evaluated = outcome.evaluate_metrics_clientapp
+    history = [
+        {
+            "round": r,
+            **dict(outcome.train_metrics_clientapp.get(r, {})),
+            **{f"test-{k}": v for k, v in dict(evaluated.get(r, {})).items()},
+        }
+        for r in range(1, num_rounds + 1)
+    ]
+    accuracy = dict(evaluated[max(evaluated)]).get("accuracy") if evaluated else None
+    finite = accuracy is not None and math.isfinite(accuracy)
+    return TrainedRounds(outcome.arrays, history, float(accuracy) if finite else None)

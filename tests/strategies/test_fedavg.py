@@ -119,3 +119,26 @@ def test_integer_buffers_keep_their_dtype_round_after_round():
     result = make(grid, [0, 1, 2, 3]).start(grid, start, num_rounds=3)
     assert result.arrays["n"].numpy().dtype == np.int64  # round 2 and 3 would reject otherwise
     assert set(result.train_metrics_clientapp) == {1, 2, 3}
+
+
+def test_trained_rounds_reads_the_history_and_the_last_evaluated_accuracy():
+    from flwr.serverapp.strategy import Result
+
+    from fedorasflwr.federation.fedavg import trained_rounds
+
+    outcome = Result(
+        arrays=ArrayRecord({"w": Array(np.ones(2, dtype=np.float32))}),
+        train_metrics_clientapp={1: MetricRecord({"train-loss": 2.0}), 2: MetricRecord({})},
+        evaluate_metrics_clientapp={1: MetricRecord({"accuracy": 0.25})},
+    )
+    trained = trained_rounds(outcome, 3)
+    assert trained.arrays is outcome.arrays
+    assert trained.history == [
+        {"round": 1, "train-loss": 2.0, "test-accuracy": 0.25},
+        {"round": 2},
+        {"round": 3},
+    ]
+    assert trained.test_accuracy == 0.25  # the last round that was evaluated
+    nan = Result(evaluate_metrics_clientapp={2: MetricRecord({"accuracy": float("nan")})})
+    assert trained_rounds(nan, 2).test_accuracy is None
+    assert trained_rounds(Result(), 1).test_accuracy is None

@@ -66,7 +66,7 @@ from torch.utils.data import TensorDataset
 from ...checkpoints import Resume
 from ...federation.aggregation import Aggregation
 from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules
-from ...federation.fedavg import SeededFedAvg
+from ...federation.fedavg import SeededFedAvg, trained_rounds
 from ...federation.replies import Bound, array_specs, check_reply
 from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock, fmt
@@ -783,21 +783,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 train_config=self.with_user_config(DPFNAS_TRAIN, config),
                 evaluate_config=self.with_user_config(DPFNAS_EVALUATE, config),
             )
-        result.final_arrays = outcome.arrays
-        evaluated = outcome.evaluate_metrics_clientapp
-        result.final_history = [
-            {
-                "round": r,
-                **dict(outcome.train_metrics_clientapp.get(r, {})),
-                **{f"test-{k}": v for k, v in dict(evaluated.get(r, {})).items()},
-            }
-            for r in range(1, s.final.rounds + 1)
-        ]
-        if evaluated:
-            accuracy = dict(evaluated[max(evaluated)]).get("accuracy")
-            result.test_accuracy = (
-                None if accuracy is None or not math.isfinite(accuracy) else float(accuracy)
-            )
+        trained = trained_rounds(outcome, s.final.rounds)
+        result.final_arrays, result.final_history = trained.arrays, trained.history
+        result.test_accuracy = trained.test_accuracy
         log(INFO, "DP-FNAS derived network: test accuracy %s", fmt(result.test_accuracy))
         result.final_privacy = self.final_privacy()
 

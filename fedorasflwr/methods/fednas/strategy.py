@@ -31,7 +31,6 @@ Client contract
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from ...checkpoints import Resume
 from ...costs import flops_to_macs
 from ...federation.aggregation import Aggregation, opa
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
-from ...federation.fedavg import SeededFedAvg
+from ...federation.fedavg import SeededFedAvg, trained_rounds
 from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...progress import StageClock, fmt
 from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
@@ -397,19 +396,7 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
                 train_config=self.with_user_config(FEDNAS_TRAIN, config),
                 evaluate_config=self.with_user_config(FEDNAS_EVALUATE, config),
             )
-        result.final_arrays = outcome.arrays
-        evaluated = outcome.evaluate_metrics_clientapp
-        result.final_history = [
-            {
-                "round": r,
-                **dict(outcome.train_metrics_clientapp.get(r, {})),
-                **{f"test-{k}": v for k, v in dict(evaluated.get(r, {})).items()},
-            }
-            for r in range(1, s.final.rounds + 1)
-        ]
-        if evaluated:
-            accuracy = dict(evaluated[max(evaluated)]).get("accuracy")
-            result.test_accuracy = (
-                None if accuracy is None or not math.isfinite(accuracy) else float(accuracy)
-            )
+        trained = trained_rounds(outcome, s.final.rounds)
+        result.final_arrays, result.final_history = trained.arrays, trained.history
+        result.test_accuracy = trained.test_accuracy
         log(INFO, "FedNAS derived network: test accuracy %s", fmt(result.test_accuracy))
