@@ -49,7 +49,6 @@ def profile(node_id: int, partition_id: int, tier: int = -1) -> NodeProfile:
         ("heterofl.widths", "0,1", "heterofl.widths"),
         ("fjord.tier-widths", "0.3,1.0", "fjord.tier-widths"),
         ("fjord.widths", "1.0,2.0", "fjord.widths"),
-        ("aggregation", "median", "aggregation"),
     ],
 )
 def test_bad_widths_name_the_key(key, value, words) -> None:
@@ -57,6 +56,15 @@ def test_bad_widths_name_the_key(key, value, words) -> None:
     config = pyproject_run_config() | {"method": method, key: value}
     with pytest.raises(ValueError, match=words):
         parse_run_config(config)
+
+
+def test_a_robust_aggregation_is_refused_by_the_strategy_not_by_other_methods_runs() -> None:
+    # the run config holds every method's table: another method's run may set 'median'
+    config = pyproject_run_config() | {"method": "heterofl", "aggregation": "median"}
+    settings = parse_run_config(config).method_settings
+    with pytest.raises(ValueError, match="'aggregation' = 'median'.*allowed: mean"):
+        HeteroFL(image=MNIST, settings=settings, seed=0)
+    parse_run_config(config | {"method": "fedoras"})  # no error: FedorAS may use it
 
 
 def test_tiers_come_from_the_node_config_else_partition_ranges() -> None:

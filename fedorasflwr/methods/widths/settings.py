@@ -42,11 +42,8 @@ class WidthSettings(MethodSettings):
             cfg, t.prefix, cls.train, keys=RECIPE_KEYS, all_clients=True, min_rounds=1
         )
         shared = cls.shared_from_config(cfg)
-        if shared["aggregation_rule"] != "mean":
-            raise ValueError(
-                f"run config 'aggregation' = {shared['aggregation_rule']!r}: the width "
-                "baselines average each entry over the clients holding it; allowed: mean"
-            )
+        # a robust 'aggregation' is refused by the strategy (WidthStrategy), not here: the
+        # run config is shared by every method's table, and another method may use it
         return {"train": train, "min_replies": t.min_replies(cls.min_replies, train), **shared}
 
 

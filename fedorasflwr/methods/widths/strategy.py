@@ -134,6 +134,11 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         resume: Resume | None = None,
         min_nodes: int = 2,
     ) -> None:
+        if settings.aggregation_rule != "mean":
+            raise ValueError(
+                f"run config 'aggregation' = {settings.aggregation_rule!r}: the width "
+                "baselines average each entry over the clients holding it; allowed: mean"
+            )
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
         self.resume: Resume | None = resume
         self.image = dict(image)
