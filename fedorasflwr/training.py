@@ -352,6 +352,17 @@ def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> None:
         )
 
 
+def sgd(parameters: Any, config: Mapping[str, Any]) -> torch.optim.SGD:
+    """The clients' SGD: ``lr``, ``momentum`` and ``weight-decay`` (0 if absent) of a
+    message's ``config``, on ``parameters``."""
+    return torch.optim.SGD(
+        parameters,
+        lr=float(config["lr"]),
+        momentum=float(config["momentum"]),
+        weight_decay=float(config.get("weight-decay", 0.0)),
+    )
+
+
 def local_sgd(
     net: nn.Module, dataset: Dataset, config: Mapping[str, Any], words: Sequence[int]
 ) -> LocalTraining:
@@ -368,12 +379,7 @@ def local_sgd(
     statistics of its own weights."""
     device = torch_device()
     net.to(device).train()
-    optimizer = torch.optim.SGD(
-        net.parameters(),
-        lr=float(config["lr"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config.get("weight-decay", 0.0)),
-    )
+    optimizer = sgd(net.parameters(), config)
     criterion = nn.CrossEntropyLoss()
     loader = seeded_loader(dataset, int(config["batch-size"]), words)
     max_norm = float(config.get("grad-clip", 0.0))

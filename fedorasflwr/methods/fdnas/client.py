@@ -39,6 +39,7 @@ from ...training import (
     ordered_loader,
     reply_state,
     seeded_loader,
+    sgd,
     torch_device,
 )
 from .hardware import expected_latency, latency_from_config
@@ -190,12 +191,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     rng = numpy_generator(words)
     device = torch_device()
     space.to(device).train()
-    weight_optimizer = torch.optim.SGD(
-        space.weight_parameters(),
-        lr=float(config["lr"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config["weight-decay"]),
-    )
+    weight_optimizer = sgd(space.weight_parameters(), config)
     alpha_optimizer = torch.optim.Adam(
         space.arch_parameters(), lr=float(config["alpha-lr"]), betas=(0.0, 0.999)
     )

@@ -24,7 +24,7 @@ from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces import SearchSpace, build_space
 from ...search_spaces.darts_style import derived_network_of, require_darts_style, weight_keys
 from ...seeding import stream_words, substream
-from ...training import held_out_metrics, local_sgd, seeded_loader, torch_device
+from ...training import held_out_metrics, local_sgd, seeded_loader, sgd, torch_device
 
 __all__ = ["evaluate_final", "search_supernet", "train_final"]
 
@@ -50,12 +50,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     parameters = dict(space.named_parameters())
     arch = [parameters[k] for k in space.arch_keys]
     weights = [parameters[k] for k in weight_keys(space)]
-    weight_optimizer = torch.optim.SGD(
-        weights,
-        lr=float(config["lr"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config.get("weight-decay", 0.0)),
-    )
+    weight_optimizer = sgd(weights, config)
     # DARTS / FedML: Adam, betas (0.5, 0.999), weight decay 1e-3 on the alphas
     arch_optimizer = torch.optim.Adam(
         arch,

@@ -39,6 +39,7 @@ from ...training import (
     ordered_loader,
     reply_state,
     seeded_loader,
+    sgd,
     torch_device,
 )
 from .evaluation import score_paths
@@ -98,12 +99,7 @@ def supernet_epochs(
     cost = PathCost(space) if cost is None else cost
     device = torch_device()
     space.to(device).train()
-    optimizer = torch.optim.SGD(
-        space.parameters(),
-        lr=float(config["lr"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config["weight-decay"]),
-    )
+    optimizer = sgd(space.parameters(), config)
     criterion = nn.CrossEntropyLoss()
     offsets = np.cumsum([0, *space.num_options()])[:-1]
     counts = np.zeros(sum(space.num_options()), dtype=np.int64)

@@ -33,6 +33,7 @@ from ...training import (
     refresh_batchnorm,
     reply_state,
     seeded_loader,
+    sgd,
     torch_device,
 )
 
@@ -75,12 +76,7 @@ def ordered_dropout_sgd(
     seen and the training FLOPs spent."""
     device = torch_device()
     net.to(device).train()
-    optimizer = torch.optim.SGD(
-        net.parameters(),
-        lr=float(config["lr"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config.get("weight-decay", 0.0)),
-    )
+    optimizer = sgd(net.parameters(), config)
     criterion = nn.CrossEntropyLoss()
     ladder = _ladder(config)
     subs = {w: width_net(image, w).to(device).train() for w, _ in ladder}
