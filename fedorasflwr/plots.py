@@ -197,12 +197,21 @@ def plot_points(
     title: str,
     xlabel: str,
     ylabel: str,
+    accuracy: bool = False,
+    chance: float | None = None,
+    cost: bool = False,
 ) -> Path | None:
-    """One marked line per named series of ``(x, y)`` points; ``None`` if none has a point."""
+    """One marked line per named series of ``(x, y)`` points; ``None`` if none has a point.
+    ``accuracy``: y is an accuracy (``accuracy_axis``: [0, 1], a line at ``chance``);
+    ``cost``: x is MFLOPs per sample (``flops_axis``: MMACs on top, ``xlabel`` ignored)."""
     series = {name: sorted(points) for name, points in series.items() if points}
     if not series:
         return None
     fig, ax = figure()
     for index, (name, points) in enumerate(series.items()):
         ax.plot(*zip(*points, strict=True), marker="o", label=name, color=colour(index))
+    if accuracy:
+        accuracy_axis(ax, chance)
+    if cost:
+        xlabel = flops_axis(ax)
     return finish(fig, ax, path, title=title, xlabel=xlabel, ylabel=ylabel)

@@ -287,3 +287,29 @@ def test_dpfnas_plot_sets_the_derived_nets_accuracy_beside_the_search(tmp_path, 
     stars = [line for line in captured["ax"].get_lines() if line.get_marker() == "*"]
     assert len(stars) == 1
     assert list(stars[0].get_xdata()) == [2] and list(stars[0].get_ydata()) == [0.62]
+
+
+def test_width_baselines_plot_is_an_accuracy_and_cost_plot(tmp_path, monkeypatch):
+    # like every accuracy plot here: [0, 1], a chance line, MMACs beside MFLOPs
+    import fedorasflwr.plots as shared
+    from fedorasflwr.methods.widths.plots import plot_tiers
+    from fedorasflwr.plots import ACCURACY_LIMITS, FLOPS_LABEL
+
+    captured = {}
+    real_finish = shared.finish
+
+    def spy(fig, ax, path, **kwargs):
+        captured["ax"], captured["xlabel"] = ax, kwargs["xlabel"]
+        return real_finish(fig, ax, path, **kwargs)
+
+    monkeypatch.setattr(shared, "finish", spy)
+    tiers = [
+        {"macs": 1_000_000, "test_accuracy": 0.6, "global_test_accuracy": 0.55},
+        {"macs": 4_000_000, "test_accuracy": 0.8, "global_test_accuracy": None},
+    ]
+    path = plot_tiers(tmp_path / "tiers_accuracy.png", {"mode": "heterofl", "tiers": tiers}, 0.1)
+    assert path is not None
+    ax = captured["ax"]
+    assert ax.get_ylim() == ACCURACY_LIMITS
+    assert any(list(line.get_ydata()) == [0.1, 0.1] for line in ax.get_lines())
+    assert captured["xlabel"] == FLOPS_LABEL and ax.child_axes  # the MMACs axis on top

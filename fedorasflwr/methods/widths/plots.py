@@ -12,9 +12,10 @@ from ...plots import FLOPS_LABEL, plot_points
 __all__ = ["plot_tiers"]
 
 
-def plot_tiers(path: Path, document: Mapping[str, Any]) -> Path | None:
+def plot_tiers(path: Path, document: Mapping[str, Any], chance: float | None = None) -> Path | None:
     """Each tier's model: test accuracy (on its clients, on the global test set) against
-    its MFLOPs per sample.  ``document``: ``WidthResult.summary()`` with ``mode``."""
+    its MFLOPs per sample (MMACs on top), on [0, 1] with a line at ``chance``.
+    ``document``: ``WidthResult.summary()`` with ``mode``."""
     tiers = document.get("tiers", ())
 
     def points(key: str) -> list[tuple[float, float]]:
@@ -29,4 +30,7 @@ def plot_tiers(path: Path, document: Mapping[str, Any]) -> Path | None:
         title=f"{document.get('mode', '')}: each tier's model",
         xlabel=FLOPS_LABEL,
         ylabel="test accuracy",
+        accuracy=True,
+        chance=chance,
+        cost=True,
     )

@@ -13,7 +13,14 @@ from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
 from ...model_files import PRUNABLE
-from ...runs import RunFiles, global_test, resume_checkpoint, start, strategy_options
+from ...runs import (
+    RunFiles,
+    chance_accuracy,
+    global_test,
+    resume_checkpoint,
+    start,
+    strategy_options,
+)
 from ...search_spaces.prunable import build_prunable, load_prunable
 from ...search_spaces.widths import width_net
 from ...seeding import seed_torch
@@ -66,7 +73,7 @@ def run_widths(
             tier.global_test_accuracy = held.score(width_net(image, tier.width), arrays).accuracy
         save_tier(run, image, tier.tier, tier.width, arrays)
     summary = {"mode": strategy.mode, **result.summary()}
-    run.add(plot_tiers(out_dir / "tiers_accuracy.png", summary))
+    run.add(plot_tiers(out_dir / "tiers_accuracy.png", summary, chance_accuracy(settings)))
     return {
         "architecture": spec,
         **summary,
