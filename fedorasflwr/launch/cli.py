@@ -28,7 +28,7 @@ from .heartbeat import (
 )
 from .processes import Stopped, stop_on_signals
 from .security import TlsFiles
-from .simulation import run_simulation
+from .simulation import ray_env, run_simulation
 
 __all__ = [
     "check_overrides",
@@ -60,6 +60,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "repeat to apply several in order (later ones win)",
     )
     parser.add_argument("--deployment", action="store_true", help="use the deployment engine")
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="simulation on a running Ray cluster: its head's address (`ray start --head`); "
+        "every node needs this package installed and the data cache (docs/scaling.md)",
+    )
     parser.add_argument(
         "--client-num-cpus",
         type=int,
@@ -99,6 +106,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     _add_security_args(parser)
     args = parser.parse_args(argv)
     _check_security_args(parser, args)
+    if args.ray_address is not None:
+        if args.deployment:
+            parser.error("--ray-address is for the simulation engine, not --deployment")
+        try:
+            ray_env(args.ray_address)
+        except ValueError as error:
+            parser.error(f"--ray-address: {error}")
     given = args.heartbeat_timeout
     if given is None:
         given = os.environ.get(HEARTBEAT_TIMEOUT_ENV) or DEFAULT_HEARTBEAT_TIMEOUT
@@ -394,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     env=env,
                     federation_config={"verbose": True} if args.verbose else None,
                     heartbeat_timeout=args.heartbeat_timeout,
+                    ray_address=args.ray_address,
                 )
         except FlowerRunError as error:
             echo.close()
