@@ -37,7 +37,7 @@ POINT_FIELDS = (
     "test_scope",  # which clients' test splits test_accuracy pools
     "global_test_accuracy",  # on the server's global test set (data.global-test); else None
     "latency_ms",  # on the nodes' measured latency tables (a latency resource); else None
-    "epsilon",  # DP budget spent (the worst party's); None: no privacy accounting
+    "epsilon",  # DP budget spent (the worst party's; "inf": no guarantee); None: no accounting
 )
 
 

@@ -292,3 +292,28 @@ def test_the_quick_comparison_file_is_valid() -> None:
     spec = read_spec(ROOT / "configs" / "compare-quick.toml", app_dir=ROOT)
     assert set(spec.methods) == set(__import__("fedorasflwr.methods").methods.METHODS)
     assert spec.shared["data.dataset"] == "mnist5k" and spec.nodes == 20
+
+
+@pytest.mark.parametrize("method", __import__("fedorasflwr.methods").methods.METHODS)
+def test_every_method_has_cost_points_and_round_keys(method) -> None:
+    from fedorasflwr.config import known_keys
+    from fedorasflwr.methods import ROUND_KEYS
+
+    from fedorasflwr.results import POINT_FIELDS
+
+    points = points_function(method)({})  # a run that wrote nothing yet: no crash
+    assert isinstance(points, list)
+    assert all(set(p) == set(POINT_FIELDS) for p in points)
+    assert ROUND_KEYS[method] and set(ROUND_KEYS[method]) <= known_keys()
+
+
+def test_dpfnas_point_carries_the_worst_party_s_epsilon() -> None:
+    document = {
+        "flops": 200,
+        "global_test_accuracy": 0.5,
+        "privacy": [{"epsilon": 2.0}, {"epsilon": 3.5}, {"epsilon": 1.0}],
+    }
+    (point,) = points_function("dpfnas")(document)
+    assert point["epsilon"] == 3.5 and point["macs"] == 100
+    document["privacy"][1]["epsilon"] = None  # a party without a guarantee
+    assert points_function("dpfnas")(document)[0]["epsilon"] == "inf"

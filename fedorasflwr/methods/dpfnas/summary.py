@@ -64,10 +64,12 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
 
 def points(document: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The derived net as one cost point, with the privacy spent: the worst party's
-    epsilon of the search (``inf`` where a party has no guarantee); the final FedAvg
+    epsilon of the search (``"inf"`` where a party has no guarantee); the final FedAvg
     training is private only with ``dpfnas.final-noise`` > 0 (``final_privacy``)."""
     spent = [p.get("epsilon") for p in document.get("privacy", [])]
-    epsilon = None if not spent else max(float("inf") if e is None else e for e in spent)
+    epsilon: float | str | None = None
+    if spent:  # "inf" (JSON has no infinity): a party without a guarantee
+        epsilon = "inf" if any(e is None for e in spent) else max(spent)
     return [
         cost_point(
             "derived",
