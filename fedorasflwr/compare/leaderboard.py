@@ -17,8 +17,9 @@ from ..progress import fmt
 
 __all__ = ["MARKERS", "client_flops", "ledger_totals", "pareto", "rows_of", "write_leaderboard"]
 
-#: one marker per method (with the palette's colours: eight methods, seven colours)
+#: one marker and colour per method (the plots' palette and a brown: eight methods)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+COLOURS = (*PALETTE, "#8C564B")
 
 
 def ledger_totals(document: Mapping[str, Any]) -> dict[str, int]:
@@ -82,7 +83,8 @@ def write_leaderboard(
     ``methods``: one entry per method (its run, budget spent, status)."""
     key = accuracy_key(rows)
     ordered = pareto(rows, key)
-    plot = plot_leaderboard(out / "leaderboard.png", ordered, chance)
+    order = [m["method"] for m in methods]
+    plot = plot_leaderboard(out / "leaderboard.png", ordered, chance, order)
     content = {
         **header,
         "ranked_by": key,
@@ -210,32 +212,50 @@ def markdown(content: Mapping[str, Any]) -> str:
 
 
 def plot_leaderboard(
-    path: Path, rows: Sequence[Mapping[str, Any]], chance: float | None
+    path: Path,
+    rows: Sequence[Mapping[str, Any]],
+    chance: float | None,
+    methods: Sequence[str] = (),
 ) -> Path | None:
     """Every model's global-test accuracy against its MFLOPs per sample (log scale; MMACs
-    on top), one colour and marker per method, a line through each method's models
-    cheapest first; ``None`` when no model has both."""
-    series: dict[str, list[tuple[float, float]]] = {}
+    on top), one colour and marker per method (in the order of ``methods``, then any
+    other), the number of its models in the legend; ``None`` when no model has both."""
+    series: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
     for r in rows:
         if r.get("macs") is not None and r.get("global_test_accuracy") is not None:
             point = (macs_to_flops(r["macs"]) / 1e6, r["global_test_accuracy"])
             series.setdefault(r["method"], []).append(point)
-    if not series:
+    if not any(series.values()):
         return None
     from matplotlib.ticker import FuncFormatter
 
     fig, ax = figure(7.5, 4.5)
     ax.set_xscale("log")
     for index, (method, points) in enumerate(series.items()):
-        points.sort()
+        if not points:
+            continue
         ax.plot(
-            *zip(*points, strict=True),
+            *zip(*sorted(points), strict=True),
             marker=MARKERS[index % len(MARKERS)],
-            color=PALETTE[index % len(PALETTE)],
-            linestyle="-" if len(points) > 1 else "none",
-            linewidth=1,
-            markersize=6,
+            color=COLOURS[index % len(COLOURS)],
+            linestyle="none",  # a method's models are alternatives, not a curve
+            markersize=7,
+            alpha=0.85,
             label=f"{method} ({len(points)})",
+        )
+    frontier = [
+        (macs_to_flops(r["macs"]) / 1e6, r["global_test_accuracy"])
+        for r in rows
+        if r.get("best_at_cost") and r.get("global_test_accuracy") is not None
+    ]
+    if frontier:  # rows are cheapest first: the best accuracy reached at each cost
+        ax.step(
+            *zip(*frontier, strict=True),
+            where="post",
+            color="0.55",
+            linewidth=1,
+            zorder=0,
+            label="best at its cost",
         )
     accuracy_axis(ax, chance)
     xlabel = flops_axis(ax)
