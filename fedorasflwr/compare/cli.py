@@ -176,7 +176,7 @@ def compare(
                 note = "the reference"
             elif reference_flops:
                 entry["pilot_client_train_flops"] = flops
-                factor = reference_flops / flops if flops else 1.0
+                factor = reference_flops / flops
                 rounds = scaled_rounds(method, full, factor)
                 if abs(flops / reference_flops - 1) <= spec.tolerance:
                     note = f"within {spec.tolerance:.0%} as set"
@@ -188,7 +188,7 @@ def compare(
                     entry["rounds"] = rounds
                     done = run(method, "scaled", {**config, **rounds})
             else:
-                note = "not scaled: the reference booked no client training FLOPs"
+                note = "not scaled: the reference failed or booked no client training FLOPs"
         entries.append(_entry(entry, done, out, note, reference_flops))
         if done.ok:
             rows += rows_of(method, done.document or {})

@@ -165,7 +165,7 @@ def markdown(content: Mapping[str, Any]) -> str:
                 _cell(m.get("run_seconds")),
                 _cell(m.get("wall_seconds")),
                 m.get("engine") or "-",
-                _cell(m.get("note") or m.get("reason") or ""),
+                _cell("; ".join(str(t) for t in (m.get("note"), m.get("reason")) if t)),
             ]
         )
     lines += _table(header, rows)
