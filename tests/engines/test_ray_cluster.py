@@ -175,7 +175,7 @@ def test_the_launcher_refuses_a_bad_ray_address_or_one_with_deployment(capsys) -
 
     assert cli._parse_args(["--ray-address", "127.0.0.1:6379"]).ray_address == "127.0.0.1:6379"
     for argv, said in (
-        (["--ray-address", "headnode"], "--ray-address: ray_address='headnode': expected HOST:PORT"),
+        (["--ray-address", "headnode"], "ray_address='headnode': expected HOST:PORT"),
         (["--ray-address", "127.0.0.1:6379", "--deployment"], "not --deployment"),
     ):
         with pytest.raises(SystemExit):

@@ -254,7 +254,7 @@ def test_self_distillation_trains_the_p_max_model_and_costs_its_flops(data_cache
         loss, seen, flops = ordered_dropout_sgd(net, MNIST, data.train, config, (0, 1), Smallest())
         runs[distill] = (before, net.state_dict(), loss, seen, flops)
     inner = width_shapes(MNIST, 0.25)["blocks.1.conv.weight"]
-    for distill, (before, after, loss, seen, flops) in runs.items():
+    for distill, (before, after, loss, seen, _flops) in runs.items():
         outside = torch.equal(before["blocks.1.conv.weight"][inner[0] :],
                               after["blocks.1.conv.weight"].cpu()[inner[0] :])  # fmt: skip
         assert outside is (not distill)
@@ -263,8 +263,9 @@ def test_self_distillation_trains_the_p_max_model_and_costs_its_flops(data_cache
 
 
 def test_fjord_distill_is_a_run_config_flag_sent_to_the_clients() -> None:
-    assert parse_run_config(pyproject_run_config() | {"method": "fjord"}).method_settings.distill is False
-    cfg = pyproject_run_config() | {"method": "fjord", "fjord.distill": True}
+    cfg = pyproject_run_config() | {"method": "fjord"}
+    assert parse_run_config(cfg).method_settings.distill is False
+    cfg["fjord.distill"] = True
     assert parse_run_config(cfg).method_settings.distill is True
     with pytest.raises(ValueError, match="fjord.distill"):
         parse_run_config(pyproject_run_config() | {"method": "fjord", "fjord.distill": "yes"})
