@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 
 import pytest
 
@@ -18,13 +19,25 @@ def test_engines_quick_reports_every_engine_and_the_breakdown():
         assert tiny[engine]["median_round_after_first"] > 0
         assert tiny[engine]["breakdown"]["training"] > 0
     deployment = tiny["deployment"]
+    headline = saved["headline"]
     assert saved["clients"] == 2
     assert deployment["threads"] == [max(1, (os.cpu_count() or 1) // 2)]
     assert deployment["breakdown"]["fixed_start_to_handler"] > 0
     # one profile query and one Stage-1 message per node and round, each its own process
     assert deployment["messages"] == 2 + 2 * 2
     assert len({record["pid"] for record in deployment["timings"]}) == deployment["messages"]
-    headline = saved["headline"]
+    # forked by the nodes' warm executors (one per node), never an flwr-clientapp
+    assert len({record["ppid"] for record in deployment["timings"]}) == 2
+    # the per-message fixed cost: process start to handler of the array-free messages
+    # (the profile query), in the headline
+    bare = [r for r in deployment["timings"] if r["arrays"] == 0]
+    assert {r["message-type"] for r in bare} == {"query.profile"} and len(bare) == 2
+    fixed = deployment["breakdown"]["per_message_fixed"]
+    assert fixed == pytest.approx(
+        statistics.median(r["handler-entry"] - r["process-start"] for r in bare), abs=1e-3
+    )
+    assert 0 < fixed < deployment["breakdown"]["fixed_start_to_handler"]
+    assert headline["tiny_per_message_fixed_s"] == fixed
     assert headline["tiny_deployment_over_simulation"] == tiny["deployment_over_simulation"] > 0
     assert headline["tiny_fixed_over_torch_import"] > 0
     # what the simulation engine adds to a Stage-1 round (the former stage1_overhead.py)
