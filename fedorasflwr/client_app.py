@@ -42,6 +42,7 @@ def _timing(msg: Message, context: Context, call_next: _Handler) -> Message:
         "ppid": os.getppid(),  # the SuperExec that started it (deployment)
         "message-type": msg.metadata.message_type,
         "arrays": _arrays(msg),  # a message without any is pulled in no time
+        "app-file": __file__,  # on a deployment: the FAB's copy under $FLWR_HOME/apps
         "partition-id": context.node_config.get("partition-id"),
         "server-round": _server_round(msg),
         "process-start": _process_start(),

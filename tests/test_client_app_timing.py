@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,7 @@ def test_timing_log_off_by_default_and_ordered_when_on(
     # what the engines benchmark's per-message fixed cost selects and checks: messages
     # without arrays (no payload to pull), and the process that started the ClientApp
     assert record["arrays"] == 0 and record["ppid"] == os.getppid()
+    assert record["app-file"] == sys.modules["fedorasflwr.client_app"].__file__
     carried = RecordDict({"a": ArrayRecord([np.zeros(3)]), "b": ArrayRecord([np.ones(2)] * 2)})
     _profile_replies(data_cache, {}, carried)
     assert json.loads(log.read_text().splitlines()[-1])["arrays"] == 3

@@ -5,6 +5,7 @@ starts it (the run through it is in tests/engines/test_secure_deployment.py)."""
 from __future__ import annotations
 
 import math
+import runpy
 import subprocess
 import sys
 import time
@@ -118,3 +119,20 @@ def test_a_killed_unreaped_parent_counts_as_gone() -> None:
     finally:
         child.wait()
     assert not _alive(child.pid)
+
+
+def test_runs_as_a_module_without_a_second_copy_and_forgets_the_app_package() -> None:
+    # `python -m` must find the module not yet imported by the package (else runpy warns
+    # and runs a second copy), and the package each task forgets is the app's, never
+    # `__main__`
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "fedorasflwr.launch.warm", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--poll-interval" in done.stdout
+    # run as `python -m` runs it, under another name: the app package stays `fedorasflwr`
+    ran = runpy.run_module("fedorasflwr.launch.warm", run_name="__not_main__")
+    assert ran["APP_PACKAGE"] == "fedorasflwr"

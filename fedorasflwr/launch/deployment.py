@@ -47,7 +47,6 @@ from .processes import (
     stop_pids,
 )
 from .security import NodeKey, TlsFiles, make_node_key, make_tls_files, node_key
-from .warm import DEFAULT_POLL_INTERVAL
 
 __all__ = ["Deployment"]
 
@@ -236,6 +235,9 @@ class Deployment:
             env["OMP_NUM_THREADS"] = str(threads_per_node(self.num_supernodes))
         # Flower's SuperExecs (the SuperLink's; each node's unless warm) poll for a task
         # every second: up to a second before a message's process starts
+        # (imported here: `python -m fedorasflwr.launch.warm` must find it not yet imported)
+        from .warm import DEFAULT_POLL_INTERVAL
+
         env.setdefault(SUPEREXEC_POLL_ENV, repr(DEFAULT_POLL_INTERVAL))
         return env
 

@@ -45,8 +45,11 @@ DEFAULT_POLL_INTERVAL = 0.1
 #: What the server imports once: torch and Flower's ClientApp runtime (the heavy part of
 #: a ClientApp's start), not the app, which each task imports from its FAB.
 DEFAULT_PRELOAD = ("torch", "flwr.supernode.runtime.run_clientapp")
-#: The app's top-level package, forgotten in each child (see the module docstring).
-APP_PACKAGE = __name__.split(".", 1)[0]
+#: The app's top-level package, forgotten in each child (see the module docstring); from
+#: ``__package__``, which ``python -m`` keeps (``__name__`` is then ``__main__``).
+APP_PACKAGE = (__package__ or "fedorasflwr").split(".", 1)[0]
+#: Seconds a task may take to end on SIGTERM once the SuperNode is gone, then SIGKILL.
+ORPHAN_GRACE = 2.0
 
 
 def check_poll_interval(value: float) -> float:
@@ -193,14 +196,21 @@ class WarmExecutor:
                     print(f"[warm] ClientApp task process {pid} exited with {code}", flush=True)
 
     def _exit_with_parent(self) -> None:
-        """(A thread) once the parent is gone: SIGTERM the running tasks, then exit."""
+        """(A thread) once the parent is gone: end the running tasks (they cannot reach
+        it any more; Flower's client would retry for minutes), then exit."""
         assert self.parent_pid is not None
         while _alive(self.parent_pid):
             time.sleep(0.2)
         print(f"[warm] parent {self.parent_pid} is gone: stopping", flush=True)
-        for pid in list(self.children):
+        running = list(self.children)
+        for pid in running:
             _signal(pid, signal.SIGTERM)
-        os._exit(0)  # each task also watches this process (run_clientapp's parent_pid)
+        deadline = time.monotonic() + ORPHAN_GRACE
+        while any(_alive(pid) for pid in running) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in running:
+            _signal(pid, signal.SIGKILL)
+        os._exit(0)
 
     def _stop(self, _signum: int, _frame: FrameType | None) -> None:
         self._stopping = True

@@ -224,6 +224,7 @@ class SecureDeploymentRun:
     victim_exit: int | None  # its exit code after the run (None: still running)
     warm_pids: list[int]  # the nodes' warm ClientApp executors (`fedorasflwr.launch.warm`)
     timings: list[dict]  # the ClientApp's timing log, one record per message handled
+    flwr_home: Path  # the deployment's; each node's is <flwr_home>/supernode-<i>
 
 
 def _urlopen_error(url: str, **kwargs: object) -> BaseException | None:
@@ -360,4 +361,5 @@ def secure_deployment_run(
         victim_exit=victim_exit,
         warm_pids=warm_pids,
         timings=[json.loads(line) for line in timing_log.read_text().splitlines()],
+        flwr_home=engine.flwr_home,
     )

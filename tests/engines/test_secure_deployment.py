@@ -188,6 +188,11 @@ def test_deployment_engine_runs_the_same_app(secure_deployment_run):
     assert len(warm) == 3 and len(timings) >= 3 + 2  # profile queries, Stage-1 replies
     assert {record["ppid"] for record in timings} <= set(warm)
     assert len({record["pid"] for record in timings}) == len(timings)
+    # each imported the app from its node's FAB, not the executor's (or this) copy
+    home = secure_deployment_run.flwr_home
+    for record in timings:
+        where = Path(record["app-file"]).relative_to(home).parts
+        assert where[0].startswith("supernode-") and where[1] == "apps", record["app-file"]
 
 
 @pytest.mark.slow
