@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from tests.test_benchmarks import run_quick
+from tests.test_benchmarks import load_benchmark, run_quick
 
 
 @pytest.mark.slow
@@ -44,3 +44,35 @@ def test_engines_quick_reports_every_engine_and_the_breakdown():
     sim, inprocess = (tiny[e]["median_round_after_first"] for e in ("simulation", "inprocess"))
     assert headline["tiny_simulation_over_inprocess"] == tiny["simulation_over_inprocess"]
     assert tiny["simulation_over_inprocess"] == pytest.approx(sim / inprocess, abs=1e-3)
+
+
+def _record(kind: str, arrays: int, start: float, entry: float) -> dict:
+    return {
+        "message-type": kind,
+        "arrays": arrays,
+        "process-start": start,
+        "module-loaded": start + 0.25,
+        "handler-entry": entry,
+        "data-loaded": entry + 0.5,
+        "reply-built": entry + 2.5,
+        "serialize-seconds": 0.01,
+    }
+
+
+@pytest.mark.parametrize("engine", ["deployment", "deployment-cold"])
+def test_per_message_fixed_cost_is_start_to_handler_of_messages_without_arrays(engine):
+    engines = load_benchmark("engines")
+    records = [
+        _record("query.profile", 0, 100.0, 100.5),  # 0.5 s
+        _record("query.profile", 0, 200.0, 200.75),  # 0.75 s
+        _record("query.profile", 0, 300.0, 302.0),  # 2.0 s
+        _record("train.fedoras_supernet", 240, 400.0, 406.0),  # 6 s, most of it the pull
+        _record("train.fedoras_supernet", 240, 500.0, 504.0),  # 4 s
+    ]
+    phases = engines.breakdown(records, engine)
+    assert phases["per_message_fixed"] == 0.75  # median of 0.5, 0.75, 2.0
+    assert phases["fixed_start_to_handler"] == 5.0  # the Stage-1 messages: median of 6, 4
+    assert phases["start_to_app_imported"] == 0.25
+    assert phases["training"] == 2.0 and phases["data_load"] == 0.5
+    # in one process per engine (simulation, in-process) there is no process start to count
+    assert "per_message_fixed" not in engines.breakdown(records, "simulation")
