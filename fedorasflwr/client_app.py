@@ -39,7 +39,10 @@ def _timing(msg: Message, context: Context, call_next: _Handler) -> Message:
     serialized = _serialize_seconds(reply)
     record = {
         "pid": os.getpid(),
+        "ppid": os.getppid(),  # the SuperExec that started it (deployment)
         "message-type": msg.metadata.message_type,
+        "arrays": _arrays(msg),  # a message without any is pulled in no time
+        "app-file": __file__,  # on a deployment: the FAB's copy under $FLWR_HOME/apps
         "partition-id": context.node_config.get("partition-id"),
         "server-round": _server_round(msg),
         "process-start": _process_start(),
@@ -64,6 +67,13 @@ def _serialize_seconds(reply: Message) -> float:
     started = time.perf_counter()
     recorddict_to_proto(reply.content).SerializeToString()
     return time.perf_counter() - started
+
+
+def _arrays(msg: Message) -> int:
+    """How many arrays the message carries (Flower moves each as its own object)."""
+    if msg.has_error():
+        return 0
+    return sum(len(record) for record in msg.content.array_records.values())
 
 
 def _server_round(msg: Message) -> int:

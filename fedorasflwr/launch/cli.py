@@ -61,6 +61,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--deployment", action="store_true", help="use the deployment engine")
     parser.add_argument(
+        "--cold-clientapps",
+        action="store_true",
+        help="with --deployment: Flower's own fresh flwr-clientapp process per message "
+        "instead of a warm executor per SuperNode (docs/deployment.md)",
+    )
+    parser.add_argument(
         "--ray-address",
         default=None,
         metavar="HOST:PORT",
@@ -106,6 +112,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     _add_security_args(parser)
     args = parser.parse_args(argv)
     _check_security_args(parser, args)
+    if args.cold_clientapps and not args.deployment:
+        parser.error("--cold-clientapps is for --deployment")
     if args.ray_address is not None:
         if args.deployment:
             parser.error("--ray-address is for the simulation engine, not --deployment")
@@ -394,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     node_keys=args.supernode_key,
                     env=env,
                     heartbeat_timeout=args.heartbeat_timeout,
+                    warm_clientapps=not args.cold_clientapps,
                 ) as dep:
                     result = dep.run(args.app_dir, run_config, args.timeout, echo=watch)  # type: ignore[arg-type]
             else:
