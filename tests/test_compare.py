@@ -108,10 +108,10 @@ def test_the_leaderboard_states_the_budget_and_has_a_row_per_model(compared) -> 
     rows = content["rows"]
     assert sorted((r["method"], r["model"]) for r in rows) == [
         ("fednas", "derived"),
-        ("fjord", "T0 w=0.25"),
-        ("fjord", "T1 w=0.5"),
-        ("heterofl", "T0 w=0.25"),
-        ("heterofl", "T1 w=0.5"),
+        ("fjord", "T1 w=0.25"),
+        ("fjord", "T2 w=0.5"),
+        ("heterofl", "T1 w=0.25"),
+        ("heterofl", "T2 w=0.5"),
     ]
     assert sum(r["method"] == "fednas" for r in rows) == 1
     macs = [r["macs"] for r in rows]

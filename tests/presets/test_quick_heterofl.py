@@ -17,6 +17,7 @@ def preset(tmp_path_factory, data_cache):
 
 def test_every_tier_gets_its_width_and_reaches_five_times_chance(preset) -> None:
     tiers = preset.document["tiers"]
+    assert [t["tier"] for t in tiers] == [1, 2, 3, 4]  # 1-based, as FedorAS's
     assert [t["width"] for t in tiers] == [0.25, 0.5, 0.75, 1.0]
     macs = [t["macs"] for t in tiers]
     assert macs == sorted(macs) and len(set(macs)) == len(macs)
@@ -26,4 +27,4 @@ def test_every_tier_gets_its_width_and_reaches_five_times_chance(preset) -> None
         assert tier["global_test_accuracy"] >= MIN_ACCURACY, tier
     assert any("global test acc" in line for line in preset.summary)
     files = set(preset.document["files"])
-    assert {"tier0.pt", "tier3.pt", "tiers_accuracy.png"} <= files, files
+    assert {"tier1.pt", "tier4.pt", "tiers_accuracy.png"} <= files, files

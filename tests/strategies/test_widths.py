@@ -71,9 +71,11 @@ def test_tiers_come_from_the_node_config_else_partition_ranges() -> None:
     settings = parse_run_config(pyproject_run_config() | {"method": "heterofl"}).method_settings
     strategy = HeteroFL(image=MNIST, settings=settings, seed=0)
     assert [strategy.tier_of(profile(1, p)) for p in range(4)] == [0, 1, 2, 3]
-    assert strategy.tier_of(profile(1, 0, tier=3)) == 3
-    with pytest.raises(ValueError, match="tier 4"):
-        strategy.tier_of(profile(1, 0, tier=4))
+    assert strategy.tier_of(profile(1, 0, tier=4)) == 3  # declared 1-based, as for FedorAS
+    assert strategy.tier_of(profile(1, 3, tier=1)) == 0
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match=f"tier {bad}: allowed 1..4"):
+            strategy.tier_of(profile(1, 0, tier=bad))
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def run_widths(
         arrays = strategy.tier_arrays(tier.tier)
         if held is not None:
             tier.global_test_accuracy = held.score(width_net(image, tier.width), arrays).accuracy
-        save_tier(run, image, tier.tier, tier.width, arrays)
+        save_tier(run, image, tier.tier + 1, tier.width, arrays)
     summary = {"mode": strategy.mode, **result.summary()}
     run.add(plot_tiers(out_dir / "tiers_accuracy.png", summary, chance_accuracy(settings)))
     return {
@@ -85,7 +85,7 @@ def run_widths(
 def save_tier(
     run: RunFiles, image: dict[str, int], tier: int, width: float, arrays: ArrayRecord
 ) -> None:
-    """``tier<t>.pt`` (and ``.onnx``): the tier's model as a DecNAS prunable ConvNet at its
+    """``tier<t>.pt`` (and ``.onnx``; ``tier`` 1-based): the tier's model as a DecNAS prunable ConvNet at its
     width (``model_files.load_model`` rebuilds it; its keys gain the ``model.`` prefix)."""
     keys = {f"model.{k}": v for k, v in arrays.to_torch_state_dict().items()}
     spec = build_prunable("convnet", width=width, **image).spec

@@ -19,11 +19,12 @@ RECIPE_KEYS = ("rounds", "clients_per_round", "local_epochs", "batch_size", "lr"
 class WidthSettings(MethodSettings):
     """What both width baselines share: ``train`` (``rounds`` of ``clients-per-round``
     clients, 0: every node, each ``local-epochs`` of SGD), ``tier_widths`` (the model
-    width each tier gets, tier 0 the smallest) and ``min_replies`` per round.
+    width each tier gets, the smallest first) and ``min_replies`` per round.
 
-    A node's tier: its node config ``tier`` (0 .. tiers - 1) where it declares one, else
-    its partition id's share of the partitions: ``tier = partition_id * tiers //
-    num_partitions`` (equal contiguous ranges, the last tier the largest model)."""
+    A node's tier: its node config ``tier`` (1 .. tiers, 1 = the smallest, as for FedorAS)
+    where it declares one, else its partition id's share of the partitions: ``tier = 1 +
+    partition_id * tiers // num_partitions`` (equal contiguous ranges, the last tier the
+    largest model)."""
 
     train: TrainingRecipe = TrainingRecipe(
         rounds=10, clients_per_round=0, local_epochs=1, batch_size=32, lr=0.05

@@ -47,7 +47,9 @@ STAGE = "train"
 
 @dataclass(kw_only=True)
 class TierWidth:
-    """One tier's model: the global model at the tier's width (FjORD: its p_max)."""
+    """One tier's model: the global model at the tier's width (FjORD: its p_max).
+    ``tier`` is 0-based here and 1-based (T1 = the smallest width) in ``summary()``,
+    ``result.json`` and file names, as FedorAS's tiers are."""
 
     tier: int
     width: float
@@ -61,7 +63,7 @@ class TierWidth:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "tier": self.tier,
+            "tier": self.tier + 1,  # 1-based, as users see it
             "width": self.width,
             "macs": self.macs,
             "flops": self.flops,
@@ -159,16 +161,17 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
     # --- tiers ------------------------------------------------------------------------
 
     def tier_of(self, profile: NodeProfile) -> int:
-        """The node config's ``tier`` where declared, else ``partition_id * tiers //
-        num_partitions``; a declared tier outside 0 .. tiers - 1 raises ``ValueError``."""
+        """The node's tier (0-based): its node config's ``tier`` where declared (1-based,
+        1 = the smallest width, as for FedorAS), else ``partition_id * tiers //
+        num_partitions``; a declared tier outside 1 .. tiers raises ``ValueError``."""
         count = len(self.settings.tier_widths)
         if profile.tier >= 0:
-            if profile.tier >= count:
+            if not 1 <= profile.tier <= count:
                 raise ValueError(
-                    f"node {profile.node_id} declares tier {profile.tier}: allowed 0..{count - 1} "
+                    f"node {profile.node_id} declares tier {profile.tier}: allowed 1..{count} "
                     f"(run config '{self.settings.TABLE}' widths name {count} tiers)"
                 )
-            return profile.tier
+            return profile.tier - 1
         return profile.partition_id * count // max(profile.num_partitions, 1)
 
     def width_of(self, node_id: int) -> float:
