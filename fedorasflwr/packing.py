@@ -31,6 +31,7 @@ sends plain records, as before; the server accepts plain replies from any node.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -65,6 +66,8 @@ PACKED = "packed"
 #: every array starts at a multiple of this many bytes of the buffer (numpy's largest
 #: natural alignment of the kinds allowed)
 ALIGN = 8
+#: the most axes an array may have (numpy 1's limit; numpy 2 allows 64)
+MAX_DIMS = 32
 #: numpy dtype kinds an array may have: bool, signed and unsigned integers, floats, complex
 DTYPE_KINDS = "biufc"
 
@@ -116,8 +119,8 @@ def unpack(arrays: ArrayRecord, packing: ConfigRecord) -> ArrayRecord:
         raise PackingError(f"the packed array has stype {holder.stype!r}")
     try:
         buffer = holder.numpy()
-    except ValueError as exc:
-        raise PackingError(f"the packed array does not load: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a client's bytes: whatever np.load raises
+        raise PackingError(f"the packed array does not load: {exc!r}"[:200]) from None
     if buffer.dtype != np.uint8 or buffer.ndim != 1:
         raise PackingError(
             f"the packed array is {buffer.dtype} of shape {buffer.shape}, not uint8 of one axis"
@@ -127,7 +130,7 @@ def unpack(arrays: ArrayRecord, packing: ConfigRecord) -> ArrayRecord:
     for key, dtype, shape, offset in entries:
         if offset != _aligned(end):
             raise PackingError(f"array {key!r} starts at byte {offset}, not {_aligned(end)}")
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)  # Python's integers: no overflow whatever the shape
         end = offset + count * dtype.itemsize
         if end > buffer.size:
             raise PackingError(
@@ -163,6 +166,8 @@ def _index(text: Any) -> list[tuple[str, np.dtype, tuple[int, ...], int]]:
         seen.add(key)
         if not (isinstance(shape, list) and all(_natural(d) for d in shape)):
             raise PackingError(f"array {key[:60]!r}: shape {str(shape)[:60]} is not integers >= 0")
+        if len(shape) > MAX_DIMS:
+            raise PackingError(f"array {key[:60]!r}: {len(shape)} axes, more than {MAX_DIMS}")
         if not _natural(offset):
             raise PackingError(f"array {key[:60]!r}: offset {offset!r} is not an integer >= 0")
         entries.append((key, _dtype(key, dtype), tuple(shape), offset))

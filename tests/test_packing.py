@@ -134,6 +134,13 @@ def _buffer(
     return change
 
 
+def _buffer_bytes(data: bytes) -> Callable[[ArrayRecord, ConfigRecord], None]:
+    def change(arrays: ArrayRecord, packing: ConfigRecord) -> None:
+        arrays[PACKED] = Array(dtype="uint8", shape=(len(data),), stype="numpy.ndarray", data=data)
+
+    return change
+
+
 def _entry(i: int, field: int, value: Any) -> Callable[[list], None]:
     def edit(entries: list) -> None:
         entries[i][field] = value
@@ -162,6 +169,9 @@ MALFORMED: dict[str, tuple[Callable[[ArrayRecord, ConfigRecord], None], str]] = 
     "string-dtype": (_edit_index(_entry(0, 1, "<U4")), "is not allowed"),
     "dtype-not-as-numpy-writes-it": (_edit_index(_entry(0, 1, "float32")), "is not allowed"),
     "negative-shape": (_edit_index(_entry(0, 2, [-2, 3])), "not integers >= 0"),
+    "shape-overflowing-int64": (_edit_index(_entry(1, 2, [2**40, 2**40])), "past the buffer"),
+    "too-many-axes": (_edit_index(_entry(1, 2, [1] * 33)), "more than 32"),
+    "not-an-npy-buffer": (_buffer_bytes(b"not numpy at all"), "does not load"),
     "offset-overlaps": (_edit_index(_entry(1, 3, 0)), "starts at byte 0, not "),
     "offset-misaligned": (_edit_index(lambda e: e[1].__setitem__(3, e[1][3] + 4)), "starts at"),
     "shape-past-the-buffer": (_edit_index(_entry(1, 2, [10**9])), "past the buffer"),
