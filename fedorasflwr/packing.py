@@ -129,12 +129,12 @@ def unpack(arrays: ArrayRecord, packing: ConfigRecord) -> ArrayRecord:
     out = ArrayRecord()
     for key, dtype, shape, offset in entries:
         if offset != _aligned(end):
-            raise PackingError(f"array {key!r} starts at byte {offset}, not {_aligned(end)}")
+            raise PackingError(f"array {key[:60]!r} starts at byte {offset}, not {_aligned(end)}")
         count = math.prod(shape)  # Python's integers: no overflow whatever the shape
         end = offset + count * dtype.itemsize
         if end > buffer.size:
             raise PackingError(
-                f"array {key!r} ends at byte {end}, past the buffer's {buffer.size} bytes"
+                f"array {key[:60]!r} ends at byte {end}, past the buffer's {buffer.size} bytes"
             )
         value = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
         out[key] = Array(value.copy())

@@ -64,6 +64,7 @@ RECORDS = {
         big=np.array([1.5, 2.5], dtype=">f8"),  # another byte order, kept as it is
     ),
     "one-array": lambda: _record(w=np.ones((2, 3), np.float32)),
+    "empty-last": lambda: _record(a=np.ones(3, bool), z=np.zeros((2, 0), np.float32)),
     "empty-record": ArrayRecord,
     "reversed-keys": lambda: _record(z=np.ones(1), y=np.zeros(2), x=np.arange(3)),
 }

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fedorasflwr.client_app import TIMING_LOG_ENV
 from fedorasflwr.methods.fedoras.messages import FEDORAS_SUPERNET
 from fedorasflwr.protocol import QUERY_PROFILE
@@ -15,6 +17,7 @@ from tests.engines.conftest import PROJECT_ROOT
 from tests.runconfig import tiny_fedoras
 
 
+@pytest.mark.slow
 def test_packed_messages_pass_through_superlink_and_supernodes(deployment, tmp_path, data_cache):
     timing = tmp_path / "timing.jsonl"
     engine = deployment(num_supernodes=2, env={TIMING_LOG_ENV: str(timing)})
