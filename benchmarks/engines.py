@@ -7,8 +7,11 @@ One run, same seed, same data cache, 3 clients (2 in the ``--quick`` smoke run):
   ``fedorasflwr.inprocess.InProcessGrid`` (clients one after the other);
 - **simulation**: ``flwr run`` on the simulation engine (Ray, one CPU per ClientApp);
 - **deployment**: a real SuperLink and 3 SuperNodes on localhost
-  (``fedorasflwr.launch.Deployment``: TLS and SuperNode authentication on), where
-  every message starts a fresh ``flwr-clientapp`` process;
+  (``fedorasflwr.launch.Deployment``: TLS and SuperNode authentication on), each
+  message's ClientApp forked from its node's warm executor (``fedorasflwr.launch.warm``);
+- (full run only) **deployment-cold**: the same with Flower's own per-message
+  ``flwr-clientapp`` processes (``warm_clientapps=False``), headline
+  ``*_deployment_cold_over_warm``;
 - (full run only) **deployment-flower-polling**: the deployment with Flower's own reply
   polling (the ServerApp's ``HttpGrid`` pulls every 3 s) instead of ``PromptGrid``
   (``fedorasflwr/federation/polling.py``), headline ``*_flower_polling_over_prompt``.
@@ -23,11 +26,15 @@ later rounds.
 
 The ClientApp logs timestamps per message when ``$FEDORASFLWR_TIMING_LOG`` is set
 (``fedorasflwr/client_app.py``): process start (from ``/proc``), app module imported,
-handler entry, data loaded, reply built, and the seconds to serialize the reply.  The
-rest of a deployment round (round seconds minus the slowest client's process start to
-reply) is the SuperNode's and ServerApp's polling and transport.  The per-message fixed
-cost (process start until the handler runs) is compared with a bare
-``python -c "import torch"`` timed here.
+handler entry, data loaded, reply built, the seconds to serialize the reply, how many
+arrays the message carried and the parent process.  The rest of a deployment round
+(round seconds minus the slowest client's process start to reply) is the SuperNode's
+and ServerApp's polling and transport.  Flower's ``run_clientapp`` pulls the message
+(every array its own object) before it installs the FAB and imports the app, so process
+start to handler of a Stage-1 message includes that pull: the **per-message fixed
+cost** (headline ``*_per_message_fixed_s``) is process start to handler entry of the
+messages without arrays (the profile query), the cost every message pays whatever it
+carries.  It is compared with a bare ``python -c "import torch"`` timed here.
 
     python benchmarks/engines.py            # tiny (3 rounds) and default (2 rounds)
     python benchmarks/engines.py --quick    # tiny, 2 nodes, 2 rounds, one bare import (CI smoke)
@@ -35,8 +42,10 @@ cost (process start until the handler runs) is compared with a bare
 Headline, per config: ``deployment_over_simulation`` and ``simulation_over_inprocess``
 (what the simulation engine adds to a Stage-1 round against the same strategy and
 ClientApp in one process, clients one after the other: the measure of the former
-``stage1_overhead.py``, folded in here), the median rounds, and the fixed cost against
-the bare import.
+``stage1_overhead.py``, folded in here), the median rounds, the per-message fixed cost
+``per_message_fixed_s`` (the full run: also Flower's cold processes' and
+``deployment_cold_over_warm``), and a Stage-1 message's process start to handler
+against the bare import.
 """
 
 from __future__ import annotations
@@ -148,15 +157,25 @@ def run_simulation_engine(
 
 
 def run_deployment(
-    overrides: dict[str, Any], timing_log: Path, env: Mapping[str, str] | None = None
+    overrides: dict[str, Any],
+    timing_log: Path,
+    env: Mapping[str, str] | None = None,
+    warm: bool = True,
 ) -> float:
     from fedorasflwr.launch import Deployment
 
     env = {TIMING_LOG_ENV: str(timing_log), **(env or {})}
     nodes = nodes_of(overrides)
-    with Deployment(num_supernodes=nodes, env=env, startup_timeout=180) as deployment:
+    with Deployment(
+        num_supernodes=nodes, env=env, startup_timeout=180, warm_clientapps=warm
+    ) as deployment:
         result = deployment.run(ROOT, run_config=overrides, timeout=3600)
     return result.wall_time
+
+
+def run_deployment_cold(overrides: dict[str, Any], timing_log: Path) -> float:
+    """The deployment with Flower's own ``flwr-clientapp`` process per message."""
+    return run_deployment(overrides, timing_log, warm=False)
 
 
 def run_deployment_flower_polling(overrides: dict[str, Any], timing_log: Path) -> float:
@@ -170,9 +189,12 @@ RUNNERS = {
     "simulation": run_simulation_engine,
     "deployment": run_deployment,
     "deployment-flower-polling": run_deployment_flower_polling,
+    "deployment-cold": run_deployment_cold,
 }
-#: the full run also measures the deployment with Flower's 3-s reply polling
-FULL_ONLY = ("deployment-flower-polling",)
+#: the full run also measures the deployment with Flower's 3-s reply polling and with
+#: Flower's per-message ClientApp processes
+FULL_ONLY = ("deployment-flower-polling", "deployment-cold")
+DEPLOYMENTS = ("deployment",) + FULL_ONLY
 
 
 def warm_cost_cache(config: Mapping[str, Any]) -> None:
@@ -205,10 +227,13 @@ def _median(values: Sequence[float]) -> float | None:
 def breakdown(records: Sequence[Mapping[str, Any]], engine: str) -> dict[str, float | None]:
     """Median seconds per phase of the training messages (``fedoras_supernet``).
 
-    ``start_to_app_imported``: process start, Python, Flower and the app's imports
+    ``start_to_app_imported``: process start, Python and Flower's imports (none when
+    forked warm), pulling the message, installing the FAB, the app's imports
     (deployment only: elsewhere the process outlives the message);
-    ``app_imported_to_handler``: pulling the message and building the context;
-    ``data_load``, ``training`` (local epochs and the reply's arrays), ``serialize``.
+    ``app_imported_to_handler``: building the ClientApp and its mods;
+    ``data_load``, ``training`` (local epochs and the reply's arrays), ``serialize``;
+    ``per_message_fixed`` (deployment): process start to handler entry of the messages
+    without arrays (any type), nothing to pull.
     """
     train = [r for r in records if r["message-type"].endswith("fedoras_supernet")]
     phases: dict[str, list[float]] = {
@@ -216,7 +241,9 @@ def breakdown(records: Sequence[Mapping[str, Any]], engine: str) -> dict[str, fl
         "training": [r["reply-built"] - r["data-loaded"] for r in train],
         "serialize": [r["serialize-seconds"] for r in train],
     }
-    if engine == "deployment":
+    if engine in DEPLOYMENTS:
+        bare = [r for r in records if r.get("arrays", 0) == 0]
+        phases["per_message_fixed"] = [r["handler-entry"] - r["process-start"] for r in bare]
         phases["start_to_app_imported"] = [r["module-loaded"] - r["process-start"] for r in train]
         phases["app_imported_to_handler"] = [r["handler-entry"] - r["module-loaded"] for r in train]
         phases["fixed_start_to_handler"] = [r["handler-entry"] - r["process-start"] for r in train]
@@ -258,7 +285,7 @@ def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
             "threads": sorted({r["threads"] for r in records}),
             "messages": len(records),
         }
-        if engine == "deployment":
+        if engine in DEPLOYMENTS:
             measured[engine]["transport_seconds"] = transport_seconds(records, rounds)
             measured[engine]["timings"] = records
     sim = measured["simulation"]["median_round_after_first"]
@@ -274,9 +301,9 @@ def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
 def print_table(results: Mapping[str, Any]) -> None:
     print(
         "| config | engine | round s (all) | median after 1st | wall s | "
-        "data s | training s | serialize s | fixed s |"
+        "data s | training s | serialize s | start to handler s | fixed s |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for config, measured in results.items():
         for engine in [e for e in RUNNERS if e in measured]:
             m = measured[engine]
@@ -285,7 +312,8 @@ def print_table(results: Mapping[str, Any]) -> None:
             print(
                 f"| {config} | {engine} | {shown} | {m['median_round_after_first']:.2f} | "
                 f"{m['wall_seconds']:.1f} | {b['data_load']} | {b['training']} | "
-                f"{b['serialize']} | {b.get('fixed_start_to_handler', '-')} |"
+                f"{b['serialize']} | {b.get('fixed_start_to_handler', '-')} | "
+                f"{b.get('per_message_fixed', '-')} |"
             )
     print()
 
@@ -319,6 +347,16 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"{name}_simulation_round_s"] = measured["simulation"]["median_round_after_first"]
         summary[f"{name}_inprocess_round_s"] = measured["inprocess"]["median_round_after_first"]
         summary[f"{name}_fixed_over_torch_import"] = round(fixed / bare, 3)
+        per_message = measured["deployment"]["breakdown"]["per_message_fixed"]
+        summary[f"{name}_per_message_fixed_s"] = per_message
+        if "deployment-cold" in measured:
+            cold = measured["deployment-cold"]
+            summary[f"{name}_cold_per_message_fixed_s"] = cold["breakdown"]["per_message_fixed"]
+            summary[f"{name}_deployment_cold_over_warm"] = round(
+                cold["median_round_after_first"]
+                / measured["deployment"]["median_round_after_first"],
+                3,
+            )
         if bare_at_once is not None:
             summary[f"{name}_fixed_over_torch_import_3_at_once"] = round(fixed / bare_at_once, 3)
         if "deployment-flower-polling" in measured:

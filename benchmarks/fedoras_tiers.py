@@ -43,6 +43,10 @@ running them again:
     python benchmarks/fedoras_tiers.py --seeds 1 2 --only opa  # fedoras_tiers.seeds-1-2.opa.json
     python benchmarks/fedoras_tiers.py --seeds 0 1 2 --merge \
         benchmarks/results/fedoras_tiers.json benchmarks/results/fedoras_tiers.seeds-1-2.opa.json
+
+Each finished case is saved at once to ``<result name>.partial.json`` (removed when the
+whole run is reported): a run stopped part way goes on with the same command plus
+``--merge benchmarks/results/<result name>.partial.json``.
 """
 
 from __future__ import annotations
@@ -54,11 +58,12 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from common import report, run_config, warm_data_cache
+from common import RESULTS, report, run_config, warm_data_cache
 
 SKEWED, MILD = 0.1, 1.0
 
@@ -230,25 +235,49 @@ def run_case(
 
 
 def run_cases(
-    configs: list[dict[str, Any]], clients: int, tmp: Path, jobs: int
+    configs: list[dict[str, Any]],
+    clients: int,
+    tmp: Path,
+    jobs: int,
+    finished: Callable[[int, dict[str, Any]], None] = lambda i, outcome: None,
 ) -> list[dict[str, Any]]:
     """``run_case`` of every config (data partitions built once first, outputs under
     ``tmp``): ``jobs`` at a time in fresh spawned processes, or with ``jobs = 0`` one after
-    the other in this process, without the runs' figures."""
+    the other in this process, without the runs' figures. ``finished(i, outcome)`` is
+    called as each run ends (``main`` saves the runs done so far)."""
     warm_data_cache(configs, clients)
     out_dirs = [str(tmp / f"case{i}") for i in range(len(configs))]
+    outcomes: dict[int, dict[str, Any]] = {}
     if jobs == 0:
-        return [
-            run_case(config, clients, out_dir, plots=False)
-            for config, out_dir in zip(configs, out_dirs, strict=True)
-        ]
+        for i, (config, out_dir) in enumerate(zip(configs, out_dirs, strict=True)):
+            outcomes[i] = run_case(config, clients, out_dir, plots=False)
+            finished(i, outcomes[i])
+        return [outcomes[i] for i in range(len(configs))]
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [
-            pool.submit(run_case, config, clients, out_dir)
-            for config, out_dir in zip(configs, out_dirs, strict=True)
-        ]
-        return [f.result() for f in futures]
+        futures = {
+            pool.submit(run_case, config, clients, out_dir): i
+            for i, (config, out_dir) in enumerate(zip(configs, out_dirs, strict=True))
+        }
+        for future in as_completed(futures):
+            outcomes[futures[future]] = future.result()
+            finished(futures[future], outcomes[futures[future]])
+    return [outcomes[i] for i in range(len(configs))]
+
+
+def partial_saver(
+    path: Path, todo: list[dict[str, Any]], measured: dict[str, Any], clients: int
+) -> Callable[[int, dict[str, Any]], None]:
+    """Save every finished run to ``path`` (a result file ``--merge`` takes) as it ends,
+    so that a run stopped part way loses only the cases still running."""
+    done: list[dict[str, Any]] = []
+
+    def save(i: int, outcome: dict[str, Any]) -> None:
+        done.append({**todo[i], **outcome})
+        document = {"quick": False, "clients": clients, "settings": measured, "cases": done}
+        path.write_text(json.dumps(document, indent=1))
+
+    return save
 
 
 def model_accuracy(model: dict[str, Any]) -> float | None:
@@ -346,7 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         configs = [
             {**base, "seed": c["seed"], "data.alpha": c["alpha"], **c["overrides"]} for c in todo
         ]
-        outcomes = run_cases(configs, clients, Path(tmp), jobs)
+        name = results_name(args.seeds, args.only) + (
+            "" if args.rand_init_lr is None else f".rand-init-lr-{args.rand_init_lr}"
+        )
+        partial = RESULTS / f"{name}{'.quick' if args.quick else ''}.partial.json"
+        save = partial_saver(partial, todo, measured, clients)
+        outcomes = run_cases(configs, clients, Path(tmp), jobs, save)
     for case, outcome in zip(todo, outcomes, strict=True):
         case.update(outcome)
     runs = [done.get(case_key(c), c) for c in runs]
@@ -472,13 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         and summary["mean_gain_pp_alpha0.1"] > summary["mean_gain_pp_alpha1.0"]
     )
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    report(
-        results_name(args.seeds, args.only)
-        + ("" if args.rand_init_lr is None else f".rand-init-lr-{args.rand_init_lr}"),
-        args.quick,
-        summary,
-        {"clients": clients, "settings": measured, "cases": runs},
-    )
+    report(name, args.quick, summary, {"clients": clients, "settings": measured, "cases": runs})
+    partial.unlink(missing_ok=True)  # every case is in the result file now
     return 0
 
 

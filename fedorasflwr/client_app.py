@@ -40,7 +40,10 @@ def _timing(msg: Message, context: Context, call_next: _Handler) -> Message:
     serialized = _serialize_seconds(reply)
     record = {
         "pid": os.getpid(),
+        "ppid": os.getppid(),  # the SuperExec that started it (deployment)
         "message-type": msg.metadata.message_type,
+        "arrays": _arrays(msg),  # a message without any is pulled in no time
+        "app-file": __file__,  # on a deployment: the FAB's copy under $FLWR_HOME/apps
         "partition-id": context.node_config.get("partition-id"),
         "server-round": _server_round(msg),
         "process-start": _process_start(),
@@ -50,9 +53,7 @@ def _timing(msg: Message, context: Context, call_next: _Handler) -> Message:
         "reply-built": done,
         "serialize-seconds": serialized,
         "threads": _torch_threads(),
-        # arrays as they travelled (packed: 1), in the instruction and in the reply
-        "arrays-in": _arrays_on_the_wire(msg),
-        "arrays-out": _arrays_on_the_wire(reply),
+        "arrays-out": _arrays(reply),  # the reply's, as it leaves (packed: 1)
     }
     with open(path, "a", encoding="utf-8") as sink:
         sink.write(json.dumps(record) + "\n")
@@ -70,12 +71,12 @@ def _serialize_seconds(reply: Message) -> float:
     return time.perf_counter() - started
 
 
-def _arrays_on_the_wire(message: Message) -> int:
-    """How many arrays ``message``'s ``arrays`` record holds as it travels (this mod runs
-    outside the library's: a packed message's is 1)."""
-    if message.has_error() or "arrays" not in message.content.array_records:
+def _arrays(msg: Message) -> int:
+    """How many arrays the message carries as it travelled (Flower moves each as its own
+    object; this mod runs outside the library's, so a packed message carries 1)."""
+    if msg.has_error():
         return 0
-    return len(message.content.array_records["arrays"])
+    return sum(len(record) for record in msg.content.array_records.values())
 
 
 def _server_round(msg: Message) -> int:

@@ -21,9 +21,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .costs import flops_to_macs, macs_to_flops
 from .ledger import by_partition
 
-__all__ = ["result_json", "snake", "snake_keys"]
+__all__ = ["POINT_FIELDS", "cost_point", "result_json", "snake", "snake_keys"]
+
+#: what each method's ``points(document)`` gives per final model (``cost_point``): one row of
+#: ``python -m fedorasflwr.compare``'s leaderboard
+POINT_FIELDS = (
+    "model",  # the model's name within its run ("T2 supernet", "GM_3 tuned", "cluster-1")
+    "macs",  # MACs of one sample (the papers' "FLOPs"); None: not known
+    "flops",  # FLOPs of one sample (2 x MACs, torch.utils.flop_counter)
+    "params",  # parameters
+    "test_accuracy",  # on the clients' test splits (test_scope says which)
+    "test_scope",  # which clients' test splits test_accuracy pools
+    "global_test_accuracy",  # on the server's global test set (data.global-test); else None
+    "latency_ms",  # on the nodes' measured latency tables (a latency resource); else None
+    "epsilon",  # DP budget spent (the worst party's; "inf": no guarantee); None: no accounting
+)
 
 
 def snake(key: str) -> str:
@@ -70,3 +85,19 @@ def result_json(document: Mapping[str, Any]) -> dict[str, Any]:
         else:
             content[name] = snake_keys(value)
     return content
+
+
+def cost_point(model: str, **fields: Any) -> dict[str, Any]:
+    """One final model of a run as a leaderboard row: ``POINT_FIELDS`` (an unknown field is
+    refused), absent ones ``None``; ``flops`` from ``macs`` or ``macs`` from ``flops``
+    when only one is given (``costs``)."""
+    unknown = set(fields) - set(POINT_FIELDS)
+    if unknown:
+        raise ValueError(f"cost point {model!r}: unknown fields {sorted(unknown)}")
+    point: dict[str, Any] = {name: fields.get(name) for name in POINT_FIELDS}
+    point["model"] = model
+    if point["flops"] is None and point["macs"] is not None:
+        point["flops"] = macs_to_flops(point["macs"])
+    if point["macs"] is None and point["flops"] is not None:
+        point["macs"] = flops_to_macs(point["flops"])
+    return point

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import statistics
 
 import pytest
 
-from tests.test_benchmarks import run_quick
+from tests.test_benchmarks import load_benchmark, run_quick
 
 
 @pytest.mark.slow
@@ -18,16 +19,60 @@ def test_engines_quick_reports_every_engine_and_the_breakdown():
         assert tiny[engine]["median_round_after_first"] > 0
         assert tiny[engine]["breakdown"]["training"] > 0
     deployment = tiny["deployment"]
+    headline = saved["headline"]
     assert saved["clients"] == 2
     assert deployment["threads"] == [max(1, (os.cpu_count() or 1) // 2)]
     assert deployment["breakdown"]["fixed_start_to_handler"] > 0
     # one profile query and one Stage-1 message per node and round, each its own process
     assert deployment["messages"] == 2 + 2 * 2
     assert len({record["pid"] for record in deployment["timings"]}) == deployment["messages"]
-    headline = saved["headline"]
+    # forked by the nodes' warm executors (one per node), never an flwr-clientapp
+    assert len({record["ppid"] for record in deployment["timings"]}) == 2
+    # the per-message fixed cost: process start to handler of the array-free messages
+    # (the profile query), in the headline
+    bare = [r for r in deployment["timings"] if r["arrays"] == 0]
+    assert {r["message-type"] for r in bare} == {"query.profile"} and len(bare) == 2
+    fixed = deployment["breakdown"]["per_message_fixed"]
+    assert fixed == pytest.approx(
+        statistics.median(r["handler-entry"] - r["process-start"] for r in bare), abs=1e-3
+    )
+    assert 0 < fixed < deployment["breakdown"]["fixed_start_to_handler"]
+    assert headline["tiny_per_message_fixed_s"] == fixed
     assert headline["tiny_deployment_over_simulation"] == tiny["deployment_over_simulation"] > 0
     assert headline["tiny_fixed_over_torch_import"] > 0
     # what the simulation engine adds to a Stage-1 round (the former stage1_overhead.py)
     sim, inprocess = (tiny[e]["median_round_after_first"] for e in ("simulation", "inprocess"))
     assert headline["tiny_simulation_over_inprocess"] == tiny["simulation_over_inprocess"]
     assert tiny["simulation_over_inprocess"] == pytest.approx(sim / inprocess, abs=1e-3)
+
+
+def _record(kind: str, arrays: int, start: float, entry: float) -> dict:
+    return {
+        "message-type": kind,
+        "arrays": arrays,
+        "process-start": start,
+        "module-loaded": start + 0.25,
+        "handler-entry": entry,
+        "data-loaded": entry + 0.5,
+        "reply-built": entry + 2.5,
+        "serialize-seconds": 0.01,
+    }
+
+
+@pytest.mark.parametrize("engine", ["deployment", "deployment-cold"])
+def test_per_message_fixed_cost_is_start_to_handler_of_messages_without_arrays(engine):
+    engines = load_benchmark("engines")
+    records = [
+        _record("query.profile", 0, 100.0, 100.5),  # 0.5 s
+        _record("query.profile", 0, 200.0, 200.75),  # 0.75 s
+        _record("query.profile", 0, 300.0, 302.0),  # 2.0 s
+        _record("train.fedoras_supernet", 240, 400.0, 406.0),  # 6 s, most of it the pull
+        _record("train.fedoras_supernet", 240, 500.0, 504.0),  # 4 s
+    ]
+    phases = engines.breakdown(records, engine)
+    assert phases["per_message_fixed"] == 0.75  # median of 0.5, 0.75, 2.0
+    assert phases["fixed_start_to_handler"] == 5.0  # the Stage-1 messages: median of 6, 4
+    assert phases["start_to_app_imported"] == 0.25
+    assert phases["training"] == 2.0 and phases["data_load"] == 0.5
+    # in one process per engine (simulation, in-process) there is no process start to count
+    assert "per_message_fixed" not in engines.breakdown(records, "simulation")

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedorasflwr.client_app import TIMING_LOG_ENV, app
 from fedorasflwr.inprocess import InProcessGrid
 from tests.runconfig import pyproject_run_config
 
 
-def _profile_replies(data_cache: Path, node_config: dict) -> list[Message]:
+def _profile_replies(
+    data_cache: Path, node_config: dict, content: RecordDict | None = None
+) -> list[Message]:
     config = pyproject_run_config() | {"data.cache-dir": str(data_cache)}
     grid = InProcessGrid(app, config, 2, node_configs={0: node_config})
     node = grid.node_of_partition[0]
-    query = Message(RecordDict(), dst_node_id=node, message_type="query.profile")
+    query = Message(content or RecordDict(), dst_node_id=node, message_type="query.profile")
     return list(grid.send_and_receive([query]))
 
 
@@ -61,3 +66,10 @@ def test_timing_log_off_by_default_and_ordered_when_on(
     values = [record[k] for k in stamps]
     assert values == sorted(values), dict(zip(stamps, values, strict=True))
     assert record["serialize-seconds"] >= 0
+    # what the engines benchmark's per-message fixed cost selects and checks: messages
+    # without arrays (no payload to pull), and the process that started the ClientApp
+    assert record["arrays"] == 0 and record["ppid"] == os.getppid()
+    assert record["app-file"] == sys.modules["fedorasflwr.client_app"].__file__
+    carried = RecordDict({"a": ArrayRecord([np.zeros(3)]), "b": ArrayRecord([np.ones(2)] * 2)})
+    _profile_replies(data_cache, {}, carried)
+    assert json.loads(log.read_text().splitlines()[-1])["arrays"] == 3

@@ -325,3 +325,19 @@ def test_every_final_model_is_scored_on_the_server_s_global_test_set(runs, metho
     # and the console's summary shows it
     text = "\n".join(summary_lines(method, snake_keys(run.document), run.settings.method_settings))
     assert "global test acc" in text
+
+
+@pytest.mark.parametrize("method", ["dpfnas", "fednas"])
+def test_a_darts_derived_net_s_cost_is_its_modules_forward_flops(runs, method):
+    """DP-FNAS and FedNAS write the derived net's ``flops`` / ``macs`` (its path in the
+    supernet: ``search_spaces.darts.genotype_cost``): torch's FLOP counter on the saved
+    ``derived.pt``, one sample, gives the same figure."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    run = runs(method)
+    net = load_model(run.out_dir / "derived.pt").eval()
+    sample, _source = example_inputs(run.settings.data)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        net(sample[:1])
+    assert run.document["flops"] == counter.get_total_flops() > 0
+    assert run.document["macs"] == run.document["flops"] // 2

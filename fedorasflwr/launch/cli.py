@@ -28,7 +28,7 @@ from .heartbeat import (
 )
 from .processes import Stopped, stop_on_signals
 from .security import TlsFiles
-from .simulation import run_simulation
+from .simulation import ray_env, run_simulation
 
 __all__ = [
     "check_overrides",
@@ -60,6 +60,19 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "repeat to apply several in order (later ones win)",
     )
     parser.add_argument("--deployment", action="store_true", help="use the deployment engine")
+    parser.add_argument(
+        "--cold-clientapps",
+        action="store_true",
+        help="with --deployment: Flower's own fresh flwr-clientapp process per message "
+        "instead of a warm executor per SuperNode (docs/deployment.md)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="simulation on a running Ray cluster: its head's address (`ray start --head`); "
+        "every node needs this package installed and the data cache (docs/scaling.md)",
+    )
     parser.add_argument(
         "--client-num-cpus",
         type=int,
@@ -99,6 +112,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     _add_security_args(parser)
     args = parser.parse_args(argv)
     _check_security_args(parser, args)
+    if args.cold_clientapps and not args.deployment:
+        parser.error("--cold-clientapps is for --deployment")
+    if args.ray_address is not None:
+        if args.deployment:
+            parser.error("--ray-address is for the simulation engine, not --deployment")
+        try:
+            ray_env(args.ray_address)
+        except ValueError as error:
+            parser.error(f"--ray-address: {error}")
     given = args.heartbeat_timeout
     if given is None:
         given = os.environ.get(HEARTBEAT_TIMEOUT_ENV) or DEFAULT_HEARTBEAT_TIMEOUT
@@ -380,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     node_keys=args.supernode_key,
                     env=env,
                     heartbeat_timeout=args.heartbeat_timeout,
+                    warm_clientapps=not args.cold_clientapps,
                 ) as dep:
                     result = dep.run(args.app_dir, run_config, args.timeout, echo=watch)  # type: ignore[arg-type]
             else:
@@ -394,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     env=env,
                     federation_config={"verbose": True} if args.verbose else None,
                     heartbeat_timeout=args.heartbeat_timeout,
+                    ray_address=args.ray_address,
                 )
         except FlowerRunError as error:
             echo.close()

@@ -50,6 +50,9 @@ from .security import NodeKey, TlsFiles, make_node_key, make_tls_files, node_key
 
 __all__ = ["Deployment"]
 
+#: read by Flower's ``flower-superexec`` (``flwr/supercore/superexec/run_superexec.py``)
+SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+
 
 class Deployment:
     """A real deployment engine on localhost: one SuperLink and N SuperNodes.
@@ -86,6 +89,13 @@ class Deployment:
     node_keys : Sequence[Path], optional
         One OpenSSH EC private key per SuperNode; default: throwaway P-384 keys under
         ``<flwr_home>/keys``.
+    warm_clientapps : bool, default True
+        Each SuperNode runs with ``--isolation process`` next to a warm executor
+        (``python -m fedorasflwr.launch.warm``) that has imported torch and Flower's
+        ClientApp runtime once and forks a child per message, instead of Flower's
+        ``flower-superexec`` starting a fresh ``flwr-clientapp`` process per message.
+        TLS to the SuperLink and SuperNode authentication are the SuperNode's and do
+        not change.  ``False``: Flower's own per-message processes.
     heartbeat_timeout : float, optional
         Seconds the SuperLink waits for the ServerApp's heartbeat before it fails the
         run (at least 60; default: Flower's 60): the SuperLink then runs as
@@ -105,6 +115,7 @@ class Deployment:
         supernode_auth: bool = True,
         node_keys: Sequence[Path] | None = None,
         heartbeat_timeout: float | None = None,
+        warm_clientapps: bool = True,
     ) -> None:
         _check_positive_int("num_supernodes", num_supernodes)
         if heartbeat_timeout is not None:
@@ -129,6 +140,7 @@ class Deployment:
         if heartbeat_timeout is not None:  # read by the SuperLink `_start_superlink` starts
             self._extra_env[HEARTBEAT_TIMEOUT_ENV] = repr(heartbeat_timeout)
         self.startup_timeout = startup_timeout
+        self.warm_clientapps = warm_clientapps
         self.flwr_home = Path()
         self.port = 0
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -221,6 +233,12 @@ class Deployment:
         # threads spin against each other and every training step gets many times slower.
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self._extra_env:
             env["OMP_NUM_THREADS"] = str(threads_per_node(self.num_supernodes))
+        # Flower's SuperExecs (the SuperLink's; each node's unless warm) poll for a task
+        # every second: up to a second before a message's process starts
+        # (imported here: `python -m fedorasflwr.launch.warm` must find it not yet imported)
+        from .warm import DEFAULT_POLL_INTERVAL
+
+        env.setdefault(SUPEREXEC_POLL_ENV, repr(DEFAULT_POLL_INTERVAL))
         return env
 
     def _spawn(self, command: list[str], name: str, flwr_home: Path) -> subprocess.Popen[bytes]:
@@ -277,10 +295,20 @@ class Deployment:
             command += ["--root-certificates", str(self.tls.ca_cert)]
         if private_key is not None:
             command += ["--auth-supernode-private-key", str(private_key)]
-        command += ["--host", LOOPBACK, "--port", str(free_port())]
+        runtime_port = free_port()
+        command += ["--host", LOOPBACK, "--port", str(runtime_port)]
         command += ["--node-config", format_run_config(node_config)]
+        if self.warm_clientapps:
+            command += ["--isolation", "process"]
         process = self._spawn(command, name, node_home)
         self.supernodes.append(process)
+        if self.warm_clientapps:
+            # the node's ClientApp tasks: its Runtime API is plain HTTP on loopback, as
+            # the SuperExec it would otherwise start itself uses (`fedorasflwr.launch.warm`)
+            warm = [sys.executable, "-m", "fedorasflwr.launch.warm", "--insecure"]
+            warm += ["--runtime-api-address", f"{LOOPBACK}:{runtime_port}"]
+            warm += ["--parent-pid", str(process.pid)]
+            self._spawn(warm, f"{name}-clientapps", node_home)
         return process
 
     def _prepare_security(self) -> None:

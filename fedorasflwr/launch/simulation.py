@@ -22,7 +22,14 @@ from .flwr_cli import (
 from .heartbeat import HEARTBEAT_TIMEOUT_ENV, check_heartbeat_timeout, superlink_wrapper
 from .processes import _free_ports, _stop_flower_processes, held_signals
 
-__all__ = ["RAY_TIP_FILTER", "run_simulation"]
+__all__ = ["RAY_TIP_FILTER", "ray_env", "run_simulation"]
+
+#: Set to ``0``, Ray keeps a loopback address as given instead of replacing it with the
+#: host's network address (named for Windows / macOS, where it is off by default).
+RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: Ray refuses these when it joins a running cluster: the cluster's nodes declare them.
+_CLUSTER_OWNED = ("init-args-num-cpus", "init-args-num-gpus")
 
 #: ``PYTHONWARNINGS`` entry silencing the one FutureWarning ``ray.init`` prints in the
 #: simulation process (a tip about ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO``, raised from
@@ -42,6 +49,7 @@ def run_simulation(
     env: Mapping[str, str] | None = None,
     echo: bool | Callable[[str], None] = False,
     heartbeat_timeout: float | None = None,
+    ray_address: str | None = None,
 ) -> RunResult:
     """Run the Flower app in `app_dir` on the simulation engine, then stop all of Flower.
 
@@ -81,6 +89,12 @@ def run_simulation(
         run (at least 60; default: Flower's 60). Set through a ``flower-superlink``
         script under ``<flwr_home>/bin``, first on the ``PATH`` of ``flwr run``
         (`fedorasflwr.launch.heartbeat`).
+    ray_address : str, optional
+        ``HOST:PORT`` of a running Ray cluster's head (``ray start --head``): the
+        simulation joins it instead of starting a Ray instance of its own, and its
+        ClientApps run on the cluster's nodes (docs/scaling.md). The cluster is not
+        stopped afterwards. ``init-args-num-cpus`` / ``-num-gpus`` are refused with it
+        (the cluster's nodes declare their resources).
 
     Returns
     -------
@@ -98,9 +112,22 @@ def run_simulation(
         _check_positive_int("client_num_cpus", client_num_cpus)
     if heartbeat_timeout is not None:
         heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
+    federation: dict[str, ConfigValue] = {"num-supernodes": num_supernodes}
+    if client_num_cpus is not None:
+        federation["client-resources-num-cpus"] = client_num_cpus
+    federation |= dict(federation_config or {})
+    cluster = {} if ray_address is None else ray_env(ray_address)
+    if cluster:
+        owned = [key for key in _CLUSTER_OWNED if key in federation]
+        if owned:
+            raise ValueError(
+                f"federation config {owned[0]}={federation[owned[0]]!r} cannot be combined with "
+                f"ray_address={ray_address!r}: a Ray cluster's nodes declare their own "
+                "resources (set them with `ray start --num-cpus/--num-gpus`)"
+            )
     home = Path(flwr_home).resolve() if flwr_home else Path(tempfile.mkdtemp(prefix="flwr-sim-"))
     http_port, control_port = _free_ports(2)
-    run_env = _flower_env(home, env)
+    run_env = _flower_env(home, {**dict(env or {}), **cluster})
     warnings = run_env.get("PYTHONWARNINGS", "")
     run_env["PYTHONWARNINGS"] = ",".join(w for w in (warnings, RAY_TIP_FILTER) if w)
     run_env |= {
@@ -111,10 +138,6 @@ def run_simulation(
         run_env[HEARTBEAT_TIMEOUT_ENV] = repr(heartbeat_timeout)
         wrapper = superlink_wrapper(home / "bin")
         run_env["PATH"] = os.pathsep.join([str(wrapper), run_env["PATH"]])
-    federation: dict[str, ConfigValue] = {"num-supernodes": num_supernodes}
-    if client_num_cpus is not None:
-        federation["client-resources-num-cpus"] = client_num_cpus
-    federation |= dict(federation_config or {})
     try:
         _add_connection(home, SIMULATION_CONNECTION, {"address": ":local:"})
         log_file = home / "local-superlink" / "superlink.log"
@@ -134,3 +157,24 @@ def run_simulation(
             _stop_flower_processes(home)
             if flwr_home is None:
                 shutil.rmtree(home, ignore_errors=True)
+
+
+def ray_env(address: str) -> dict[str, str]:
+    """Environment that makes Flower's Ray backend join the cluster at ``address``.
+
+    Flower 1.41's federation config passes only CPUs, GPUs and logging to ``ray.init``,
+    which reads ``RAY_ADDRESS`` when no address is given. A loopback head (a single-host
+    cluster, as in the tests) also needs :data:`RAY_CLUSTER_ENV` = ``0``: otherwise Ray
+    swaps ``127.0.0.1`` for the host's network address, where a loopback head is not
+    listening. Raises ``ValueError`` for an address that is not ``HOST:PORT``.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"ray_address={address!r}: expected HOST:PORT of a Ray head "
+            "(the address `ray start --head` prints), e.g. 10.0.0.5:6379"
+        )
+    env = {"RAY_ADDRESS": address}
+    if host in _LOOPBACK_HOSTS:
+        env[RAY_CLUSTER_ENV] = "0"
+    return env

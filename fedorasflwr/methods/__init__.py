@@ -52,6 +52,26 @@ SUMMARIES = {
 }
 
 
+#: method -> the import path of its cost points (``points(document)`` in its summary.py):
+#: each final model of a result.json as one row of ``python -m fedorasflwr.compare``'s
+#: leaderboard (``model``, ``macs``, ``flops``, ``params``, ``test_accuracy`` with its
+#: ``test_scope``, ``global_test_accuracy``, ``latency_ms``, ``epsilon``)
+POINTS = {method: path.replace(":summary", ":points") for method, path in SUMMARIES.items()}
+
+#: method -> its run-config keys that count training rounds (each stage's; ints), which
+#: ``python -m fedorasflwr.compare`` scales to match client training FLOPs
+ROUND_KEYS = {
+    "fedoras": ("fedoras.rounds", "fedoras.finetune-rounds"),
+    "fdnas": ("fdnas.rounds", "fdnas.final-rounds"),
+    "cfdnas": ("fdnas.rounds", "fdnas.cluster-rounds", "fdnas.final-rounds"),
+    "dpfnas": ("dpfnas.iterations", "dpfnas.final-rounds"),
+    "decnas": ("decnas.gm0-rounds", "decnas.final-rounds"),
+    "fednas": ("fednas.rounds", "fednas.final-rounds"),
+    "heterofl": ("heterofl.rounds",),
+    "fjord": ("fjord.rounds",),
+}
+
+
 def _load(table: dict[str, str], method: str) -> Any:
     if method not in table:
         raise ValueError(f"method {method!r}: allowed: one of {', '.join(METHODS)}")
@@ -67,3 +87,9 @@ def settings_class(method: str) -> type:
 def summary_function(method: str) -> Callable[..., list[str]]:
     """``summary(document, **options)`` of ``method``: its end-of-run summary lines."""
     return _load(SUMMARIES, method)
+
+
+def points_function(method: str) -> Callable[..., list[dict[str, Any]]]:
+    """``points(document)`` of ``method``: each final model of its result.json, one dict
+    per cost point (``POINTS``)."""
+    return _load(POINTS, method)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,7 @@ __all__ = [
     "DerivedNetwork",
     "Genotype",
     "derive_genotype",
+    "genotype_cost",
 ]
 
 PRIMITIVES = (
@@ -437,3 +439,24 @@ class DerivedNetwork(nn.Module):
         for cell in self.cells:
             s0, s1 = s1, cell(s0, s1)
         return self.classifier(s1.mean(dim=(2, 3)))  # global average pool (CUDA-deterministic)
+
+
+def genotype_cost(space: SearchSpace, genotype: Any) -> int | None:
+    """Forward FLOPs of ``genotype``'s path in the darts supernet: every edge a genotype
+    keeps takes its operation, every other edge the zero op (``none``); ``None`` for a
+    space without that layout (a DARTS-style space of one's own)."""
+    net = getattr(space, "net", None)
+    reduction = getattr(net, "reduction", None)
+    if reduction is None or not hasattr(genotype, "normal"):
+        return None
+
+    def cell(pairs: Sequence[tuple[str, int]]) -> list[int]:
+        arch, start = [PRIMITIVES.index("none")] * EDGES, 0
+        for node in range(len(pairs) // 2):
+            for op, j in pairs[2 * node : 2 * node + 2]:
+                arch[start + j] = PRIMITIVES.index(op)
+            start += 2 + node
+        return arch
+
+    arch = [i for r in reduction for i in cell(genotype.reduce if r else genotype.normal)]
+    return int(space.cost(tuple(arch)).flops)

@@ -33,6 +33,8 @@ from fedorasflwr.launch.flwr_cli import _flower_env
 from fedorasflwr.launch.processes import _free_ports, _stop_flower_processes
 from tests.runconfig import readme_run_command, tiny_fedoras
 
+TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"  # fedorasflwr.client_app.TIMING_LOG_ENV
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 900.0
 
@@ -220,6 +222,9 @@ class SecureDeploymentRun:
     victim_id: int  # the SuperNode killed mid-round (the last one)
     victim_killed: bool  # the watcher saw its Stage-1 message arrive and killed it
     victim_exit: int | None  # its exit code after the run (None: still running)
+    warm_pids: list[int]  # the nodes' warm ClientApp executors (`fedorasflwr.launch.warm`)
+    timings: list[dict]  # the ClientApp's timing log, one record per message handled
+    flwr_home: Path  # the deployment's; each node's is <flwr_home>/supernode-<i>
 
 
 def _urlopen_error(url: str, **kwargs: object) -> BaseException | None:
@@ -261,6 +266,7 @@ def secure_deployment_run(
     SuperNode authentication, latency tables measured by the nodes, and a SuperNode lost
     mid-round (engine time is dear: these were three runs of the same tiny FedorAS)."""
     tmp = tmp_path_factory.mktemp("secure-deployment")
+    timing_log = tmp / "timing.jsonl"  # one line per ClientApp message, with its parent
     tls = make_tls_files(tmp / "certs")
     keys = [make_node_key(tmp / "keys", f"node-{i}") for i in range(len(NODE_CONFIGS))]
     engine = Deployment(
@@ -272,11 +278,12 @@ def secure_deployment_run(
         # and declares its device class and budget; the budgets place the nodes in the
         # top and the lowest tier.
         node_configs=NODE_CONFIGS,
-        env={"FEDORASFLWR_CACHE": str(tmp / "node-cache")},
+        env={"FEDORASFLWR_CACHE": str(tmp / "node-cache"), TIMING_LOG_ENV: str(timing_log)},
     )
     engine.__enter__()
     try:
         superlink = list(engine.processes[0].args)
+        warm_pids = [p.pid for p in engine.processes if "fedorasflwr.launch.warm" in p.args]
         supernodes = [list(node.args) for node in engine.supernodes]
         victim = engine.supernodes[-1]  # before the rogue joins the list
         http_error = _urlopen_error(f"http://{LOOPBACK}:{engine.port}/health")
@@ -352,4 +359,7 @@ def secure_deployment_run(
         victim_id=node_ids[-1],
         victim_killed=killed.is_set(),
         victim_exit=victim_exit,
+        warm_pids=warm_pids,
+        timings=[json.loads(line) for line in timing_log.read_text().splitlines()],
+        flwr_home=engine.flwr_home,
     )

@@ -41,6 +41,6 @@ def test_packed_messages_pass_through_superlink_and_supernodes(deployment, tmp_p
     lines = [json.loads(line) for line in timing.read_text().splitlines()]
     supernet = [line for line in lines if line["message-type"] == FEDORAS_SUPERNET]
     assert len(supernet) == 2
-    assert all(line["arrays-in"] == 1 and line["arrays-out"] == 1 for line in supernet)
+    assert all(line["arrays"] == 1 and line["arrays-out"] == 1 for line in supernet)
     profiles = [line for line in lines if line["message-type"] == QUERY_PROFILE]
-    assert profiles and all(line["arrays-in"] == 0 for line in profiles)
+    assert profiles and all(line["arrays"] == 0 for line in profiles)

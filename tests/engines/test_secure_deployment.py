@@ -174,7 +174,7 @@ def test_deployment_engine_runs_the_same_app(secure_deployment_run):
     # The session's one deployment run (TLS and SuperNode authentication, as `Deployment`
     # starts by default), shared with the security test above: three SuperNodes (one
     # killed mid-round), one Stage-1 round, then Stages 2 and 3 for two tiers, each
-    # message in a fresh ClientApp.
+    # message in its own ClientApp process.
     result = secure_deployment_run.result
     assert [h["round"] for h in result["history"]] == [0, 1]
     assert result["history"][1]["clients"] == 2
@@ -182,6 +182,17 @@ def test_deployment_engine_runs_the_same_app(secure_deployment_run):
     assert [m["tier"] for m in result["models"]] == [1, 2]
     assert "=== fedoras summary ===" in secure_deployment_run.run.stdout
     assert secure_deployment_run.left_running == []
+    # Every message's ClientApp was forked by its node's warm executor (TLS and SuperNode
+    # authentication on): one process per message, none started by Flower's SuperExec.
+    timings, warm = secure_deployment_run.timings, secure_deployment_run.warm_pids
+    assert len(warm) == 3 and len(timings) >= 3 + 2  # profile queries, Stage-1 replies
+    assert {record["ppid"] for record in timings} <= set(warm)
+    assert len({record["pid"] for record in timings}) == len(timings)
+    # each imported the app from its node's FAB, not the executor's (or this) copy
+    home = secure_deployment_run.flwr_home
+    for record in timings:
+        where = Path(record["app-file"]).relative_to(home).parts
+        assert where[0].startswith("supernode-") and where[1] == "apps", record["app-file"]
 
 
 @pytest.mark.slow

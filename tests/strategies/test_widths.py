@@ -226,3 +226,46 @@ def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> Non
     assert second["history"] == first["history"] and len(second["history"]) == 2
     assert stage_totals(second, "train") == stage_totals(first, "train")
     assert second["tiers"] == first["tiers"]
+
+
+class Smallest:
+    """A stand-in generator whose every draw picks the ladder's first (smallest) width."""
+
+    def integers(self, high: int) -> int:
+        return 0
+
+
+def test_self_distillation_trains_the_p_max_model_and_costs_its_flops(data_cache) -> None:
+    """FjORD's self-distillation: a batch at a width below p_max also trains the p_max
+    model (entries outside the sampled slice move too) and pays its FLOPs; without it
+    they stay put (the test above)."""
+    from fedorasflwr.data import load_client_data
+
+    settings = parse_run_config(pyproject_run_config() | {"data.cache-dir": str(data_cache)})
+    data = load_client_data(settings.data, 0, 20)
+    base = {"width": 0.5, "widths": [0.25, 0.5], "width-macs": [1, 4], "local-epochs": 1,
+            "batch-size": 32, "lr": 0.1, "momentum": 0.0}  # fmt: skip
+    runs = {}
+    for distill in (False, True):
+        torch.manual_seed(0)
+        net = width_net(MNIST, 0.5)
+        before = {k: v.clone() for k, v in net.state_dict().items()}
+        config = ConfigRecord({**base, "distill": distill})
+        loss, seen, flops = ordered_dropout_sgd(net, MNIST, data.train, config, (0, 1), Smallest())
+        runs[distill] = (before, net.state_dict(), loss, seen, flops)
+    inner = width_shapes(MNIST, 0.25)["blocks.1.conv.weight"]
+    for distill, (before, after, loss, seen, _flops) in runs.items():
+        outside = torch.equal(before["blocks.1.conv.weight"][inner[0] :],
+                              after["blocks.1.conv.weight"].cpu()[inner[0] :])  # fmt: skip
+        assert outside is (not distill)
+        assert seen == len(data.train) and np.isfinite(loss)
+    assert runs[True][4] > runs[False][4]  # the teacher's forward and backward are paid
+
+
+def test_fjord_distill_is_a_run_config_flag_sent_to_the_clients() -> None:
+    cfg = pyproject_run_config() | {"method": "fjord"}
+    assert parse_run_config(cfg).method_settings.distill is False
+    cfg["fjord.distill"] = True
+    assert parse_run_config(cfg).method_settings.distill is True
+    with pytest.raises(ValueError, match="fjord.distill"):
+        parse_run_config(pyproject_run_config() | {"method": "fjord", "fjord.distill": "yes"})

@@ -13,6 +13,7 @@ from flwr.supercore import log
 
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
+from ...costs import flops_to_macs
 from ...data import load_server_data
 from ...latency import table_document
 from ...model_files import DERIVED, SPACE
@@ -28,11 +29,12 @@ from ...runs import (
     start,
     strategy_options,
 )
+from ...search_spaces.darts import genotype_cost
 from ...search_spaces.darts_style import build_derived_network
 from .plots import plot_dpfnas
 from .strategy import DPFNAS, json_safe, privacy_report
 
-__all__ = ["ITERATION_WORK", "dpfnas_plan", "run_dpfnas"]
+__all__ = ["ITERATION_WORK", "derived_cost", "dpfnas_plan", "run_dpfnas"]
 
 #: one search iteration of one party, in client-epochs (the plan's unit of work): two
 #: private exchanges, each a Poisson batch of ``dpfnas.batch-size`` samples with per-sample
@@ -112,6 +114,7 @@ def run_dpfnas(
         "genotype": result.genotype.to_text(),
         "iterations": result.iterations,
         "stopped": result.stopped,
+        **derived_cost(space, result.genotype),
         "privacy": privacy_report(result.privacy),
         "noise": result.noise,
         "test-accuracy": result.test_accuracy,
@@ -130,6 +133,14 @@ def run_dpfnas(
         **latency,
         **run.document(),
     }
+
+
+def derived_cost(space: Any, genotype: Any) -> dict[str, Any]:
+    """The derived net's forward ``flops`` and ``macs`` per sample (its path in the darts
+    supernet: ``search_spaces.darts.genotype_cost``); empty for a DARTS-style space of
+    one's own, whose layout that cost does not know."""
+    flops = genotype_cost(space, genotype)
+    return {} if flops is None else {"flops": flops, "macs": flops_to_macs(flops)}
 
 
 def dpfnas_plan(settings: Any, nodes: int) -> RunEstimate:

@@ -7,8 +7,9 @@ from typing import Any
 
 from ...costs import flops_to_macs
 from ...progress import MFLOPS, MMACS, fmt, id_ranges, table
+from ...results import cost_point
 
-__all__ = ["summary"]
+__all__ = ["points", "summary"]
 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
@@ -59,3 +60,25 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         lines.append(f"privacy spent (delta {fmt(delta)}; - or inf: no guarantee):")
         lines += table(header, rows)
     return lines
+
+
+def points(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The derived net as one cost point, with the privacy spent: the worst party's
+    epsilon of the search (``"inf"`` where a party has no guarantee); the final FedAvg
+    training is private only with ``dpfnas.final-noise`` > 0 (``final_privacy``)."""
+    spent = [p.get("epsilon") for p in document.get("privacy", [])]
+    epsilon: float | str | None = None
+    if spent:  # "inf" (JSON has no infinity): a party without a guarantee
+        epsilon = "inf" if any(e is None for e in spent) else max(spent)
+    return [
+        cost_point(
+            "derived",
+            flops=document.get("flops"),
+            macs=document.get("macs"),
+            test_accuracy=document.get("test_accuracy"),
+            test_scope="last round's evaluated parties",
+            global_test_accuracy=document.get("global_test_accuracy"),
+            latency_ms=(document.get("latency") or {}).get("predicted_ms"),
+            epsilon=epsilon,
+        )
+    ]

@@ -6,8 +6,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...progress import COST_COLUMNS, cost_cells, cost_table, global_test_columns
+from ...results import cost_point
 
-__all__ = ["pooled_accuracy", "summary"]
+__all__ = ["points", "pooled_accuracy", "summary"]
 
 
 def pooled_accuracy(net: Mapping[str, Any], partitions: Iterable[Any]) -> float | None:
@@ -62,3 +63,21 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     ]
     header = global_test_columns(header, rows, nets)
     return cost_table(header, rows, nets, "predicted_ms")
+
+
+def points(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each derived net (FDNAS's; CFDNAS's per cluster too) as a cost point: its test
+    accuracy pooled over its own clients' test splits (``averaged_accuracy``)."""
+    return [
+        cost_point(
+            str(n["name"]),
+            flops=n.get("flops"),
+            macs=n.get("macs"),
+            params=n.get("params"),
+            test_accuracy=n.get("averaged_accuracy"),
+            test_scope=f"its {len(n.get('partitions', []))} clients, pooled",
+            global_test_accuracy=n.get("global_test_accuracy"),
+            latency_ms=n.get("predicted_ms"),
+        )
+        for n in document.get("nets", [])
+    ]

@@ -52,6 +52,7 @@ from ...federation.replies import ArraySpec, array_specs, check_reply
 from ...progress import StageClock, fmt
 from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces.base import SearchSpace
+from ...search_spaces.darts import genotype_cost
 from ...search_spaces.darts_style import require_darts_style
 from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
@@ -96,28 +97,6 @@ def alpha_entropy(space: SearchSpace) -> dict[str, float]:
         rows = -(p * torch.log(p.clamp_min(1e-12))).sum(dim=-1)
         entropy[key] = round(float(rows.mean()), 6)
     return entropy
-
-
-def genotype_cost(space: SearchSpace, genotype: Any) -> int | None:
-    """Forward FLOPs of ``genotype``'s path in the darts supernet: every edge a genotype
-    keeps takes its operation, every other edge the zero op (``none``); ``None`` for a
-    space without that layout (a DARTS-style space of one's own)."""
-    net = getattr(space, "net", None)
-    reduction = getattr(net, "reduction", None)
-    if reduction is None or not hasattr(genotype, "normal"):
-        return None
-    from ...search_spaces.darts import EDGES, PRIMITIVES  # darts layout only
-
-    def cell(pairs: Sequence[tuple[str, int]]) -> list[int]:
-        arch, start = [PRIMITIVES.index("none")] * EDGES, 0
-        for node in range(len(pairs) // 2):
-            for op, j in pairs[2 * node : 2 * node + 2]:
-                arch[start + j] = PRIMITIVES.index(op)
-            start += 2 + node
-        return arch
-
-    arch = [i for r in reduction for i in cell(genotype.reduce if r else genotype.normal)]
-    return int(space.cost(tuple(arch)).flops)
 
 
 class FedNAS(FederatedNASStrategy[FedNASResult]):

@@ -7,8 +7,9 @@ from typing import Any
 
 from ...costs import flops_to_macs
 from ...progress import MFLOPS, MMACS, fmt
+from ...results import cost_point
 
-__all__ = ["summary"]
+__all__ = ["points", "summary"]
 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
@@ -34,3 +35,17 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
             + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(last.get(k))}" for k in last)
         )
     return lines
+
+
+def points(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The derived net as one cost point."""
+    return [
+        cost_point(
+            "derived",
+            flops=document.get("flops"),
+            macs=document.get("macs"),
+            test_accuracy=document.get("test_accuracy"),
+            test_scope="last round's evaluated clients",
+            global_test_accuracy=document.get("global_test_accuracy"),
+        )
+    ]

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...progress import COST_COLUMNS, cost_cells, cost_table, global_test_columns
+from ...results import cost_point
 
-__all__ = ["summary"]
+__all__ = ["points", "summary"]
 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
@@ -41,3 +42,24 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         )
     header = global_test_columns(header, rows, models)
     return cost_table(header, rows, models, "latency_ms")
+
+
+def points(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each tier's fine-tuned model (and its rand-init twin, when run) as a cost point:
+    the test accuracy pooled over the clients it was tested on (``test.clients``)."""
+    rows = []
+    for m in document.get("models", []):
+        test = m.get("test") or {}
+        rows.append(
+            cost_point(
+                f"T{m['tier']} {m.get('init', 'supernet')}",
+                flops=m.get("flops"),
+                macs=m.get("macs"),
+                params=m.get("params"),
+                test_accuracy=test.get("accuracy"),
+                test_scope=f"{test.get('clients', '?')} clients, pooled",
+                global_test_accuracy=m.get("global_test_accuracy"),
+                latency_ms=m.get("latency_ms"),
+            )
+        )
+    return rows

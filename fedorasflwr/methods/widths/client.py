@@ -5,7 +5,8 @@ width ``width`` (``search_spaces.widths.sub_arrays``).  HeteroFL trains that
 sub-model as it is (``local_sgd``).  FjORD's ordered dropout samples, for every batch,
 one width of the ladder ``widths`` up to ``width`` (uniformly) and takes the SGD step
 on that width's leading slice only (the entries outside it get no gradient; momentum
-is kept at the tier width, as a masked model would keep it).  Both refresh the
+is kept at the tier width, as a masked model would keep it); with ``distill``, the
+p_max model teaches the sampled width (self-distillation).  Both refresh the
 BatchNorm statistics of the tier-width model on the training split before replying.
 """
 
@@ -72,13 +73,19 @@ def ordered_dropout_sgd(
 ) -> tuple[float, int, int]:
     """FjORD's local training of ``net`` (the tier-width model), in place: per batch a width
     sampled uniformly from the ladder (``_ladder``), the step taken on its leading slice.
-    ``words`` fix the batch order, ``rng`` the widths. Returns the mean loss, the samples
-    seen and the training FLOPs spent."""
+    ``words`` fix the batch order, ``rng`` the widths. With ``distill`` in ``config``
+    (FjORD's self-distillation), a batch whose sampled width is below p_max also trains
+    the p_max model on the labels, and the sampled width learns the p_max model's soft
+    labels (KL divergence, temperature 1) instead of the labels. Returns the mean loss
+    (the labels' cross-entropy of the model trained on them), the samples seen and the
+    training FLOPs spent."""
     device = torch_device()
     net.to(device).train()
     optimizer = sgd(net.parameters(), config)
     criterion = nn.CrossEntropyLoss()
     ladder = _ladder(config)
+    top_width, top_macs = ladder[-1]
+    distill = bool(config.get("distill", False))
     subs = {w: width_net(image, w).to(device).train() for w, _ in ladder}
     shapes = {w: width_shapes(image, w) for w, _ in ladder}
     params = dict(net.named_parameters())
@@ -90,16 +97,35 @@ def ordered_dropout_sgd(
             with torch.no_grad():  # the sub-model: the leading slice of the current weights
                 for name, tensor in sub.named_parameters():
                     tensor.copy_(params[name][tuple(slice(0, s) for s in shapes[width][name])])
+            inputs, targets = inputs.to(device), targets.to(device)
             sub.zero_grad(set_to_none=True)
-            loss = criterion(*flatten_logits(sub(inputs.to(device)), targets.to(device)))
-            loss.backward()
             optimizer.zero_grad(set_to_none=False)
+            teacher = None
+            if distill and width < top_width:  # the p_max model learns from the labels ...
+                logits, labels = flatten_logits(net(inputs), targets)
+                teacher_loss = criterion(logits, labels)
+                teacher_loss.backward()
+                teacher = logits.detach()
+                flops += training_flops(2 * top_macs, len(targets))
+            logits, labels = flatten_logits(sub(inputs), targets)
+            if teacher is None:
+                loss = criterion(logits, labels)
+            else:  # ... and the sampled width from the p_max model's soft labels
+                loss = nn.functional.kl_div(
+                    nn.functional.log_softmax(logits, dim=-1),
+                    nn.functional.log_softmax(teacher, dim=-1),
+                    reduction="batchmean",
+                    log_target=True,
+                )
+            loss.backward()
             for name, tensor in sub.named_parameters():
                 grad = torch.zeros_like(params[name])
                 grad[tuple(slice(0, s) for s in tensor.shape)] = tensor.grad
-                params[name].grad = grad
+                params[name].grad = grad if params[name].grad is None else params[name].grad + grad
             clip_gradients(net.parameters(), float(config.get("grad-clip", 0.0)))
             optimizer.step()
+            if teacher is not None:
+                loss = teacher_loss  # the loss reported: the labels', as without distillation
             loss_sum += float(loss.detach()) * len(targets)
             seen += len(targets)
             flops += training_flops(2 * macs, len(targets))

@@ -30,6 +30,7 @@ class WidthSettings(MethodSettings):
     )
     tier_widths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     min_replies: int = 1
+    distill: bool = False  # FjORD's self-distillation (HeteroFL: never)
 
     @property
     def ladder(self) -> tuple[float, ...]:
@@ -65,7 +66,8 @@ class HeteroFLSettings(WidthSettings):
 class FjORDSettings(WidthSettings):
     """FjORD (Horvath et al., 2021): ordered dropout over ``fjord.widths`` (the ladder of
     p values; the paper's is 0.2, 0.4, ..., 1.0), each tier's p_max in
-    ``fjord.tier-widths`` (each one of the ladder)."""
+    ``fjord.tier-widths`` (each one of the ladder); ``fjord.distill``: the paper's
+    optional self-distillation (the p_max model teaches the sampled width)."""
 
     TABLE: ClassVar[str] = "fjord."
 
@@ -86,4 +88,5 @@ class FjORDSettings(WidthSettings):
                 f"run config 'fjord.tier-widths' = {text!r}: allowed: widths of "
                 f"'fjord.widths' ({', '.join(map(str, ladder))})"
             )
-        return cls(widths=ladder, tier_widths=tiers, **cls._common(cfg, t))
+        distill = t.flag("distill", cls.distill)
+        return cls(widths=ladder, tier_widths=tiers, distill=distill, **cls._common(cfg, t))

@@ -185,6 +185,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             "width": width,
             "widths": list(self.settings.ladder),
             "width-macs": [int(self.costs[w]["macs"]) for w in self.settings.ladder],
+            "distill": self.settings.distill,
             "num-classes": self.image["num_classes"],
             "in-channels": self.image["in_channels"],
             "input-height": self.image["input_height"],

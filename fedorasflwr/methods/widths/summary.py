@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...progress import MMACS, fmt, id_ranges, table
+from ...results import cost_point
 
-__all__ = ["summary"]
+__all__ = ["points", "summary"]
 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
@@ -26,3 +27,20 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
         for t in document.get("tiers", [])
     ]
     return [f"{document.get('mode', '-')}: each tier's model", *table(header, rows)]
+
+
+def points(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each tier's model (the ConvNet at its width) as a cost point: its test accuracy on
+    its own tier's clients."""
+    return [
+        cost_point(
+            f"T{t['tier']} w={fmt(t['width'])}",
+            flops=t.get("flops"),
+            macs=t.get("macs"),
+            params=t.get("params"),
+            test_accuracy=t.get("test_accuracy"),
+            test_scope=f"tier {t['tier']}'s {len(t.get('partitions', []))} clients, pooled",
+            global_test_accuracy=t.get("global_test_accuracy"),
+        )
+        for t in document.get("tiers", [])
+    ]

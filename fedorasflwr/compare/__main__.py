@@ -1,0 +1,8 @@
+"""``python -m fedorasflwr.compare``: see `fedorasflwr.compare.cli`."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The simulation engine on a Ray cluster it did not start (docs/scaling.md).
+
+A Ray head is started here with ``ray start --head`` on loopback, in a temporary
+directory and a session of its own; the app runs through it with ``ray_address``; the
+head is stopped by its process group (the ``ray start`` process's PID), and the test
+checks that nothing of it is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fedorasflwr.launch import find_pids, run_simulation
+from fedorasflwr.launch.processes import _free_ports
+from fedorasflwr.launch.simulation import RAY_CLUSTER_ENV, ray_env
+from tests.runconfig import tiny_fedoras
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+RAY = Path(sys.executable).parent / "ray"
+
+
+@dataclass(frozen=True)
+class RayHead:
+    address: str
+    temp_dir: Path
+    pgid: int
+
+    def actor_logs(self, name: str) -> list[Path]:
+        """The worker logs of the actors called ``name`` that ran on this cluster."""
+        logs = self.temp_dir / "session_latest" / "logs"
+        return [
+            path
+            for path in sorted(logs.glob("worker-*.out"))
+            if f":actor_name:{name}" in path.read_text(errors="replace")
+        ]
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except ProcessLookupError:
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:  # a zombie (exited, not yet reaped by its parent) no longer runs
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.fixture
+def ray_head() -> Iterator[RayHead]:
+    """A 2-CPU Ray head on 127.0.0.1 (every port it serves on loopback), stopped after."""
+    # Unix socket paths are limited to 107 bytes: a short directory, not pytest's tmp_path.
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    gcs_port, client_port = _free_ports(2)
+    env = {**os.environ, RAY_CLUSTER_ENV: "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    command = [
+        str(RAY), "start", "--head",
+        "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
+        f"--ray-client-server-port={client_port}",
+        f"--temp-dir={temp_dir}", "--num-cpus=2",
+        "--include-dashboard=false", "--disable-usage-stats",
+    ]  # fmt: skip
+    # A session of its own: every daemon `ray start` leaves shares its process group.
+    starter = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=180, start_new_session=True
+    )
+    output = starter.stdout[-2000:] + starter.stderr[-2000:]
+    try:
+        pgid = _session_pgid(temp_dir)
+    except AssertionError:
+        subprocess.run(["rm", "-rf", str(temp_dir)], check=False)
+        raise AssertionError(f"`ray start --head` did not start a head: {output}") from None
+    try:
+        assert starter.returncode == 0, output
+        yield RayHead(f"127.0.0.1:{gcs_port}", temp_dir, pgid)
+    finally:
+        _stop_group(pgid)
+        assert not _group(pgid), "Ray processes left after stopping the head"
+        subprocess.run(["rm", "-rf", str(temp_dir)], check=False)
+
+
+def _session_pgid(temp_dir: Path) -> int:
+    """The process group of the head's daemons: that of its GCS server (found by its
+    log directory, which lies in ``temp_dir``)."""
+    for pid in find_pids(cmdline_contains=str(temp_dir)):
+        if "gcs_server" in _cmdline(pid):
+            return os.getpgid(pid)
+    raise AssertionError(f"no Ray GCS server with its logs in {temp_dir}")
+
+
+def _stop_group(pgid: int) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group(pgid):
+            time.sleep(0.2)
+        if not _group(pgid):
+            return
+
+
+@pytest.mark.slow
+def test_a_simulation_runs_its_clientapps_on_a_running_ray_cluster(
+    ray_head: RayHead, tmp_path: Path
+) -> None:
+    home = tmp_path / "flwr-home"
+    result = run_simulation(
+        PROJECT_ROOT,
+        num_supernodes=4,
+        run_config=tiny_fedoras(tmp_path / "cache", **{"fedoras.stop-after": "supernet"}),
+        flwr_home=home,
+        client_num_cpus=1,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=600,
+        ray_address=ray_head.address,
+    )
+    assert result.status == "finished:completed"
+    # The ClientApps ran as actors of the head's raylet (2 CPUs, 1 per ClientApp), not
+    # in a Ray instance of the simulation's own.
+    actors = ray_head.actor_logs("ClientAppActor")
+    assert 1 <= len(actors) <= 2, actors
+    # The head outlives the run: the cluster is the user's, not the launcher's.
+    assert any("gcs_server" in _cmdline(pid) for pid in _group(ray_head.pgid))
+
+
+def test_ray_addresses_are_checked_and_loopback_kept() -> None:
+    assert ray_env("10.0.0.5:6379") == {"RAY_ADDRESS": "10.0.0.5:6379"}
+    assert ray_env("127.0.0.1:6379") == {"RAY_ADDRESS": "127.0.0.1:6379", RAY_CLUSTER_ENV: "0"}
+    for bad in ("10.0.0.5", ":6379", "host:port", "host:70000"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            ray_env(bad)
+
+
+def test_cluster_resources_are_not_set_by_the_run(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="init-args-num-cpus=4.*declare their own resources"):
+        run_simulation(
+            PROJECT_ROOT,
+            num_supernodes=2,
+            federation_config={"init-args-num-cpus": 4},
+            flwr_home=tmp_path,
+            ray_address="127.0.0.1:6379",
+        )
+
+
+def test_the_launcher_refuses_a_bad_ray_address_or_one_with_deployment(capsys) -> None:
+    from fedorasflwr.launch import cli
+
+    assert cli._parse_args(["--ray-address", "127.0.0.1:6379"]).ray_address == "127.0.0.1:6379"
+    for argv, said in (
+        (["--ray-address", "headnode"], "ray_address='headnode': expected HOST:PORT"),
+        (["--ray-address", "127.0.0.1:6379", "--deployment"], "not --deployment"),
+    ):
+        with pytest.raises(SystemExit):
+            cli._parse_args(argv)
+        assert said in capsys.readouterr().err

@@ -1,0 +1,318 @@
+"""``python -m fedorasflwr.compare`` on a tiny setting, in process: three methods (HeteroFL
+with a model per tier, FjORD matched to its client training FLOPs, FedNAS with one model),
+the leaderboard's files and rows checked against each run's result.json; resuming reuses
+finished runs; a failing method is reported and stops no other; a bad comparison is refused
+before anything runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedorasflwr.compare import cli, execute, read_spec
+from fedorasflwr.compare.cli import scaled_rounds
+from fedorasflwr.compare.leaderboard import pareto
+from fedorasflwr.config import known_keys
+from fedorasflwr.methods import METHODS, ROUND_KEYS, points_function
+from fedorasflwr.results import POINT_FIELDS
+from tests.runconfig import ROOT
+
+NODES = 4
+
+TINY = """
+onnx = false
+
+[data]
+dataset = "mnist5k"
+partitioner = "iid"
+global-test = true
+cache-dir = "{cache}"
+
+[compare]
+methods = ["heterofl", "fjord", "fednas"]
+budget = "flops"
+reference = "heterofl"
+tolerance = 0.2
+nodes = {nodes}
+
+[methods.heterofl.heterofl]
+widths = "0.25,0.5"
+rounds = 2
+local-epochs = 1
+batch-size = 64
+
+[methods.fjord.fjord]
+widths = "0.25,0.5"
+tier-widths = "0.25,0.5"
+rounds = 1
+local-epochs = 1
+batch-size = 64
+
+[methods.fednas]
+space.name = "darts"
+space.width = 0.25
+space.layers-per-block = 1
+fednas.rounds = 1
+fednas.final-rounds = 1
+fednas.batch-size = 64
+"""
+
+
+def write_tiny(path: Path, cache: Path, **replace: str) -> Path:
+    text = TINY.format(cache=cache, nodes=NODES)
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory, data_cache):
+    """The tiny comparison, run once for the module's tests."""
+    tmp = tmp_path_factory.mktemp("compare")
+    config = write_tiny(tmp / "tiny.toml", data_cache)
+    out = tmp / "out"
+    code = cli.main(["--run-config", str(config), "--out", str(out), "--inprocess"])
+    return code, config, out, json.loads((out / "leaderboard.json").read_text())
+
+
+def ledger_sum(document: dict, key: str) -> int:
+    return sum(stage["totals"][key] for stage in document["ledger"].values())
+
+
+def by_method(content: dict) -> dict[str, dict]:
+    return {m["method"]: m for m in content["methods"]}
+
+
+def test_the_leaderboard_states_the_budget_and_has_a_row_per_model(compared) -> None:
+    code, _config, out, content = compared
+    assert code == 0
+    assert {p.name for p in out.iterdir()} >= {
+        "leaderboard.json",
+        "leaderboard.md",
+        "leaderboard.png",
+        "heterofl",
+        "fjord",
+        "fednas",
+    }
+    assert content["budget"]["rule"] == "flops"
+    assert content["budget"]["reference"] == "heterofl"
+    assert "equal client training FLOPs" in content["budget"]["statement"]
+    markdown = (out / "leaderboard.md").read_text()
+    assert "**budget rule: flops**" in markdown
+    assert "![accuracy against cost](leaderboard.png)" in markdown
+    rows = content["rows"]
+    assert sorted((r["method"], r["model"]) for r in rows) == [
+        ("fednas", "derived"),
+        ("fjord", "T0 w=0.25"),
+        ("fjord", "T1 w=0.5"),
+        ("heterofl", "T0 w=0.25"),
+        ("heterofl", "T1 w=0.5"),
+    ]
+    assert sum(r["method"] == "fednas" for r in rows) == 1
+    macs = [r["macs"] for r in rows]
+    assert macs == sorted(macs)  # cheapest first
+    assert rows[0]["best_at_cost"] is True  # the cheapest model is the best at its cost
+    for row in rows:
+        assert f"| {row['method']} | {row['model']} |" in markdown
+
+
+def test_every_number_is_the_run_s_own(compared) -> None:
+    _code, _config, out, content = compared
+    for method, entry in by_method(content).items():
+        document = json.loads((out / entry["result"]).read_text())
+        assert document["method"] == method and document["status"]["finished"] is True
+        expected = [{"method": method, **p} for p in points_function(method)(document)]
+        got = [
+            {k: v for k, v in r.items() if k != "best_at_cost"}
+            for r in content["rows"]
+            if r["method"] == method
+        ]
+        assert sorted(got, key=lambda r: r["model"]) == sorted(expected, key=lambda r: r["model"])
+        assert entry["bytes_up"] == ledger_sum(document, "bytes_up") > 0
+        assert entry["bytes_down"] == ledger_sum(document, "bytes_down") > 0
+        assert entry["run_seconds"] == document["seconds"]
+        booked = ledger_sum(document, "train_flops")
+        assert entry["client_train_flops"] == (booked or None)
+    heterofl = json.loads((out / by_method(content)["heterofl"]["result"]).read_text())
+    rows = {r["model"]: r for r in content["rows"] if r["method"] == "heterofl"}
+    for tier in heterofl["tiers"]:
+        row = rows[f"T{tier['tier']} w={tier['width']:g}"]
+        assert row["global_test_accuracy"] == tier["global_test_accuracy"]
+        assert row["test_accuracy"] == tier["test_accuracy"]
+        assert row["macs"] == tier["macs"] and row["flops"] == 2 * tier["macs"]
+
+
+def test_flops_budget_scales_the_rounds_towards_the_reference(compared) -> None:
+    _code, _config, out, content = compared
+    entries = by_method(content)
+    reference = entries["heterofl"]["client_train_flops"]
+    assert content["budget"]["reference_client_train_flops"] == reference > 0
+    fjord = entries["fjord"]
+    pilot = fjord["pilot_client_train_flops"]
+    first = json.loads(next((out / "fjord" / "run").glob("fjord-*/result.json")).read_text())
+    assert pilot == ledger_sum(first, "train_flops")
+    # one FjORD round (widths sampled up to p_max) against two HeteroFL rounds: far below
+    assert pilot / reference < 0.8
+    assert fjord["rounds_as_set"] == {"fjord.rounds": 1}
+    assert fjord["rounds"] == {"fjord.rounds": max(1, round(reference / pilot))}
+    assert fjord["result"].startswith("fjord/scaled/")
+    assert fjord["flops_ratio"] == fjord["client_train_flops"] / reference
+    assert abs(fjord["flops_ratio"] - 1) < abs(pilot / reference - 1)
+    # FedNAS books no client training FLOPs in its ledger: said, not scaled
+    assert entries["fednas"]["client_train_flops"] is None
+    assert "books no client training FLOPs" in entries["fednas"]["note"]
+
+
+def test_a_second_run_reuses_every_finished_method(compared, monkeypatch) -> None:
+    _code, config, out, content = compared
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished method was run again")
+
+    monkeypatch.setattr(execute, "_run_inprocess", no_training)
+    again = cli.compare(read_spec(config), out, inprocess=True, echo=lambda line: None)
+    assert {m["method"]: m["status"] for m in again["methods"]} == {
+        "heterofl": "reused",
+        "fjord": "reused",
+        "fednas": "reused",
+    }
+    assert [m["result"] for m in again["methods"]] == [m["result"] for m in content["methods"]]
+    assert again["rows"] == content["rows"]
+
+
+def failing_runner(grid, settings, out_dir, progress=None):
+    raise RuntimeError("boom: this method's runner failed")
+
+
+def test_a_failed_method_is_reported_and_the_others_still_run(
+    compared, tmp_path, monkeypatch
+) -> None:
+    _code, config, out, _content = compared
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "fednas")
+    from fedorasflwr import server_app
+
+    monkeypatch.setitem(server_app.RUNNERS, "fednas", "tests.test_compare:failing_runner")
+    code = cli.main(["--run-config", str(config), "--out", str(copy), "--inprocess"])
+    assert code == 1
+    content = json.loads((copy / "leaderboard.json").read_text())
+    entries = by_method(content)
+    assert entries["fednas"]["status"] == "failed"
+    assert "boom: this method's runner failed" in entries["fednas"]["reason"]
+    assert entries["heterofl"]["status"] == entries["fjord"]["status"] == "reused"
+    assert {r["method"] for r in content["rows"]} == {"heterofl", "fjord"}
+    markdown = (copy / "leaderboard.md").read_text()
+    (line,) = [line for line in markdown.splitlines() if line.startswith("| fednas | failed |")]
+    assert "boom: this method's runner failed" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "replace", "message"),
+    [
+        (["--methods", "heterofl,fedorass"], {}, "unknown method 'fedorass'; allowed: fedoras"),
+        (["--budget", "time"], {}, "budget = 'time': allowed: one of rounds, flops"),
+        ([], {'budget = "flops"': 'budget = "flop"'}, "budget = 'flop': allowed"),
+        ([], {"tolerance = 0.2": "tolerence = 0.2"}, "[compare] key 'tolerence' is unknown"),
+        (
+            [],
+            {"[methods.fjord.fjord]": "[methods.fjord.fjord]\nround = 1"},
+            "'fjord.round' is unknown; did you mean 'fjord.rounds'?",
+        ),
+        (
+            [],
+            {"[methods.fednas]": "[methods.fednas]\ndata.alpha = 0.1"},
+            "'data.alpha' belongs to the shared setting",
+        ),
+        (
+            [],
+            {"[methods.fjord.fjord]": "[methods.fjrod]\nx = 1\n[methods.fjord.fjord]"},
+            "[methods.fjrod]: unknown method 'fjrod'",
+        ),
+        ([], {"onnx = false": 'onnx = false\nmethod = "fjord"'}, "run config key 'method'"),
+        (
+            [],
+            {"batch-size = 64\n\n[methods.fjord": "batch-size = 0\n\n[methods.fjord"},
+            "method 'heterofl': run config 'heterofl.batch-size' = 0",
+        ),
+        (["--reference", "fedoras"], {}, "reference = 'fedoras': allowed: one of the compared"),
+    ],
+)
+def test_a_bad_comparison_is_refused_before_anything_runs(
+    tmp_path, capsys, args, replace, message
+) -> None:
+    config = write_tiny(tmp_path / "bad.toml", tmp_path / "cache", **replace)
+    out = tmp_path / "out"
+    code = cli.main(["--run-config", str(config), "--out", str(out), "--inprocess", *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_scaled_rounds_by_hand() -> None:
+    config = {"fedoras.rounds": 30, "fedoras.finetune-rounds": 3}
+    assert scaled_rounds("fedoras", config, 0.4) == {
+        "fedoras.rounds": 12,
+        "fedoras.finetune-rounds": 1,  # 1.2 -> 1
+    }
+    assert scaled_rounds("fedoras", config, 0.01) == {
+        "fedoras.rounds": 1,
+        "fedoras.finetune-rounds": 1,  # at least one round
+    }
+    # a stage switched off (DecNAS's gm0-rounds = 0) stays off
+    decnas = {"decnas.gm0-rounds": 0, "decnas.final-rounds": 2}
+    assert scaled_rounds("decnas", decnas, 2.6) == {
+        "decnas.gm0-rounds": 0,
+        "decnas.final-rounds": 5,
+    }
+
+
+def test_pareto_marks_the_best_model_at_each_cost() -> None:
+    rows = [
+        {"model": "a", "macs": 2, "global_test_accuracy": 0.4},
+        {"model": "b", "macs": 1, "global_test_accuracy": 0.5},
+        {"model": "c", "macs": 2, "global_test_accuracy": 0.7},
+        {"model": "d", "macs": 3, "global_test_accuracy": 0.6},
+        {"model": "e", "macs": None, "global_test_accuracy": 0.9},
+        {"model": "f", "macs": 4, "global_test_accuracy": 0.8},
+    ]
+    ordered = pareto(rows, "global_test_accuracy")
+    assert [(r["model"], r["best_at_cost"]) for r in ordered] == [
+        ("b", True),
+        ("c", True),
+        ("a", False),
+        ("d", False),
+        ("f", True),
+        ("e", False),
+    ]
+
+
+def test_the_quick_comparison_file_is_valid() -> None:
+    spec = read_spec(ROOT / "configs" / "compare-quick.toml", app_dir=ROOT)
+    assert set(spec.methods) == set(METHODS)
+    assert spec.shared["data.dataset"] == "mnist5k" and spec.nodes == 20
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_has_cost_points_and_round_keys(method) -> None:
+    points = points_function(method)({})  # a run that wrote nothing yet: no crash
+    assert isinstance(points, list)
+    assert all(set(p) == set(POINT_FIELDS) for p in points)
+    assert ROUND_KEYS[method] and set(ROUND_KEYS[method]) <= known_keys()
+
+
+def test_dpfnas_point_carries_the_worst_party_s_epsilon() -> None:
+    document = {
+        "flops": 200,
+        "global_test_accuracy": 0.5,
+        "privacy": [{"epsilon": 2.0}, {"epsilon": 3.5}, {"epsilon": 1.0}],
+    }
+    (point,) = points_function("dpfnas")(document)
+    assert point["epsilon"] == 3.5 and point["macs"] == 100
+    document["privacy"][1]["epsilon"] = None  # a party without a guarantee
+    assert points_function("dpfnas")(document)[0]["epsilon"] == "inf"
