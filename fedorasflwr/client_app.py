@@ -1,4 +1,4 @@
-"""ClientApp: every method's handlers (``fedorasflwr.clients.make_client_app``) on this
+"""ClientApp: every method's handlers (``fedorasflwr.clients.register``) on this
 project's data.
 
 Identity comes from ``context.node_config`` (``partition-id``, ``num-partitions``,
@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 
 from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
 
-from .clients import make_client_app
+from .clients import register
 from .config import parse_run_config
 from .data import ClientData, load_client_data
 
@@ -52,6 +53,7 @@ def _timing(msg: Message, context: Context, call_next: _Handler) -> Message:
         "reply-built": done,
         "serialize-seconds": serialized,
         "threads": _torch_threads(),
+        "arrays-out": _arrays(reply),  # the reply's, as it leaves (packed: 1)
     }
     with open(path, "a", encoding="utf-8") as sink:
         sink.write(json.dumps(record) + "\n")
@@ -70,7 +72,8 @@ def _serialize_seconds(reply: Message) -> float:
 
 
 def _arrays(msg: Message) -> int:
-    """How many arrays the message carries (Flower moves each as its own object)."""
+    """How many arrays the message carries as it travelled (Flower moves each as its own
+    object; this mod runs outside the library's, so a packed message carries 1)."""
     if msg.has_error():
         return 0
     return sum(len(record) for record in msg.content.array_records.values())
@@ -126,7 +129,9 @@ def load_node_data(context: Context) -> ClientData:
     return data
 
 
-# thread cap, then this node's device for every handler (the factory's), then the timing log.
-# A simulation worker serves many nodes: it keeps the data of the last 32 it served (a
-# partition is small; on a miss it is read again from the disk cache, not re-partitioned).
-app = make_client_app(load_node_data, mods=[_timing], cache_nodes=32)
+# The timing log outermost (it sees each message as it travelled: packed, and times the
+# packed reply's serialization), then the factory's mods around every handler: packed
+# messages, the thread cap, this node's device. A simulation worker serves many nodes: it
+# keeps the data of the last 32 it served (a partition is small; on a miss it is read
+# again from the disk cache, not re-partitioned).
+app = register(ClientApp(mods=[_timing]), load_node_data, cache_nodes=32)

@@ -17,16 +17,24 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from .packing import is_packed, unpack_content
 from .protocol import NONCE
 
-__all__ = ["Fault", "InProcessGrid", "error_reply", "replace_content"]
+__all__ = ["Fault", "InProcessGrid", "error_reply", "plain_reply", "replace_content"]
 
 #: reply -> altered reply, several replies (a node that sends twice), or None (timed out)
 Fault = Callable[[Message], "Message | list[Message] | None"]
 
 
 class InProcessGrid(Grid):
-    """``num_nodes`` nodes with partition ids 0..n-1 and engine-like node ids."""
+    """``num_nodes`` nodes with partition ids 0..n-1 and engine-like node ids.
+
+    ``sent`` keeps every message as the grid received it (packed, for a node whose
+    ClientApp reads packed messages: ``fedorasflwr.packing.unpack_content`` gives its
+    plain records). A fault sees its node's reply as the handler built it (plain
+    records) and what it returns travels as it is: plain (accepted as ever) or packed by
+    the fault itself (``fedorasflwr.packing.pack_content``), malformed if it likes.
+    """
 
     def __init__(
         self,
@@ -114,7 +122,7 @@ class InProcessGrid(Grid):
                 )
             fault = self.faults.get(node)
             if fault is not None:
-                reply = fault(reply)
+                reply = fault(plain_reply(reply))
             if isinstance(reply, list):
                 replies.extend(reply)
             elif reply is not None:
@@ -140,6 +148,14 @@ class InProcessGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         raise NotImplementedError
+
+
+def plain_reply(reply: Message) -> Message:
+    """``reply`` with plain records, as the client's handler built it (a packed reply
+    unpacked in place): what a fault alters, or a test reading replies off the grid."""
+    if reply.has_content() and is_packed(reply.content):
+        reply.content = unpack_content(reply.content)
+    return reply
 
 
 def replace_content(reply: Message, content: RecordDict, *, keep_nonce: bool = True) -> Message:

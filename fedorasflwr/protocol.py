@@ -16,6 +16,7 @@ __all__ = [
     "PROFILE",
     "LATENCY",
     "NONCE",
+    "PACKING",
     "REPLY_BYTES",
     "QUERY_LATENCY",
     "QUERY_PROFILE",
@@ -32,6 +33,8 @@ PROFILE = "profile"
 LATENCY = "latency"  # ConfigRecord of a query.latency reply: device, statistic
 #: ConfigRecord of every instruction (``stage``, ``step``, ``tag``), echoed unchanged by its reply
 NONCE = "nonce"
+#: ConfigRecord beside a packed ``arrays`` record: its version and index (fedorasflwr/packing.py)
+PACKING = "packing"
 # in an instruction's config: the bytes of arrays the server asks back beyond what it sent
 # (a DecNAS upload asks for a candidate's weights); read from the server's own copy
 REPLY_BYTES = "reply-bytes"

@@ -29,6 +29,7 @@ from ..methods.fednas import client as fednas
 from ..methods.fedoras import client as fedoras
 from ..methods.widths import client as widths
 from ..nonce import echo
+from ..packing import packed_messages
 from ..protocol import CONFIG, PROFILE, sample_kind
 from ..training import device_mod
 from .latency import answer_latency
@@ -203,9 +204,11 @@ def register(
         At most this many nodes' data kept per process (least recently used dropped);
         default: every node of the current run this process serves.
     mods : sequence of Mod
-        Flower mods run around each handler, inside this library's own two: the node
-        config's ``num-threads`` (:func:`node_threads`), then its ``device``
-        (``fedorasflwr.training.device_mod``). ``app``'s own mods run outside all three.
+        Flower mods run around each handler, inside this library's own three: packed
+        messages (``fedorasflwr.packing.packed_messages``: these mods and the handler see
+        plain records), the node config's ``num-threads`` (:func:`node_threads`), then its
+        ``device`` (``fedorasflwr.training.device_mod``). ``app``'s own mods run outside
+        all four (and see a packed instruction packed).
 
     Returns
     -------
@@ -213,7 +216,7 @@ def register(
         ``app``, with the handlers added.
     """
     nodes = NodeDataCache(load_data, num_classes=num_classes, max_nodes=cache_nodes)
-    around = [node_threads, device_mod, *mods]
+    around = [packed_messages, node_threads, device_mod, *mods]
     for handler in HANDLERS:
         decorate = getattr(app, handler.category)
         decorate(handler.action, mods=around)(_answer(handler, nodes))

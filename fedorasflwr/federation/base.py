@@ -45,6 +45,8 @@ from ..costs import array_record_bytes
 from ..latency import LatencyRequest, LatencyTable, table_from_records
 from ..ledger import FailureKind, Ledger, failure_kind
 from ..nonce import nonce_of, stamp
+from ..packing import VERSION as PACKING_VERSION
+from ..packing import packing_versions
 from ..progress import format_metrics
 from ..protocol import (
     ARRAYS,
@@ -63,6 +65,7 @@ from ..seeding import numpy_stream, stable_hash
 from .aggregation import MEAN, Aggregation
 from .polling import prompt
 from .replies import Bound, check_latency_reply, error_reason, screen_replies
+from .wire import packing, unpack_replies
 
 __all__ = [
     "FederatedNASStrategy",
@@ -132,6 +135,14 @@ class NodeProfile:
     # None / "": not declared (a client older than these fields).
     sample_shape: tuple[int, ...] | None = None
     sample_dtype: str = ""
+    # The versions of packed messages its ClientApp reads (``fedorasflwr.packing``);
+    # (): plain records only (a ClientApp without the mod ``packed_messages``).
+    packing: tuple[int, ...] = ()
+
+    @property
+    def reads_packed(self) -> bool:
+        """Whether instructions to this node travel packed (``packing.VERSION``)."""
+        return PACKING_VERSION in self.packing
 
     @classmethod
     def from_reply(cls, message: Message) -> NodeProfile:
@@ -164,6 +175,7 @@ class NodeProfile:
             latency_budget_ms=budget,
             sample_shape=None if shape is None else tuple(_count("sample-shape", v) for v in shape),
             sample_dtype=kind,
+            packing=packing_versions(record),
         )
 
     def bound(self, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
@@ -719,7 +731,10 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         node id and counted; they never reach the caller; a node whose only replies were
         refused is booked once, as rejected, not also as timed out.  A reply is booked
         to the node its message was sent to (matched by ``reply_to_message_id``):
-        Flower's SuperLink itself answers for a lost node.
+        Flower's SuperLink itself answers for a lost node.  Messages to a node that reads
+        packed ones travel packed (``wire.PackingGrid``; ``messages`` stay plain and the
+        ledger counts their plain arrays), and replies are unpacked before anything
+        reads them: a malformed packed reply is dropped, logged and booked as rejected.
         """
         expected = {m.metadata.dst_node_id for m in messages}
         if any(nonce_of(m) is None for m in messages):
@@ -737,9 +752,13 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         if not messages:
             return []
         with self.ledger.timed(stage):
-            replies = list(grid.send_and_receive(messages, timeout=self.reply_timeout))
+            wire = packing(grid, self.reads_packed)
+            replies = list(wire.send_and_receive(messages, timeout=self.reply_timeout))
+        replies, malformed = unpack_replies(replies)  # plain records from here on
+        for node_id, reason in malformed:
+            self._drop(stage, node_id, reason)
         replies, refused = self._screen(stage, messages, replies)
-        expected -= refused
+        expected -= refused | {node_id for node_id, _ in malformed}
         sent_to = destinations(messages)
         good: list[Message] = []
         for reply in replies:
@@ -759,6 +778,12 @@ class FederatedNASStrategy(Strategy, Generic[R]):
             reason = f"did not reply within {self.reply_timeout:.0f} s"
             self._fail(stage, node_id, reason, "timeout")
         return good
+
+    def reads_packed(self, node_id: int) -> bool:
+        """Whether instructions to ``node_id`` travel packed: its profile says its
+        ClientApp reads them (a node not profiled yet: plain)."""
+        profile = self.profiles.get(node_id)
+        return profile is not None and profile.reads_packed
 
     def claim(self, node_id: int, *splits: str, epochs: int = 1, per_sample: int = 1) -> Bound:
         """``NodeProfile.bound`` of ``node_id`` (a node never profiled can claim nothing)."""
@@ -812,8 +837,11 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         ``category`` (``"train"``, ``"evaluate"``) sent (``one_reply_per_node``), in
         partition-id order: what every public ``aggregate_*`` does first, whoever calls it
         (``exchange`` or a Flower user's own loop).  Replies that pass ``exchange`` pass
-        here again unchanged."""
-        return self.one_reply_per_node(stage, self._outbox.get(category, []), list(replies))
+        here again unchanged; a packed reply is unpacked first (malformed: dropped)."""
+        replies, malformed = unpack_replies(replies)
+        for node_id, reason in malformed:
+            self._drop(stage, node_id, reason)
+        return self.one_reply_per_node(stage, self._outbox.get(category, []), replies)
 
     def _fail(self, stage: str, node_id: int, reason: str, kind: FailureKind) -> None:
         self.ledger.failed(stage, node_id, kind)

@@ -60,6 +60,7 @@ from .base import (
 )
 from .polling import prompt
 from .replies import ArraySpec, array_specs, check_reply, error_reason, screen_replies
+from .wire import packing, unpack_replies
 
 __all__ = ["SeededFedAvg", "TrainedRounds", "cosine_lr", "step_lr", "trained_rounds"]
 
@@ -176,7 +177,7 @@ class SeededFedAvg(FedAvg):
 
         with quiet_flower_strategy():
             return super().start(
-                prompt(grid),
+                packing(prompt(grid), self._reads_packed),
                 initial_arrays,
                 num_rounds=num_rounds,
                 timeout=timeout,
@@ -184,6 +185,10 @@ class SeededFedAvg(FedAvg):
                 evaluate_config=evaluate_config,
                 evaluate_fn=evaluate_and_log,
             )
+
+    def _reads_packed(self, node_id: int) -> bool:
+        profile = self._profiles.get(node_id)
+        return profile is not None and profile.reads_packed
 
     def _sample(self, grid: Grid, server_round: int, purpose: str) -> list[int]:
         connected = set(grid.get_node_ids())
@@ -230,8 +235,13 @@ class SeededFedAvg(FedAvg):
         usable: list[Message] = []
         metric_keys: set[str] | None = None
         sent_to = destinations(self._sent)  # ids are set once the grid pushed them
+        replies, malformed = unpack_replies(replies)  # plain records from here on
+        for node_id, reason in malformed:
+            self.ledger.rejected(self.stage, node_id)
+            log(WARNING, "[%s] dropped reply of node %d: %s", self.stage, node_id, reason)
         kept, refused = self._one_reply_per_node(replies)
-        self._expected -= refused  # booked once, as rejected, not also as timed out
+        # booked once, as rejected, not also as timed out
+        self._expected -= refused | {node_id for node_id, _ in malformed}
         for reply in kept:
             node_id = answered_node(reply, sent_to)
             if node_id is None:

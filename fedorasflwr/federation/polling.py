@@ -23,24 +23,19 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.superlink.grid.http_grid import HttpGrid
 
-__all__ = ["POLLING_ENV", "PromptGrid", "prompt"]
+__all__ = ["POLLING_ENV", "PromptGrid", "WrappedGrid", "prompt"]
 
 #: ``FEDORASFLWR_GRID_POLLING=flower`` in the ServerApp's environment keeps Flower's own
 #: polling (``benchmarks/engines.py`` compares the two side by side)
 POLLING_ENV = "FEDORASFLWR_GRID_POLLING"
 
 
-class PromptGrid(Grid):
-    """``grid`` with ``send_and_receive`` polling every ``first`` .. ``longest`` seconds."""
+class WrappedGrid(Grid):
+    """A ``Grid`` that hands everything to the ``grid`` it wraps (a subclass overrides
+    what it changes: ``PromptGrid`` the polling, ``wire.PackingGrid`` the packing)."""
 
-    def __init__(self, grid: Grid, *, first: float = 0.05, longest: float = 1.0) -> None:
-        if not 0 < first <= longest:
-            raise ValueError(f"need 0 < first <= longest, got {first!r}, {longest!r}")
+    def __init__(self, grid: Grid) -> None:
         self.grid = grid
-        self.first = first
-        self.longest = longest
-
-    # --- the wrapped grid -----------------------------------------------------------
 
     def set_run(self, run) -> None:  # type: ignore[no-untyped-def]  # flwr's Run
         self.grid.set_run(run)
@@ -63,6 +58,22 @@ class PromptGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        return self.grid.send_and_receive(messages, timeout=timeout)
+
+
+class PromptGrid(WrappedGrid):
+    """``grid`` with ``send_and_receive`` polling every ``first`` .. ``longest`` seconds."""
+
+    def __init__(self, grid: Grid, *, first: float = 0.05, longest: float = 1.0) -> None:
+        if not 0 < first <= longest:
+            raise ValueError(f"need 0 < first <= longest, got {first!r}, {longest!r}")
+        super().__init__(grid)
+        self.first = first
+        self.longest = longest
 
     # --- prompt collection ------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedorasflwr.federation.replies import REPLY_MARGIN, content_bytes
 from fedorasflwr.inprocess import Fault, error_reply, replace_content
+from fedorasflwr.packing import PACKED, pack_content
 from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, PROFILE, QUERY_PROFILE
 
 __all__ = [
@@ -162,6 +163,16 @@ def _oversized(content: RecordDict) -> RecordDict:
     return out
 
 
+def _malformed_packing(content: RecordDict) -> RecordDict:
+    """The honest reply packed, as this project's ClientApp sends it (``fedorasflwr.packing``),
+    its buffer 8 bytes shorter than its index says."""
+    packed = pack_content(content)
+    buffer = packed.array_records[ARRAYS][PACKED].numpy()
+    out = RecordDict(dict(packed.items()))
+    out[ARRAYS] = ArrayRecord({PACKED: Array(buffer[: max(buffer.size - 8, 0)])})
+    return out
+
+
 def _as_other_type(reply: Message, message_type: str, content: RecordDict) -> Message:
     instruction = Message(
         RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type=message_type
@@ -207,6 +218,7 @@ REPLY_FAULTS: dict[str, Mutation | None] = {
     "non-finite-metric": _non_finite_metric,
     "inflated-counts": _inflated_counts,
     "oversized": _oversized,
+    "malformed-packing": _malformed_packing,
     "client-crash": None,  # handled in reply_fault: an error reply
     "missing-nonce": None,  # handled in reply_fault: the reply echoes no nonce
     **{kind: None for kind in MULTI_FAULTS},  # handled in reply_fault
@@ -225,6 +237,7 @@ ARRAY_FAULTS = frozenset(
         "unknown-key",
         "no-arrays",
         "oversized",
+        "malformed-packing",
     }
 )
 

@@ -14,6 +14,7 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.federation.replies import content_bytes
 from fedorasflwr.inprocess import InProcessGrid
+from fedorasflwr.packing import unpack_content
 from fedorasflwr.server_app import runner
 from tests.reliability.catalog import (
     PROFILE_FAULTS,
@@ -160,7 +161,7 @@ def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]
 
     def measured(reply: Message) -> Message:
         if not reply.has_error():  # the grid's last message sent is this reply's instruction
-            sent = content_bytes(grids[0].sent[-1].content)
+            sent = content_bytes(unpack_content(grids[0].sent[-1].content))  # as the server
             excess.append(content_bytes(reply.content) - sent)
         return reply
 

@@ -16,6 +16,7 @@ from fedorasflwr.inprocess import InProcessGrid, replace_content
 from fedorasflwr.methods.dpfnas.contract import DPFNAS_WEIGHTS
 from fedorasflwr.methods.dpfnas.privacy import epsilon
 from fedorasflwr.methods.dpfnas.strategy import DPFNAS
+from fedorasflwr.packing import unpack_content
 from fedorasflwr.protocol import ARRAYS, METRICS
 from fedorasflwr.runs import build_supernet
 from fedorasflwr.search_spaces.darts import DartsSpace, Genotype
@@ -172,8 +173,9 @@ def test_second_order_search_sends_the_previous_weights(data_cache):
     arch = [m for m in grid.sent if m.metadata.message_type == DPFNAS_ARCH]
     assert len(weights) == len(arch) == 4  # 2 iterations x 2 parties
     for w_message, a_message in zip(weights, arch, strict=True):
-        sent_w = w_message.content.array_records[ARRAYS]
-        sent_a = a_message.content.array_records[ARRAYS]
+        # as the ClientApp reads them (on the wire they are packed)
+        sent_w = unpack_content(w_message.content).array_records[ARRAYS]
+        sent_a = unpack_content(a_message.content).array_records[ARRAYS]
         assert a_message.content.config_records["config"]["order"] == 2
         for key in strategy.weight_keys:
             np.testing.assert_array_equal(

@@ -19,6 +19,7 @@ from fedorasflwr.inprocess import InProcessGrid, error_reply, replace_content
 from fedorasflwr.methods.fedoras.evaluation import SupernetEvaluator
 from fedorasflwr.methods.fedoras.messages import FEDORAS_SUPERNET
 from fedorasflwr.methods.fedoras.strategy import FedorAS
+from fedorasflwr.packing import unpack_content
 from fedorasflwr.protocol import ARRAYS, METRICS
 from fedorasflwr.runs import build_supernet
 from tests.runconfig import tiny_fedoras
@@ -77,7 +78,7 @@ def test_rounds_run_and_every_message_fits_the_comm_budget(stage1):
         for o in range(n)
     )
     for message in messages:
-        elements = array_record_elements(message.content.array_records[ARRAYS])
+        elements = array_record_elements(unpack_content(message.content).array_records[ARRAYS])
         assert elements <= budget
         assert elements > budget - largest_option  # options are removed only until it fits
     # the ledger counts the bytes actually sent: about B_comm / supernet of the full model

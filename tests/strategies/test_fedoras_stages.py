@@ -32,6 +32,7 @@ from fedorasflwr.methods.fedoras.search import kendall_tau, search_tier
 from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.methods.fedoras.tiers import Tier
 from fedorasflwr.nonce import nonce_of
+from fedorasflwr.packing import unpack_content
 from fedorasflwr.protocol import ARRAYS, METRICS
 from fedorasflwr.results import result_json
 from fedorasflwr.runs import build_supernet, describe_space
@@ -253,7 +254,7 @@ def test_finetuning_starts_from_the_supernet_weights_of_the_path(three_stages, r
     assert arch == result.searches[0].best
     # the supernet's weights of the path, with the BN statistics the search scored it with
     scored = strategy.server_scorer.scored_state(result.arrays, arch)
-    for key, array in first.content.array_records["arrays"].items():
+    for key, array in unpack_content(first.content).array_records["arrays"].items():
         np.testing.assert_array_equal(array.numpy(), scored[key].numpy())
         if not key.endswith(("running_mean", "running_var", "num_batches_tracked")):
             np.testing.assert_array_equal(array.numpy(), result.arrays[key].numpy())
@@ -299,7 +300,7 @@ def test_federated_scoring_weights_clients_by_examples_and_reports_kendall_tau(r
         paths = np.asarray(config_record["paths"]).reshape(-1, len(strategy.space.num_options()))
         subspace = strategy.space.subspace_from_mask(config_record["subspace-mask"])
         assert subspace == covering_subspace(paths.tolist(), paths.shape[1])
-        assert set(message.content.array_records["arrays"].keys()) == set(
+        assert set(unpack_content(message.content).array_records["arrays"].keys()) == set(
             strategy.space.subspace_keys(subspace)
         )
         assert node in strategy.profiles
@@ -427,11 +428,10 @@ def test_rand_init_trains_the_same_architecture_from_other_weights(run_config):
         warm.content.config_records["config"]["arch"]
         == cold.content.config_records["config"]["arch"]
     )
-    key = next(iter(warm.content.array_records["arrays"].keys()))
-    assert not np.array_equal(
-        warm.content.array_records["arrays"][key].numpy(),
-        cold.content.array_records["arrays"][key].numpy(),
-    )
+    warm_arrays = unpack_content(warm.content).array_records["arrays"]
+    cold_arrays = unpack_content(cold.content).array_records["arrays"]
+    key = next(iter(warm_arrays.keys()))
+    assert not np.array_equal(warm_arrays[key].numpy(), cold_arrays[key].numpy())
 
 
 def test_fine_tuning_starts_from_the_model_the_search_scored(three_stages):

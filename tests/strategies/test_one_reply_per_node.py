@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
-from fedorasflwr.inprocess import InProcessGrid, replace_content
+from fedorasflwr.inprocess import InProcessGrid, plain_reply, replace_content
 from fedorasflwr.methods.fedoras.messages import FEDORAS_PATHS, FEDORAS_SUPERNET
 from fedorasflwr.methods.fedoras.strategy import FedorAS
 from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, QUERY_PROFILE
@@ -39,7 +39,7 @@ class CraftedGrid(InProcessGrid):
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
-        replies = list(super().send_and_receive(messages, timeout=timeout))
+        replies = [plain_reply(r) for r in super().send_and_receive(messages, timeout=timeout)]
         if messages and messages[0].metadata.message_type == FEDORAS_SUPERNET:
             return self.extra(messages, replies)
         return replies
