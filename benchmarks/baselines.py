@@ -1,0 +1,318 @@
+"""FedorAS against FjORD and HeteroFL at matched per-tier MACs and client compute.
+
+FedorAS's Table 5 / Fig. 3 at this machine's scale (issue 29). For each seed and alpha:
+
+1. **FedorAS** runs as in ``fedoras_tiers.py`` (MNIST-5k, 40 clients, Dirichlet alpha,
+   4 tiers, ``cnn_s`` width 0.5, Stage 1 + NSGA-II per tier + fine-tuning; no rand-init):
+   it deals the clients to tiers and sets each tier's MACs range.
+2. **HeteroFL and FjORD** then run on the same data split, the same global test set and
+   the same clients in the same tiers (each node's ``tier`` in its node config, taken
+   from FedorAS's ``tier-of-partition``). Their fixed network, the width-sliceable ConvNet
+   (docs/baselines.md), is served to each tier at the largest width (a multiple of 1/64)
+   whose MACs fit the tier's MACs ceiling, so a tier's budget means the same MACs whichever
+   method serves it. FjORD's ladder is those four widths.
+3. **Matched client compute**: a baseline first runs ``PROBE_ROUNDS`` rounds to measure its
+   clients' training FLOPs per round (the ledger's), then runs
+   ``round(FedorAS's client FLOPs / per-round FLOPs)`` rounds, so that its clients spend
+   what FedorAS's spent in Stage 1 and fine-tuning together (the achieved ratio is printed
+   and saved).
+
+Accuracy = each tier's model on the global test set held by the server (the paper's
+protocol). Cases (seed, alpha) run two at a time in fresh processes with one torch thread
+each; every finished case is saved at once to ``baselines.partial.json``
+(``--merge`` it to go on after a stop).
+
+    python benchmarks/baselines.py                  # seeds 0 1 2, alpha 0.1 and 1.0
+    python benchmarks/baselines.py --quick          # CI smoke run (8 clients, 1 seed)
+    python benchmarks/baselines.py --merge benchmarks/results/baselines.partial.json
+
+Prints one table per tier and ``headline: ...``; writes ``benchmarks/results/baselines.json``
+(``.quick.json``) with ``headline`` keys ``fedoras_minus_fjord_pp`` and
+``fedoras_minus_heterofl_pp`` (mean over tiers, seeds and alphas), per-tier keys and
+``seeds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, report, run_config, warm_data_cache
+from fedoras_tiers import settings as fedoras_settings
+
+ALPHAS = (0.1, 1.0)
+BASELINES = ("heterofl", "fjord")
+PROBE_ROUNDS = 2
+#: widths tried for a tier: multiples of 1/64 (the ConvNet's channels are round(p x c))
+WIDTH_STEPS = 64
+
+
+def settings(quick: bool) -> dict[str, Any]:
+    """The run config of every run: FedorAS's as in ``fedoras_tiers.py`` without rand-init,
+    plus the baselines' local recipe (FedorAS's fine-tuning one: 2 epochs, lr 0.05)."""
+    shared = {**fedoras_settings(quick), "fedoras.compare-rand-init": False}
+    recipe = {
+        "clients-per-round": 2 if quick else 10,
+        "local-epochs": 1 if quick else 2,
+        "batch-size": 128 if quick else 32,
+        "lr": 0.05,
+    }
+    for method in BASELINES:
+        shared.update({f"{method}.{key}": value for key, value in recipe.items()})
+    return shared
+
+
+def tier_widths(image: dict[str, int], ceilings: list[float]) -> list[float]:
+    """For each tier's MACs ceiling, the largest width k / 64 whose ConvNet fits it."""
+    from fedorasflwr.search_spaces.widths import width_costs
+
+    macs = {k: width_costs(image, k / WIDTH_STEPS)["macs"] for k in range(1, WIDTH_STEPS + 1)}
+    widths = []
+    for ceiling in ceilings:
+        fitting = [k for k, m in macs.items() if m <= ceiling]
+        if not fitting:
+            raise SystemExit(f"no ConvNet width fits a tier of {ceiling:.0f} MACs")
+        widths.append(max(fitting) / WIDTH_STEPS)
+    return widths
+
+
+def client_flops(document: dict[str, Any]) -> int:
+    from fedorasflwr.compare.leaderboard import client_flops as total
+
+    return total(document)
+
+
+def run_case(config: dict[str, Any], clients: int, out_dir: str) -> dict[str, Any]:
+    """FedorAS, then HeteroFL and FjORD matched to it, for one (seed, alpha)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from fedorasflwr.client_app import app
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.inprocess import InProcessGrid
+    from fedorasflwr.methods.fedoras.runner import run_fedoras
+    from fedorasflwr.methods.widths.runner import image_spec, run_fjord, run_heterofl
+    from fedorasflwr.progress import setup_logging
+
+    setup_logging(False)
+    started = time.perf_counter()
+    out = Path(out_dir)
+    for name in ("fedoras", *BASELINES, *(f"{m}-probe" for m in BASELINES)):
+        (out / name).mkdir(parents=True, exist_ok=True)
+    settings_now = parse_run_config(config)
+    fedoras = run_fedoras(InProcessGrid(app, config, clients), settings_now, out / "fedoras")
+    tiers = fedoras["tiers"]
+    ceilings = [float(t["high-macs"]) for t in tiers]
+    widths = tier_widths(image_spec(settings_now), ceilings)
+    listed = ",".join(str(w) for w in widths)
+    node_configs = {int(p): {"tier": int(t)} for p, t in fedoras["tier-of-partition"].items()}
+    budget = client_flops(fedoras)
+    case: dict[str, Any] = {
+        "tiers": tiers,
+        "widths": widths,
+        "tier-of-partition": fedoras["tier-of-partition"],
+        "fedoras": {
+            "models": [m for m in fedoras["models"] if m["init"] == "supernet"],
+            "client-flops": budget,
+        },
+    }
+    runners = {"heterofl": run_heterofl, "fjord": run_fjord}
+    for method in BASELINES:
+        own = {"method": method, f"{method}.widths": listed}
+        if method == "fjord":
+            own["fjord.tier-widths"] = listed
+        probe_config = {**config, **own, f"{method}.rounds": PROBE_ROUNDS}
+        probe = runners[method](
+            InProcessGrid(app, probe_config, clients, node_configs=node_configs),
+            parse_run_config(probe_config),
+            out / f"{method}-probe",
+        )
+        per_round = client_flops(probe) / PROBE_ROUNDS
+        rounds = max(1, round(budget / per_round)) if per_round > 0 else PROBE_ROUNDS
+        full = {**config, **own, f"{method}.rounds": rounds}
+        document = runners[method](
+            InProcessGrid(app, full, clients, node_configs=node_configs),
+            parse_run_config(full),
+            out / method,
+        )
+        case[method] = {
+            "tiers": document["tiers"],
+            "rounds": rounds,
+            "client-flops": client_flops(document),
+        }
+    case["seconds"] = round(time.perf_counter() - started, 1)
+    return case
+
+
+def fedoras_accuracy(case: dict[str, Any], tier: int) -> float | None:
+    """FedorAS's tier ``tier`` (1-based) model on the global test set."""
+    for model in case["fedoras"]["models"]:
+        if model["tier"] == tier:
+            return model.get("global-test-accuracy")
+    return None
+
+
+def baseline_accuracy(case: dict[str, Any], method: str, tier: int) -> float | None:
+    for entry in case[method]["tiers"]:
+        if entry["tier"] == tier:
+            return entry.get("global_test_accuracy")
+    return None
+
+
+def baseline_macs(case: dict[str, Any], method: str, tier: int) -> int | None:
+    for entry in case[method]["tiers"]:
+        if entry["tier"] == tier:
+            return entry["macs"]
+    return None
+
+
+def mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarise(cases: list[dict[str, Any]], num_tiers: int) -> tuple[dict[str, Any], list[str]]:
+    """The headline and the printed tables (one per tier, a row per method, the
+    mean over the cases with the spread)."""
+    lines: list[str] = []
+    summary: dict[str, Any] = {}
+    gaps: dict[str, list[float]] = {method: [] for method in BASELINES}
+    for tier in range(1, num_tiers + 1):
+        lines.append(f"\nTier {tier} (global test accuracy, mean over seeds and alphas)\n")
+        lines.append("| method | alpha | accuracy (mean +- sd) | MMACs | client GFLOPs | rounds |")
+        lines.append("| --- | --- | --- | --- | --- | --- |")
+        for alpha in sorted({c["alpha"] for c in cases}):
+            at = [c for c in cases if c["alpha"] == alpha]
+            fed = [a for c in at if (a := fedoras_accuracy(c, tier)) is not None]
+            fed_macs = [m["macs"] for c in at for m in c["fedoras"]["models"] if m["tier"] == tier]
+            lines.append(
+                f"| FedorAS | {alpha} | {_spread(fed)} | {_mega(fed_macs)} | "
+                f"{_giga([c['fedoras']['client-flops'] for c in at])} | - |"
+            )
+            for method in BASELINES:
+                accs = [a for c in at if (a := baseline_accuracy(c, method, tier)) is not None]
+                macs = [m for c in at if (m := baseline_macs(c, method, tier)) is not None]
+                lines.append(
+                    f"| {method} | {alpha} | {_spread(accs)} | {_mega(macs)} | "
+                    f"{_giga([c[method]['client-flops'] for c in at])} | "
+                    f"{'/'.join(str(c[method]['rounds']) for c in at)} |"
+                )
+        for method in BASELINES:
+            tier_gaps = [
+                100 * (f - b)
+                for c in cases
+                if (f := fedoras_accuracy(c, tier)) is not None
+                and (b := baseline_accuracy(c, method, tier)) is not None
+            ]
+            summary[f"t{tier}_fedoras_minus_{method}_pp"] = mean(tier_gaps)
+            gaps[method].extend(tier_gaps)
+    for method in BASELINES:
+        summary[f"fedoras_minus_{method}_pp"] = mean(gaps[method])
+    ratios = [c[m]["client-flops"] / c["fedoras"]["client-flops"] for c in cases for m in BASELINES]
+    summary["client_flops_ratio_min"] = min(ratios) if ratios else None
+    summary["client_flops_ratio_max"] = max(ratios) if ratios else None
+    return summary, lines
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.4f} +- {sd:.4f} (n={len(values)})"
+
+
+def _mega(values: list[float]) -> str:
+    return f"{statistics.fmean(values) / 1e6:.3f}" if values else "-"
+
+
+def _giga(values: list[float]) -> str:
+    return f"{statistics.fmean(values) / 1e9:.1f}" if values else "-"
+
+
+def merged(paths: list[Path], measured: dict[str, Any], clients: int) -> dict[tuple, dict]:
+    """Finished cases of earlier result files, by (seed, alpha); other settings: an error."""
+    done: dict[tuple, dict] = {}
+    for path in paths:
+        document = json.loads(path.read_text())
+        if document.get("settings") != measured or document.get("clients") != clients:
+            raise SystemExit(f"--merge {path}: measured with other settings or clients")
+        for case in document["cases"]:
+            done[(case["seed"], case["alpha"])] = case
+    return done
+
+
+def saver(path: Path, measured: dict[str, Any], clients: int) -> Callable[[dict], None]:
+    done: list[dict[str, Any]] = []
+
+    def save(case: dict[str, Any]) -> None:
+        done.append(case)
+        path.write_text(
+            json.dumps({"clients": clients, "settings": measured, "cases": done}, indent=1)
+        )
+
+    return save
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI smoke run")
+    parser.add_argument("--clients", type=int, default=None, help="default: 40 (quick: 8)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2")
+    parser.add_argument("--jobs", type=int, default=None, help="cases at once (default 2)")
+    parser.add_argument("--merge", type=Path, nargs="+", default=[], help="earlier results")
+    args = parser.parse_args(argv)
+    clients = args.clients or (8 if args.quick else 40)
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    alphas = ALPHAS[:1] if args.quick else ALPHAS
+    jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
+    measured = settings(args.quick)
+    started = time.perf_counter()
+    done = merged(args.merge, measured, clients)
+    wanted = [(seed, alpha) for seed in seeds for alpha in alphas]
+    todo = [key for key in wanted if key not in done]
+    partial = RESULTS / f"baselines{'.quick' if args.quick else ''}.partial.json"
+    save = saver(partial, measured, clients)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = run_config({**measured, "data.cache-dir": str(Path(tmp) / "cache")})
+        configs = {
+            key: {**base, "seed": key[0], "data.alpha": key[1], "method": "fedoras"} for key in todo
+        }
+        warm_data_cache(list(configs.values()), clients)
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=max(jobs, 1), mp_context=context) as pool:
+            futures = {
+                pool.submit(
+                    run_case, configs[key], clients, str(Path(tmp) / f"{key[0]}-{key[1]}")
+                ): key
+                for key in todo
+            }
+            for future in as_completed(futures):
+                seed, alpha = futures[future]
+                done[(seed, alpha)] = {"seed": seed, "alpha": alpha, **future.result()}
+                save(done[(seed, alpha)])
+    cases = [done[key] for key in wanted]
+    summary, lines = summarise(cases, int(measured["fedoras.num-tiers"]))
+    print("\n".join(lines))
+    summary = {
+        **summary,
+        "seeds": "-".join(map(str, seeds)),
+        "clients": clients,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    report(
+        "baselines", args.quick, summary, {"clients": clients, "settings": measured, "cases": cases}
+    )
+    partial.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
