@@ -406,6 +406,7 @@ def test_dpfnas_private_exchanges_put_batches_and_noise_on_the_device(darts, sec
         "noise-multiplier": 1.0,
         "order": order,
         "weight-lr": 0.1,
+        "mixed-flops": 1,
         INSECURE_KEY: not secure,
         **space_to_config(darts.spec),
     }
@@ -428,6 +429,7 @@ def test_dpfnas_final_training(darts, noise):
         "batch-size": 8,
         "noise-multiplier": noise,
         "clip": 1.0,
+        "net-flops": 1,
         **space_to_config({"name": "darts", **spec}),
     }
     with on_meta():

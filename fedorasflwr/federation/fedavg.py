@@ -59,7 +59,14 @@ from .base import (
     sample_nodes,
 )
 from .polling import prompt
-from .replies import ArraySpec, array_specs, check_reply, error_reason, screen_replies
+from .replies import (
+    ArraySpec,
+    array_specs,
+    check_reply,
+    check_whole,
+    error_reason,
+    screen_replies,
+)
 from .wire import packing, unpack_replies
 
 __all__ = ["SeededFedAvg", "TrainedRounds", "cosine_lr", "step_lr", "trained_rounds"]
@@ -93,6 +100,9 @@ class SeededFedAvg(FedAvg):
         0: a line per round and one naming the job. Otherwise a line at most every that
         many seconds and none for the last round nor the job: the caller words the job in
         one line when it ends (many short jobs, e.g. FedorAS's fine-tuning, stay readable).
+    train_counts : sequence of str (default: none)
+        Metrics every training reply must carry as whole, non-negative numbers (e.g.
+        ``"train-flops"``, booked in the ledger); a reply without one is dropped.
     **kwargs
         Passed to ``FedAvg`` (``weighted_by_key``, ``arrayrecord_key``, metric
         aggregation functions ...).  ``fraction_evaluate=0`` skips client evaluation.
@@ -112,6 +122,7 @@ class SeededFedAvg(FedAvg):
         round_config: Callable[[int], Mapping[str, Any]] | None = None,
         aggregation: Aggregation = MEAN,
         round_lines_every: float = 0.0,
+        train_counts: Sequence[str] = (),
         **kwargs: object,
     ) -> None:
         kwargs.setdefault("min_available_nodes", 1)
@@ -130,6 +141,7 @@ class SeededFedAvg(FedAvg):
         self.round_config = round_config
         self.aggregation = aggregation
         self.round_lines_every = round_lines_every
+        self.train_counts = tuple(train_counts)
         self._profiles = {p.node_id: p for p in self.nodes}
         self._sent_specs: dict[str, ArraySpec] = {}
         self._expected: set[int] = set()
@@ -296,9 +308,11 @@ class SeededFedAvg(FedAvg):
         reason = check_reply(
             reply,
             sent=self._sent_specs if with_arrays else None,
-            counts=(self.weighted_by_key,),
+            counts=(self.weighted_by_key, *(self.train_counts if with_arrays else ())),
             bounds={self.weighted_by_key: claim},
         )
+        if reason is None and with_arrays:
+            reason = check_whole(reply.content.metric_records["metrics"], self.train_counts)
         if reason is not None:
             return reason
         metrics = reply.content.metric_records["metrics"]

@@ -39,6 +39,7 @@ __all__ = [
     "check_latency_reply",
     "check_reply",
     "check_reply_size",
+    "check_whole",
     "content_bytes",
     "error_reason",
     "screen_replies",
@@ -178,6 +179,19 @@ def _check_metrics(metrics: MetricRecord, counts: Iterable[str]) -> str | None:
         values = value if isinstance(value, list) else [value]
         if any(v < 0 for v in values):
             return f"metric {name!r} is negative"
+    return None
+
+
+def check_whole(metrics: MetricRecord, names: Iterable[str]) -> str | None:
+    """Why a metric named in ``names`` (present: ``check_reply`` checks presence, sign and
+    finiteness) is not a whole number, or ``None``: e.g. ``train-flops``, which the ledger
+    books as an integer; ``1e9`` as a float passes, ``2.5`` does not."""
+    for name in names:
+        value = metrics.get(name)
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v is not None and not float(v).is_integer():
+                return f"metric {name!r} = {v!r} is not a whole number"
     return None
 
 

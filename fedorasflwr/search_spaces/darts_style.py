@@ -20,6 +20,11 @@ DP-FNAS differentiates the mixed forward per sample, so the space must also pass
 its per-sample-gradient check (``methods/dpfnas/per_sample.py``): no layer may mix
 the samples of a batch (BatchNorm), as opacus' ``ModuleValidator`` says.
 ``DartsSpace`` is the built-in.
+
+:func:`mixed_flops` and :func:`network_flops` give the per-sample forward FLOPs the
+methods' clients book as training compute (``costs.training_flops``): the mixed forward
+(every edge runs every op, weighted by ``softmax(A)``) during the search, the derived
+network after it.
 """
 
 from __future__ import annotations
@@ -27,16 +32,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import nn
 
 from ..protocol import space_from_config
-from .base import SearchSpace, class_path, space_class
+from .base import SearchSpace, _count_flops, class_path, space_class
 
 __all__ = [
     "DARTS_STYLE_API",
     "DartsStyle",
     "build_derived_network",
     "derived_network_of",
+    "mixed_flops",
+    "network_flops",
     "require_darts_style",
     "weight_keys",
 ]
@@ -109,3 +117,25 @@ def derived_network_of(config: Mapping[str, Any], state: Mapping[str, Any]) -> n
     net = build_derived_network(space_from_config(config), str(config["genotype"]))
     net.load_state_dict(state)
     return net
+
+
+def network_flops(net: nn.Module, space: SearchSpace) -> int:
+    """Forward FLOPs of one sample at ``space``'s input shape and dtype through ``net``
+    (``FlopCounterMode``, the cost tables' convention: 2 x MACs of matmuls and
+    convolutions), counted in eval mode without gradients; ``net``'s mode is kept."""
+    was_training = net.training
+    net.eval()  # batch-1 BatchNorm in train mode may fail and would move running stats
+    device = next((p.device for p in net.parameters()), torch.device("cpu"))
+    x = torch.zeros((1, *space.input_shape), dtype=space.input_dtype, device=device)
+    try:
+        with torch.no_grad():
+            return _count_flops(net, x)
+    finally:
+        net.train(was_training)
+
+
+def mixed_flops(space: SearchSpace) -> int:
+    """Forward FLOPs of one sample through ``space``'s mixed forward ``space(x)``: every
+    searchable choice computed and mixed by ``softmax(A)`` (a DARTS edge runs all of its
+    ops), the per-sample cost of a search step's forward."""
+    return network_flops(space, space)

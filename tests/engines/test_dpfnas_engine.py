@@ -49,6 +49,10 @@ def test_simulation_engine_runs_dpfnas(simulation_runner, flwr_home, tmp_path, d
     assert all(0 < party["epsilon"] < 100 for party in result["privacy"])
     assert 0.0 <= result["test_accuracy"] <= 1.0
     assert result["ledger"]["weights"]["totals"]["replies"] == 2
+    # every stage's client training FLOPs crossed the engine and were booked
+    assert all(
+        result["ledger"][s]["totals"]["train_flops"] > 0 for s in ("weights", "arch", "final")
+    )
     assert {"supernet.pt", "derived.pt"} <= set(result["files"])
     tables = result["latency_tables"]
     assert [n["partition_id"] for n in tables["nodes"]] == [0, 1]

@@ -95,6 +95,7 @@ def test_without_noise_the_party_gradient_is_the_plain_average(space, client_dat
             "noise-multiplier": 0.0,
             "order": 1,
             "weight-lr": 0.1,
+            "mixed-flops": 1,
             **space_to_config(space.spec),
         }
     )
@@ -192,6 +193,7 @@ def _arch_reply(tiny, arrays, data, xi, order):
             "noise-multiplier": 0.0,
             "order": order,
             "weight-lr": xi,
+            "mixed-flops": 1,
             **space_to_config(tiny.spec),
         }
     )

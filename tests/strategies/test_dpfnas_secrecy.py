@@ -45,6 +45,7 @@ def _content(space, rate=0.5, noise=SIGMA, **extra):
             "noise-multiplier": noise,
             "order": 1,
             "weight-lr": 0.1,
+            "mixed-flops": 1,
             **extra,
             **space_to_config(space.spec),
         }
@@ -121,6 +122,7 @@ def test_private_final_training_is_not_reproducible(space, client_data):
                 "momentum": 0.0,
                 "noise-multiplier": 1.0,
                 "clip": 1.0,
+                "net-flops": 1,
                 **extra,
                 **space_config,
             }
@@ -150,6 +152,7 @@ def test_final_training_weighs_by_dataset_size_whatever_the_epochs(space, client
             "batch-size": 64,
             "lr": 0.05,
             "momentum": 0.0,
+            "net-flops": 1,
             **space_to_config({"name": "darts", **spec}),
         }
     )

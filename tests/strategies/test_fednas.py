@@ -20,7 +20,9 @@ from fedorasflwr.methods.fednas.strategy import alpha_entropy, genotype_cost
 from fedorasflwr.nonce import echo
 from fedorasflwr.protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from fedorasflwr.search_spaces import build_space
+from fedorasflwr.search_spaces.darts_style import build_derived_network, network_flops
 from fedorasflwr.strategies import FedNAS, FedNASSettings
+from fedorasflwr.training import has_batchnorm
 from tests.runconfig import tiny_fednas
 
 NUM_NODES = 3
@@ -46,7 +48,13 @@ def reply_to(message, arrays, n, **metrics):
         {
             ARRAYS: arrays,
             METRICS: MetricRecord(
-                {"num-examples": n, "train-loss": 1.0, "val-loss": 1.0, **metrics}
+                {
+                    "num-examples": n,
+                    "train-loss": 1.0,
+                    "val-loss": 1.0,
+                    "train-flops": 0,
+                    **metrics,
+                }
             ),
         }
     )
@@ -130,6 +138,7 @@ def test_the_client_moves_the_alphas_and_reports_its_training_samples(client_dat
         "weight-decay": 0.0,
         "arch-lr": 0.05,
         "arch-weight-decay": 0.0,
+        "mixed-flops": 1,
         **space_to_config(space.spec),
     }
     content = RecordDict({ARRAYS: ArrayRecord(space.state_dict()), CONFIG: ConfigRecord(config)})
@@ -139,6 +148,113 @@ def test_the_client_moves_the_alphas_and_reports_its_training_samples(client_dat
     assert not torch.equal(state[ALPHA], before[ALPHA])
     assert not torch.equal(state["net.classifier.weight"], before["net.classifier.weight"])
     assert int(reply.metric_records[METRICS]["num-examples"]) == len(client_data.train)
+
+
+def every_op_flops(space):
+    """The mixed supernet's per-sample forward FLOPs by hand: the fixed part plus every
+    option of every layer (a DARTS edge runs all of its ops)."""
+    options = space.num_options()
+    return space.fixed_cost.flops + sum(
+        space.option_cost(layer, o).flops
+        for layer in range(len(options))
+        for o in range(options[layer])
+    )
+
+
+def test_the_client_books_3x_mixed_flops_per_sample_of_both_steps(client_data):
+    """train-flops = 3 x mixed-flops x (training samples of the weight steps + validation
+    samples of the architecture steps), the validation loader cycling across epochs."""
+    torch.manual_seed(0)
+    space = build_space(
+        "darts", channels=2, cells=1, input_height=28, input_width=28, stem_stride=2
+    )
+    batch, epochs = 32, 2
+    config = {
+        "seed": 0,
+        "server-round": 1,
+        "local-epochs": epochs,
+        "batch-size": batch,
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight-decay": 0.0,
+        "arch-lr": 0.05,
+        "arch-weight-decay": 0.0,
+        "mixed-flops": 1000,
+        **space_to_config(space.spec),
+    }
+    content = RecordDict({ARRAYS: ArrayRecord(space.state_dict()), CONFIG: ConfigRecord(config)})
+    reply = search_supernet(content, client_data, partition_id=0)
+    n_train, n_val = len(client_data.train), len(client_data.val)
+    assert n_val > 0 and n_train % batch and n_val % batch  # partial batches on both sides
+    steps = epochs * -(-n_train // batch)
+    val_batches = [batch] * (n_val // batch) + [n_val % batch]
+    val_seen = sum(val_batches[i % len(val_batches)] for i in range(steps))
+    spent = reply.metric_records[METRICS]["train-flops"]
+    assert isinstance(spent, int)
+    assert spent == 3 * 1000 * (epochs * n_train + val_seen)
+
+
+def test_the_search_instruction_carries_the_mixed_supernets_forward_flops(run_config):
+    strategy, _, messages = setup(run_config)
+    expected = every_op_flops(strategy.space)
+    assert strategy.mixed_flops == expected > strategy.space.max_flops()
+    assert {m.content.config_records[CONFIG]["mixed-flops"] for m in messages} == {expected}
+
+
+def test_the_ledger_books_the_sum_of_the_replies_train_flops(run_config):
+    strategy, _, messages = setup(run_config)
+    spent = [3 * 7, 3 * 11, 3 * 13]
+    by_partition = sorted(
+        messages, key=lambda m: strategy.profiles[m.metadata.dst_node_id].partition_id
+    )
+    replies = [
+        reply_to(
+            m, ArrayRecord(dict(m.content.array_records[ARRAYS].items())), 4, **{"train-flops": f}
+        )
+        for m, f in zip(by_partition, spent, strict=True)
+    ]
+    strategy.aggregate_train(1, replies)
+    for message, flops in zip(by_partition, spent, strict=True):
+        assert strategy.ledger.node("search", message.metadata.dst_node_id).train_flops == flops
+    assert strategy.ledger.stage_totals("search").train_flops == sum(spent) == 93
+
+
+@pytest.mark.parametrize(
+    ("flops", "reason"),
+    [
+        (-3, "metric 'train-flops' is negative"),
+        (float("nan"), "metric 'train-flops' is not finite"),
+        (None, "metric 'train-flops' missing"),
+        (2.5, "metric 'train-flops' = 2.5 is not a whole number"),
+        (10**18, "metric 'train-flops' = 1000000000000000000 exceeds"),
+    ],
+    ids=["negative", "nan", "missing", "fraction", "above-bound"],
+)
+def test_a_reply_with_a_bad_train_flops_is_dropped_naming_the_node(
+    run_config, caplog, flops, reason
+):
+    strategy, _, messages = setup(run_config)
+    by_partition = sorted(
+        messages, key=lambda m: strategy.profiles[m.metadata.dst_node_id].partition_id
+    )
+    replies = []
+    for k, message in enumerate(by_partition):
+        sent = ArrayRecord(dict(message.content.array_records[ARRAYS].items()))
+        reply = reply_to(message, sent, 4, **{"train-flops": 30})
+        if k == 1:
+            metrics = reply.content.metric_records[METRICS]
+            if flops is None:
+                del metrics["train-flops"]
+            else:
+                metrics["train-flops"] = flops
+        replies.append(reply)
+    _, metrics = strategy.aggregate_train(1, replies)
+    bad = by_partition[1].metadata.dst_node_id
+    assert metrics["clients"] == 2
+    assert f"dropped reply of node {bad}: {reason}" in caplog.text
+    assert strategy.ledger.node("search", bad).train_flops == 0
+    assert strategy.ledger.node("search", bad).rejected == 1
+    assert strategy.ledger.stage_totals("search").train_flops == 60
 
 
 def test_alpha_entropy_is_ln_options_when_uniform_and_falls_when_decided():
@@ -188,3 +304,27 @@ def test_fednas_end_to_end(run_config, tmp_path):
     assert 0.0 <= document["test-accuracy"] <= 1.0
     assert document["macs"] == pytest.approx(document["flops"] / 2)
     assert "|" in document["genotype"]
+
+
+def test_the_ledger_books_both_stages_exactly(run_config):
+    """End to end, the ledger's FLOPs by hand from the profiles: the search (1 round, 1
+    epoch, batch 64) at 3 x mixed-flops per training and validation sample, the final
+    round (1 epoch) at 3 x net-flops per training sample plus, for a net with BatchNorm,
+    1 x net-flops per sample of the BatchNorm refresh."""
+    strategy = make_strategy(run_config)
+    grid = InProcessGrid(client_app, run_config, NUM_NODES)
+    result = strategy.start(grid, ArrayRecord(), 1)
+    derived = build_derived_network(strategy.space.spec, result.genotype.to_text())
+    refresh = 1 if has_batchnorm(derived) else 0
+    assert network_flops(derived, strategy.space) == result.flops
+    batch = 64
+    search, final = 0, 0
+    for profile in strategy.profiles.values():
+        steps = -(-profile.num_train // batch)
+        val_batches = [batch] * (profile.num_val // batch) + [profile.num_val % batch]
+        val_batches = [b for b in val_batches if b]
+        val_seen = sum(val_batches[i % len(val_batches)] for i in range(steps))
+        search += 3 * strategy.mixed_flops * (profile.num_train + val_seen)
+        final += (3 + refresh) * result.flops * profile.num_train
+    assert result.ledger["search"]["totals"]["train_flops"] == search
+    assert result.ledger["final"]["totals"]["train_flops"] == final

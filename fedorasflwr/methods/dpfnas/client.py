@@ -13,6 +13,15 @@ The divisor is the *expected* batch size (opacus' convention): the sensitivity
 of the noised sum is then exactly R, and |I_t| is never revealed.  (The paper
 divides by |I_t|.)  Replies carry only the noised gradient and public numbers.
 
+``train-flops`` (the ledger's client training compute): every sample differentiated, at
+``3 x mixed-flops`` (``costs.training_flops``; ``mixed-flops``, the mixed supernet's
+forward FLOPs per sample, comes in the config).  A per-sample gradient (``vmap`` of
+``grad``) costs more wall time than one batched backward but the same FLOPs by this
+convention.  The second-order architecture gradient differentiates, per validation
+sample, that sample and then the training batch twice (W+ and W-): n_val x (1 + 2 n_train)
+sample passes.  A private party (noise multiplier > 0) reports the *expected* count
+(p N, and p N_val x (1 + 2 p N_train)), rounded: the realised |I_t| is never revealed.
+
 Every noise draw and Poisson sample of a private computation (both exchanges,
 the second-order training batch, DP final training) comes from the party's OS
 CSPRNG, which the server cannot regenerate (``secure_random``); only
@@ -33,6 +42,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils.data import Dataset
 
+from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces import SearchSpace, build_space
@@ -178,11 +188,28 @@ def _batch(
     return inputs, targets, max(rate * len(dataset), 1e-12)
 
 
+def _private(config: Mapping[str, Any]) -> bool:
+    return float(config.get("noise-multiplier", 0.0)) > 0
+
+
+def _passes_flops(forward_flops: int, passes: float) -> int:
+    """``train-flops`` of ``passes`` sample passes (forward + backward) through a net of
+    ``forward_flops`` per sample; a whole number (an expected count is rounded)."""
+    return int(round(training_flops(forward_flops, 1) * passes))
+
+
+def _search_flops(config: Mapping[str, Any], passes: int, expected: float) -> int:
+    """``train-flops`` of a search exchange: the realised sample passes, or for a private
+    party the expected ones (the realised count would reveal |I_t|)."""
+    return _passes_flops(int(config["mixed-flops"]), expected if _private(config) else passes)
+
+
 def _reply(
     per_sample: Mapping[str, Tensor],
     config: Mapping[str, Any],
     expected_batch: float,
     noise: NoiseSource,
+    train_flops: int,
 ) -> RecordDict:
     """Clip and noise the per-sample gradients (both exchanges), then the reply."""
     multiplier = float(config["noise-multiplier"])
@@ -194,7 +221,7 @@ def _reply(
         generator=noise,
     )
     arrays = ArrayRecord({k: v.detach().cpu().contiguous() for k, v in gradient.items()})
-    metrics = MetricRecord({"expected-batch": expected_batch})
+    metrics = MetricRecord({"expected-batch": expected_batch, "train-flops": train_flops})
     if multiplier == 0:  # the clipped fraction depends on the data: never sent from a private party
         metrics["clipped-fraction"] = clipped
     return RecordDict({ARRAYS: arrays, METRICS: metrics})
@@ -210,7 +237,9 @@ def weight_gradient(content: RecordDict, data: ClientData, partition_id: int) ->
     per_sample = (
         per_sample_gradients(space, wrt, inputs, targets) if len(inputs) else _no_samples(wrt)
     )
-    return _reply(per_sample, config, expected, noise)
+    rate = float(config["sample-rate"])
+    flops = _search_flops(config, len(inputs), rate * len(data.train))
+    return _reply(per_sample, config, expected, noise, flops)
 
 
 def architecture_gradient(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
@@ -221,13 +250,20 @@ def architecture_gradient(content: RecordDict, data: ClientData, partition_id: i
     inputs, targets, expected = _batch(data.val, config, sampler)
     named = dict(space.named_parameters())
     wrt = {k: named[k] for k in space.arch_keys}
+    rate = float(config["sample-rate"])
+    second = int(config["order"]) == 2
+    # sample passes: each validation sample once; order 2 adds, per validation sample, two
+    # passes (W+, W-) of the training batch (_second_order: rate x num-train expected)
+    n_train, e_train = 0, (rate * len(data.train) if second else 0.0)
     if not len(inputs):
         per_sample = _no_samples(wrt)
-    elif int(config["order"]) == 2:
-        per_sample = _second_order(space, content, config, inputs, targets, data, words)
+    elif second:
+        per_sample, n_train = _second_order(space, content, config, inputs, targets, data, words)
     else:
         per_sample = per_sample_gradients(space, wrt, inputs, targets)
-    return _reply(per_sample, config, expected, noise)
+    e_val = rate * len(data.val)
+    flops = _search_flops(config, len(inputs) * (1 + 2 * n_train), e_val * (1 + 2 * e_train))
+    return _reply(per_sample, config, expected, noise, flops)
 
 
 def _second_order(
@@ -238,13 +274,14 @@ def _second_order(
     targets: Tensor,
     data: ClientData,
     words: list[int],
-) -> dict[str, Tensor]:
+) -> tuple[dict[str, Tensor], int]:
     """Per validation sample i, Eq. 5: grad_A L_val^i(W') - xi / (2 eps) *
     (grad_A L_tr(W+) - grad_A L_tr(W-)), W+- = W +- eps grad_W' L_val^i(W'),
     with eps = 0.01 / ||grad_W' L_val^i|| (DARTS) and a Poisson training batch.
 
     The training batch enters H_k here; the paper's accounting (and this
-    project's) charges H_k to the validation split only."""
+    project's) charges H_k to the validation split only.  Also returns the size of the
+    training batch (``train-flops``: each validation sample differentiates it twice)."""
     state = content.array_records[ARRAYS].to_torch_state_dict()
     weights = weight_keys(space)
     device = torch_device()
@@ -279,7 +316,7 @@ def _second_order(
         g_minus = grad(train_loss)(arch, minus)
         return {k: grad_a[k] - xi / (2 * eps) * (g_plus[k] - g_minus[k]) for k in arch}
 
-    return vmap(one, chunk_size=CHUNK)(inputs, targets)
+    return vmap(one, chunk_size=CHUNK)(inputs, targets), len(train_x)
 
 
 def _derived(content: RecordDict) -> tuple[nn.Module, ConfigRecord]:
@@ -291,7 +328,7 @@ def train_final(content: RecordDict, data: ClientData, partition_id: int) -> Rec
     """Local SGD epochs of the derived network (FedAvg's client side)."""
     net, config = _derived(content)
     words = _words(config, partition_id, "final")
-    if float(config.get("noise-multiplier", 0.0)) > 0:
+    if _private(config):
         net.to(torch_device()).train()  # batches (_gather) and noise follow
         optimizer = torch.optim.SGD(
             net.parameters(), lr=float(config["lr"]), momentum=float(config["momentum"])
@@ -301,7 +338,13 @@ def train_final(content: RecordDict, data: ClientData, partition_id: int) -> Rec
     state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
     # FedAvg's weight is the node's dataset size (bounded by its profile), not the samples
     # seen over all local epochs: with final-local-epochs > 1 those exceed the bound.
-    metrics = MetricRecord({"num-examples": len(data.train), "train-loss": done.loss})
+    metrics = MetricRecord(
+        {
+            "num-examples": len(data.train),
+            "train-loss": done.loss,
+            "train-flops": done.flops(int(config["net-flops"])),
+        }
+    )
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
 
 
@@ -312,13 +355,15 @@ def _train_final_private(
     data: ClientData,
     words: list[int],
 ) -> RecordDict:
-    """DP-SGD local training: Poisson batches (rate B / N), per-sample clipping, noise."""
+    """DP-SGD local training: Poisson batches (rate B / N), per-sample clipping, noise.
+    ``train-flops``: the expected samples (steps x B / N x N), never the realised ones."""
     n = len(data.train)
     batch = int(config["batch-size"])
     rate = min(1.0, batch / n)
     rng, generator = _randomness(config, list(substream(words, "dp-sgd")))
     named = dict(net.named_parameters())
-    for _ in range(final_steps(n, batch, int(config["local-epochs"]))):
+    steps = final_steps(n, batch, int(config["local-epochs"]))
+    for _ in range(steps):
         inputs, targets = _gather(data.train, poisson_sample(rng, n, rate))
         if len(inputs):
             per_sample = per_sample_gradients(net, named, inputs, targets)
@@ -336,7 +381,8 @@ def _train_final_private(
         optimizer.step()
     state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
     # num-examples is the public N (FedAvg weights); no data-dependent loss is sent
-    metrics = MetricRecord({"num-examples": n, "train-loss": 0.0})
+    flops = _passes_flops(int(config["net-flops"]), steps * rate * n)
+    metrics = MetricRecord({"num-examples": n, "train-loss": 0.0, "train-flops": flops})
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
 
 

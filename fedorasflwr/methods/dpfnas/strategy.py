@@ -28,18 +28,23 @@ Client contract
     arrays: the full ``state_dict`` (W and A; for ``order`` 2 the arch message
     also carries the previous W under ``previous.<key>``).  config: ``method``,
     ``phase``, ``server-round``, ``seed``, ``sample-rate``, ``clip``,
-    ``noise-multiplier``, ``order``, ``weight-lr``, ``insecure-reproducible-noise``
-    and ``space.<kwarg>``.
+    ``noise-multiplier``, ``order``, ``weight-lr``, ``insecure-reproducible-noise``,
+    ``mixed-flops`` (forward FLOPs of one sample through the mixed supernet) and
+    ``space.<kwarg>``.
     Reply: ArrayRecord ``arrays`` with exactly the W keys (weights) or the A
     keys (arch), the noised gradient; MetricRecord ``metrics`` with
-    ``expected-batch`` (p N_k, public) and, without noise only, ``clipped-fraction``.
+    ``expected-batch`` (p N_k, public), ``train-flops`` (3 x ``mixed-flops`` per sample
+    pass, a whole number; a private party's from the expected batch, see ``client.py``;
+    booked in the ledger's stage of the exchange) and, without noise only,
+    ``clipped-fraction``.
 ``train.dpfnas_final`` / ``evaluate.dpfnas_final``
     arrays: the derived network's ``state_dict``. config: ``genotype``
     (``Genotype.to_text``), ``space.<kwarg>``, ``local-epochs``,
     ``batch-size``, ``lr``, ``momentum``, ``seed``, ``server-round``,
     ``noise-multiplier`` and ``clip`` (> 0: local DP-SGD, Poisson batches),
-    ``insecure-reproducible-noise``.
-    Reply: the trained arrays and ``num-examples``, ``train-loss``; or
+    ``insecure-reproducible-noise``, ``net-flops`` (the derived net's forward FLOPs per
+    sample).
+    Reply: the trained arrays and ``num-examples``, ``train-loss``, ``train-flops``; or
     ``num-examples``, ``loss``, ``accuracy`` on the test split.
 
 A party whose node config lacks ``allow-reproducible-noise = true`` refuses (an error
@@ -64,15 +69,21 @@ from flwr.supercore import log
 from torch.utils.data import TensorDataset
 
 from ...checkpoints import Resume
+from ...costs import training_flops
 from ...federation.aggregation import Aggregation
 from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules
 from ...federation.fedavg import SeededFedAvg, trained_rounds
-from ...federation.replies import Bound, array_specs, check_reply
+from ...federation.replies import Bound, array_specs, check_reply, check_whole
 from ...latency import LatencyRequest, LatencyTable, group_table
 from ...progress import StageClock, fmt
 from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces.base import SearchSpace
-from ...search_spaces.darts_style import require_darts_style, weight_keys
+from ...search_spaces.darts_style import (
+    mixed_flops,
+    network_flops,
+    require_darts_style,
+    weight_keys,
+)
 from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
 from .budget import budgeted_genotype, cheapest_ms, genotype_ms, require_darts_layout
@@ -208,10 +219,36 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         self._previous: ArrayRecord | None = None
         self._sent: dict[int, dict[str, Any]] = {}
         self._expected_batch: dict[int, Bound] = {}
+        self._flops_bound: dict[int, Bound] = {}
+        self._mixed_flops: int | None = None
         self._phase = WEIGHTS
         self.latency_request = latency_request
         self.group_latency: LatencyTable | None = None  # the parties' group table
         self.latency: dict[str, Any] = {}  # the budgeted derivation (result.json)
+
+    @property
+    def mixed_flops(self) -> int:
+        """Forward FLOPs of one sample through the mixed supernet (every edge runs every
+        op), counted once: a search exchange's cost per sample, forward only."""
+        if self._mixed_flops is None:
+            self._mixed_flops = mixed_flops(self.space)
+        return self._mixed_flops
+
+    def flops_bound(self, party: NodeProfile, phase: str) -> Bound:
+        """The most ``train-flops`` a party's reply in ``phase`` can honestly claim: every
+        sample of its split differentiated once (weights: num-train; arch: num-val, and at
+        order 2 per validation sample twice the whole training split), 3 x mixed-flops."""
+        if phase == WEIGHTS:
+            passes, basis = party.num_train, f"num-train {party.num_train}"
+        elif self.settings.order == 2:
+            passes = party.num_val * (1 + 2 * party.num_train)
+            basis = f"num-val {party.num_val} x (1 + 2 x num-train {party.num_train})"
+        else:
+            passes, basis = party.num_val, f"num-val {party.num_val}"
+        return Bound(
+            training_flops(self.mixed_flops, passes),
+            f"3 x mixed-flops {self.mixed_flops} x {basis} sample passes",
+        )
 
     @property
     def sigma(self) -> float:
@@ -396,6 +433,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         specs = array_specs(ArrayRecord({k: arrays[k] for k in keys}))
         self._sent = {}
         self._expected_batch = {}
+        self._flops_bound = {}
         messages = []
         for party in self.current_parties(grid):
             if party.node_id not in connected:
@@ -404,6 +442,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             rate_train, rate_val = self.sample_rates(party)
             self._sent[party.node_id] = specs
             self._expected_batch[party.node_id] = self.expected_batch(party, phase)
+            self._flops_bound[party.node_id] = self.flops_bound(party, phase)
             self.steps[party.partition_id][phase] += 1
             account = self.accounts[party.partition_id]
             noise, rate = (self.sigma, rate_train) if phase == WEIGHTS else (self.tau, rate_val)
@@ -420,6 +459,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                     "order": s.order,
                     "weight-lr": s.weight_lr,
                     INSECURE_KEY: s.insecure_reproducible_noise,
+                    "mixed-flops": self.mixed_flops,
                     **space_to_config(self.space.spec),
                 }
             )
@@ -437,12 +477,16 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         specs = self._sent.get(reply.metadata.src_node_id)
         if specs is None:
             return "reply from a node that was not asked"
+        node = reply.metadata.src_node_id
         reason = check_reply(
             reply,
             sent=specs,
-            counts=("expected-batch",),
-            bounds={"expected-batch": self._expected_batch[reply.metadata.src_node_id]},
-        )
+            counts=("expected-batch", "train-flops"),
+            bounds={
+                "expected-batch": self._expected_batch[node],
+                "train-flops": self._flops_bound[node],
+            },
+        ) or check_whole(reply.content.metric_records[METRICS], ("train-flops",))
         if reason is not None:
             return reason
         returned = set(reply.content.array_records[ARRAYS].keys())
@@ -467,6 +511,9 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             for key in keys:
                 total[key] += arrays[key].numpy().astype(np.float64)
             metrics = reply.content.metric_records[METRICS]
+            self.ledger.node(phase, reply.metadata.src_node_id).train_flops += int(
+                metrics["train-flops"]
+            )
             if "clipped-fraction" in metrics:  # sent by non-private parties only
                 clipped.append(float(metrics["clipped-fraction"]))
         if self.aggregation.robust:  # robust mean of the parties' gradients (x K for "sum")
@@ -758,6 +805,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             min_replies=s.min_replies,
             train_message_type=DPFNAS_TRAIN,
             evaluate_message_type=DPFNAS_EVALUATE,
+            train_counts=("train-flops",),
             min_evaluate_nodes=1,
             aggregation=self.aggregation,
         )
@@ -771,6 +819,8 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 "noise-multiplier": s.final_noise,
                 "clip": s.final_clip,
                 INSECURE_KEY: s.insecure_reproducible_noise,
+                # the derived net's forward FLOPs per sample (clients report train-flops)
+                "net-flops": network_flops(net, self.space),
                 **space_to_config(self.space.spec),
             }
         )

@@ -5,9 +5,14 @@ step on a training batch (SGD on w, cross-entropy of the mixed, softmax(alpha)-w
 supernet) one architecture step on the next validation batch (Adam on alpha, first
 order: grad_alpha L_val(w, alpha) at the current w, DARTS's ``unrolled = False``, which
 FedML's FedNAS runs).  The reply carries every supernet key, w and alpha, and the
-client's sample count for the server's weighted FedAvg.
+client's sample count for the server's weighted FedAvg, and ``train-flops``: every
+sample forwarded with gradients (the training batches of the weight steps and the
+validation batches of the architecture steps) at ``3 x mixed-flops``, the per-sample
+forward FLOPs of the mixed supernet the server sends (``costs.training_flops``).
 
-``train_final`` / ``evaluate_final``: the derived network's FedAvg (local SGD) and test.
+``train_final`` / ``evaluate_final``: the derived network's FedAvg (local SGD) and test;
+``train-flops`` of a final round is ``LocalTraining.flops(net-flops)`` (training at 3x,
+the BatchNorm refresh at 1x).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces import SearchSpace, build_space
@@ -62,7 +68,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     batch_size = int(config["batch-size"])
     train_loader = seeded_loader(data.train, batch_size, words)
     val_batches = _cycle(seeded_loader(data.val, batch_size, substream(words, "val")))
-    loss_sum, seen, val_sum, val_steps = 0.0, 0, 0.0, 0
+    loss_sum, seen, val_sum, val_steps, val_seen = 0.0, 0, 0.0, 0, 0
     for _ in range(int(config["local-epochs"])):
         for inputs, targets in train_loader:
             if len(data.val):  # the architecture step, on the current w (first order)
@@ -75,6 +81,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
                 arch_optimizer.step()
                 val_sum += float(val_loss.detach())
                 val_steps += 1
+                val_seen += len(val_targets)
             weight_optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(space(inputs.to(device)), targets.to(device))
             loss.backward(inputs=weights)
@@ -88,6 +95,8 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
             "num-examples": len(data.train),
             "train-loss": loss_sum / max(seen, 1),
             "val-loss": val_sum / max(val_steps, 1),
+            # forward + backward of every sample of both steps through the mixed supernet
+            "train-flops": training_flops(int(config["mixed-flops"]), seen + val_seen),
         }
     )
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
@@ -104,7 +113,13 @@ def train_final(content: RecordDict, data: ClientData, partition_id: int) -> Rec
     words = stream_words(config["seed"], "fednas-final", config["server-round"], partition_id)
     done = local_sgd(net, data.train, config, words)
     state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
-    metrics = MetricRecord({"num-examples": len(data.train), "train-loss": done.loss})
+    metrics = MetricRecord(
+        {
+            "num-examples": len(data.train),
+            "train-loss": done.loss,
+            "train-flops": done.flops(int(config["net-flops"])),
+        }
+    )
     return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
 
 

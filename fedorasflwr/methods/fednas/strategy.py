@@ -18,15 +18,19 @@ Client contract
 ``train.fednas_search``
     arrays: the whole supernet ``state_dict`` (w and alpha).  config: ``method``,
     ``phase`` ("search"), ``server-round``, ``seed``, ``local-epochs``, ``batch-size``,
-    ``lr``, ``momentum``, ``weight-decay``, ``arch-lr``, ``arch-weight-decay`` and
+    ``lr``, ``momentum``, ``weight-decay``, ``arch-lr``, ``arch-weight-decay``,
+    ``mixed-flops`` (forward FLOPs of one sample through the mixed supernet) and
     ``space.<kwarg>``.  Reply: ArrayRecord ``arrays`` with every key sent; MetricRecord
-    ``metrics`` with ``num-examples`` (training samples N_k), ``train-loss``, ``val-loss``.
+    ``metrics`` with ``num-examples`` (training samples N_k), ``train-loss``, ``val-loss``,
+    ``train-flops`` (3 x ``mixed-flops`` per sample of its weight and architecture steps;
+    a whole number, booked in the ledger's search stage).
 ``train.fednas_final`` / ``evaluate.fednas_final``
     arrays: the derived network's ``state_dict``. config: ``genotype``
-    (``Genotype.to_text``), ``space.<kwarg>``, ``local-epochs``, ``batch-size``, ``lr``,
-    ``momentum``, ``seed``, ``server-round``.  Reply: the trained arrays and
-    ``num-examples``, ``train-loss``; or ``num-examples``, ``loss``, ``accuracy`` on the
-    test split.
+    (``Genotype.to_text``), ``net-flops`` (its forward FLOPs per sample),
+    ``space.<kwarg>``, ``local-epochs``, ``batch-size``, ``lr``, ``momentum``, ``seed``,
+    ``server-round``.  Reply: the trained arrays and ``num-examples``, ``train-loss``,
+    ``train-flops`` (``LocalTraining.flops``; booked in the ledger's final stage); or
+    ``num-examples``, ``loss``, ``accuracy`` on the test split.
 """
 
 from __future__ import annotations
@@ -44,16 +48,16 @@ from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from ...checkpoints import Resume
-from ...costs import flops_to_macs
+from ...costs import flops_to_macs, training_flops
 from ...federation.aggregation import Aggregation, opa
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.fedavg import SeededFedAvg, trained_rounds
-from ...federation.replies import ArraySpec, array_specs, check_reply
+from ...federation.replies import ArraySpec, Bound, array_specs, check_reply, check_whole
 from ...progress import StageClock, fmt
 from ...protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from ...search_spaces.base import SearchSpace
 from ...search_spaces.darts import genotype_cost
-from ...search_spaces.darts_style import require_darts_style
+from ...search_spaces.darts_style import mixed_flops, network_flops, require_darts_style
 from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
 from .messages import FEDNAS_EVALUATE, FEDNAS_SEARCH, FEDNAS_TRAIN
@@ -62,7 +66,7 @@ from .settings import FedNASSettings
 __all__ = ["FedNAS", "FedNASResult", "alpha_entropy", "genotype_cost"]
 
 SEARCH, FINAL = "search", "final"
-SEARCH_COUNTS = ("num-examples",)
+SEARCH_COUNTS = ("num-examples", "train-flops")
 
 
 @dataclass(kw_only=True, repr=False)
@@ -149,6 +153,31 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
         self._current = ArrayRecord()
         self._specs: dict[str, ArraySpec] = {}
         self._sent: set[int] = set()
+        self._mixed_flops: int | None = None
+
+    @property
+    def mixed_flops(self) -> int:
+        """Forward FLOPs of one sample through the mixed supernet (every edge runs every
+        op), counted once: what a search step costs per sample, forward only."""
+        if self._mixed_flops is None:
+            self._mixed_flops = mixed_flops(self.space)
+        return self._mixed_flops
+
+    def flops_bound(self, node_id: int) -> Bound:
+        """The most ``train-flops`` a search reply of ``node_id`` can honestly claim: per
+        local epoch every training sample once plus one validation batch (at most
+        ``batch-size`` samples) per training batch, each at 3 x ``mixed-flops``."""
+        profile = self.profiles.get(node_id)
+        if profile is None:
+            return Bound(0, f"node {node_id} was never profiled")
+        s = self.settings.search
+        steps = -(-profile.num_train // s.batch_size)
+        samples = s.local_epochs * (profile.num_train + steps * min(s.batch_size, profile.num_val))
+        return Bound(
+            training_flops(self.mixed_flops, samples),
+            f"3 x mixed-flops {self.mixed_flops} x {samples} samples (num-train "
+            f"{profile.num_train}, num-val {profile.num_val}, {s.local_epochs} epoch(s))",
+        )
 
     def summary(self) -> None:
         s = self.settings.search
@@ -200,6 +229,7 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
                 **s.search.client_config(),
                 "arch-lr": s.arch_lr,
                 "arch-weight-decay": s.arch_weight_decay,
+                "mixed-flops": self.mixed_flops,
                 **space_to_config(self.space.spec),
             }
         )
@@ -217,10 +247,16 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
         """Why a search reply is unusable, or ``None``."""
         if reply.metadata.src_node_id not in self._sent:
             return "reply from a node that was not asked"
-        claim = self.claim(reply.metadata.src_node_id, "train")
+        node = reply.metadata.src_node_id
         reason = check_reply(
-            reply, sent=self._specs, counts=SEARCH_COUNTS, bounds={"num-examples": claim}
-        )
+            reply,
+            sent=self._specs,
+            counts=SEARCH_COUNTS,
+            bounds={
+                "num-examples": self.claim(node, "train"),
+                "train-flops": self.flops_bound(node),
+            },
+        ) or check_whole(reply.content.metric_records[METRICS], ("train-flops",))
         if reason is not None:
             return reason
         if int(reply.content.metric_records[METRICS]["num-examples"]) < 1:
@@ -242,6 +278,9 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
         for reply in accepted:
             metrics = reply.content.metric_records[METRICS]
             n = int(metrics["num-examples"])
+            self.ledger.node(SEARCH, reply.metadata.src_node_id).train_flops += int(
+                metrics["train-flops"]
+            )
             updates.append((reply.content.array_records[ARRAYS], n))
             for key in totals:
                 totals[key] += float(metrics.get(key, 0.0)) * n
@@ -353,6 +392,7 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
             min_replies=s.min_replies,
             train_message_type=FEDNAS_TRAIN,
             evaluate_message_type=FEDNAS_EVALUATE,
+            train_counts=("train-flops",),
             min_evaluate_nodes=1,
             aggregation=self.aggregation,
         )
@@ -362,6 +402,10 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
                 "phase": FINAL,
                 "seed": self.seed,
                 "genotype": result.genotype.to_text(),
+                # the derived net's forward FLOPs per sample (clients report train-flops)
+                "net-flops": result.flops
+                if result.flops is not None
+                else network_flops(net, self.space),
                 **s.final.client_config(),
                 **space_to_config(self.space.spec),
             }
