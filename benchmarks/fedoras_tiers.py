@@ -375,10 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         configs = [
             {**base, "seed": c["seed"], "data.alpha": c["alpha"], **c["overrides"]} for c in todo
         ]
-        name = results_name(args.seeds, args.only) + (
+        result_name = results_name(args.seeds, args.only) + (
             "" if args.rand_init_lr is None else f".rand-init-lr-{args.rand_init_lr}"
         )
-        partial = RESULTS / f"{name}{'.quick' if args.quick else ''}.partial.json"
+        partial = RESULTS / f"{result_name}{'.quick' if args.quick else ''}.partial.json"
         save = partial_saver(partial, todo, measured, clients)
         outcomes = run_cases(configs, clients, Path(tmp), jobs, save)
     for case, outcome in zip(todo, outcomes, strict=True):
@@ -506,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         and summary["mean_gain_pp_alpha0.1"] > summary["mean_gain_pp_alpha1.0"]
     )
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    report(name, args.quick, summary, {"clients": clients, "settings": measured, "cases": runs})
+    report(
+        result_name, args.quick, summary, {"clients": clients, "settings": measured, "cases": runs}
+    )
     partial.unlink(missing_ok=True)  # every case is in the result file now
     return 0
 

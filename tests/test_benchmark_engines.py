@@ -36,7 +36,7 @@ def test_engines_quick_reports_every_engine_and_the_breakdown():
     assert fixed == pytest.approx(
         statistics.median(r["handler-entry"] - r["process-start"] for r in bare), abs=1e-3
     )
-    assert 0 < fixed < deployment["breakdown"]["fixed_start_to_handler"]
+    assert fixed > 0  # (not below the all-message median: on a loaded host either may lead)
     assert headline["tiny_per_message_fixed_s"] == fixed
     assert headline["tiny_deployment_over_simulation"] == tiny["deployment_over_simulation"] > 0
     assert headline["tiny_fixed_over_torch_import"] > 0

@@ -54,7 +54,7 @@ def test_one_method_on_the_simulation_engine(tmp_path, data_cache) -> None:
     assert content["engine"].startswith("simulation engine")
     result = json.loads((out / entry["result"]).read_text())
     assert result["status"]["finished"] is True
-    assert [r["model"] for r in content["rows"]] == ["T0 w=0.25", "T1 w=0.5", "T2 w=1"]
+    assert [r["model"] for r in content["rows"]] == ["T1 w=0.25", "T2 w=0.5", "T3 w=1"]
     for row, tier in zip(content["rows"], result["tiers"], strict=True):
         assert row["global_test_accuracy"] == tier["global_test_accuracy"]
     # the launcher kept the run's Flower home under the method's directory, nothing running
