@@ -36,7 +36,7 @@ cost** (headline ``*_per_message_fixed_s``) is process start to handler entry of
 messages without arrays (the profile query), the cost every message pays whatever it
 carries.  It is compared with a bare ``python -c "import torch"`` timed here.
 
-    python benchmarks/engines.py            # tiny (3 rounds) and default (2 rounds)
+    python benchmarks/engines.py            # tiny and default, 4 rounds each (medians of 3)
     python benchmarks/engines.py --quick    # tiny, 2 nodes, 2 rounds, one bare import (CI smoke)
 
 Headline, per config: ``deployment_over_simulation`` and ``simulation_over_inprocess``
@@ -92,13 +92,13 @@ def settings(config: str, quick: bool, output_dir: Path, cache_dir: Path) -> dic
     if config == "tiny":
         return common | {
             "space.width": 0.25,
-            "fedoras.rounds": 2 if quick else 3,
+            "fedoras.rounds": 2 if quick else 4,
             "fedoras.clients-per-round": num_clients(quick),
             "fedoras.local-epochs": 1,
             "fedoras.tier-samples": 2000,
             "fedoras.eval-every": 0,
         }
-    return common | {"fedoras.rounds": 2}  # the pyproject's 20, shrunk for time
+    return common | {"fedoras.rounds": 4}  # the pyproject's 20, shrunk for time: 3 after the first
 
 
 def read_history(output_dir: Path) -> list[float]:
