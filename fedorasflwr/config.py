@@ -563,6 +563,8 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
     # written then binds neither, and resumes
     if not values.get("data.global-test", False):
         safe = safe | {"data.global-test", "data.global-test-fraction"}
+    if not values.get("data.partition-size", 0):  # likewise: unused, as before it existed
+        safe = safe | {"data.partition-size"}
     return {
         str(k): v
         for k, v in sorted(values.items())

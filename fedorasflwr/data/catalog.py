@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 FOLDER_PREFIX = "folder:"
-PARTITIONERS = ("iid", "dirichlet", "class-groups", "natural")
+PARTITIONERS = ("iid", "dirichlet", "class-groups", "natural", "sampled")
 LABELLED_PARTITIONERS = ("dirichlet", "class-groups")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 

@@ -11,7 +11,8 @@ The pipeline on a ``datasets.Dataset`` (the offline index table, or the hub's
 2. :func:`build_partitioner` returns flwr-datasets' own partitioner
    (``IidPartitioner``, ``DirichletPartitioner``, ``NaturalIdPartitioner`` - with a
    vectorised id scan, :class:`NaturalIdColumnPartitioner`) or
-   :class:`ClassGroupPartitioner` for the FDNAS split.
+   :class:`ClassGroupPartitioner` for the FDNAS split, or :class:`SampledPartitioner`
+   (overlapping partitions drawn on their own, for more clients than rows).
 3. :func:`load_partition` loads one partition, turning flwr-datasets' failures into
    errors that name the run-config key; :func:`client_split_indices` then splits it
    into train / val / test with a generator seeded by ``(seed, partition id)``.
@@ -47,6 +48,7 @@ __all__ = [
     "column_values",
     "ClassGroupPartitioner",
     "NaturalIdColumnPartitioner",
+    "SampledPartitioner",
     "make_preprocessor",
     "build_partitioner",
     "load_partition",
@@ -257,6 +259,38 @@ class NaturalIdColumnPartitioner(NaturalIdPartitioner):
         }
 
 
+class SampledPartitioner(Partitioner):
+    """Every partition is ``partition_size`` distinct rows drawn uniformly, on its own.
+
+    Partitions overlap (a row can be in many of them), so there can be more partitions
+    than rows: a stand-in for a very large federation on a small dataset. Partition ``i``
+    is drawn from the named stream ``(seed, "sampled-partition", i)``: it does not depend
+    on how many partitions there are, nor on which were loaded before.
+    """
+
+    def __init__(self, num_partitions: int, partition_size: int, seed: int) -> None:
+        super().__init__()
+        self._num_partitions = num_partitions
+        self._size = partition_size
+        self._seed = seed
+
+    @property
+    def num_partitions(self) -> int:
+        """Total number of partitions."""
+        return self._num_partitions
+
+    def load_partition(self, partition_id: int) -> Dataset:
+        """The rows of client ``partition_id``, in dataset order."""
+        rows = self.dataset.num_rows
+        if self._size > rows:
+            raise ValueError(
+                f"run config 'data.partition-size' = {self._size} is more than the {rows}"
+                " rows the clients share"
+            )
+        rng = numpy_stream(self._seed, "sampled-partition", partition_id)
+        return self.dataset.select(np.sort(rng.choice(rows, size=self._size, replace=False)))
+
+
 def build_partitioner(spec: DataSpec, label_column: str | None, num_partitions: int) -> Partitioner:
     """The flwr-datasets partitioner of ``spec.partitioner`` for ``num_partitions`` clients.
 
@@ -268,6 +302,8 @@ def build_partitioner(spec: DataSpec, label_column: str | None, num_partitions: 
         return IidPartitioner(num_partitions)
     if spec.partitioner == "natural":
         return NaturalIdColumnPartitioner(partition_by=NATURAL_COLUMN)
+    if spec.partitioner == "sampled":
+        return SampledPartitioner(num_partitions, spec.partition_size, spec.seed)
     assert label_column is not None  # DataSpec.validate rejects labelled splits of text
     if spec.partitioner == "dirichlet":
         return DirichletPartitioner(

@@ -53,7 +53,13 @@ class DataSpec:
     partitioner : str, default "dirichlet"
         ``"iid"``, ``"dirichlet"`` (LDA over labels), ``"class-groups"`` (the
         FDNAS split) or ``"natural"`` (one natural id - topic, speaker, role -
-        per client, round-robin when there are more ids than clients).
+        per client, round-robin when there are more ids than clients) or ``"sampled"``
+        (every client draws ``partition_size`` distinct rows uniformly, independently of
+        the others, so clients overlap: more simulated clients than the dataset has
+        samples, e.g. 10,000 nodes on MNIST-5k's 4,000 digits for a scale test).
+    partition_size : int, default 0
+        Rows per client with ``"sampled"`` (>= the train/val/test minimum, at most the rows
+        the clients share); 0 with every other partitioner.
     alpha : float, default 1.0
         Dirichlet concentration, > 0 (paper values: 1000, 1, 0.1).
     class_groups : str, default ""
@@ -90,6 +96,7 @@ class DataSpec:
     dataset: str = "mnist5k"
     partitioner: str = "dirichlet"
     alpha: float = 1.0
+    partition_size: int = 0
     class_groups: str = ""
     val_fraction: float = 0.1
     test_fraction: float = 0.1
@@ -132,6 +139,22 @@ class DataSpec:
                 self.partitioner,
                 f"{self.partitioner} splits by label and text dataset {self.dataset!r} has none;"
                 " use iid or natural",
+            )
+        size = self.partition_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise _invalid("partition-size", size, "an integer >= 0 (rows per client)")
+        if self.partitioner == "sampled" and size < self.min_partition_size():
+            raise _invalid(
+                "partition-size",
+                size,
+                f"with '{_PREFIX}partitioner' = 'sampled', an integer >="
+                f" {self.min_partition_size()} (train/val/test each get a row)",
+            )
+        if self.partitioner != "sampled" and size != 0:
+            raise _invalid(
+                "partition-size",
+                size,
+                f"0 with '{_PREFIX}partitioner' = {self.partitioner!r} (only 'sampled' uses it)",
             )
         if not (isinstance(self.alpha, int | float) and math.isfinite(self.alpha)) or (
             self.alpha <= 0
@@ -224,6 +247,14 @@ class DataSpec:
         if self.partitioner == "class-groups":
             self._check_class_groups(num_partitions, need)
         available = num_client_samples(self)
+        if self.partitioner == "sampled":
+            if available is not None and self.partition_size > available:
+                raise _invalid(
+                    "partition-size",
+                    self.partition_size,
+                    f"<= {available}, the samples of {self.dataset!r} the clients share",
+                )
+            return
         if available is not None:
             if num_partitions * need > available:
                 raise ValueError(

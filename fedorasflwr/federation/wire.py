@@ -79,7 +79,10 @@ class PackingGrid(WrappedGrid):
 
 
 def _give_ids(messages: list[Message], wire: list[Message]) -> None:
-    """The ids the grid gave the copies, on the originals (as Flower's grids set them)."""
+    """The ids the grid gave the copies, on the originals. ``Metadata.message_id`` has no
+    setter: Flower's own grids write the private field the same way (flwr 1.41
+    ``superlink/grid/inmemory_grid.py`` and ``http_grid.py``), and the packing tests and
+    the packed-deployment test fail if a Flower upgrade changes it."""
     for message, sent in zip(messages, wire, strict=True):
         if sent is not message and sent.metadata.message_id:
             message.metadata.__dict__["_message_id"] = sent.metadata.message_id

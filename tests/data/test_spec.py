@@ -17,6 +17,7 @@ def test_defaults_are_valid_and_round_trip() -> None:
         "dataset",
         "partitioner",
         "alpha",
+        "partition-size",
         "class-groups",
         "val-fraction",
         "test-fraction",
