@@ -57,6 +57,7 @@ def role_of(cmdline: str, pid: int, trainers: set[int]) -> str:
         ("fedorasflwr.launch.warm", "warm executor / other clientapp"),
         ("flwr-clientapp", "warm executor / other clientapp"),
         ("flwr-serverapp", "serverapp"),
+        ("flwr-simulation", "serverapp (simulation: with the engine)"),
         ("flower-superexec", "superexec"),
         ("ray::", "ray"),
         ("raylet", "ray"),

@@ -527,8 +527,10 @@ def global_test_columns(
 
 
 def id_ranges(ids: Sequence[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``."""
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``; no ids (a tier no client serves) -> ``"-"``."""
     ordered = sorted(ids)
+    if not ordered:
+        return "-"
     parts: list[str] = []
     start = prev = ordered[0]
     for value in [*ordered[1:], None]:

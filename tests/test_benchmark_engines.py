@@ -76,3 +76,26 @@ def test_per_message_fixed_cost_is_start_to_handler_of_messages_without_arrays(e
     assert phases["training"] == 2.0 and phases["data_load"] == 0.5
     # in one process per engine (simulation, in-process) there is no process start to count
     assert "per_message_fixed" not in engines.breakdown(records, "simulation")
+
+
+def test_engines_cpu_books_a_busy_child_and_names_the_roles():
+    """``engines_cpu.py``'s sampler (the engines are not started here: its full run is in
+    benchmarks/README.md): a child that burns CPU is booked with about what it used, under
+    its command line, even after it exited, and the roles come from the command lines."""
+    import subprocess
+    import sys
+
+    cpu = load_benchmark("engines_cpu")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    with cpu.CpuSampler(period=0.05) as sampler:
+        child = subprocess.Popen([sys.executable, "-c", burn])
+        child.wait(timeout=60)
+    used, cmdline = sampler.last[child.pid]
+    assert used - sampler.start.get(child.pid, 0.0) >= 0.4
+    assert "process_time" in cmdline  # the command line seen alive, not the zombie's ""
+    assert sampler.by_role(set())["other"] >= 0.4
+    assert sampler.by_role({child.pid})["clientapp (training message)"] >= 0.4
+    assert cpu.role_of("/v/bin/python /v/bin/flower-supernode --insecure", 1, set()) == "supernode"
+    assert cpu.role_of("/v/bin/python -m fedorasflwr.launch.warm --x", 1, set()).startswith("warm")
+    assert cpu.role_of("/v/bin/python /v/bin/flwr-simulation --a", 1, set()).startswith("serverapp")
+    assert cpu.role_of("ray::ClientAppActor", 1, set()) == "ray"

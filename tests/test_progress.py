@@ -688,3 +688,21 @@ def test_progress_echo_follows_the_stage_in_progress_on_a_terminal() -> None:
     for line in LOG:  # every line printed once, colour codes rendered by rich
         assert text.count(STEP_LINE.sub("", line.split(":      ")[1]).strip()) >= 1
     assert text.count("Starting FedorAS") == 1
+
+
+def test_id_ranges_folds_runs_and_shows_no_ids_as_a_dash():
+    from fedorasflwr.progress import id_ranges
+
+    assert id_ranges([8, 0, 1, 2, 5, 7]) == "0-2,5,7-8"
+    assert id_ranges([3]) == "3"
+    assert id_ranges([]) == "-"
+
+
+def test_width_summary_of_a_tier_no_client_serves():
+    """A deployment with fewer nodes than tiers leaves a tier without clients: the end-of-run
+    summary still prints (it crashed the ServerApp at the very end of the run)."""
+    from fedorasflwr.methods.widths.summary import summary
+
+    tier = {"tier": 2, "width": 0.5, "macs": 2e6, "params": 100, "test_accuracy": None}
+    lines = summary({"mode": "heterofl", "tiers": [{**tier, "partitions": []}]})
+    assert any(" - " in line or "| - |" in line for line in lines[1:]), lines
