@@ -823,6 +823,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["seconds"] = round(time.perf_counter() - started, 1)
     default = {"sizes", "engine", "decnas"}
     name = "scale" if parts == default else "scale." + "-".join(sorted(parts))
+    if "decnas" in parts and args.decnas_model != "convnet":
+        name += f".{args.decnas_model}"  # e.g. scale.decnas.mobilenet.json
     report(name, args.quick, summary, document)
     return 0
 
