@@ -19,7 +19,7 @@ Three parts, one run:
 2. **The simulation engine with 10,000 SuperNodes**: ``flwr run`` (Flower's simulation
    engine, Ray) of a tiny FedorAS config with ``fedoras.stop-after=supernet``, 10 clients
    per round; its per-round seconds, the one-time setup (profiling every node), wall time
-   and the peak memory of the process tree. Every node draws its own 20 digits
+   and the memory the run adds on the machine at its peak. Every node draws its own 20 digits
    (``data.partitioner = "sampled"``): MNIST-5k's ~4,000 training digits cannot give
    10,000 disjoint partitions (``--engine-nodes`` changes the count).
 3. **DecNAS vs naive federated NetAdapt** with the paper's groups and round schedule of

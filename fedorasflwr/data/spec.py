@@ -52,7 +52,7 @@ class DataSpec:
         builder through the same ``FederatedDataset`` path): ``"folder:<path>"``.
     partitioner : str, default "dirichlet"
         ``"iid"``, ``"dirichlet"`` (LDA over labels), ``"class-groups"`` (the
-        FDNAS split) or ``"natural"`` (one natural id - topic, speaker, role -
+        FDNAS split), ``"natural"`` (one natural id - topic, speaker, role -
         per client, round-robin when there are more ids than clients) or ``"sampled"``
         (every client draws ``partition_size`` distinct rows uniformly, independently of
         the others, so clients overlap: more simulated clients than the dataset has
