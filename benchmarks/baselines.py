@@ -25,11 +25,15 @@ each; every finished case is saved at once to ``baselines.partial.json``
     python benchmarks/baselines.py                  # seeds 0 1 2, alpha 0.1 and 1.0
     python benchmarks/baselines.py --quick          # CI smoke run (8 clients, 1 seed)
     python benchmarks/baselines.py --merge benchmarks/results/baselines.partial.json
+    python benchmarks/baselines.py --seeds 0 --stage1-epochs 2   # FedorAS's Stage 1 at the
+                                    # baselines' 2 local epochs, 5x the rounds (same compute)
 
 Prints one table per tier and ``headline: ...``; writes ``benchmarks/results/baselines.json``
 (``.quick.json``) with ``headline`` keys ``fedoras_minus_fjord_pp`` and
 ``fedoras_minus_heterofl_pp`` (mean over tiers, seeds and alphas), per-tier keys and
-``seeds``.
+``seeds``. ``--stage1-epochs E`` is the ablation behind the disagreement with the paper
+(benchmarks/README.md): FedorAS's Stage 1 at ``E`` local epochs and ``10 / E`` times the
+rounds, so its client compute stays put, written to ``baselines.stage1-epochs-<E>.json``.
 """
 
 from __future__ import annotations
@@ -56,10 +60,21 @@ PROBE_ROUNDS = 2
 WIDTH_STEPS = 64
 
 
-def settings(quick: bool) -> dict[str, Any]:
+def settings(quick: bool, stage1_epochs: int | None = None) -> dict[str, Any]:
     """The run config of every run: FedorAS's as in ``fedoras_tiers.py`` without rand-init,
-    plus the baselines' local recipe (FedorAS's fine-tuning one: 2 epochs, lr 0.05)."""
+    plus the baselines' local recipe (FedorAS's fine-tuning one: 2 epochs, lr 0.05).
+    ``stage1_epochs``: Stage 1 at that many local epochs and proportionally more rounds
+    (the same number of local steps in all)."""
     shared = {**fedoras_settings(quick), "fedoras.compare-rand-init": False}
+    if stage1_epochs is not None:
+        steps = shared["fedoras.rounds"] * shared["fedoras.local-epochs"]
+        if stage1_epochs < 1 or steps % stage1_epochs:
+            raise SystemExit(
+                f"--stage1-epochs {stage1_epochs}: must be a positive divisor of {steps} "
+                "(Stage 1's rounds x local epochs)"
+            )
+        shared["fedoras.rounds"] = steps // stage1_epochs
+        shared["fedoras.local-epochs"] = stage1_epochs
     recipe = {
         "clients-per-round": 2 if quick else 10,
         "local-epochs": 1 if quick else 2,
@@ -268,17 +283,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2")
     parser.add_argument("--jobs", type=int, default=None, help="cases at once (default 2)")
     parser.add_argument("--merge", type=Path, nargs="+", default=[], help="earlier results")
+    parser.add_argument(
+        "--alphas", type=float, nargs="+", default=None, help="default: 0.1 1.0 (quick: 0.1)"
+    )
+    parser.add_argument(
+        "--stage1-epochs",
+        type=int,
+        default=None,
+        help="ablation: FedorAS's Stage 1 at E local epochs, 10/E x the rounds",
+    )
     args = parser.parse_args(argv)
     clients = args.clients or (8 if args.quick else 40)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    alphas = ALPHAS[:1] if args.quick else ALPHAS
+    alphas = args.alphas or (ALPHAS[:1] if args.quick else ALPHAS)
     jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
-    measured = settings(args.quick)
+    measured = settings(args.quick, args.stage1_epochs)
+    name = "baselines" + (f".stage1-epochs-{args.stage1_epochs}" if args.stage1_epochs else "")
     started = time.perf_counter()
     done = merged(args.merge, measured, clients)
     wanted = [(seed, alpha) for seed in seeds for alpha in alphas]
     todo = [key for key in wanted if key not in done]
-    partial = RESULTS / f"baselines{'.quick' if args.quick else ''}.partial.json"
+    partial = RESULTS / f"{name}{'.quick' if args.quick else ''}.partial.json"
     save = saver(partial, measured, clients)
     with tempfile.TemporaryDirectory() as tmp:
         base = run_config({**measured, "data.cache-dir": str(Path(tmp) / "cache")})
@@ -307,9 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients": clients,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    report(
-        "baselines", args.quick, summary, {"clients": clients, "settings": measured, "cases": cases}
-    )
+    report(name, args.quick, summary, {"clients": clients, "settings": measured, "cases": cases})
     partial.unlink(missing_ok=True)
     return 0
 

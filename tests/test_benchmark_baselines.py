@@ -33,3 +33,19 @@ def test_baselines_quick_matches_tiers_macs_and_compute():
     for key in ("fedoras_minus_fjord_pp", "fedoras_minus_heterofl_pp", "t1_fedoras_minus_fjord_pp"):
         assert key in headline
     assert headline["seeds"] == "0"
+
+
+def test_stage1_epochs_ablation_keeps_stage1_steps_and_rejects_a_non_divisor(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import baselines
+
+    full = baselines.settings(False)
+    ablation = baselines.settings(False, 2)
+    assert (full["fedoras.rounds"], full["fedoras.local-epochs"]) == (30, 10)
+    assert (ablation["fedoras.rounds"], ablation["fedoras.local-epochs"]) == (150, 2)
+    # only Stage 1 moves: fine-tuning and the baselines' recipe stay as they were
+    assert {
+        k: v for k, v in ablation.items() if k not in ("fedoras.rounds", "fedoras.local-epochs")
+    } == {k: v for k, v in full.items() if k not in ("fedoras.rounds", "fedoras.local-epochs")}
+    with pytest.raises(SystemExit, match="--stage1-epochs 7: must be a positive divisor of 300"):
+        baselines.settings(False, 7)
