@@ -25,15 +25,20 @@ each; every finished case is saved at once to ``baselines.partial.json``
     python benchmarks/baselines.py                  # seeds 0 1 2, alpha 0.1 and 1.0
     python benchmarks/baselines.py --quick          # CI smoke run (8 clients, 1 seed)
     python benchmarks/baselines.py --merge benchmarks/results/baselines.partial.json
-    python benchmarks/baselines.py --seeds 0 --stage1-epochs 2   # FedorAS's Stage 1 at the
-                                    # baselines' 2 local epochs, 5x the rounds (same compute)
+    python benchmarks/baselines.py --seeds 0 1 --stage1-epochs 2   # FedorAS's Stage 1 at
+                                    # the baselines' 2 local epochs, 5x the rounds (same compute)
+    python benchmarks/baselines.py --baseline-rounds 30   # the paper's rule: the baselines
+                                    # get FedorAS's Stage-1 rounds, FedorAS from baselines.json
 
 Prints one table per tier and ``headline: ...``; writes ``benchmarks/results/baselines.json``
 (``.quick.json``) with ``headline`` keys ``fedoras_minus_fjord_pp`` and
 ``fedoras_minus_heterofl_pp`` (mean over tiers, seeds and alphas), per-tier keys and
 ``seeds``. ``--stage1-epochs E`` is the ablation behind the disagreement with the paper
 (benchmarks/README.md): FedorAS's Stage 1 at ``E`` local epochs and ``10 / E`` times the
-rounds, so its client compute stays put, written to ``baselines.stage1-epochs-<E>.json``.
+rounds, so its client compute stays put, written to ``baselines.stage1-epochs-<E>.json``;
+``--baseline-rounds N`` reruns only the baselines, at N rounds each, on the cases (tiers,
+clients, FedorAS's models) of ``--cases-from`` (default ``results/baselines.json``), written
+to ``baselines.rounds-<N>.json``.
 """
 
 from __future__ import annotations
@@ -115,57 +120,102 @@ def run_case(config: dict[str, Any], clients: int, out_dir: str) -> dict[str, An
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.methods.fedoras.runner import run_fedoras
-    from fedorasflwr.methods.widths.runner import image_spec, run_fjord, run_heterofl
+    from fedorasflwr.methods.widths.runner import image_spec
     from fedorasflwr.progress import setup_logging
 
     setup_logging(False)
     started = time.perf_counter()
     out = Path(out_dir)
-    for name in ("fedoras", *BASELINES, *(f"{m}-probe" for m in BASELINES)):
-        (out / name).mkdir(parents=True, exist_ok=True)
+    (out / "fedoras").mkdir(parents=True, exist_ok=True)
     settings_now = parse_run_config(config)
     fedoras = run_fedoras(InProcessGrid(app, config, clients), settings_now, out / "fedoras")
     tiers = fedoras["tiers"]
     ceilings = [float(t["high-macs"]) for t in tiers]
-    widths = tier_widths(image_spec(settings_now), ceilings)
-    listed = ",".join(str(w) for w in widths)
-    node_configs = {int(p): {"tier": int(t)} for p, t in fedoras["tier-of-partition"].items()}
     budget = client_flops(fedoras)
     case: dict[str, Any] = {
         "tiers": tiers,
-        "widths": widths,
+        "widths": tier_widths(image_spec(settings_now), ceilings),
         "tier-of-partition": fedoras["tier-of-partition"],
         "fedoras": {
             "models": [m for m in fedoras["models"] if m["init"] == "supernet"],
             "client-flops": budget,
         },
     }
+    case.update(run_width_baselines(config, clients, out, case, budget=budget))
+    case["seconds"] = round(time.perf_counter() - started, 1)
+    return case
+
+
+def run_width_baselines(
+    config: dict[str, Any],
+    clients: int,
+    out: Path,
+    case: dict[str, Any],
+    *,
+    budget: float | None = None,
+    rounds: int | None = None,
+) -> dict[str, Any]:
+    """HeteroFL and FjORD on ``case``'s widths and tier-of-partition, each for ``rounds``
+    rounds or, given ``budget`` (client FLOPs), as many as a ``PROBE_ROUNDS`` probe says
+    spend it."""
+    from fedorasflwr.client_app import app
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.inprocess import InProcessGrid
+    from fedorasflwr.methods.widths.runner import run_fjord, run_heterofl
+
+    listed = ",".join(str(w) for w in case["widths"])
+    node_configs = {int(p): {"tier": int(t)} for p, t in case["tier-of-partition"].items()}
     runners = {"heterofl": run_heterofl, "fjord": run_fjord}
+    served: dict[str, Any] = {}
     for method in BASELINES:
         own = {"method": method, f"{method}.widths": listed}
         if method == "fjord":
             own["fjord.tier-widths"] = listed
-        probe_config = {**config, **own, f"{method}.rounds": PROBE_ROUNDS}
-        probe = runners[method](
-            InProcessGrid(app, probe_config, clients, node_configs=node_configs),
-            parse_run_config(probe_config),
-            out / f"{method}-probe",
-        )
-        per_round = client_flops(probe) / PROBE_ROUNDS
-        rounds = max(1, round(budget / per_round)) if per_round > 0 else PROBE_ROUNDS
-        full = {**config, **own, f"{method}.rounds": rounds}
+        if rounds is None:
+            probe_config = {**config, **own, f"{method}.rounds": PROBE_ROUNDS}
+            (out / f"{method}-probe").mkdir(parents=True, exist_ok=True)
+            probe = runners[method](
+                InProcessGrid(app, probe_config, clients, node_configs=node_configs),
+                parse_run_config(probe_config),
+                out / f"{method}-probe",
+            )
+            per_round = client_flops(probe) / PROBE_ROUNDS
+            assert budget is not None, "a client-FLOPs budget or a number of rounds"
+            method_rounds = max(1, round(budget / per_round)) if per_round > 0 else PROBE_ROUNDS
+        else:
+            method_rounds = rounds
+        full = {**config, **own, f"{method}.rounds": method_rounds}
+        (out / method).mkdir(parents=True, exist_ok=True)
         document = runners[method](
             InProcessGrid(app, full, clients, node_configs=node_configs),
             parse_run_config(full),
             out / method,
         )
-        case[method] = {
+        served[method] = {
             "tiers": document["tiers"],
-            "rounds": rounds,
+            "rounds": method_rounds,
             "client-flops": client_flops(document),
         }
-    case["seconds"] = round(time.perf_counter() - started, 1)
-    return case
+    return served
+
+
+def run_baselines_only(
+    config: dict[str, Any], clients: int, out_dir: str, case: dict[str, Any], rounds: int
+) -> dict[str, Any]:
+    """``--baseline-rounds``: the baselines alone at ``rounds`` rounds on an earlier case's
+    tiers and clients; FedorAS's models are copied from that case (same seed, same split)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from fedorasflwr.progress import setup_logging
+
+    setup_logging(False)
+    started = time.perf_counter()
+    kept = ("tiers", "widths", "tier-of-partition", "fedoras")
+    redone = {key: case[key] for key in kept}
+    redone.update(run_width_baselines(config, clients, Path(out_dir), case, rounds=rounds))
+    redone["seconds"] = round(time.perf_counter() - started, 1)
+    return redone
 
 
 def fedoras_accuracy(case: dict[str, Any], tier: int) -> float | None:
@@ -258,7 +308,7 @@ def merged(paths: list[Path], measured: dict[str, Any], clients: int) -> dict[tu
     for path in paths:
         document = json.loads(path.read_text())
         if document.get("settings") != measured or document.get("clients") != clients:
-            raise SystemExit(f"--merge {path}: measured with other settings or clients")
+            raise SystemExit(f"{path}: measured with other settings or clients")
         for case in document["cases"]:
             done[(case["seed"], case["alpha"])] = case
     return done
@@ -292,6 +342,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="ablation: FedorAS's Stage 1 at E local epochs, 10/E x the rounds",
     )
+    parser.add_argument(
+        "--baseline-rounds",
+        type=int,
+        default=None,
+        help="the baselines alone at N rounds on the cases of --cases-from (FedorAS copied)",
+    )
+    parser.add_argument(
+        "--cases-from",
+        type=Path,
+        default=RESULTS / "baselines.json",
+        help="with --baseline-rounds: the run whose tiers, clients and FedorAS models to use",
+    )
     args = parser.parse_args(argv)
     clients = args.clients or (8 if args.quick else 40)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
@@ -299,12 +361,22 @@ def main(argv: list[str] | None = None) -> int:
     jobs = args.jobs if args.jobs is not None else (1 if args.quick else 2)
     measured = settings(args.quick, args.stage1_epochs)
     name = "baselines" + (f".stage1-epochs-{args.stage1_epochs}" if args.stage1_epochs else "")
+    identity = dict(measured)  # what a saved file was measured with (checked by --merge)
+    earlier: dict[tuple, dict] = {}
+    if args.baseline_rounds is not None:
+        if args.baseline_rounds < 1:
+            raise SystemExit(f"--baseline-rounds {args.baseline_rounds}: must be at least 1")
+        earlier = merged([args.cases_from], measured, clients)
+        name += f".rounds-{args.baseline_rounds}"
+        identity["baseline-rounds"] = args.baseline_rounds
     started = time.perf_counter()
-    done = merged(args.merge, measured, clients)
+    done = merged(args.merge, identity, clients)
     wanted = [(seed, alpha) for seed in seeds for alpha in alphas]
     todo = [key for key in wanted if key not in done]
+    if missing := [key for key in todo if args.baseline_rounds is not None and key not in earlier]:
+        raise SystemExit(f"--cases-from {args.cases_from}: no case for (seed, alpha) {missing}")
     partial = RESULTS / f"{name}{'.quick' if args.quick else ''}.partial.json"
-    save = saver(partial, measured, clients)
+    save = saver(partial, identity, clients)
     with tempfile.TemporaryDirectory() as tmp:
         base = run_config({**measured, "data.cache-dir": str(Path(tmp) / "cache")})
         configs = {
@@ -314,8 +386,19 @@ def main(argv: list[str] | None = None) -> int:
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=max(jobs, 1), mp_context=context) as pool:
             futures = {
-                pool.submit(
-                    run_case, configs[key], clients, str(Path(tmp) / f"{key[0]}-{key[1]}")
+                (
+                    pool.submit(
+                        run_case, configs[key], clients, str(Path(tmp) / f"{key[0]}-{key[1]}")
+                    )
+                    if args.baseline_rounds is None
+                    else pool.submit(
+                        run_baselines_only,
+                        configs[key],
+                        clients,
+                        str(Path(tmp) / f"{key[0]}-{key[1]}"),
+                        earlier[key],
+                        args.baseline_rounds,
+                    )
                 ): key
                 for key in todo
             }
@@ -332,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients": clients,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    report(name, args.quick, summary, {"clients": clients, "settings": measured, "cases": cases})
+    report(name, args.quick, summary, {"clients": clients, "settings": identity, "cases": cases})
     partial.unlink(missing_ok=True)
     return 0
 

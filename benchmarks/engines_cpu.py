@@ -15,7 +15,6 @@ executors, ServerApp, Ray, other), for the whole run and per training message.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -178,8 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     print("| role | " + " | ".join(results) + " |")
     print("| --- |" + " --- |" * len(results))
     for role in roles:
-        print(f"| {role} | " + " | ".join(str(m["cpu-s-by-role"].get(role, 0)) for m in results.values()) + " |")
-    for key in ("cpu-s-total", "elapsed-s", "cores-busy-mean", "training-messages", "training-span-s-mean"):
+        print(
+            f"| {role} | "
+            + " | ".join(str(m["cpu-s-by-role"].get(role, 0)) for m in results.values())
+            + " |"
+        )
+    for key in (
+        "cpu-s-total",
+        "elapsed-s",
+        "cores-busy-mean",
+        "training-messages",
+        "training-span-s-mean",
+    ):
         print(f"| {key} | " + " | ".join(str(m[key]) for m in results.values()) + " |")
     for engine, m in results.items():
         for used, cmdline in m["other-processes"]:

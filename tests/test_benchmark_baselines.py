@@ -34,6 +34,22 @@ def test_baselines_quick_matches_tiers_macs_and_compute():
         assert key in headline
     assert headline["seeds"] == "0"
 
+    # --baseline-rounds: the baselines alone on that case's tiers and clients, FedorAS copied
+    quick = str(ROOT / "benchmarks/results/baselines.quick.json")
+    again = run_quick(
+        "baselines", "--baseline-rounds", "3", "--cases-from", quick, saved_as="baselines.rounds-3"
+    )
+    (redone,) = again["cases"]
+    assert again["settings"] == {**saved["settings"], "baseline-rounds": 3}
+    for key in ("tiers", "widths", "tier-of-partition", "fedoras"):
+        assert redone[key] == case[key], key
+    for method in ("heterofl", "fjord"):
+        assert redone[method]["rounds"] == 3
+        served = redone[method]["tiers"]
+        assert [t["partitions"] for t in served] == [t["partitions"] for t in case[method]["tiers"]]
+        if case[method]["rounds"] < 3:  # more rounds of the same clients: more client FLOPs
+            assert redone[method]["client-flops"] > case[method]["client-flops"]
+
 
 def test_stage1_epochs_ablation_keeps_stage1_steps_and_rejects_a_non_divisor(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))

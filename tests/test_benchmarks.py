@@ -13,11 +13,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quick(name: str) -> dict:
-    """Run ``benchmarks/<name>.py --quick``: it must exit 0 and end with a headline line
-    whose every value is the one it saved in ``results/<name>.quick.json``; returns that."""
+def run_quick(name: str, *extra: str, saved_as: str | None = None) -> dict:
+    """Run ``benchmarks/<name>.py --quick [extra]``: it must exit 0 and end with a headline
+    line whose every value is the one it saved in ``results/<saved_as or name>.quick.json``;
+    returns that."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--quick"],
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--quick", *extra],
         capture_output=True,
         text=True,
         timeout=600,
@@ -27,7 +28,7 @@ def run_quick(name: str) -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("headline: ")]
     assert lines, done.stdout[-2000:]
     printed = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    saved = json.loads((ROOT / f"benchmarks/results/{name}.quick.json").read_text())
+    saved = json.loads((ROOT / f"benchmarks/results/{saved_as or name}.quick.json").read_text())
     assert printed.pop("quick") == "True" and saved["quick"] is True
     # where and under what load it ran (issue 30: a ratio holds only under the same conditions)
     machine = saved["machine"]

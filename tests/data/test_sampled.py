@@ -51,7 +51,8 @@ def test_more_clients_than_rows_pass_the_check_and_too_large_a_draw_fails() -> N
     with pytest.raises(ValueError, match="num-partitions = 10000 is too many"):
         DataSpec(partitioner="iid").check_partitionable(10_000)
     too_large = DataSpec(partitioner="sampled", partition_size=available + 1)
-    with pytest.raises(ValueError, match=f"'data.partition-size' = {available + 1}.*<= {available}"):
+    expected = f"'data.partition-size' = {available + 1}.*<= {available}"
+    with pytest.raises(ValueError, match=expected):
         too_large.check_partitionable(5)
 
 

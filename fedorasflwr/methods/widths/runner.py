@@ -85,8 +85,9 @@ def run_widths(
 def save_tier(
     run: RunFiles, image: dict[str, int], tier: int, width: float, arrays: ArrayRecord
 ) -> None:
-    """``tier<t>.pt`` (and ``.onnx``; ``tier`` 1-based): the tier's model as a DecNAS prunable ConvNet at its
-    width (``model_files.load_model`` rebuilds it; its keys gain the ``model.`` prefix)."""
+    """``tier<t>.pt`` (and ``.onnx``; ``tier`` 1-based): the tier's model as a DecNAS
+    prunable ConvNet at its width (``model_files.load_model`` rebuilds it; its keys gain the
+    ``model.`` prefix)."""
     keys = {f"model.{k}": v for k, v in arrays.to_torch_state_dict().items()}
     spec = build_prunable("convnet", width=width, **image).spec
     net = load_prunable(spec, keys)
