@@ -15,6 +15,8 @@ def test_fab_quick_builds_flowers_fab_from_the_copy_and_leaves_the_repository_ou
     assert saved["fab_top_dirs"] == ["README.md", "fedorasflwr", "pyproject.toml"]
     assert {"benchmarks", "docs", "tests"} <= set(saved["fab_top_dirs_without_exclude"])
     assert saved["fab_bytes"] < saved["fab_bytes_without_exclude"]
+    # the app's FAB stays under the size Flower accepts (the repository as a whole does not)
+    assert saved["fab_bytes"] <= saved["flower_fab_max_bytes"] == 10 * 1024 * 1024
     # far from the 10 MB `flwr app publish` allows (`flwr run` itself sets no limit)
     assert saved["fab_bytes"] < MAX_TOTAL_BYTES / 4
     # Flower walks every file, the copy only what its filters could keep
