@@ -9,7 +9,6 @@ run directory and the command that resumes it.
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import subprocess
@@ -172,8 +171,17 @@ def test_sigterm_stops_every_process_the_launcher_started(tmp_path: Path, data_c
 # --- the signal path, without an engine ----------------------------------------------------
 
 
-def _wait_for_signal() -> None:
-    time.sleep(2.0)  # the handler raises in here
+def _signal_self(signum: signal.Signals) -> None:
+    """``signum`` to this (main) thread: ``os.kill(os.getpid())`` may be delivered to any of
+    the worker's threads (torch's, a gRPC channel's left by an earlier test), and the main
+    thread's sleep then runs to its end before the handler does (seen in a loaded CI run)."""
+    signal.pthread_kill(threading.main_thread().ident, signum)
+
+
+def _wait_for_signal(seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)  # the handler raises in here
     raise AssertionError("the signal did not arrive")
 
 
@@ -182,7 +190,7 @@ def test_every_terminating_signal_raises_stopped_like_ctrl_c(signum: signal.Sign
     previous = signal.getsignal(signum)
     with stop_on_signals():
         with pytest.raises(Stopped) as caught:
-            os.kill(os.getpid(), signum)
+            _signal_self(signum)
             _wait_for_signal()
     assert isinstance(caught.value, KeyboardInterrupt)  # every Ctrl-C clean-up path runs
     assert caught.value.signum == signum and caught.value.name == signum.name
@@ -193,7 +201,7 @@ def test_a_signal_ignored_before_stays_ignored() -> None:
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     try:
         with stop_on_signals():
-            os.kill(os.getpid(), signal.SIGHUP)
+            _signal_self(signal.SIGHUP)
             time.sleep(0.2)  # nothing raised: the run goes on after the terminal closed
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     except Stopped:
@@ -207,7 +215,7 @@ def test_a_signal_while_processes_are_stopped_waits_for_the_step_to_end() -> Non
     with stop_on_signals():
         with pytest.raises(Stopped):
             with held_signals():
-                os.kill(os.getpid(), signal.SIGTERM)
+                _signal_self(signal.SIGTERM)
                 time.sleep(0.3)
                 steps.append("stopped every process")
     assert steps == ["stopped every process"]
@@ -216,11 +224,11 @@ def test_a_signal_while_processes_are_stopped_waits_for_the_step_to_end() -> Non
 def test_later_signals_cannot_cut_the_clean_up_short(capfd: pytest.CaptureFixture[str]) -> None:
     with stop_on_signals():
         try:
-            os.kill(os.getpid(), signal.SIGTERM)
+            _signal_self(signal.SIGTERM)
             _wait_for_signal()
         except Stopped:
-            os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C while stopping
-            os.kill(os.getpid(), signal.SIGTERM)
+            _signal_self(signal.SIGINT)  # a second Ctrl-C while stopping
+            _signal_self(signal.SIGTERM)
             time.sleep(0.3)  # nothing raised: the clean-up goes on
     assert "SIGINT: still stopping the Flower processes" in capfd.readouterr().err
 
