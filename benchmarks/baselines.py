@@ -163,6 +163,8 @@ def run_width_baselines(
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.methods.widths.runner import run_fjord, run_heterofl
 
+    if (budget is None) == (rounds is None):
+        raise ValueError("run_width_baselines: give a client-FLOPs budget or a number of rounds")
     listed = ",".join(str(w) for w in case["widths"])
     node_configs = {int(p): {"tier": int(t)} for p, t in case["tier-of-partition"].items()}
     runners = {"heterofl": run_heterofl, "fjord": run_fjord}
@@ -180,7 +182,7 @@ def run_width_baselines(
                 out / f"{method}-probe",
             )
             per_round = client_flops(probe) / PROBE_ROUNDS
-            assert budget is not None, "a client-FLOPs budget or a number of rounds"
+            assert budget is not None  # checked above; for the type checker
             method_rounds = max(1, round(budget / per_round)) if per_round > 0 else PROBE_ROUNDS
         else:
             method_rounds = rounds

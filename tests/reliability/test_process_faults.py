@@ -174,7 +174,8 @@ def test_sigterm_stops_every_process_the_launcher_started(tmp_path: Path, data_c
 def _signal_self(signum: signal.Signals) -> None:
     """``signum`` to this (main) thread: ``os.kill(os.getpid())`` may be delivered to any of
     the worker's threads (torch's, a gRPC channel's left by an earlier test), and the main
-    thread's sleep then runs to its end before the handler does (seen in a loaded CI run)."""
+    thread's sleep can then run to its end before the handler does: the likely cause of
+    these tests failing in a clean-clone CI run, not proven."""
     signal.pthread_kill(threading.main_thread().ident, signum)
 
 
