@@ -40,8 +40,6 @@ from .flwr_cli import (
 from .heartbeat import HEARTBEAT_TIMEOUT_ENV, check_heartbeat_timeout
 from .processes import (
     LOOPBACK,
-    _stop_flower_processes,
-    find_pids,
     free_port,
     held_signals,
     stop_pids,
@@ -215,11 +213,10 @@ class Deployment:
         if not self.port:  # not started, or already stopped
             return
         with held_signals():  # a SIGTERM now must not leave some of them running
-            started = [process.pid for process in self.processes]
-            stop_pids(started + find_pids(flwr_home=self.flwr_home))
+            # all at once, their groups and any process under the home: one grace for all
+            stop_pids([process.pid for process in self.processes], flwr_home=self.flwr_home)
             for process in self.processes:
                 process.wait()
-            _stop_flower_processes(self.flwr_home)
             self.processes.clear()
             self.supernodes.clear()
             if self._given_home is None:

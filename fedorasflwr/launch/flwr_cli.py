@@ -218,14 +218,20 @@ def _stream_command(
     reader = threading.Thread(target=_collect, args=(process.stdout, lines, echo), daemon=True)
     reader.start()
     returncode: int | None = None
+    home: Path | None = None
     try:
         returncode = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM / SIGHUP: every Flower process at once
+        home = Path(env.get("FLWR_HOME") or "relative")
+        home = home if home.is_absolute() else None
+        raise
     finally:
         with held_signals():
-            if process.poll() is None:  # timeout, Ctrl-C / SIGTERM / SIGHUP, another error
-                stop_pids([process.pid], grace=5.0)
+            if process.poll() is None or home is not None:  # a timeout, a signal, an error
+                # on a timeout the SuperLink must stay up: `flwr stop` asks it to stop the run
+                stop_pids([process.pid], flwr_home=home)
                 process.wait()
             reader.join(timeout=5.0)
     return returncode, "".join(lines), time.monotonic() - start

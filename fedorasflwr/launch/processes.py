@@ -7,13 +7,14 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
 __all__ = [
     "LOOPBACK",
+    "STOP_GRACE",
     "TERMINATING_SIGNALS",
     "Stopped",
     "find_pids",
@@ -128,53 +129,89 @@ def _signal(pid: int, signum: signal.Signals) -> None:
         pass
 
 
-def stop_pids(pids: Iterable[int], *, grace: float = 10.0) -> None:
-    """SIGTERM the processes (their groups when they lead one), wait, SIGKILL leftovers.
+#: seconds the launcher's processes get between SIGTERM and SIGKILL: what they must write
+#: is written atomically as they go (checkpoints, result.json), so they need no more, and
+#: the launcher exits within about this long of a signal, under load too
+STOP_GRACE = 3.0
+#: seconds between two looks for processes started while the others are being stopped
+_RESCAN_INTERVAL = 0.25
+
+
+def stop_pids(
+    pids: Iterable[int], *, grace: float = STOP_GRACE, flwr_home: Path | None = None
+) -> None:
+    """Stop processes all at once: SIGTERM every one (its whole group when it leads one),
+    wait on them together for at most `grace` seconds, then SIGKILL the leftovers.
 
     Parameters
     ----------
     pids : Iterable[int]
         Processes to stop.
-    grace : float, default 10.0
-        Seconds to wait after SIGTERM before SIGKILL.
+    grace : float, default `STOP_GRACE`
+        Seconds, counted once for all of them, between SIGTERM and SIGKILL.
+    flwr_home : Path, optional
+        Also every process started with this ``FLWR_HOME`` (or one below it) or logging
+        under its ``local-superlink/`` (`find_pids`), looked for again while waiting, so
+        that a child spawned meanwhile is stopped with the rest. Must be absolute.
     """
+    find = _flower_finder(flwr_home)
     with held_signals():  # a SIGTERM now must not leave half of them running
-        targets = [pid for pid in pids if _is_alive(pid)]
-        for pid in targets:
-            _signal(pid, signal.SIGTERM)
-        pending = targets
+        given = list(pids)
+        signalled: set[int] = set()
+
+        def sweep(signum: signal.Signals) -> list[int]:
+            targets = {pid for pid in given if _is_alive(pid)} | set(find())
+            targets |= {pid for pid in signalled if _is_alive(pid)}
+            for pid in sorted(targets):
+                _signal(pid, signum)
+            signalled.update(targets)
+            return sorted(targets)
+
+        pending = sweep(signal.SIGTERM)
         deadline = time.monotonic() + grace
+        rescan = time.monotonic() + _RESCAN_INTERVAL
         while pending and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(0.05)
             pending = [pid for pid in pending if _is_alive(pid)]
-        for pid in pending:
-            _signal(pid, signal.SIGKILL)
-        _wait_reaped(targets, timeout=2.0)
+            if time.monotonic() >= rescan or not pending:  # a late child: into the same wait
+                late = [pid for pid in find() if pid not in signalled]
+                for pid in late:
+                    _signal(pid, signal.SIGTERM)
+                signalled.update(late)
+                pending += late
+                rescan = time.monotonic() + _RESCAN_INTERVAL
+        for _ in range(5):  # SIGKILL whatever is left, children spawned meanwhile too
+            if not sweep(signal.SIGKILL):
+                break
+            # a zombie counts as gone: it runs nothing and holds no port, and an orphan's
+            # is reaped by init when init gets to it (up to 2 s here, in a microVM)
+            _wait_gone(signalled, timeout=1.0)
 
 
-def _wait_reaped(pids: Iterable[int], timeout: float) -> None:
-    """Wait until the processes are gone from /proc (zombies reaped), except our children."""
-    ours = os.getpid()
-    pids = [pid for pid in pids if _parent_pid(pid) != ours]
-    deadline = time.monotonic() + timeout
-    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def _stop_flower_processes(flwr_home: Path, *, grace: float = 10.0) -> None:
-    """Stop everything Flower started under `flwr_home`, children spawned late included.
+def _flower_finder(flwr_home: Path | None) -> Callable[[], list[int]]:
+    """What `stop_pids` looks for besides its PIDs: Flower's processes under `flwr_home`.
 
     `flwr_home` must be absolute: a relative or empty one would turn the pattern into
     ``local-superlink/``, which matches every local SuperLink on the machine."""
+    if flwr_home is None:
+        return list
     if not flwr_home.is_absolute() or flwr_home == Path("/"):
         raise ValueError(f"refusing to stop processes under FLWR_HOME {str(flwr_home)!r}")
     log_dir = str(flwr_home / "local-superlink") + os.sep
-    with held_signals():
-        for _ in range(5):
-            pids = find_pids(cmdline_contains=log_dir, flwr_home=flwr_home)
-            if not pids:
-                return
-            stop_pids(pids, grace=grace)
+    return lambda: find_pids(cmdline_contains=log_dir, flwr_home=flwr_home)
+
+
+def _wait_gone(pids: Iterable[int], timeout: float) -> None:
+    """Wait until none of the processes runs (zombies count as gone)."""
+    deadline = time.monotonic() + timeout
+    while any(_is_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _stop_flower_processes(flwr_home: Path, *, grace: float = STOP_GRACE) -> None:
+    """Stop everything Flower started under `flwr_home`, children spawned late included
+    (`stop_pids` with `flwr_home`)."""
+    stop_pids([], grace=grace, flwr_home=flwr_home)
 
 
 # ------------------------------------------------------------------ terminating signals

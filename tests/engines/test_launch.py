@@ -173,6 +173,47 @@ def test_stop_pids_stops_the_whole_process_group(
     assert not processes._is_alive(grandchild)
 
 
+#: a process that ignores SIGTERM and answers it by starting a child of its own session
+#: (as a shutting-down Flower process may): the child inherits ``FLWR_HOME``
+SPAWNS_ON_SIGTERM = (
+    "import signal, subprocess, sys, time\n"
+    "def on_term(*_):\n"
+    "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+    " start_new_session=True)\n"
+    "    print(child.pid, flush=True)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_stop_pids_waits_on_every_group_together_and_stops_late_children(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+) -> None:
+    home = tmp_path / "home"
+    env = dict(os.environ) | {"FLWR_HOME": str(home)}
+    for _ in range(3):  # three groups that each need the SIGKILL
+        leader = subprocess.Popen(
+            [sys.executable, "-c", SPAWNS_ON_SIGTERM],
+            env=env,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        spawned.append(leader)
+    for leader in spawned:
+        assert leader.stdout is not None and leader.stdout.readline() == b"ready\n"
+
+    start = time.monotonic()
+    stop_pids([spawned[0].pid], grace=1.0, flwr_home=home)
+    took = time.monotonic() - start
+    # one grace for all three (not one each), then the late children killed with them
+    assert took < 2.5, took
+    assert all(_wait_dead(leader, 5.0) is not None for leader in spawned)
+    assert find_pids(flwr_home=home) == []
+    late = [int(line) for leader in spawned for line in leader.stdout.read().split()]
+    assert len(late) >= 3 and not any(processes._is_alive(pid) for pid in late), late
+
+
 def test_find_pids_never_returns_this_process() -> None:
     own_cmdline = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
     assert os.getpid() not in find_pids(cmdline_contains=own_cmdline)

@@ -9,6 +9,7 @@ run directory and the command that resumes it.
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from fedorasflwr.launch import (
     Stopped,
     cli,
     find_pids,
+    flwr_cli,
     format_run_config,
     processes,
     stop_on_signals,
@@ -138,12 +140,16 @@ def test_sigterm_stops_every_process_the_launcher_started(tmp_path: Path, data_c
             assert started_by_flower in names, names
 
         launcher.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
         code = launcher.wait(timeout=120)
+        took = time.monotonic() - sent
         stderr = launcher.stderr.read()
         reader.join(timeout=10)
-        # every process it started is gone, and none of Flower's is left under its home
+        # every process it started is gone when it exits (all groups signalled at once and
+        # waited on together), and none of Flower's is left under its home
         left = {pid: _command_line(pid) for pid in _still_running(started)}
         assert left == {}, stderr
+        assert took < 10.0, f"the launcher exited {took:.1f} s after SIGTERM"
         assert find_pids(flwr_home=home) == []
         assert code == 128 + signal.SIGTERM, stderr
         # nothing trains or writes after the launcher's exit
@@ -232,6 +238,42 @@ def test_later_signals_cannot_cut_the_clean_up_short(capfd: pytest.CaptureFixtur
             _signal_self(signal.SIGTERM)
             time.sleep(0.3)  # nothing raised: the clean-up goes on
     assert "SIGINT: still stopping the Flower processes" in capfd.readouterr().err
+
+
+#: ``flwr run`` as the tests stand it in: it ignores SIGTERM (as a busy process would, for the
+#: whole grace) and has detached a child into a session of its own, as ``flwr run`` does
+#: the local SuperLink; the child ignores SIGTERM too and inherits ``FLWR_HOME``
+FLOWER_STAND_IN = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'], start_new_session=True)\n"
+    "print('ready', child.pid, flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_a_signal_stops_flwr_run_and_its_detached_children_in_one_grace(tmp_path: Path) -> None:
+    home = tmp_path / "flwr-home"
+    env = dict(os.environ) | {"FLWR_HOME": str(home)}
+    started: list[int] = []
+    signalled: list[float] = []
+
+    def echo(line: str) -> None:  # the launcher's echo: signal it once the child runs
+        if line.startswith("ready"):
+            started.append(int(line.split()[1]))
+            signalled.append(time.monotonic())
+            _signal_self(signal.SIGTERM)
+
+    command = [sys.executable, "-c", FLOWER_STAND_IN]
+    with stop_on_signals():
+        with pytest.raises(Stopped):
+            flwr_cli._stream_command(command, env, timeout=60.0, echo=echo)
+    stopped_after = time.monotonic() - signalled[0]
+    # both groups got SIGTERM at once, one grace for both, then SIGKILL: none is left
+    assert not processes._is_alive(started[0])
+    assert find_pids(flwr_home=home) == []
+    assert stopped_after < processes.STOP_GRACE + 1.5, stopped_after
 
 
 # --- the interrupt message ------------------------------------------------------------------
