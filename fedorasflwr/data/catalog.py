@@ -2,7 +2,7 @@
 
 ``dataset_info`` is what the server builds the search space from, so it must stay
 cheap: it reads no samples (a local folder is inspected by listing it and opening
-one image header).
+its image headers: `.folder.inspect_folder`, kept while the folder is unchanged).
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Protocol
 
+from .folder import FOLDER_PREFIX, folder_classes, inspect_folder
+from .folder import IMAGE_SUFFIXES as IMAGE_SUFFIXES  # their home was here: still found here
+from .folder import folder_image_shape as folder_image_shape
+from .folder import folder_root as folder_root
 from .text import OOV_ID, VOCAB, num_windows
 
 __all__ = [
@@ -35,10 +38,8 @@ __all__ = [
     "folder_classes",
 ]
 
-FOLDER_PREFIX = "folder:"
 PARTITIONERS = ("iid", "dirichlet", "class-groups", "natural", "sampled")
 LABELLED_PARTITIONERS = ("dirichlet", "class-groups")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 class DatasetChoice(Protocol):
@@ -204,47 +205,6 @@ def dataset_entry(dataset: str) -> DatasetEntry | None:
     return _ENTRIES.get(dataset)
 
 
-def folder_root(dataset: str) -> Path:
-    """The directory of a ``folder:<path>`` dataset, checked to exist."""
-    root = Path(dataset[len(FOLDER_PREFIX) :]).expanduser()
-    if not root.is_dir():
-        raise ValueError(
-            f"run config 'data.dataset' = {dataset!r} is invalid: {str(root)!r} is not a"
-            " directory (expected <root>/<class name>/<image files>)"
-        )
-    return root
-
-
-def folder_classes(dataset: str) -> list[str]:
-    """Class names of a folder dataset: its sub-directories, sorted (imagefolder's order)."""
-    root = folder_root(dataset)
-    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not names:
-        raise ValueError(
-            f"run config 'data.dataset' = {dataset!r} is invalid: no class sub-directories"
-            f" in {str(root)!r}"
-        )
-    return names
-
-
-def _first_image(dataset: str) -> Path:
-    root = folder_root(dataset)
-    for name in folder_classes(dataset):
-        for path in sorted((root / name).iterdir()):
-            if path.suffix.lower() in IMAGE_SUFFIXES:
-                return path
-    raise ValueError(f"run config 'data.dataset' = {dataset!r} is invalid: no image files")
-
-
-def folder_image_shape(dataset: str) -> tuple[int, int, int]:
-    """``(C, H, W)`` all folder images are converted to: the first image's (L -> 1, else RGB)."""
-    from PIL import Image
-
-    with Image.open(_first_image(dataset)) as image:
-        channels = 1 if image.mode in ("1", "L", "I", "I;16", "F") else 3
-        return channels, image.height, image.width
-
-
 def num_classes_of(dataset: str) -> int | None:
     """Class count known without touching the disk (``None`` for a folder)."""
     entry = dataset_entry(dataset)
@@ -258,7 +218,8 @@ def dataset_info(spec: DatasetChoice) -> DatasetInfo:
     text, 98 (97 printable characters + OOV), ``(seq_len,)``; ``cifar10`` /
     ``cifar100`` -> image, 10 / 100, ``(3, 32, 32)``; ``speech-commands`` -> image
     (MFCC), 35, ``(1, 40, 51)``; ``speech-commands-12`` -> the same with 12 classes;
-    ``folder:<path>`` -> image, its sub-directory count, the first image's ``(C, H, W)``.
+    ``folder:<path>`` -> image, its sub-directory count, its images' ``(C, H, W)``
+    (`.folder.inspect_folder`, which refuses a folder the run could not use).
     """
     entry = dataset_entry(spec.dataset)
     if entry is None:  # unreachable for a validated spec
@@ -266,8 +227,8 @@ def dataset_info(spec: DatasetChoice) -> DatasetInfo:
     if entry.kind == "text":
         return DatasetInfo(spec.dataset, "text", OOV_ID + 1, (spec.seq_len,), VOCAB)
     if entry is _FOLDER:
-        num_classes = len(folder_classes(spec.dataset))
-        return DatasetInfo(spec.dataset, "image", num_classes, folder_image_shape(spec.dataset))
+        folder = inspect_folder(spec.dataset)
+        return DatasetInfo(spec.dataset, "image", len(folder.classes), folder.shape)
     assert entry.num_classes is not None and entry.input_shape is not None
     return DatasetInfo(spec.dataset, "image", entry.num_classes, entry.input_shape)
 

@@ -25,8 +25,9 @@ test and the server slice comes out of it too. A hub ``test`` split is used only
 global test set (``data.global-test``: cifar10, cifar100, speech-commands(-12)); the
 datasets without one (shakespeare, folders) carve it out of ``train`` before partitioning.
 Conversions: CIFAR images scaled to [0, 1] and normalised with the per-channel
-statistics in :mod:`.catalog`; folder images converted to the first image's mode
-(L or RGB) and size, normalised with mean 0.5 / std 0.5; speech clips (the
+statistics in :mod:`.catalog`; folder images (checked before anything runs:
+:mod:`.folder`, which refuses images of different sizes) converted to L when every image
+is grayscale, else RGB, normalised with mean 0.5 / std 0.5; speech clips (the
 ``_silence_`` class, which has no speaker, is dropped: 35 keywords; ``speech-commands-12``
 keeps it as "silence", each such clip its own natural id ``_silence_<row>`` so natural
 partitions spread them over the clients, and maps the other 25 words to "unknown") turned into
@@ -59,15 +60,8 @@ from flwr_datasets import FederatedDataset
 from flwr_datasets.partitioner import Partitioner
 
 from .audio import mfcc
-from .catalog import (
-    FOLDER_PREFIX,
-    SPEECH_SILENCE,
-    DatasetEntry,
-    dataset_entry,
-    folder_image_shape,
-    folder_root,
-    speech_commands_12_ids,
-)
+from .catalog import SPEECH_SILENCE, DatasetEntry, dataset_entry, speech_commands_12_ids
+from .folder import FOLDER_PREFIX, folder_image_shape, folder_root
 from .partition import (
     GLOBAL_TEST_SPLIT,
     SERVER_SPLIT,
