@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,97 @@ def test_launcher_command_line_exits_non_zero(tmp_path):
         in result.stderr
     )
     assert not (tmp_path / "flwr-home").exists()  # no SuperLink ever got a home
+
+
+# --- bad values: the ServerApp's whole check, run by the launcher up front -----------------
+
+
+def _no_flower(monkeypatch):
+    def no_flower(*args, **kwargs):
+        raise AssertionError("a Flower process was started")
+
+    monkeypatch.setattr(cli, "run_simulation", no_flower)
+    monkeypatch.setattr(cli, "Deployment", no_flower)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ("fedoras.lr=-1.0", "run config 'fedoras.lr' = -1.0: allowed: > 0"),
+        ("fdnas.rounds=0", "'fdnas.rounds' = 0"),  # another method's table is checked too
+        ('data.dataset="mnist6k"', "'data.dataset' = 'mnist6k'"),
+        ("seed=-3", "'seed' = -3"),
+    ],
+)
+def test_launcher_refuses_a_bad_value_before_starting_flower(
+    monkeypatch, capsys, overrides, expected
+):
+    _no_flower(monkeypatch)
+    for extra in ([], ["--deployment"]):
+        assert cli.main(["--run-config", overrides, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --run-config: ") and expected in err, err
+
+
+def test_launcher_checks_the_data_against_the_node_count(monkeypatch, capsys):
+    _no_flower(monkeypatch)
+    assert cli.main(["--num-supernodes", "2000"]) == 2  # one partition per SuperNode
+    assert "num-partitions = 2000 is too many" in capsys.readouterr().err
+
+
+def test_launcher_refuses_a_directory_that_is_not_an_app(monkeypatch, capsys, tmp_path):
+    _no_flower(monkeypatch)
+    assert cli.main(["--app-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --app-dir {str(tmp_path)!r}: cannot read") and "pyproject" in err
+
+
+def test_another_app_keeps_its_own_checks(tmp_path):
+    """An app other than this project's (e.g. one of examples/) parses its own run config."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\nserverapp = "other.server:app"\n'
+        "[tool.flwr.app.config]\nlr = -1.0\n"
+    )
+    assert cli.check_run_values(tmp_path, {"seed": 1}, 2) == {"seed": 1}
+
+
+def test_launcher_refuses_a_one_class_folder_and_resolves_a_relative_one(
+    monkeypatch, capsys, tmp_path
+):
+    from PIL import Image
+
+    for name in ("cat", "dog"):
+        (tmp_path / "im" / name).mkdir(parents=True)
+        Image.new("L", (4, 4)).save(tmp_path / "im" / name / "0.png")
+    monkeypatch.chdir(tmp_path)
+    values = cli.check_run_values(REPO, {"data.dataset": "folder:im"}, 2)
+    assert values == {"data.dataset": f"folder:{tmp_path / 'im'}"}  # what the engine gets
+    _no_flower(monkeypatch)
+    (tmp_path / "im" / "dog" / "0.png").unlink()
+    (tmp_path / "im" / "dog").rmdir()
+    argv = ["--app-dir", str(REPO), "--run-config", 'data.dataset="folder:im"']
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"'folder:{tmp_path / 'im'}' is invalid: 1 class sub-directories" in err
+    assert "['cat']" in err
+
+
+def test_a_bad_value_exits_2_at_once_from_the_command_line(tmp_path):
+    home = tmp_path / "flwr-home"
+    command = [sys.executable, "-m", "fedorasflwr.launch", "--flwr-home", str(home)]
+    command += ["--output-dir", str(tmp_path / "out"), "--run-config", "fedoras.lr=-1.0"]
+    started = time.monotonic()
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    assert "run config 'fedoras.lr' = -1.0: allowed: > 0" in result.stderr
+    assert "FAILED" not in result.stderr and result.stderr.count("\n") == 1  # one line
+    assert not home.exists()  # no SuperLink ever got a home
+    assert took < 60, took  # the interpreter, torch's import and the parse; no engine

@@ -29,6 +29,7 @@ from .heartbeat import (
 from .processes import Stopped, stop_on_signals
 from .security import TlsFiles
 from .simulation import ray_env, run_simulation
+from .values import AppDirError, check_run_values
 
 __all__ = [
     "check_overrides",
@@ -370,7 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the process exit code: 0 for a run Flower reports
     ``finished:completed``, 1 for any other (the ServerApp raised, a heartbeat failure, a
     timeout: `failure_message`; ``flwr run --stream`` itself exits 0 for them), 2 for bad
-    ``--run-config`` overrides.
+    ``--run-config`` overrides: an unknown key or a value the ServerApp would refuse
+    (`check_run_values`), found before any Flower process starts.
 
     Ctrl-C, SIGTERM and SIGHUP take one path (`stop_on_signals`): every Flower process
     started is stopped, the interrupt message names the run directory and the command
@@ -379,8 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
         values = read_run_config(args.run_config or [])
+        values = check_run_values(args.app_dir, values, args.num_supernodes)
     except ValueError as error:
-        print(f"error: --run-config: {error}", file=sys.stderr)
+        where = "" if isinstance(error, AppDirError) else "--run-config: "
+        print(f"error: {where}{error}", file=sys.stderr)
         return 2
     # The ServerApp runs in the SuperLink's working directory: make the output dir absolute.
     output_dir = Path(str(values.get("output-dir", args.output_dir))).resolve()
