@@ -22,6 +22,7 @@ from .processes import held_signals, stop_pids
 
 __all__ = [
     "DEPLOYMENT_CONNECTION",
+    "SUPERLINK_START_TIMEOUT",
     "QUIET_FLOWER_ENV",
     "SIMULATION_CONNECTION",
     "ConfigValue",
@@ -41,6 +42,12 @@ _KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _RUN_ID_PATTERN = re.compile(r"Successfully started run (\d+)")
 _ANSI_PATTERN = re.compile(r"\x1b\[[0-9;]*m")
 _TAIL_LINES = 60
+#: how Flower's CLI says its local SuperLink missed its start limit (``flwr/cli/
+#: local_superlink.py``: ``Failed to start local SuperLink within 15s``), which happens on
+#: a loaded machine; a start that failed otherwise (``... exited with code N``) is not retried
+SUPERLINK_START_TIMEOUT = re.compile(r"Failed to start local SuperLink within \d+s")
+#: the frame of the error box Flower's CLI prints (rich's panel)
+_BOX_TOP, _BOX_SIDE, _BOX_BOTTOM = "\u256d", "\u2502", "\u2570"
 
 
 class FlowerRunError(RuntimeError):
@@ -192,6 +199,54 @@ def _file_tail(path: Path, lines: int = _TAIL_LINES) -> str:
     return f"--- {path} ---\n{_tail(_ANSI_PATTERN.sub('', text), lines)}"
 
 
+def box_text(output: str) -> str:
+    """The text of the last error box Flower's CLI printed in `output`, on one line
+    (``""`` if it printed none)."""
+    lines = _ANSI_PATTERN.sub("", output).splitlines()
+    tops = [i for i, line in enumerate(lines) if line.lstrip().startswith(_BOX_TOP)]
+    if not tops:
+        return ""
+    words = []
+    for line in lines[tops[-1] + 1 :]:
+        if line.lstrip().startswith(_BOX_BOTTOM):
+            break
+        words += line.strip().strip(_BOX_SIDE).split()
+    return " ".join(words)
+
+
+class HeldBox:
+    """An echo that passes lines on as they come, except an error box of Flower's CLI,
+    kept until `release` (shown) or `drop` (a retried start: shown by the last try only),
+    so that the box is printed once."""
+
+    def __init__(self, echo: bool | Callable[[str], None]) -> None:
+        self.echo = echo
+        self.held: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        if self.held or _ANSI_PATTERN.sub("", line).lstrip().startswith(_BOX_TOP):
+            self.held.append(line)
+        else:
+            self._show(line)
+
+    def _show(self, line: str) -> None:
+        if callable(self.echo):
+            self.echo(line)
+        elif self.echo:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def release(self) -> None:
+        """Show the lines held."""
+        for line in self.held:
+            self._show(line)
+        self.held = []
+
+    def drop(self) -> None:
+        """Forget the lines held."""
+        self.held = []
+
+
 def _stream_command(
     command: Sequence[str],
     env: Mapping[str, str],
@@ -295,8 +350,11 @@ def _flwr_run(
             f"run {run_id} timed out after {timeout}s:\n{_tail(output)}\n{logs}", run_id=run_id
         )
     if returncode != 0 or run_id is None:
+        # the box, echoed already, once: its text here; the log's tail when not echoed
+        shown = box_text(output) if echo else ""
         raise FlowerRunError(
-            f"`flwr run` failed to start the run (exit code {returncode}):\n{_tail(output)}",
+            f"`flwr run` failed to start the run (exit code {returncode}): "
+            + (shown or "\n" + _tail(output)),
             run_id=run_id,
         )
     status, details = _run_status(connection, run_id, env)

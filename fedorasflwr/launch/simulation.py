@@ -11,7 +11,10 @@ from pathlib import Path
 from .fab import packable_app
 from .flwr_cli import (
     SIMULATION_CONNECTION,
+    SUPERLINK_START_TIMEOUT,
     ConfigValue,
+    FlowerRunError,
+    HeldBox,
     RunResult,
     _add_connection,
     _check_positive_int,
@@ -22,7 +25,11 @@ from .flwr_cli import (
 from .heartbeat import HEARTBEAT_TIMEOUT_ENV, check_heartbeat_timeout, superlink_wrapper
 from .processes import _free_ports, _stop_flower_processes, held_signals
 
-__all__ = ["RAY_TIP_FILTER", "ray_env", "run_simulation"]
+__all__ = ["RAY_TIP_FILTER", "SUPERLINK_START_ATTEMPTS", "ray_env", "run_simulation"]
+
+#: tries of ``flwr run`` whose local SuperLink missed Flower's 15-s start limit (seen twice
+#: in a row at load 22-30); a start that failed otherwise is not tried again
+SUPERLINK_START_ATTEMPTS = 3
 
 #: Set to ``0``, Ray keeps a loopback address as given instead of replacing it with the
 #: host's network address (named for Windows / macOS, where it is off by default).
@@ -56,7 +63,9 @@ def run_simulation(
     Runs ``flwr run <app_dir> local --stream --federation-config "num-supernodes=N ..."``
     against a local SuperLink on free loopback ports, checks the run's final status
     and always stops that SuperLink and its children (also on error, timeout and
-    KeyboardInterrupt, and SIGTERM / SIGHUP under `stop_on_signals`).
+    KeyboardInterrupt, and SIGTERM / SIGHUP under `stop_on_signals`). A local SuperLink
+    that missed Flower's 15-s start limit (a loaded machine) is started again, up to
+    `SUPERLINK_START_ATTEMPTS` tries; Flower's error box is shown once, by the last.
 
     Parameters
     ----------
@@ -143,20 +152,41 @@ def run_simulation(
         log_file = home / "local-superlink" / "superlink.log"
         with packable_app(app_dir) as app:
             command = _run_command(app, SIMULATION_CONNECTION, run_config, federation)
-            return _flwr_run(
-                command,
-                SIMULATION_CONNECTION,
-                run_env,
-                timeout,
-                echo,
-                [log_file],
-                heartbeat_timeout=heartbeat_timeout,
-            )
+            for attempt in range(1, SUPERLINK_START_ATTEMPTS + 1):
+                held = HeldBox(echo)  # Flower's error box: shown by the last try only
+                try:
+                    return _flwr_run(
+                        command,
+                        SIMULATION_CONNECTION,
+                        run_env,
+                        timeout,
+                        held,
+                        [log_file],
+                        heartbeat_timeout=heartbeat_timeout,
+                    )
+                except FlowerRunError as error:
+                    if attempt == SUPERLINK_START_ATTEMPTS or not _missed_start_limit(error):
+                        raise
+                    held.drop()
+                    held(
+                        f"{SUPERLINK_START_TIMEOUT.search(str(error))[0]} (a loaded machine?): "
+                        f"trying again ({attempt + 1} of {SUPERLINK_START_ATTEMPTS})\n"
+                    )
+                    _stop_flower_processes(home)  # what the failed start left
+                finally:
+                    held.release()
+            raise AssertionError("unreachable: the last attempt returns or raises")
     finally:
         with held_signals():  # a SIGTERM now must not leave some of them running
             _stop_flower_processes(home)
             if flwr_home is None:
                 shutil.rmtree(home, ignore_errors=True)
+
+
+def _missed_start_limit(error: FlowerRunError) -> bool:
+    """Whether `flwr run` failed only because its local SuperLink was not up within
+    Flower's start limit (no run started): worth another try."""
+    return error.run_id is None and SUPERLINK_START_TIMEOUT.search(str(error)) is not None
 
 
 def ray_env(address: str) -> dict[str, str]:
