@@ -8,7 +8,8 @@ space and strategy, calls ``strategy.start`` and writes the run's artifacts; the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,11 +30,13 @@ from .model_files import BUILDER, BUILDERS
 from .search_spaces import SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet
 from .seeding import seed_torch
-from .training import held_out_metrics
+from .training import evaluate, ordered_loader, refresh_batchnorm, torch_device
 
 __all__ = [
+    "FinalModel",
     "GlobalTest",
     "GlobalTestScore",
+    "calibrated",
     "chance_accuracy",
     "RunFiles",
     "Runner",
@@ -68,10 +71,27 @@ def chance_accuracy(settings: RunSettings) -> float:
 @dataclass(frozen=True)
 class GlobalTestScore:
     """A model on the global test set: its accuracy and the set's samples (text: the
-    accuracy over every predicted position, the count in windows)."""
+    accuracy over every predicted position, the count in windows), and the weights and
+    buffers that scored it (``arrays``: BatchNorm statistics as re-estimated; ``None`` when
+    the caller kept the module)."""
 
     accuracy: float
     count: int
+    arrays: ArrayRecord | None = None
+
+
+def calibrated(
+    net: nn.Module, arrays: ArrayRecord, calibration: TensorDataset | None
+) -> ArrayRecord:
+    """``net`` with ``arrays`` loaded and its BatchNorm statistics re-estimated for these
+    weights on ``calibration`` (``training.refresh_batchnorm``; ``None`` or empty: the
+    statistics ``arrays`` carry); ``net`` ends on the CPU in eval mode, and its state (every
+    weight and buffer, in the module's dtypes) is returned: what a run scores and exports."""
+    net.load_state_dict(arrays.to_torch_state_dict())
+    if calibration is not None and len(calibration):
+        refresh_batchnorm(net, calibration)
+    net.cpu().eval()
+    return ArrayRecord(net.state_dict())
 
 
 @dataclass(frozen=True)
@@ -86,12 +106,29 @@ class GlobalTest:
     calibration: TensorDataset | None
 
     def score(self, net: nn.Module, arrays: ArrayRecord) -> GlobalTestScore:
-        """``net`` with ``arrays`` loaded, scored on the global test set in eval mode, its
-        BatchNorm statistics first re-estimated for these weights on ``calibration``
-        (``training.held_out_metrics``, on ``training.torch_device()``, in batches of 256)."""
-        net.load_state_dict(arrays.to_torch_state_dict())
-        metrics = held_out_metrics(net, self.data, self.calibration)
-        return GlobalTestScore(float(metrics["accuracy"]), len(self.data))
+        """``net`` with ``arrays`` loaded, its BatchNorm statistics first re-estimated for
+        these weights on ``calibration`` (``calibrated``), scored on the global test set
+        (``evaluate``); the score holds the state it scored (``arrays``)."""
+        state = calibrated(net, arrays, self.calibration)
+        return GlobalTestScore(self.evaluate(net).accuracy, len(self.data), state)
+
+    def evaluate(self, net: nn.Module) -> GlobalTestScore:
+        """``net`` as it is, in eval mode, on the global test set (in order, batches of 256,
+        on ``training.torch_device()``); ``net`` ends on the CPU."""
+        device = torch_device()
+        result = evaluate(net.to(device).eval(), ordered_loader(self.data), device)
+        net.cpu()
+        return GlobalTestScore(result.accuracy, len(self.data))
+
+
+@dataclass(frozen=True)
+class FinalModel:
+    """A final model as its run wrote it (``RunFiles.save_final``): ``arrays``, the weights
+    and buffers in ``<name>.pt`` and ``<name>.onnx``, and their ``score`` on the global test
+    set (``None`` without ``data.global-test``)."""
+
+    arrays: ArrayRecord
+    score: GlobalTestScore | None
 
 
 def global_test(settings: RunSettings) -> GlobalTest | None:
@@ -235,6 +272,45 @@ class RunFiles:
         # run config ``onnx = false``: no ONNX copies (a sweep or benchmark that needs none)
         self.onnx = OnnxExports(out_dir, settings.data) if settings.onnx else None
         self.written: list[Path] = []
+        self.settings = settings
+
+    @cached_property
+    def global_test(self) -> GlobalTest | None:
+        """The run's global test set (``global_test``), loaded on first use."""
+        return global_test(self.settings)
+
+    @cached_property
+    def calibration(self) -> TensorDataset | None:
+        """What every final model's BatchNorm statistics are re-estimated on before it is
+        scored and written: the server's validation slice (``None``: the run holds none)."""
+        if self.global_test is not None:
+            return self.global_test.calibration
+        server = load_server_data(self.settings.data)
+        return server if len(server) else None
+
+    def save_final(
+        self,
+        name: str,
+        model: nn.Module,
+        arrays: ArrayRecord,
+        *,
+        stage: str,
+        builder: str,
+        space_spec: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> FinalModel:
+        """A final model, scored as exported: ``model`` with ``arrays``, its BatchNorm
+        statistics re-estimated on the server's slice (``calibrated``; none: as it comes),
+        scored on the global test set (with ``data.global-test``) and written as
+        ``<name>.pt`` and ``<name>.onnx`` (``save``) with exactly the state it was scored
+        with; ``FinalModel`` holds that state and the score."""
+        state = calibrated(model, arrays, self.calibration)
+        held = self.global_test
+        score = None if held is None else replace(held.evaluate(model), arrays=state)
+        self.save(
+            name, state, stage=stage, builder=builder, model=model, space_spec=space_spec, **extra
+        )
+        return FinalModel(state, score)
 
     def save(
         self,

@@ -175,11 +175,18 @@ def test_decnas_result_arrays_is_the_tuned_model_and_its_file(runs):
         assert state.keys() == expected.keys()
         assert all(torch.equal(state[k], expected[k]) for k in state)
     assert run.document["final-model"] == "gm1-tuned.pt"
+    # the files hold these weights with BatchNorm statistics re-estimated on the server's
+    # slice, as scored (runs.RunFiles.save_final): every weight equal, statistics refreshed
+    for name, weights in (("gm1-tuned.pt", tuned), ("gm1.pt", searched)):
+        written = load_checkpoint(run.out_dir / name)["state_dict"]
+        assert written.keys() == weights.keys()
+        statistics = {k for k in weights if k.endswith(("running_mean", "running_var"))}
+        trained = [k for k in weights if k not in statistics and "num_batches" not in k]
+        assert trained and all(torch.equal(written[k], weights[k]) for k in trained)
+        assert any(not torch.equal(written[k], weights[k]) for k in statistics)
     deployed = load_model(run.out_dir / run.document["final-model"])
-    original = _loaded(build_prunable(**final.spec), run.result.arrays)
+    original = _loaded(build_prunable(**final.spec), run.saved["gm1-tuned.pt"]["arrays"])
     _same_outputs(deployed, original, run.inputs)
-    untuned = load_checkpoint(run.out_dir / "gm1.pt")["state_dict"]
-    assert all(torch.equal(untuned[k], searched[k]) for k in searched)
 
 
 def test_fdnas_averaged_test_accuracy_weights_partitions_by_test_samples(runs):

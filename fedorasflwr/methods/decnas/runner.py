@@ -66,28 +66,8 @@ def run_decnas(
         result = runs.start(
             strategy, grid, settings, run, initial, settings.method_settings.max_iterations
         )
-    held = runs.global_test(settings)  # scored on the server, beside the clients' test
-    for model in result.frontier if held is not None else ():
-        scored = held.score(build_prunable(**model.spec), model.arrays)
-        model.global_test_accuracy, model.global_test_count = scored.accuracy, scored.count
-        if model.tuned_arrays is not None:
-            tuned = held.score(build_prunable(**model.spec), model.tuned_arrays)
-            model.tuned_global_test_accuracy = tuned.accuracy
-    for model in result.frontier:
-        extra = {"iteration": model.iteration, "macs": model.macs}
-        saved = [(model.arrays, "iterations", False), (model.tuned_arrays, "final", True)]
-        for arrays, stage, tuned in saved:
-            if arrays is not None:
-                net = build_prunable(**model.spec)
-                run.save(
-                    model_file(model, tuned),
-                    arrays,
-                    stage=stage,
-                    builder=PRUNABLE,
-                    model=net,
-                    space_spec=model.spec,
-                    **extra,
-                )
+    for model in result.frontier:  # scored on the server as written (RunFiles.save_final)
+        save_frontier_model(run, model)
     run.add(
         plot_frontier(
             out_dir / "frontier.png",
@@ -106,6 +86,37 @@ def run_decnas(
     final = result.frontier[-1]
     summary["final-model"] = f"{model_file(final, final.tuned_arrays is not None)}.pt"
     return {**summary, **run.document()}
+
+
+def save_frontier_model(run: runs.RunFiles, model: GlobalModel) -> None:
+    """GM_t as searched and, when tuned, as tuned, each written and scored as written
+    (``runs.RunFiles.save_final``: BatchNorm statistics re-estimated on the server's slice);
+    ``model`` gets the scores and keeps the weights as trained (the checkpoint's)."""
+    extra = {"iteration": model.iteration, "macs": model.macs}
+    searched = run.save_final(
+        model_file(model, False),
+        build_prunable(**model.spec),
+        model.arrays,
+        stage="iterations",
+        builder=PRUNABLE,
+        space_spec=model.spec,
+        **extra,
+    )
+    if searched.score is not None:
+        model.global_test_accuracy = searched.score.accuracy
+        model.global_test_count = searched.score.count
+    if model.tuned_arrays is not None:
+        tuned = run.save_final(
+            model_file(model, True),
+            build_prunable(**model.spec),
+            model.tuned_arrays,
+            stage="final",
+            builder=PRUNABLE,
+            space_spec=model.spec,
+            **extra,
+        )
+        if tuned.score is not None:
+            model.tuned_global_test_accuracy = tuned.score.accuracy
 
 
 def decnas_plan(settings: Any, nodes: int, layers: int) -> RunEstimate:

@@ -23,7 +23,6 @@ from ...runs import (
     build_supernet,
     chance_accuracy,
     describe_space,
-    global_test,
     latency_document,
     resume_checkpoint,
     start,
@@ -76,20 +75,18 @@ def run_dpfnas(
         result = start(strategy, grid, settings, run, initial, rounds)
     genotype = result.genotype.to_text()
     run.save("supernet", result.arrays, stage="search", builder=SPACE, genotype=genotype)
-    held = global_test(settings)  # scored on the server, beside the parties' test
-    if result.final_arrays is not None and held is not None:
-        scored = held.score(build_derived_network(space.spec, genotype), result.final_arrays)
-        result.global_test_accuracy, result.global_test_count = scored.accuracy, scored.count
-    if result.final_arrays is not None:
-        net = build_derived_network(space.spec, genotype)
-        run.save(
+    if result.final_arrays is not None:  # scored on the server as written (RunFiles.save_final)
+        final = run.save_final(
             "derived",
+            build_derived_network(space.spec, genotype),
             result.final_arrays,
             stage="final",
             builder=DERIVED,
-            model=net,
             genotype=genotype,
         )
+        if final.score is not None:
+            result.global_test_accuracy = final.score.accuracy
+            result.global_test_count = final.score.count
     run.add(
         plot_dpfnas(
             out_dir / "privacy_accuracy.png",

@@ -116,19 +116,20 @@ def _run_fdnas(
             strategy, grid, settings, run, initial, settings.method_settings.train.rounds
         )
     run.save("supernet", result.supernet, stage="search", builder=SPACE)
-    held = runs.global_test(settings)  # scored on the server, beside the clients' test
-    for net in result.nets if held is not None else ():
-        scored = held.score(space.subnet(net.arch), net.arrays)
-        net.global_test_accuracy, net.global_test_count = scored.accuracy, scored.count
-    for net in result.nets:
-        run.save(
+    for net in result.nets:  # scored on the server as written (runs.RunFiles.save_final)
+        final = run.save_final(
             net.name,
+            space.subnet(net.arch),
             net.arrays,
             stage="final",
             builder=SUBNET,
-            model=space.subnet(net.arch),
             arch=list(net.arch),
         )
+        if final.score is not None:
+            net.global_test_accuracy, net.global_test_count = (
+                final.score.accuracy,
+                final.score.count,
+            )
     document = {
         "space": runs.describe_space(space),
         "flops-convention": COST_CONVENTION,

@@ -19,7 +19,6 @@ from ...runs import (
     RunFiles,
     build_supernet,
     describe_space,
-    global_test,
     resume_checkpoint,
     start,
     strategy_options,
@@ -61,21 +60,18 @@ def run_fednas(
         result = start(strategy, grid, settings, run, initial, method.search.rounds)
     genotype = result.genotype.to_text()
     run.save("supernet", result.arrays, stage="search", builder=SPACE, genotype=genotype)
-    held = global_test(settings)  # scored on the server, beside the clients' test
-    if result.final_arrays is not None:
-        if held is not None:
-            scored = held.score(build_derived_network(space.spec, genotype), result.final_arrays)
-            result.global_test_accuracy = scored.accuracy
-            result.global_test_count = scored.count
-        net = build_derived_network(space.spec, genotype)
-        run.save(
+    if result.final_arrays is not None:  # scored on the server as written (RunFiles.save_final)
+        final = run.save_final(
             "derived",
+            build_derived_network(space.spec, genotype),
             result.final_arrays,
             stage="final",
             builder=DERIVED,
-            model=net,
             genotype=genotype,
         )
+        if final.score is not None:
+            result.global_test_accuracy = final.score.accuracy
+            result.global_test_count = final.score.count
     return {
         "space": describe_space(space),
         "genotype": genotype,

@@ -24,7 +24,6 @@ from ...runs import (
     build_supernet,
     chance_accuracy,
     describe_space,
-    global_test,
     latency_document,
     resume_checkpoint,
     start,
@@ -69,22 +68,21 @@ def run_fedoras(
         result = start(strategy, grid, settings, run, initial, rounds, supernet="supernet.pt")
     if not trained:
         run.add(out_dir / "supernet.pt")
-    held = global_test(settings)  # scored on the server, beside the clients' test
-    for model in result.models if held is not None else ():
-        scored = held.score(space.subnet(model.arch), model.arrays)
-        model.global_test_accuracy, model.global_test_count = scored.accuracy, scored.count
-    for model in result.models:
+    for model in result.models:  # scored on the server as written (runs.RunFiles.save_final)
         suffix = "" if model.init == SUPERNET_INIT else f"-{model.init}-init"
-        run.save(
+        final = run.save_final(
             f"tier-{model.tier + 1}{suffix}",
+            space.subnet(model.arch),
             model.arrays,
             stage="finetune",
             builder=SUBNET,
-            model=space.subnet(model.arch),
             arch=list(model.arch),
             options=model.names,
             init=model.init,
         )
+        if final.score is not None:
+            model.global_test_accuracy = final.score.accuracy
+            model.global_test_count = final.score.count
     run.add(*fedoras_plots(out_dir, result, chance_accuracy(settings)))
     return {
         "space": describe_space(space),

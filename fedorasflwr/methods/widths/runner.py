@@ -12,11 +12,11 @@ from flwr.serverapp import Grid
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
-from ...model_files import PRUNABLE
+from ...model_files import PRUNABLE, WIDTHS_NET
 from ...runs import (
+    FinalModel,
     RunFiles,
     chance_accuracy,
-    global_test,
     resume_checkpoint,
     start,
     strategy_options,
@@ -61,17 +61,16 @@ def run_widths(
     strategy = strategy_class(
         image=image, settings=settings.method_settings, **strategy_options(settings, resume)
     )
-    spec = {"name": "widths-convnet", **image}
+    spec = {"name": WIDTHS_NET, **image}
     run = RunFiles(out_dir, settings, spec, progress)
     seed_torch(settings.seed, "init")
     initial = ArrayRecord(width_net(image, 1.0).state_dict())
     result = start(strategy, grid, settings, run, initial, rounds)
-    held = global_test(settings)
-    for tier in result.tiers:
-        arrays = strategy.tier_arrays(tier.tier)
-        if held is not None:
-            tier.global_test_accuracy = held.score(width_net(image, tier.width), arrays).accuracy
-        save_tier(run, image, tier.tier + 1, tier.width, arrays)
+    held = run.global_test
+    for tier in result.tiers:  # scored on the server as written (RunFiles.save_final)
+        final = save_tier(run, image, tier.tier + 1, tier.width, strategy.tier_arrays(tier.tier))
+        if final.score is not None:
+            tier.global_test_accuracy = final.score.accuracy
     summary = {"mode": strategy.mode, **result.summary()}
     run.add(plot_tiers(out_dir / "tiers_accuracy.png", summary, chance_accuracy(settings)))
     return {
@@ -84,15 +83,21 @@ def run_widths(
 
 def save_tier(
     run: RunFiles, image: dict[str, int], tier: int, width: float, arrays: ArrayRecord
-) -> None:
+) -> FinalModel:
     """``tier<t>.pt`` (and ``.onnx``; ``tier`` 1-based): the tier's model as a DecNAS
     prunable ConvNet at its width (``model_files.load_model`` rebuilds it; its keys gain the
-    ``model.`` prefix)."""
+    ``model.`` prefix), scored as written (``runs.RunFiles.save_final``)."""
     keys = {f"model.{k}": v for k, v in arrays.to_torch_state_dict().items()}
     spec = build_prunable("convnet", width=width, **image).spec
     net = load_prunable(spec, keys)
-    record = ArrayRecord(net.state_dict())
-    run.save(f"tier{tier}", record, stage="final", builder=PRUNABLE, model=net, space_spec=spec)
+    return run.save_final(
+        f"tier{tier}",
+        net,
+        ArrayRecord(net.state_dict()),
+        stage="final",
+        builder=PRUNABLE,
+        space_spec=spec,
+    )
 
 
 def run_heterofl(
