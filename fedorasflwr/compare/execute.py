@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,9 +26,18 @@ import tomli_w
 from ..artifacts import plain, write_json
 from ..checkpoints import finite
 from ..config import parse_run_config
+from ..data.folder import absolute_folder
 from ..results import result_json
 
-__all__ = ["MethodRun", "comparable", "expected_settings", "find_result", "run_method"]
+__all__ = [
+    "MethodRun",
+    "comparable",
+    "expected_settings",
+    "failure_cause",
+    "find_result",
+    "one_line",
+    "run_method",
+]
 
 #: how a run ran: the simulation engine through the launcher, or the in-process grid
 ENGINES = ("simulation", "inprocess")
@@ -118,7 +128,8 @@ def run_method(
     ``<out>/<method>/<attempt>/``, or reuse a finished run there with the same settings."""
     directory = (out / method / attempt).resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    values = {**overrides, "output-dir": str(directory)}
+    # the launcher runs in ``directory``: a relative folder: dataset is the user's, from here
+    values = absolute_folder({**overrides, "output-dir": str(directory)}, Path.cwd())
     config = {**defaults, **values}
     found = find_result(directory, config)
     if found is not None:
@@ -144,7 +155,7 @@ def run_method(
     if found is None and not reason:
         reason = "the run wrote no finished result.json"
     if found is None:
-        reason = _result_error(directory) or reason
+        reason = one_line(_result_error(directory) or reason)
     status = "finished" if found is not None else "failed"
     write_json(
         directory / RUN_FILE,
@@ -214,5 +225,44 @@ def _run_engine(directory: Path, nodes: int, app_dir: Path, timeout: float | Non
         )
     if done.returncode == 0:
         return ""
-    tail = (directory / LOG_FILE).read_text(errors="replace").strip().splitlines()[-3:]
-    return f"launcher exit code {done.returncode}: " + " / ".join(tail)
+    cause = failure_cause((directory / LOG_FILE).read_text(errors="replace"))
+    return f"launcher exit code {done.returncode}: {cause}"
+
+
+#: an exception's last traceback line, also inside a log line's prefix (``ERROR : ...``) or
+#: as Ray re-raises it (``ray.exceptions.RayTaskError(KeyError): ...``)
+_EXCEPTION_LINE = re.compile(
+    r"(?<![\w.])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)(?:\(\w+\))?: \S.*)$"
+)
+#: the launcher's closing lines that say where to look, not what went wrong (cli._how_to_see)
+_HINTS = ("Flower home of this run:", "see it with:", "FLWR_HOME=", "then stop the SuperLink")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: the longest reason kept (a leaderboard cell)
+REASON_CHARS = 300
+
+
+def failure_cause(log: str) -> str:
+    """What made a launch fail, on one line, from its output ``log``: the launcher's own
+    refusal (``error: ...``, exit 2: a bad value, nothing run), else the last exception line
+    (the ServerApp's, a client's as Flower or Ray reported it), else its ``FAILED:`` or
+    ``interrupted by`` line, else its last line that is not a hint on where to look."""
+    lines = [line.strip() for line in _ANSI.sub("", log).splitlines() if line.strip()]
+    refused = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    if refused:
+        return one_line(" / ".join(lines[refused[-1] :]))
+    for line in reversed(lines):
+        match = _EXCEPTION_LINE.search(line)
+        if match:
+            return one_line(match[1])
+    for line in reversed(lines):
+        if line.startswith(("FAILED: ", "interrupted by ")):
+            return one_line(line)
+    causes = [line for line in lines if not line.startswith(_HINTS)]
+    return one_line(causes[-1] if causes else "no output")
+
+
+def one_line(text: str, limit: int = REASON_CHARS) -> str:
+    """``text`` with its whitespace runs (newlines too) made single spaces, cut at `limit`
+    characters (an ellipsis says so)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "\u2026"

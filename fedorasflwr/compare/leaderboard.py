@@ -110,7 +110,7 @@ def _cell(value: Any, scale: float = 1.0) -> str:
         return "-"
     if isinstance(value, float | int) and not isinstance(value, bool):
         return fmt(value / scale)
-    return str(value).replace("|", "/")
+    return " ".join(str(value).split()).replace("|", "/")  # one line: a table row
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
