@@ -173,7 +173,7 @@ def test_launcher_refuses_a_one_class_folder_and_resolves_a_relative_one(
     argv = ["--app-dir", str(REPO), "--run-config", 'data.dataset="folder:im"']
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert f"'folder:{tmp_path / 'im'}' is invalid: 1 class sub-directories" in err
+    assert f"'folder:{tmp_path / 'im'}' is invalid: 1 class directory" in err
     assert "['cat']" in err
 
 

@@ -118,8 +118,9 @@ def inspect_folder(dataset: str) -> ImageFolder:
     if len(classes) < 2:
         raise _invalid(
             dataset,
-            f"{len(classes)} class sub-directories in {str(root)!r} ({list(classes)}); a "
-            "classification dataset needs at least 2: <root>/<class name>/<images>",
+            f"{len(classes)} class {'directory' if len(classes) == 1 else 'directories'} in "
+            f"{str(root)!r} ({list(classes)}); a classification dataset needs at least 2: "
+            "<root>/<class name>/<images>",
         )
     stamp = tuple((root / name).stat().st_mtime_ns for name in classes)
     return _inspect(dataset, root, classes, stamp)

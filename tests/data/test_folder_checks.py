@@ -50,7 +50,7 @@ def test_one_class_is_refused_with_the_classes_found(tmp_path: Path) -> None:
         dataset_info(DataSpec(dataset=f"folder:{root}"))
     message = str(info.value)
     assert message.startswith(f"run config 'data.dataset' = 'folder:{root}' is invalid")
-    assert "1 class sub-directories" in message and "['cat']" in message
+    assert "1 class directory" in message and "['cat']" in message
     assert "at least 2" in message
     with pytest.raises(ValueError, match="at least 2"):
         DataSpec(dataset=f"folder:{root}").check_partitionable(2)
