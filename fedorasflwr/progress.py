@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -35,6 +35,7 @@ __all__ = [
     "fmt",
     "format_seconds",
     "launcher_env",
+    "nodes_profiled",
     "PlannedStage",
     "ProgressEcho",
     "RunEstimate",
@@ -143,10 +144,25 @@ class RunEstimate:
     the estimate is of the plan. ``None`` until a step has been seen.
     """
 
-    def __init__(self, stages: Sequence[PlannedStage]) -> None:
+    def __init__(
+        self,
+        stages: Sequence[PlannedStage],
+        replan: Callable[[int], Sequence[PlannedStage]] | None = None,
+    ) -> None:
         self.stages = list(stages)
+        self.replan = replan
         # clock stage -> (steps run here, seconds they took, steps done before a resume)
         self._seen: dict[str, tuple[int, float, int]] = {}
+
+    def nodes_known(self, nodes: int) -> None:
+        """The run has ``nodes`` nodes (profiled): the stages planned again for them
+        (``replan``), when the plan was made for another count. A plan counts clients per
+        round, which are all the nodes in many runs (``clients-per-round`` 0, DP-FNAS's
+        parties): made for ``min-nodes`` (what the server waits for, 2 by default) of a
+        20-node federation, it put a tenth of the search's work against the final
+        training's and foresaw DP-FNAS's quick preset at 41 minutes, 16 times its length."""
+        if self.replan is not None and nodes > 0:
+            self.stages = list(self.replan(nodes))
 
     def record(self, stage: str, done: int, seconds: float, before: int = 0) -> None:
         """The clock of ``stage`` has run ``done`` steps in ``seconds``, after ``before``
@@ -190,6 +206,14 @@ class RunEstimate:
 
 #: the ``RunEstimate`` of the run in progress (set by ``RunEstimate.active``)
 _ESTIMATE: ContextVar[RunEstimate | None] = ContextVar("run_estimate", default=None)
+
+
+def nodes_profiled(nodes: int) -> None:
+    """Tell the run's active ``RunEstimate`` (if any) that ``nodes`` nodes were profiled
+    (``RunEstimate.nodes_known``); the strategies' ``profile_nodes`` calls it."""
+    estimate = _ESTIMATE.get()
+    if estimate is not None:
+        estimate.nodes_known(nodes)
 
 
 class StageClock:

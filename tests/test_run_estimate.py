@@ -20,7 +20,8 @@ from fedorasflwr.methods.dpfnas.runner import ITERATION_WORK, dpfnas_plan
 from fedorasflwr.methods.dpfnas.settings import DPFNASSettings
 from fedorasflwr.methods.fdnas.runner import fdnas_plan, planned_clusters
 from fedorasflwr.methods.fdnas.settings import FDNASSettings
-from fedorasflwr.progress import PlannedStage
+from fedorasflwr.methods.fednas.settings import FedNASSettings
+from fedorasflwr.progress import PlannedStage, RunEstimate, nodes_profiled
 from fedorasflwr.server_app import runner
 from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fednas
 from tests.strategies.test_dpfnas_strategy import small_dpfnas
@@ -163,3 +164,64 @@ def test_a_tiny_run_shows_the_run_eta_down_to_zero(
     assert stages <= {m["stage"] for m in lines}, caplog.text
     # the last step of the plan: every planned step was seen, none is left
     assert lines[-1]["left"] == "0.0s", lines[-1].string
+
+
+# ------------------------------------------------------------------ the node count
+
+
+def _quick_dpfnas_settings() -> DPFNASSettings:
+    """configs/quick-dpfnas.toml's stages: 3 iterations; 4 final rounds of 10 clients x 5."""
+    return DPFNASSettings(
+        iterations=3, final=TrainingRecipe(rounds=4, clients_per_round=10, local_epochs=5)
+    )
+
+
+def test_the_plan_is_made_again_for_the_nodes_profiled() -> None:
+    # the bug: every runner planned for ``min-nodes`` (2 by default), not the federation's 20
+    settings = _quick_dpfnas_settings()
+    estimate = dpfnas_plan(settings, nodes=2)
+    with estimate.active():
+        nodes_profiled(20)
+    assert estimate.stages == dpfnas_plan(settings, nodes=20).stages
+    assert estimate.stages[0] == PlannedStage("DP-FNAS", 3, 20 * ITERATION_WORK)
+    nodes_profiled(5)  # no estimate active: nothing to tell, nothing changes
+    assert estimate.stages == dpfnas_plan(settings, nodes=20).stages
+
+
+def test_quick_dpfnas_run_eta_after_its_first_iteration() -> None:
+    # The quick preset's first iteration (18.4 s, 20 parties): the run ETA is the search's
+    # 2 iterations left plus the final training's 4 rounds x 10 clients x 5 epochs at the
+    # seconds per client-epoch seen. Planned for min-nodes = 2 it said 41m31s (the run took
+    # under 5 minutes, its final rounds about 45 s each).
+    settings = _quick_dpfnas_settings()
+    estimate = dpfnas_plan(settings, nodes=2)
+    with estimate.active():
+        nodes_profiled(20)
+    estimate.record("DP-FNAS", 1, 18.4)
+    per_work = 18.4 / (20 * ITERATION_WORK)
+    left = estimate.remaining()
+    assert left == pytest.approx(2 * 18.4 + 4 * 10 * 5 * per_work)
+    assert left < 5 * 60  # measured: 4 final rounds of about 45 s after the search
+
+
+@pytest.mark.slow
+def test_a_run_plans_for_the_nodes_it_profiled(
+    data_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny FedNAS run of 3 nodes waiting for 1 (``min-nodes``): its estimate, made for
+    1, is planned again for the 3 the strategy profiled."""
+    from fedorasflwr.methods.fednas import runner as fednas_runner
+
+    made: list[RunEstimate] = []
+    planned = fednas_runner.fednas_plan
+
+    def keep(settings: FedNASSettings, nodes: int) -> RunEstimate:
+        made.append(planned(settings, nodes))
+        return made[-1]
+
+    monkeypatch.setattr(fednas_runner, "fednas_plan", keep)
+    config = {**tiny_fednas(data_cache, **{"min-nodes": 1}), "output-dir": str(tmp_path)}
+    settings = parse_run_config(config)
+    runner("fednas")(InProcessGrid(client_app, config, 3), settings, tmp_path)
+    method = settings.method_settings
+    assert made[0].stages == planned(method, 3).stages != planned(method, 1).stages

@@ -47,7 +47,7 @@ from ..ledger import FailureKind, Ledger, failure_kind
 from ..nonce import nonce_of, stamp
 from ..packing import VERSION as PACKING_VERSION
 from ..packing import packing_versions
-from ..progress import format_metrics
+from ..progress import format_metrics, nodes_profiled
 from ..protocol import (
     ARRAYS,
     CONFIG,
@@ -64,7 +64,14 @@ from ..search_spaces.base import SearchSpace
 from ..seeding import numpy_stream, stable_hash
 from .aggregation import MEAN, Aggregation
 from .polling import prompt
-from .replies import Bound, check_latency_reply, error_reason, screen_replies
+from .replies import (
+    ArraySpec,
+    Bound,
+    check_latency_reply,
+    error_reason,
+    reply_specs,
+    screen_replies,
+)
 from .wire import packing, unpack_replies
 
 __all__ = [
@@ -506,6 +513,7 @@ class FederatedNASStrategy(Strategy, Generic[R]):
             self.ledger.assign(node_id, profile.partition_id)
         self._gone = set()
         log(INFO, "Profiled %d node(s)", len(profiles))
+        nodes_profiled(len(profiles))  # the run's ETA, planned for this many
         if self.validate_profiles is not None:  # e.g. the runner's check of the partitions
             self.validate_profiles(list(profiles.values()))
         return profiles
@@ -754,7 +762,8 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         with self.ledger.timed(stage):
             wire = packing(grid, self.reads_packed)
             replies = list(wire.send_and_receive(messages, timeout=self.reply_timeout))
-        replies, malformed = unpack_replies(replies)  # plain records from here on
+        # sizes, then each packed index against what was sent, before a byte is decoded
+        replies, malformed = unpack_replies(replies, messages, self.reply_specs)
         for node_id, reason in malformed:
             self._drop(stage, node_id, reason)
         replies, refused = self._screen(stage, messages, replies)
@@ -838,10 +847,18 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         partition-id order: what every public ``aggregate_*`` does first, whoever calls it
         (``exchange`` or a Flower user's own loop).  Replies that pass ``exchange`` pass
         here again unchanged; a packed reply is unpacked first (malformed: dropped)."""
-        replies, malformed = unpack_replies(replies)
+        sent = self._outbox.get(category, [])
+        replies, malformed = unpack_replies(replies, sent, self.reply_specs)
         for node_id, reason in malformed:
             self._drop(stage, node_id, reason)
-        return self.one_reply_per_node(stage, self._outbox.get(category, []), replies)
+        return self.one_reply_per_node(stage, sent, replies)
+
+    def reply_specs(self, instruction: Message) -> Mapping[str, ArraySpec] | None:
+        """The arrays a reply to ``instruction`` may carry, which a packed reply's index
+        must match before anything of it is decoded (``wire.unpack_replies``): by default
+        those it sent (``replies.reply_specs``). A method whose instruction asks back
+        arrays it does not carry (DecNAS's upload) names them here."""
+        return reply_specs(instruction)
 
     def _fail(self, stage: str, node_id: int, reason: str, kind: FailureKind) -> None:
         self.ledger.failed(stage, node_id, kind)
@@ -851,16 +868,20 @@ class FederatedNASStrategy(Strategy, Generic[R]):
     def accept(
         self, stage: str, replies: Iterable[Message], check: Callable[[Message], str | None]
     ) -> list[Message]:
-        """Replies for which ``check`` finds nothing wrong; the others are dropped and logged.
-        An error reply (Flower's ``msg.has_error()``) is skipped and booked as a failure,
-        as Flower's FedAvg skips it."""
+        """Replies for which ``check`` finds nothing wrong; the others are dropped and logged
+        (a ``check`` that raises on a reply drops it too, naming the exception). An error
+        reply (Flower's ``msg.has_error()``) is skipped and booked as a failure, as
+        Flower's FedAvg skips it."""
         accepted = []
         for reply in replies:
             if reply.has_error():
                 node_id = reply.metadata.src_node_id
                 self._fail(stage, node_id, f"failed: {error_reason(reply)}", failure_kind(reply))
                 continue
-            reason = check(reply)
+            try:
+                reason = check(reply)
+            except Exception as exc:  # noqa: BLE001 - a client's reply never stops a run
+                reason = f"unreadable reply: {type(exc).__name__}: {exc}"[:300]
             if reason is None:
                 accepted.append(reply)
             else:

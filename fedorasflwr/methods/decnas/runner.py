@@ -151,7 +151,7 @@ def decnas_plan(settings: Any, nodes: int, layers: int) -> RunEstimate:
     if settings.width_baseline:
         rounds = settings.max_iterations * (recipe.rounds + settings.final_rounds)
         stages.append(PlannedStage("width-*", rounds, per_round))
-    return RunEstimate(stages)
+    return RunEstimate(stages, replan=lambda count: decnas_plan(settings, count, layers).stages)
 
 
 def model_file(model: GlobalModel, tuned: bool) -> str:

@@ -37,10 +37,13 @@ __all__ = ["ITERATION_WORK", "derived_cost", "dpfnas_plan", "run_dpfnas"]
 
 #: one search iteration of one party, in client-epochs (the plan's unit of work): two
 #: private exchanges, each a Poisson batch of ``dpfnas.batch-size`` samples with per-sample
-#: gradients, against a local epoch over the party's partition; a rough guide (about right
-#: for the defaults' 32-sample batches on MNIST-5k partitions) until the final training's
-#: first round is timed
-ITERATION_WORK = 0.15
+#: gradients through the mixed supernet (every operation of every edge), and the server's
+#: round trips, against a local epoch of the derived net over the party's partition.
+#: Measured on ``configs/quick-dpfnas.toml`` (20 parties, 2-core CPU): 0.87 s per party and
+#: iteration (iterations 1-2) against 0.93 s per client-epoch (the final rounds), so about
+#: 1; a rough guide until the final training's first round is timed (was 0.15, which with
+#: the plan's node count at ``min-nodes`` foresaw that preset at 41 minutes)
+ITERATION_WORK = 1.0
 
 
 def run_dpfnas(
@@ -152,5 +155,6 @@ def dpfnas_plan(settings: Any, nodes: int) -> RunEstimate:
         [
             PlannedStage("DP-FNAS", settings.iterations, parties * ITERATION_WORK),
             PlannedStage("final", final.rounds, float(final.clients(parties) * final.local_epochs)),
-        ]
+        ],
+        replan=lambda count: dpfnas_plan(settings, count).stages,
     )

@@ -181,7 +181,7 @@ def fdnas_plan(settings: Any, nodes: int, clusters: int = 0) -> RunEstimate:
             PlannedStage("cluster-*", len(sizes) * settings.cluster_rounds, search),
             PlannedStage("final-cluster-*", len(sizes) * final.rounds, tuning),
         ]
-    return RunEstimate(stages)
+    return RunEstimate(stages, replan=lambda count: fdnas_plan(settings, count, clusters).stages)
 
 
 def fdnas_plots(

@@ -106,5 +106,6 @@ def fednas_plan(settings: FedNASSettings, nodes: int) -> RunEstimate:
                 "FedNAS", search.rounds, search.clients(nodes) * search.local_epochs * SEARCH_WORK
             ),
             PlannedStage("final", final.rounds, float(final.clients(nodes) * final.local_epochs)),
-        ]
+        ],
+        replan=lambda count: fednas_plan(settings, count).stages,
     )

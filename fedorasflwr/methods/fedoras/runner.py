@@ -142,7 +142,7 @@ def fedoras_plan(settings: Any, nodes: int) -> RunEstimate:
                     "finetune-t*-random-search-*", tiers * finetune.rounds, per_round(finetune)
                 )
             )
-    return RunEstimate(stages)
+    return RunEstimate(stages, replan=lambda count: fedoras_plan(settings, count).stages)
 
 
 def build_fedoras(
