@@ -27,10 +27,12 @@ from fedorasflwr.progress import summary_lines
 from fedorasflwr.results import snake_keys
 from fedorasflwr.runs import RunFiles
 from fedorasflwr.search_spaces import SearchSpace, build_prunable, build_space
+from fedorasflwr.search_spaces.widths import width_net
 from fedorasflwr.server_app import runner
 from fedorasflwr.training import evaluate, ordered_loader, refresh_batchnorm, torch_device
 from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fednas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import small_dpfnas
+from tests.strategies.test_widths import tiny as tiny_widths
 
 #: every run holds a global test set: 45 digits of each class (mnist5k's 500, less the server
 #: slice's 50, times data.global-test-fraction 0.1)
@@ -56,7 +58,11 @@ RUNS = {
     "dpfnas": ("dpfnas", lambda cache: small_dpfnas(cache, **GLOBAL), 2),
     "decnas": ("decnas", lambda cache: tiny_decnas(cache, **GLOBAL), 6),
     "fednas": ("fednas", lambda cache: tiny_fednas(cache, **GLOBAL), 2),
+    "heterofl": ("widths", lambda cache: tiny_widths(cache, "heterofl", **GLOBAL), 4),
+    "fjord": ("widths", lambda cache: tiny_widths(cache, "fjord", **GLOBAL), 4),
 }
+#: the width baselines: their checkpoint.pt holds the full-width ConvNet
+WIDTHS = ("heterofl", "fjord")
 
 
 class Run:
@@ -140,6 +146,7 @@ KINDS = {
     "dpfnas": ["checkpoint.pt", "derived.pt", "supernet.pt"],
     "decnas": ["checkpoint.pt", "gm0.pt", "gm1-tuned.pt", "gm1.pt"],
     "fednas": ["checkpoint.pt", "derived.pt", "supernet.pt"],
+    **{m: ["checkpoint.pt", "tier1.pt", "tier2.pt", "tier3.pt", "tier4.pt"] for m in WIDTHS},
 }
 
 
@@ -157,6 +164,9 @@ def test_every_model_file_a_run_writes_loads_with_the_runs_outputs(runs, method)
             original = _loaded(run.strategy.space if module is None else module, entry["arrays"])
         elif method == "decnas":  # checkpoint.pt: GM_T as searched, with its spec
             original = _loaded(build_prunable(**content["space"]), run.result.untuned_arrays)
+        elif method in WIDTHS:  # checkpoint.pt: the full-width ConvNet as trained
+            image = {k: v for k, v in content["space"].items() if k != "name"}
+            original = _loaded(width_net(image, 1.0), run.result.arrays)
         else:  # checkpoint.pt and FedorAS's supernet.pt: the searched supernet
             supernet = run.result.supernet if method == "cfdnas" else run.result.arrays
             original = _loaded(run.strategy.space, supernet)
@@ -306,7 +316,7 @@ GLOBAL_MODELS = {
 }
 
 
-@pytest.mark.parametrize("method", list(RUNS))
+@pytest.mark.parametrize("method", list(GLOBAL_MODELS))
 def test_every_final_model_is_scored_on_the_server_s_global_test_set(runs, method):
     run = runs(method)
     listed, first_file, key = GLOBAL_MODELS[method]
