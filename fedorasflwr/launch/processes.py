@@ -141,7 +141,8 @@ def stop_pids(
     pids: Iterable[int], *, grace: float = STOP_GRACE, flwr_home: Path | None = None
 ) -> None:
     """Stop processes all at once: SIGTERM every one (its whole group when it leads one),
-    wait on them together for at most `grace` seconds, then SIGKILL the leftovers.
+    wait on them and their groups together for at most `grace` seconds, then SIGKILL
+    what is left, a group's members included when its leader is already gone.
 
     Parameters
     ----------
@@ -155,37 +156,75 @@ def stop_pids(
         that a child spawned meanwhile is stopped with the rest. Must be absolute.
     """
     find = _flower_finder(flwr_home)
+    given = list(pids)
+    signalled: set[int] = set()
+    groups: set[int] = set()  # groups led by a process signalled: they outlive their leader
+
+    def sweep(signum: signal.Signals, *, fresh_only: bool = False) -> None:
+        targets = {pid for pid in given if _is_alive(pid)} | set(find())
+        targets = targets - signalled if fresh_only else targets | set(running())
+        for pid in sorted(targets):
+            if _leads_group(pid):
+                groups.add(pid)
+            _signal(pid, signum)
+        if signum == signal.SIGKILL:
+            for group in groups:
+                _signal_group(group, signum)
+        signalled.update(targets)
+
+    def running() -> list[int]:
+        return sorted({pid for pid in signalled if _is_alive(pid)} | set(_members(groups)))
+
     with held_signals():  # a SIGTERM now must not leave half of them running
-        given = list(pids)
-        signalled: set[int] = set()
-
-        def sweep(signum: signal.Signals) -> list[int]:
-            targets = {pid for pid in given if _is_alive(pid)} | set(find())
-            targets |= {pid for pid in signalled if _is_alive(pid)}
-            for pid in sorted(targets):
-                _signal(pid, signum)
-            signalled.update(targets)
-            return sorted(targets)
-
-        pending = sweep(signal.SIGTERM)
+        sweep(signal.SIGTERM)
         deadline = time.monotonic() + grace
         rescan = time.monotonic() + _RESCAN_INTERVAL
-        while pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pending = [pid for pid in pending if _is_alive(pid)]
-            if time.monotonic() >= rescan or not pending:  # a late child: into the same wait
-                late = [pid for pid in find() if pid not in signalled]
-                for pid in late:
-                    _signal(pid, signal.SIGTERM)
-                signalled.update(late)
-                pending += late
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            if time.monotonic() >= rescan:  # a late child: SIGTERM, into the same wait
+                sweep(signal.SIGTERM, fresh_only=True)
                 rescan = time.monotonic() + _RESCAN_INTERVAL
         for _ in range(5):  # SIGKILL whatever is left, children spawned meanwhile too
-            if not sweep(signal.SIGKILL):
-                break
+            sweep(signal.SIGKILL)
             # a zombie counts as gone: it runs nothing and holds no port, and an orphan's
             # is reaped by init when init gets to it (up to 2 s here, in a microVM)
-            _wait_gone(signalled, timeout=1.0)
+            _wait_gone(running, timeout=1.0)
+            if not running() and not find():
+                break
+
+
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid and pid != os.getpgrp()
+    except ProcessLookupError:
+        return False
+
+
+def _signal_group(group: int, signum: signal.Signals) -> None:
+    """Signal every process of `group`, its leader gone or not (never our own group)."""
+    if group == os.getpgrp():
+        return
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _members(groups: set[int]) -> list[int]:
+    """The running processes whose process group is one of `groups`."""
+    if not groups:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) in groups and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
 
 
 def _flower_finder(flwr_home: Path | None) -> Callable[[], list[int]]:
@@ -201,10 +240,10 @@ def _flower_finder(flwr_home: Path | None) -> Callable[[], list[int]]:
     return lambda: find_pids(cmdline_contains=log_dir, flwr_home=flwr_home)
 
 
-def _wait_gone(pids: Iterable[int], timeout: float) -> None:
-    """Wait until none of the processes runs (zombies count as gone)."""
+def _wait_gone(running: Callable[[], list[int]], timeout: float) -> None:
+    """Wait until `running` names no process (zombies count as gone), at most `timeout` s."""
     deadline = time.monotonic() + timeout
-    while any(_is_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while running() and time.monotonic() < deadline:
         time.sleep(0.02)
 
 

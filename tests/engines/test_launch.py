@@ -214,6 +214,35 @@ def test_stop_pids_waits_on_every_group_together_and_stops_late_children(
     assert len(late) >= 3 and not any(processes._is_alive(pid) for pid in late), late
 
 
+def test_stop_pids_kills_a_group_whose_leader_left_first(
+    spawned: list[subprocess.Popen[bytes]],
+) -> None:
+    # the leader ends on SIGTERM at once; its child (same group, no marker, no FLWR_HOME)
+    # ignores SIGTERM: only the group's SIGKILL reaches it, after the leader is gone
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)'],"
+        " stdout=subprocess.PIPE)\n"
+        "child.stdout.readline()\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True
+    )
+    spawned.append(leader)
+    assert leader.stdout is not None
+    child = int(leader.stdout.readline())
+
+    start = time.monotonic()
+    stop_pids([leader.pid], grace=1.0)
+    assert time.monotonic() - start < 3.0  # waited on the group, not only on its leader
+    assert _wait_dead(leader) is not None
+    assert not processes._is_alive(child)
+    assert processes._members({leader.pid}) == []  # nobody of the group is left
+
+
 def test_find_pids_never_returns_this_process() -> None:
     own_cmdline = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
     assert os.getpid() not in find_pids(cmdline_contains=own_cmdline)
