@@ -12,7 +12,15 @@ from typing import Any
 from ..methods import ROUND_KEYS
 from .execute import MethodRun, run_method
 from .leaderboard import client_flops, ledger_totals, rows_of, write_leaderboard
-from .spec import BUDGETS, CompareSpec, app_run_config, read_spec, with_rounds
+from .spec import (
+    BUDGETS,
+    CompareSpec,
+    app_run_config,
+    check_out,
+    check_timeout,
+    read_spec,
+    with_rounds,
+)
 
 __all__ = ["budget_statement", "compare", "main", "scaled_rounds"]
 
@@ -50,10 +58,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--app-dir",
         type=Path,
         default=Path("."),
-        help="the Flower app (its pyproject.toml's run config); default: .",
+        help="the Flower app (its pyproject.toml's run config; the simulation engine runs "
+        "it); default: .",
     )
     parser.add_argument(
-        "--timeout", type=float, default=None, help="seconds per method on the simulation engine"
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per method on the simulation engine, > 0 (default: no limit)",
     )
     return parser.parse_args(argv)
 
@@ -121,8 +133,11 @@ def compare(
 ) -> dict[str, Any]:
     """Run ``spec``'s methods (the reference first with budget ``flops``), each in
     ``<out>/<method>/``, reusing finished runs of the same settings, and write the
-    leaderboard in ``out``; returns ``leaderboard.json``'s content."""
-    out = Path(out).resolve()
+    leaderboard in ``out``; returns ``leaderboard.json``'s content.  Raises ``ValueError``
+    before anything runs for an ``out`` it cannot write in (``spec.check_out``) or a bad
+    ``timeout`` (``spec.check_timeout``)."""
+    out = check_out(out, spec).resolve()
+    check_timeout(timeout)
     out.mkdir(parents=True, exist_ok=True)
     defaults = app_run_config(app_dir)
     order = list(spec.methods)
@@ -246,7 +261,8 @@ def _entry(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point: 0 when every method finished, 1 when one failed (the
-    leaderboard is written either way), 2 for a bad comparison (nothing ran)."""
+    leaderboard is written either way), 2 for a bad comparison or a bad ``--out``,
+    ``--app-dir`` or ``--timeout`` (nothing ran, nothing was written)."""
     args = _parse_args(argv)
     flags = {
         "methods": args.methods,
@@ -257,7 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "nodes": args.nodes,
     }
     try:
-        spec = read_spec(args.run_config, flags, args.app_dir)
+        check_timeout(args.timeout)
+        spec = read_spec(args.run_config, flags, args.app_dir, engine=not args.inprocess)
+        check_out(args.out, spec)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

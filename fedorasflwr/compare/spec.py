@@ -13,11 +13,16 @@ The file is a run config (the keys of ``pyproject.toml``'s ``[tool.flwr.app.conf
   ``space.name``, ...), for instance to make budgets comparable. The data, the seed, the
   output directory and the method itself are the shared setting's: a method table may not
   set them.
+
+The command's other inputs are checked here too, before anything runs: ``--app-dir``
+(``read_spec``: a Flower app's directory for engine runs), ``--out`` (``check_out``) and
+``--timeout`` (``check_timeout``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +37,8 @@ __all__ = [
     "COMPARE_KEYS",
     "CompareSpec",
     "app_run_config",
+    "check_out",
+    "check_timeout",
     "read_spec",
     "with_rounds",
 ]
@@ -139,13 +146,24 @@ def _number(value: Any, where: str, kind: type, allowed: str, check: Any) -> Any
 
 
 def read_spec(
-    path: Path | None, flags: Mapping[str, Any] | None = None, app_dir: Path = Path(".")
+    path: Path | None,
+    flags: Mapping[str, Any] | None = None,
+    app_dir: Path = Path("."),
+    *,
+    engine: bool = False,
 ) -> CompareSpec:
     """The comparison of the TOML file ``path`` (``None``: no file, every default), with
     the command line's ``flags`` (``COMPARE_KEYS`` -> value; ``None`` values ignored)
-    winning over its ``[compare]`` table; every method's whole run config parsed
-    (``config.parse_run_config`` over the app's defaults) so that a bad key or value of
-    any method raises ``ValueError`` here, naming it, before anything runs."""
+    winning over its ``[compare]`` table; every method's whole run config checked as its
+    run would check it (``config.parse_run_config`` over the app's defaults, the dataset's
+    shape and classes, whether ``nodes`` clients can all get data) so that a bad key or
+    value of any method raises ``ValueError`` here, naming it, before anything runs.
+
+    ``app_dir`` must be a directory; with ``engine`` (the methods run on the simulation
+    engine, which runs the app there), a Flower app's: a ``pyproject.toml`` with
+    ``[tool.flwr.app]`` (``launch.values.check_run_values``, the launcher's own check).
+    In process, a directory without one gives the parser's defaults."""
+    _check_app_dir(app_dir)
     where = "compare"
     content: dict[str, Any] = {}
     if path is not None:
@@ -239,13 +257,100 @@ def read_spec(
             f"{where}: [compare] rounds = {spec.rounds}: only with budget 'rounds' "
             "(budget 'flops' scales each method's rounds itself)"
         )
-    defaults = app_run_config(app_dir)
     for method in spec.methods:
-        try:
-            parse_run_config({**defaults, **with_rounds(spec, method, spec.run_config(method))})
-        except ValueError as error:
-            raise ValueError(f"{where}: method {method!r}: {error}") from error
+        _check_method(spec, method, app_dir, where, engine=engine)
     return spec
+
+
+def _check_app_dir(app_dir: Path) -> None:
+    if not Path(app_dir).is_dir():
+        what = "is no directory" if Path(app_dir).exists() else "does not exist"
+        raise ValueError(
+            f"--app-dir {str(app_dir)!r} {what}; allowed: the directory of a Flower app "
+            "(its pyproject.toml with [tool.flwr.app]), default: the current directory"
+        )
+
+
+def _check_method(
+    spec: CompareSpec, method: str, app_dir: Path, where: str, *, engine: bool
+) -> None:
+    """``method``'s run config over the app's defaults, checked as its run checks it
+    before any training (the launcher's check on the engine, the same steps in process)."""
+    from ..data import dataset_info
+    from ..launch.values import AppDirError, check_run_values
+
+    values = with_rounds(spec, method, spec.run_config(method))
+    try:
+        if engine:
+            check_run_values(app_dir, values, spec.nodes)
+            return
+        settings = parse_run_config({**app_run_config(app_dir), **values})
+        dataset_info(settings.data)
+        settings.data.check_partitionable(spec.nodes)
+    except AppDirError:
+        raise
+    except ValueError as error:
+        raise ValueError(f"{where}: method {method!r}: {error}") from error
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """``--timeout`` (seconds per method on the engine; ``None``: no limit), checked."""
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(
+            f"--timeout = {timeout!r}: allowed: seconds per method, a finite number > 0 "
+            "(leave it out for no limit)"
+        )
+    return timeout
+
+
+#: the attempts a method's runs are kept under (``<out>/<method>/<attempt>/``)
+ATTEMPTS = ("run", "scaled")
+
+
+def check_out(out: Path, spec: CompareSpec) -> Path:
+    """``out`` made absolute, checked before anything is written: a directory, or a path
+    that can become one (its nearest existing parent a directory this process may write
+    in); inside it, each method's directories (``<method>/run``, ``<method>/scaled``) and
+    the leaderboard's files not in the way (a file where a directory goes, or the other
+    way round).  Creates nothing.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--out``, the path at fault and what is allowed.
+    """
+    out = Path(out).absolute()
+    allowed = "allowed: a directory, or a path where one can be made"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file, not a directory; {allowed}")
+    parent = next(p for p in (out, *out.parents) if p.exists() or p == p.parent)
+    if not parent.is_dir():
+        raise ValueError(
+            f"--out {str(out)!r}: {str(parent)!r} is a file, no directory can be made under "
+            f"it; {allowed}"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {str(out)!r}: cannot write in {str(parent)!r}; {allowed}")
+    folders = [out / m for m in spec.methods] + [
+        out / m / a for m in spec.methods for a in ATTEMPTS
+    ]
+    for path in folders:
+        if path.exists() and not path.is_dir():
+            raise ValueError(
+                f"--out {str(out)!r}: {str(path)!r} is a file where the comparison keeps a "
+                "method's runs (a directory); move it away or choose another --out"
+            )
+    for name in LEADERBOARD_FILES:
+        if (out / name).is_dir():
+            raise ValueError(
+                f"--out {str(out)!r}: {str(out / name)!r} is a directory where the "
+                "leaderboard is written (a file); move it away or choose another --out"
+            )
+    return out
+
+
+#: what the comparison writes in ``out`` besides each method's directory
+LEADERBOARD_FILES = ("leaderboard.md", "leaderboard.json", "leaderboard.png")
 
 
 def _check_keys(values: Mapping[str, Any], where: str) -> None:
