@@ -11,7 +11,10 @@ import os
 # process that imported torch earlier keeps its policy; an explicit setting wins).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__all__ = ["load_model"]
+__all__ = ["__version__", "load_model"]
+
+#: the package's version (semantic versioning; every public change is in CHANGELOG.md)
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str) -> object:

@@ -686,3 +686,35 @@ def _resume_from(cfg: Mapping[str, Any], own: MethodSettings) -> str:
             )
         return old
     return path
+
+
+#: names that lived here until 0.1.0 and moved (old name -> ``module:name``): still
+#: importable from here, with a ``DeprecationWarning``, until 0.3.0 (CHANGELOG.md)
+MOVED = {
+    "FedorASSettings": "fedorasflwr.methods.fedoras.settings:FedorASSettings",
+    "FDNASSettings": "fedorasflwr.methods.fdnas.settings:FDNASSettings",
+    "DPFNASSettings": "fedorasflwr.methods.dpfnas.settings:DPFNASSettings",
+    "DecNASSettings": "fedorasflwr.methods.decnas.settings:DecNASSettings",
+    "FEDORAS_STAGES": "fedorasflwr.methods.fedoras.settings:STAGES",
+    "DECNAS_VARIANTS": "fedorasflwr.methods.decnas.settings:VARIANTS",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name in ``MOVED``, from its new home, with a ``DeprecationWarning`` saying where;
+    the public path of each settings class is ``fedorasflwr.strategies``."""
+    target = MOVED.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = target.split(":")
+    import importlib
+    import warnings
+
+    warnings.warn(
+        f"fedorasflwr.config.{name} moved to {module_name}.{attribute} in 0.2.0 "
+        f"(settings classes: import them from fedorasflwr.strategies); the old path goes "
+        f"in 0.3.0",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module_name), attribute)
