@@ -62,8 +62,8 @@ def test_the_settings_classes_old_import_path_is_the_same_class() -> None:
     from fedorasflwr.strategies import DecNASSettings
 
     with pytest.warns(DeprecationWarning):
-        from fedorasflwr.config import DecNASSettings as old
-    assert old is DecNASSettings
+        from fedorasflwr.config import DecNASSettings as OldPath
+    assert OldPath is DecNASSettings
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:
