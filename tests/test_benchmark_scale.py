@@ -3,9 +3,15 @@ the server's checks, and the per-round figures are the server's, at every size."
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
-from tests.test_benchmarks import run_quick
+from tests.test_benchmarks import ROOT, run_quick
 
 
 @pytest.mark.slow
@@ -53,3 +59,47 @@ def test_inprocess_grid_gives_every_node_its_own_id_beyond_997_nodes():
     small = InProcessGrid(ClientApp(), {}, 50).node_of_partition
     assert small == {pid: 10_000 + (pid * 7919) % 997 for pid in range(50)}
     assert list(small.values()) != sorted(small.values())
+
+
+def test_a_failed_engine_part_exits_non_zero_and_records_why(monkeypatch, tmp_path, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import common
+    import scale
+
+    def no_superlink(quick, nodes):
+        raise RuntimeError("Failed to start local SuperLink within 15s")
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)  # not over the recorded results
+    monkeypatch.setattr(scale, "engine_round", no_superlink)
+    assert scale.main(["--quick", "--parts", "engine", "--engine-nodes", "2"]) == 1
+    saved = json.loads((tmp_path / "scale.engine.quick.json").read_text())
+    assert "Failed to start local SuperLink" in saved["engine"]["failed"]
+    assert "FAILED" in capsys.readouterr().err
+
+
+def test_the_run_memory_counts_the_runs_own_processes_not_the_machine(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import scale
+
+    # a child in a session of its own (as the launcher starts Flower's processes) holding
+    # 200 MB, and its own child: both are the run's; nothing else on the machine is
+    code = (
+        "import subprocess, sys, time; b = bytearray(200 * 2**20); "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+        "time.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        with scale.MemoryPeak() as memory:
+            while time.monotonic() < deadline:
+                pids = scale.run_processes(os.getpid())
+                if child.pid in pids and len(pids) >= 2 and memory.processes_peak_mb > 200:
+                    break
+                time.sleep(0.2)
+        assert child.pid in pids and len(pids) >= 2, pids
+        assert os.getpid() not in pids
+        assert 200 < memory.run_mb < 1000, memory.run_mb  # the 200 MB child, two interpreters
+    finally:
+        os.killpg(child.pid, 9)
+        child.wait()
