@@ -33,6 +33,7 @@ advanced across rounds.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,11 +49,17 @@ from .results import result_json
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "FAILED",
+    "FINISHED",
     "FORMAT",
+    "INTERRUPTED",
+    "RUNNING",
+    "STATES",
     "Checkpointer",
     "Resume",
     "Snapshot",
     "atomic_save",
+    "error_text",
     "finite",
     "read_resume",
 ]
@@ -61,6 +68,17 @@ __all__ = [
 FORMAT = 2
 CHECKPOINT_FILE = "checkpoint.pt"
 RESULT_FILE = "result.json"
+
+#: ``result.json``'s ``status.state``: the run is going on (a partial result), ended with its
+#: results, stopped by an error (``status.error``), or stopped by a signal or by whoever ran
+#: it (``status.interrupted_by``)
+RUNNING, FINISHED, FAILED, INTERRUPTED = "running", "finished", "failed", "interrupted"
+STATES = (RUNNING, FINISHED, FAILED, INTERRUPTED)
+
+#: terminal colour and cursor codes (a Ray or rich traceback's) that a file must not hold
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_TRACEBACK = "Traceback (most recent call last):"
+_REASONS = " Reasons: "
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,24 @@ def atomic_save(content: Any, path: Path) -> Path:
     torch.save(content, temporary)
     os.replace(temporary, path)
     return path
+
+
+def error_text(error: BaseException) -> str:
+    """``error`` as ``result.json``'s ``status.error``: ``<type>: <message>`` on one line,
+    colour codes removed, each ``; ``-separated part once; a traceback inside it (a client's
+    error as Ray or Flower report it, in a ``StageFailedError``'s reasons) stands as its
+    last line, the error that started it (the original cause, not the frames above it)."""
+    text = _ESCAPES.sub("", f"{type(error).__name__}: {error}")
+    head, marker, reasons = text.partition(_REASONS)  # StageFailedError's list of reasons
+    parts = []
+    for part in (reasons if marker else text).split("; "):
+        before, traceback, trace = part.partition(_TRACEBACK)
+        if traceback:
+            lines = [line.strip() for line in trace.splitlines() if line.strip()]
+            part = f"{before.strip()} {lines[-1]}" if lines else before
+        parts.append(" ".join(part.split()))
+    text = "; ".join(dict.fromkeys(p for p in parts if p))
+    return f"{' '.join(head.split())}{marker}{text}" if marker else text
 
 
 def finite(value: Any) -> Any:
@@ -244,17 +280,38 @@ class Checkpointer:
         self._partial = {"history": history, "ledger": ledger}
         self.write_result()
 
-    def status(self, *, finished: bool, error: BaseException | None = None) -> dict[str, Any]:
-        """Where the run stopped: stage, step, whether it finished, the checkpoint, why."""
+    def status(
+        self,
+        *,
+        finished: bool,
+        error: BaseException | None = None,
+        interrupted: str | None = None,
+    ) -> dict[str, Any]:
+        """Where the run is or stopped (``STATES``): ``state``, ``finished``, the stage, the
+        steps done in it and whether it ended (a finished run's last stage did), the last
+        checkpoint; a failed run's ``error`` (``error_text``), an interrupted one's
+        ``interrupted_by`` (the signal's name, or what stopped it)."""
+        state = (
+            FINISHED
+            if finished
+            else INTERRUPTED
+            if interrupted is not None
+            else FAILED
+            if error is not None
+            else RUNNING
+        )
         status: dict[str, Any] = {
+            "state": state,
             "finished": finished,
             "stage": self.stage or None,
             "step": self.step,
-            "stage_done": self.stage_done,
+            "stage_done": self.stage_done or finished,
             "checkpoint": self.written.name if self.written is not None else None,
         }
+        if interrupted is not None:
+            status["interrupted_by"] = interrupted
         if error is not None:
-            status["error"] = f"{type(error).__name__}: {error}"
+            status["error"] = error_text(error)
         return status
 
     def result(
@@ -263,19 +320,20 @@ class Checkpointer:
         *,
         finished: bool = False,
         error: BaseException | None = None,
+        interrupted: str | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
         """What ``result.json`` holds (``results.result_json``): the header, ``status``, and
         ``document`` (else the last checkpoint's history and ledger)."""
         body = dict(document) if document is not None else dict(self._partial)
-        status = self.status(finished=finished, error=error)
+        status = self.status(finished=finished, error=error, interrupted=interrupted)
         return finite(result_json(plain({**self.header, "status": status, **extra, **body})))
 
     def write_result(
         self, document: Mapping[str, Any] | None = None, **options: Any
     ) -> dict[str, Any]:
         """Write ``result.json``: ``result(document, **options)`` (``finished``, ``error``,
-        extra entries); returns what it wrote."""
+        ``interrupted``, extra entries); returns what it wrote."""
         content = self.result(document, **options)
         write_json(self.out_dir / RESULT_FILE, content)
         return content

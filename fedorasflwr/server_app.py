@@ -6,8 +6,12 @@ Each method's runner (``methods/<method>/runner.py``: run config -> space, strat
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from logging import ERROR, INFO
 from typing import Any
 
@@ -23,7 +27,7 @@ from .progress import RESULTS_MESSAGE, format_seconds, setup_logging, summary_li
 from .runs import Runner
 from .training import apply_determinism, resolve_device, using_device
 
-__all__ = ["RUNNERS", "app", "main", "runner"]
+__all__ = ["RUNNERS", "STOP_SIGNALS", "app", "interruption", "main", "recorded_signals", "runner"]
 
 app = ServerApp()
 
@@ -44,6 +48,55 @@ def runner(method: str) -> Runner:
     """The runner of ``method`` (imported on first use)."""
     module, _, name = RUNNERS[method].partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+#: the signals that stop a run (those the platform has): each one's name is recorded
+STOP_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def recorded_signals(caught: list[str]) -> Iterator[None]:
+    """Append the name of each ``STOP_SIGNALS`` signal that arrives to ``caught``, then let
+    it take its course: the handler in place (Flower's ServerApp process: a graceful exit),
+    or for the system's default a ``KeyboardInterrupt`` (so that the run's status is written
+    before the process ends). Outside the main thread (the simulation engine's ServerApp
+    thread) signals cannot be handled there: nothing is recorded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+
+    def record(number: int, frame: object) -> None:
+        caught.append(signal.Signals(number).name)
+        handler = previous[number]
+        if callable(handler):
+            handler(number, frame)
+        elif handler != signal.SIG_IGN:
+            raise KeyboardInterrupt(signal.Signals(number).name)
+
+    for number in STOP_SIGNALS:
+        signal.signal(number, record)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            if handler is not None:
+                signal.signal(number, handler)
+
+
+def interruption(stop: BaseException, caught: list[str]) -> str:
+    """What interrupted a run, for ``result.json``'s ``status.interrupted_by``: the last
+    signal recorded (``recorded_signals``), else the exception (``KeyboardInterrupt``,
+    ``SystemExit(<code>)``)."""
+    if caught:
+        return caught[-1]
+    if isinstance(stop, SystemExit):
+        return f"SystemExit({stop.code})"
+    return type(stop).__name__
 
 
 def run_header(settings: RunSettings, run_id: int) -> dict[str, Any]:
@@ -70,15 +123,23 @@ def main(grid: Grid, context: Context) -> None:
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, RESULTS_MESSAGE, settings.method, out_dir)  # the launcher reads it
     progress = Checkpointer.for_run(out_dir, settings, header=run_header(settings, context.run_id))
+    caught: list[str] = []
     try:
         device = resolve_device(settings.device)
         apply_determinism(device, settings.deterministic)
-        with using_device(device):  # the server's scoring loops
+        with recorded_signals(caught), using_device(device):  # the server's scoring loops
             document = run_method(grid, settings, out_dir, progress)
     except Exception as exc:
         seconds = round(time.time() - started, 2)
-        progress.write_result(error=exc, seconds=seconds)
-        log(ERROR, "fedorasflwr: run stopped in %s: %r", progress.stage or "setup", exc)
+        written = progress.write_result(error=exc, seconds=seconds)
+        where = progress.stage or "setup"
+        log(ERROR, "fedorasflwr: run stopped in %s: %s", where, written["status"]["error"])
+        raise
+    except BaseException as stop:  # Ctrl-C, a signal (Flower's handler exits), an exit
+        seconds = round(time.time() - started, 2)
+        cause = interruption(stop, caught)
+        progress.write_result(interrupted=cause, seconds=seconds)
+        log(ERROR, "fedorasflwr: run interrupted in %s by %s", progress.stage or "setup", cause)
         raise
     seconds = round(time.time() - started, 2)
     written = progress.write_result(document, finished=True, seconds=seconds)

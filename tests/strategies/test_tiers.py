@@ -99,10 +99,15 @@ def test_10k_paths_per_tier_stay_within_its_budget_in_a_comm_budget_subspace(spa
 
 def test_result_json_tiers_give_flops_bounds_in_macs_too_and_ms_bounds_alone():
     tiers = [Tier(0, 1000.0, 2000.0), Tier(1, 2000.0, 5000.0)]
+    # every bound names its unit (issue 41); low / high: the same, kept for old readers
     assert tier_entries(FedorASResult(tiers=tiers)) == [
-        {"index": 1, "low": 1000.0, "high": 2000.0, "low-macs": 500.0, "high-macs": 1000.0},
-        {"index": 2, "low": 2000.0, "high": 5000.0, "low-macs": 1000.0, "high-macs": 2500.0},
-    ]
+        {"index": 1, "low": 1000.0, "high": 2000.0, "low-flops": 1000.0, "high-flops": 2000.0,
+         "low-macs": 500.0, "high-macs": 1000.0},
+        {"index": 2, "low": 2000.0, "high": 5000.0, "low-flops": 2000.0, "high-flops": 5000.0,
+         "low-macs": 1000.0, "high-macs": 2500.0},
+    ]  # fmt: skip
     # tiers of latency bound milliseconds: no MACs to give
     by_latency = FedorASResult(tiers=[Tier(0, 0.5, 1.5)], resource="latency")
-    assert tier_entries(by_latency) == [{"index": 1, "low": 0.5, "high": 1.5}]
+    assert tier_entries(by_latency) == [
+        {"index": 1, "low": 0.5, "high": 1.5, "low-ms": 0.5, "high-ms": 1.5}
+    ]

@@ -505,6 +505,7 @@ class DecNAS(PrunedModelStages):
         self._reached_frontier(ITERATIONS, len(frontier) - 1, frontier, history, groups, done=True)
         self.reached(FINAL, 0)
         self.finish(grid, frontier)
+        self.reached(FINAL, s.final_rounds, stage_done=True)  # result.json's status
         baseline = self.width_baseline(grid, frontier) if s.width_baseline else []
         result = DecNASResult(
             frontier=frontier,

@@ -646,6 +646,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             history = [
                 {"round": r, **dict(m)} for r, m in sorted(result.train_metrics_clientapp.items())
             ]
+        self.reached(stage, s.final.rounds, stage_done=True)  # result.json's status
         accuracy, count = self.evaluate_net(grid, arch, arrays, nodes, stage)
         cost = self.space.cost(arch)
         net = DerivedNet(

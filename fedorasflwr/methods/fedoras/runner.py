@@ -100,14 +100,19 @@ def run_fedoras(
 
 def tier_entries(result: FedorASResult) -> list[dict[str, Any]]:
     """``result.json``'s tiers: ``index`` 1-based, as users see them (file names, logs,
-    ``models[].tier``), the bounds ``low`` / ``high`` in the resource's unit and, for
-    tiers of FLOPs, the same bounds in MACs beside them (``low-macs`` / ``high-macs``)."""
+    ``models[].tier``), the bounds in the resource's unit, named with it (``low-flops`` /
+    ``high-flops`` and, beside them, ``low-macs`` / ``high-macs``; for latency tiers
+    ``low-ms`` / ``high-ms``), and the same bounds as ``low`` / ``high`` (deprecated: kept
+    for readers of earlier result files)."""
     entries = []
     for tier in result.tiers:
         entry: dict[str, Any] = {**asdict(tier), "index": tier.index + 1}
         if result.resource == "flops":
+            entry.update({"low-flops": tier.low, "high-flops": tier.high})
             entry["low-macs"] = flops_to_macs(tier.low)
             entry["high-macs"] = flops_to_macs(tier.high)
+        else:
+            entry.update({"low-ms": tier.low, "high-ms": tier.high})
         entries.append(entry)
     return entries
 
