@@ -200,18 +200,24 @@ def plot_points(
     accuracy: bool = False,
     chance: float | None = None,
     cost: bool = False,
+    names: Sequence[tuple[float, float, str]] = (),
 ) -> Path | None:
     """One marked line per named series of ``(x, y)`` points; ``None`` if none has a point.
     ``accuracy``: y is an accuracy (``accuracy_axis``: [0, 1], a line at ``chance``);
-    ``cost``: x is MFLOPs per sample (``flops_axis``: MMACs on top, ``xlabel`` ignored)."""
+    ``cost``: x is MFLOPs per sample (``flops_axis``: MMACs on top, ``xlabel`` ignored),
+    from 0 (a single point, or close costs, get readable ticks); ``names``: ``(x, y,
+    text)``, each text written beside its point (which tier, width or net it is)."""
     series = {name: sorted(points) for name, points in series.items() if points}
     if not series:
         return None
     fig, ax = figure()
     for index, (name, points) in enumerate(series.items()):
         ax.plot(*zip(*points, strict=True), marker="o", label=name, color=colour(index))
+    for x, y, text in names:
+        label(ax, x, y, text, "0.2")
     if accuracy:
         accuracy_axis(ax, chance)
     if cost:
         xlabel = flops_axis(ax)
+        ax.set_xlim(0, 1.2 * max(x for points in series.values() for x, _ in points))
     return finish(fig, ax, path, title=title, xlabel=xlabel, ylabel=ylabel)

@@ -304,12 +304,67 @@ def test_width_baselines_plot_is_an_accuracy_and_cost_plot(tmp_path, monkeypatch
 
     monkeypatch.setattr(shared, "finish", spy)
     tiers = [
-        {"macs": 1_000_000, "test_accuracy": 0.6, "global_test_accuracy": 0.55},
-        {"macs": 4_000_000, "test_accuracy": 0.8, "global_test_accuracy": None},
+        {"tier": 1, "width": 0.25, "macs": 1_000_000, "test_accuracy": 0.6},
+        {"tier": 2, "width": 1.0, "macs": 4_000_000, "test_accuracy": 0.8},
+        {"tier": 3, "width": 2.0, "macs": 9_000_000, "test_accuracy": None},  # no client
     ]
+    tiers[0]["global_test_accuracy"] = 0.65
     path = plot_tiers(tmp_path / "tiers_accuracy.png", {"mode": "heterofl", "tiers": tiers}, 0.1)
     assert path is not None
     ax = captured["ax"]
     assert ax.get_ylim() == ACCURACY_LIMITS
     assert any(list(line.get_ydata()) == [0.1, 0.1] for line in ax.get_lines())
     assert captured["xlabel"] == FLOPS_LABEL and ax.child_axes  # the MMACs axis on top
+    # each tested tier's point is named with its tier and width, above its higher accuracy
+    names = {t.get_text(): t.xy for t in ax.texts}
+    assert names == {"T1 w=0.25": (2.0, 0.65), "T2 w=1": (8.0, 0.8)}
+    assert ax.get_xlim()[0] == 0 and ax.figure._suptitle.get_text().startswith("HeteroFL")
+
+
+def test_fednas_plots_show_both_cells_entropy_and_the_derived_net(tmp_path, monkeypatch):
+    """FedNAS's search plot: one entropy line per architecture variable under the uniform
+    level ln 8, the supernet's validation and the derived net's final rounds after the
+    search's; its cost plot: the derived net, named, on [0, 1] against MFLOPs."""
+    import fedorasflwr.methods.fednas.plots as fednas_plots
+    import fedorasflwr.plots as shared
+
+    axes = []
+    real_finish = shared.finish
+
+    def spy(fig, ax, path, **kwargs):
+        axes.append(fig.axes)
+        return real_finish(fig, ax, path, **kwargs)
+
+    monkeypatch.setattr(shared, "finish", spy)
+    entropy = {"net.alpha_normal": 2.07, "net.alpha_reduce": 2.0}
+    history = [
+        {"round": r, "alpha-entropy": {k: v - 0.1 * r for k, v in entropy.items()}}
+        for r in (1, 2, 3)
+    ]
+    history[-1]["val-accuracy"] = 0.3
+    final = [{"round": 1, "test-accuracy": 0.5}, {"round": 2, "test-accuracy": 0.7}]
+    document = {
+        "history": history,
+        "final-history": final,
+        "flops": 3e5,
+        "test-accuracy": 0.7,
+        "global-test-accuracy": 0.66,
+    }
+    search, net = fednas_plots.fednas_plots(tmp_path, document, chance=0.1)
+    assert_png(search) and assert_png(net)
+    assert (search.name, net.name) == ("search.png", "derived_accuracy_flops.png")
+    top, bottom = axes[0][:2]
+    labels = [line.get_label() for line in top.get_lines()]
+    assert labels == [
+        "normal cell (last 1.770)",
+        "reduction cell (last 1.700)",
+        "undecided (uniform)",
+    ]
+    assert top.get_lines()[2].get_ydata()[0] == math.log(8)
+    derived = next(line for line in bottom.get_lines() if line.get_marker() == "*")
+    assert list(derived.get_xdata()) == [4, 5] and list(derived.get_ydata()) == [0.5, 0.7]
+    cost = axes[1][0]
+    assert {t.get_text() for t in cost.texts} == {"derived net"}
+    points = sorted(tuple(line.get_xydata()[0]) for line in cost.get_lines()[:2])
+    assert points == [(0.3, 0.66), (0.3, 0.7)]
+    assert fednas_plots.plot_fednas_net(tmp_path / "none.png", {"test-accuracy": 0.5}) is None

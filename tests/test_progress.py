@@ -353,6 +353,15 @@ def test_dpfnas_summary_has_privacy_per_party() -> None:
     assert lines[-1].startswith("bytes moved: 4 MiB")
 
 
+def _widths(mode: str) -> dict[str, Any]:
+    """A width baseline's result: two tiers (1-based), their width, MACs and FLOPs."""
+    tiers = [
+        {"tier": t, "width": w, "macs": m, "flops": 2 * m, "params": 10, "partitions": [t]}
+        for t, w, m in ((1, 0.5, 40_000), (2, 1.0, 150_000))
+    ]
+    return {"mode": mode, "tiers": [{**t, "test_accuracy": 0.5} for t in tiers]}
+
+
 @pytest.mark.parametrize(
     ("method", "document", "first_cell", "flops"),
     [
@@ -360,6 +369,8 @@ def test_dpfnas_summary_has_privacy_per_party() -> None:
         ("fdnas", _fdnas(), "cluster-1", 143104),
         ("cfdnas", _fdnas(), "cluster-1", 143104),
         ("decnas", _decnas(), "GM_2", 2 * 371439),
+        ("heterofl", _widths("heterofl"), "2", 2 * 150_000),
+        ("fjord", _widths("fjord"), "2", 2 * 150_000),
     ],
 )
 def test_every_summary_table_shows_mflops_and_mmacs_side_by_side(
@@ -368,7 +379,8 @@ def test_every_summary_table_shows_mflops_and_mmacs_side_by_side(
     """The papers' "FLOPs" are MACs: every table of models has MFLOPs/sample (2 x MACs,
     torch.utils.flop_counter) and MMACs/sample next to it, MACs = FLOPs / 2."""
     lines = summary_lines(method, document)
-    columns = [c.strip() for c in _columns(lines[1]) if c.strip()]
+    header = next(line for line in lines if "MFLOPs/sample" in line)  # a title may precede
+    columns = [c.strip() for c in _columns(header) if c.strip()]
     at = columns.index("MFLOPs/sample")
     assert columns[at + 1] == "MMACs/sample"
     cells = [c.strip() for c in _columns(_line(lines, first_cell)) if c.strip()]

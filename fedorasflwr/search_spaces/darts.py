@@ -23,7 +23,7 @@ uses (``darts_style.py``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,9 @@ __all__ = [
     "Genotype",
     "derive_genotype",
     "genotype_cost",
+    "searched_cells",
+    "unsearched_lines",
+    "unsearched_note",
 ]
 
 PRIMITIVES = (
@@ -205,6 +208,38 @@ def _reduction_layers(cells: int) -> set[int]:
     return {cells // 3, 2 * cells // 3}
 
 
+def searched_cells(cells: int) -> tuple[str, ...]:
+    """The cell kinds a net of ``cells`` cells has, whose alphas a search moves:
+    ``("normal", "reduce")``, or only ``("reduce",)`` for 1 or 2 cells (reductions at
+    ``cells // 3`` and ``2 * cells // 3``: every cell). There ``alpha_normal`` gets no
+    gradient and the normal half of the genotype is the initial alphas' (plus DP-FNAS's
+    noise), not searched: two methods built from one seed derive the same normal half."""
+    kinds = {"reduce" if layer in _reduction_layers(cells) else "normal" for layer in range(cells)}
+    return tuple(k for k in ("normal", "reduce") if k in kinds)
+
+
+def unsearched_note(cells: int) -> str:
+    """``""`` when a net of ``cells`` cells searches both cells; else the line a summary
+    prints beside the genotype, naming the half that is not searched."""
+    missing = [k for k in ("normal", "reduce") if k not in searched_cells(cells)]
+    if not missing:
+        return ""
+    return (
+        f"{missing[0]} cell: none in this {cells}-cell net, so its half of the genotype is "
+        "the initial alphas', not searched (3 or more cells search both)"
+    )
+
+
+def unsearched_lines(space: Mapping[str, Any]) -> list[str]:
+    """A result document's ``space`` entry (``runs.describe_space``) -> the summary line of
+    ``unsearched_note`` for a darts net, if any; none for another space."""
+    spec = space.get("spec", {})
+    if spec.get("name") != "darts" or "cells" not in spec:
+        return []
+    note = unsearched_note(int(spec["cells"]))
+    return [note] if note else []
+
+
 class _Stem(nn.Module):
     def __init__(self, in_channels: int, c: int, stride: int, affine: bool):
         super().__init__()
@@ -315,6 +350,11 @@ class DartsSpace(SearchSpace):
     def weight_keys(self) -> tuple[str, ...]:
         """``state_dict`` keys of the operation weights W (everything but the alphas)."""
         return tuple(k for k in self.state_dict() if k not in self.ARCH_KEYS)
+
+    @property
+    def searched_cells(self) -> tuple[str, ...]:
+        """The cell kinds of the net, whose alphas the search moves (``searched_cells``)."""
+        return searched_cells(self.spec["cells"])
 
     def genotype(self) -> Genotype:
         """The genotype derived from the current alphas (top-2 non-zero inputs per node)."""

@@ -8,6 +8,7 @@ from typing import Any
 from ...costs import flops_to_macs
 from ...progress import MFLOPS, MMACS, fmt, id_ranges, table
 from ...results import cost_point
+from ...search_spaces.darts import unsearched_lines
 
 __all__ = ["points", "summary"]
 
@@ -20,6 +21,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     low, high = space.get("min_flops", 0), space.get("max_flops", 0)
     lines = [
         f"genotype: {document.get('genotype', '-')}",
+        *unsearched_lines(document.get("space", {})),
         f"iterations: {fmt(document.get('iterations'))}"
         + (
             f" ({document['stopped']})"

@@ -18,12 +18,14 @@ from ...progress import PlannedStage, RunEstimate
 from ...runs import (
     RunFiles,
     build_supernet,
+    chance_accuracy,
     describe_space,
     resume_checkpoint,
     start,
     strategy_options,
 )
 from ...search_spaces.darts_style import build_derived_network
+from .plots import fednas_plots
 from .settings import FedNASSettings
 from .strategy import FedNAS
 
@@ -72,7 +74,7 @@ def run_fednas(
         if final.score is not None:
             result.global_test_accuracy = final.score.accuracy
             result.global_test_count = final.score.count
-    return {
+    document = {
         "space": describe_space(space),
         "genotype": genotype,
         "rounds": result.rounds,
@@ -91,8 +93,9 @@ def run_fednas(
         "history": result.history,
         "final-history": result.final_history,
         "ledger": result.ledger,
-        **run.document(),
     }
+    run.add(*fednas_plots(out_dir, document, chance_accuracy(settings)))
+    return {**document, **run.document()}
 
 
 def fednas_plan(settings: FedNASSettings, nodes: int) -> RunEstimate:

@@ -8,6 +8,7 @@ from typing import Any
 from ...costs import flops_to_macs
 from ...progress import MFLOPS, MMACS, fmt
 from ...results import cost_point
+from ...search_spaces.darts import unsearched_lines
 
 __all__ = ["points", "summary"]
 
@@ -18,6 +19,7 @@ def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
     entropy = [e for e in document.get("alpha_entropy", []) if e]
     lines = [
         f"genotype: {document.get('genotype', '-')}",
+        *unsearched_lines(document.get("space", {})),
         f"search rounds: {fmt(document.get('rounds'))}",
         f"derived net {MFLOPS}: {fmt(None if flops is None else flops / 1e6)}; {MMACS}: "
         f"{fmt(None if flops is None else flops_to_macs(flops) / 1e6)}",

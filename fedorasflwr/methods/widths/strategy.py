@@ -12,6 +12,7 @@ its settings (``mode`` in every message).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO
@@ -27,6 +28,7 @@ from ...checkpoints import Resume
 from ...costs import COST_CONVENTION
 from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
 from ...federation.replies import array_specs, check_reply
+from ...progress import StageClock
 from ...protocol import ARRAYS, CONFIG, METRICS
 from ...search_spaces.widths import (
     aggregate_slices,
@@ -246,18 +248,25 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             return None, None
         updates = []
         flops = 0
+        loss = 0.0
         for reply in replies:
             metrics = reply.content.metric_records[METRICS]
             width = self.width_of(reply.metadata.src_node_id)
             arrays = to_numpy(reply.content.array_records[ARRAYS])
             updates.append((arrays, width, int(metrics["num-examples"])))
+            loss += float(metrics.get("train-loss", math.nan)) * int(metrics["num-examples"])
             spent = int(metrics.get("train-flops", 0))
             self.ledger.node("train", reply.metadata.src_node_id).train_flops += spent
             flops += spent
         fused = aggregate_slices(to_numpy(self._global), updates)
         total = sum(n for _, _, n in updates)
         return to_record(fused), MetricRecord(
-            {"num-examples": total, "clients": len(updates), "train-flops": flops}
+            {
+                "num-examples": total,
+                "clients": len(updates),
+                "train-flops": flops,
+                "train-loss": loss / max(total, 1),  # weighted by examples, as FedAvg's
+            }
         )
 
     # --- the run ----------------------------------------------------------------------
@@ -287,6 +296,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         else:
             self.use_model(initial_arrays)
             self.reached(STAGE, 0)
+        clock = StageClock(self.mode, s.train.rounds, first)
         for server_round in range(first, s.train.rounds + 1):
             messages = list(self.configure_train(server_round, self._global, ConfigRecord(), grid))
             replies = self.exchange(grid, "train", messages)
@@ -295,16 +305,17 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             assert fused is not None and metrics is not None
             self._global = fused
             self.train_metrics[server_round] = metrics
-            entry = {"clients": int(metrics["clients"]), "train-flops": int(metrics["train-flops"])}
+            entry = {
+                "clients": int(metrics["clients"]),
+                "train-flops": int(metrics["train-flops"]),
+                "train-loss": float(metrics["train-loss"]),
+            }
             self.record_step(server_round, fused, history, entry, every=0, last=False)
+            shown = {"train-loss": entry["train-loss"]}
             log(
                 INFO,
-                "[%s] round %d/%d: %d of %d client(s)",
-                self.mode,
-                server_round,
-                s.train.rounds,
-                entry["clients"],
-                len(messages),
+                "%s",
+                clock.line(server_round, shown, clients=f"{entry['clients']}/{len(messages)}"),
             )
             done = server_round == s.train.rounds
             self.reached(STAGE, server_round, fused, history=history, stage_done=done)

@@ -5,20 +5,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...progress import MMACS, fmt, id_ranges, table
+from ...costs import macs_to_flops
+from ...progress import COST_COLUMNS, cost_cells, fmt, id_ranges, table
 from ...results import cost_point
 
 __all__ = ["points", "summary"]
 
 
 def summary(document: Mapping[str, Any], settings: Any = None) -> list[str]:
-    """One row per tier: its width, MACs, parameters, partitions and test accuracies."""
-    header = ["tier", "width", MMACS, "params", "partitions", "test acc", "global test acc"]
+    """One row per tier: its width, cost (MFLOPs and MMACs), parameters, partitions and
+    test accuracies."""
+    header = ["tier", "width", *COST_COLUMNS, "params", "partitions", "test acc"]
+    header.append("global test acc")
     rows = [
         [
             str(t["tier"]),
             fmt(t["width"]),
-            fmt(t["macs"] / 1e6),
+            *(fmt(c) for c in cost_cells(t.get("flops") or macs_to_flops(t["macs"]))),
             str(t["params"]),
             id_ranges(t.get("partitions", [])),
             fmt(t.get("test_accuracy")),
