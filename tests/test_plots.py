@@ -368,3 +368,43 @@ def test_fednas_plots_show_both_cells_entropy_and_the_derived_net(tmp_path, monk
     points = sorted(tuple(line.get_xydata()[0]) for line in cost.get_lines()[:2])
     assert points == [(0.3, 0.66), (0.3, 0.7)]
     assert fednas_plots.plot_fednas_net(tmp_path / "none.png", {"test-accuracy": 0.5}) is None
+
+
+def test_the_frontier_names_the_rounds_each_gm_trained(tmp_path, monkeypatch):
+    """quick-decnas's frontier is not monotone (GM_1 below GM_2 and GM_3 at less cost):
+    GM_t starts from GM_t-1, so later GMs have trained more rounds (5, 6, 7, 9 for its
+    schedule). Each point says how many, so the plot shows why."""
+    import fedorasflwr.methods.decnas.plots as decnas_plots
+    from fedorasflwr.config import TrainingRecipe
+    from fedorasflwr.methods.decnas.settings import DecNASSettings
+
+    settings = DecNASSettings(  # configs/quick-decnas.toml's schedule
+        train=TrainingRecipe(rounds=5, clients_per_round=0),
+        rounds=(1, 2),
+        rounds_every=2,
+        max_iterations=3,
+    )
+    assert [settings.rounds_trained(t) for t in range(4)] == [5, 6, 7, 9]
+    fixed = DecNASSettings(**{**settings.__dict__, "variant": "no-dynamic-rounds"})
+    assert [fixed.rounds_trained(t) for t in range(4)] == [5, 7, 9, 11]  # the largest, each
+    captured = {}
+    real_finish = decnas_plots.finish
+
+    def spy(fig, ax, path, **kwargs):
+        captured["ax"], captured["title"] = ax, kwargs["title"]
+        return real_finish(fig, ax, path, **kwargs)
+
+    monkeypatch.setattr(decnas_plots, "finish", spy)
+    accuracy = [0.82, 0.54, 0.69, 0.69]  # the README's quick-decnas figures
+    document = {
+        "frontier": [
+            {"iteration": t, "macs": 300_000 - 60_000 * t, "test-accuracy": a}
+            for t, a in enumerate(accuracy)
+        ]
+    }
+    rounds = {t: settings.rounds_trained(t) for t in range(4)}
+    path = plot_frontier(tmp_path / "frontier.png", document, "decnas", 0.1, rounds)
+    assert_png(path)
+    texts = sorted(t.get_text() for t in captured["ax"].texts)
+    assert texts == [f"GM$_{{{t}}}$, {r} rds" for t, r in sorted(rounds.items())]
+    assert "rounds GM$_t$ trained" in captured["title"]

@@ -16,11 +16,21 @@ def _mflops(macs: float) -> float:
 
 
 def plot_frontier(
-    path: Path, document: Mapping[str, Any], variant: str = "", chance: float | None = None
+    path: Path,
+    document: Mapping[str, Any],
+    variant: str = "",
+    chance: float | None = None,
+    rounds: Mapping[int, int] | None = None,
 ) -> Path | None:
     """DecNAS (``variant``): test accuracy against cost of GM_0..GM_T (each labelled), after
     FL tuning, and the width-multiplier baseline: MFLOPs below, MMACs (the resource DecNAS
-    prunes by) on top (``flops_axis``).  ``document``: ``DecNASResult.summary()``."""
+    prunes by) on top (``flops_axis``).  ``document``: ``DecNASResult.summary()``.
+    ``rounds`` (iteration -> FedAvg rounds GM_t was trained, all told:
+    ``DecNASSettings.rounds_trained``) goes into each GM_t's label: GM_t starts from
+    GM_t-1's weights, so a later, cheaper GM has trained longer, and a frontier of
+    short-term accuracies need not fall with the cost (quick-decnas: GM_1 at 6 rounds below
+    GM_2 at 7 and GM_3 at 9)."""
+    rounds = rounds or {}
     frontier = document.get("frontier", ())
     series = [
         ("GM$_t$", "test-accuracy", "-", "o", True),
@@ -45,7 +55,8 @@ def plot_frontier(
             label=name,
         )
         for x, y, t in points:
-            label(ax, x, y, f"GM$_{{{t}}}$", c, "below" if filled else "left")
+            trained = f", {rounds[t]} rds" if filled and t in rounds else ""
+            label(ax, x, y, f"GM$_{{{t}}}${trained}", c, "below" if filled else "left")
         drawn += [p[1] for p in points]
     baseline = sorted(
         (_mflops(r["macs"]), r["test-accuracy"])
@@ -65,7 +76,12 @@ def plot_frontier(
         fig,
         ax,
         path,
-        title=f"DecNAS{f' ({variant})' if variant else ''}: test accuracy against cost",
+        title=f"DecNAS{f' ({variant})' if variant else ''}: test accuracy against cost"
+        + (
+            "\n(rds: FedAvg rounds GM$_t$ trained, GM$_0$'s and every iteration's)"
+            if rounds
+            else ""
+        ),
         xlabel=flops_axis(ax),
         ylabel="test accuracy",
     )

@@ -74,9 +74,13 @@ def run_decnas(
             result.summary(),
             settings.method_settings.variant,
             runs.chance_accuracy(settings),
+            {
+                m.iteration: settings.method_settings.rounds_trained(m.iteration)
+                for m in result.frontier
+            },
         )
     )
-    summary = result.summary()
+    summary = with_units(result.summary(), settings.method_settings.resource)
     if "latency" in summary:  # every target node's table, without its entries
         nodes = runs.latency_document(strategy.profiles, strategy.target_tables)["nodes"]
         summary["latency"]["nodes"] = [
@@ -117,6 +121,26 @@ def save_frontier_model(run: runs.RunFiles, model: GlobalModel) -> None:
         )
         if tuned.score is not None:
             model.tuned_global_test_accuracy = tuned.score.accuracy
+
+
+#: ``decnas.resource`` -> the unit its budgets and costs are counted in, as result keys name it
+RESOURCE_UNITS = {"macs": "macs", "params": "params", "latency": "ms"}
+
+
+def with_units(summary: dict[str, Any], resource: str) -> dict[str, Any]:
+    """``summary`` with each budget and resource cost also under a key naming its unit
+    (``decnas.resource``: ``budget-macs``, ``budget-ms``, ...; the history's per-candidate
+    ``resource-<unit>``); ``budget`` / ``resource`` stay, the same values, for readers of
+    earlier result files."""
+    unit = RESOURCE_UNITS[resource]
+    for entry in summary.get("frontier", []):
+        entry[f"budget-{unit}"] = entry.get("budget")
+    for entry in summary.get("history", []):
+        if "budget" in entry:
+            entry[f"budget-{unit}"] = entry["budget"]
+        if "resource" in entry:
+            entry[f"resource-{unit}"] = entry["resource"]
+    return summary
 
 
 def decnas_plan(settings: Any, nodes: int, layers: int) -> RunEstimate:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...config import MethodSettings, Table, TrainingRecipe, unit_interval
+from .netadapt import rounds_for
 
 __all__ = ["DecNASSettings"]
 
@@ -77,6 +78,20 @@ class DecNASSettings(MethodSettings):
     def dynamic_rounds(self) -> bool:
         """Whether the round number grows with the iterations (else always the largest)."""
         return self.variant not in ("naive", "no-dynamic-rounds", "centralised")
+
+    def iteration_rounds(self, iteration: int) -> int:
+        """Short-term fine-tuning rounds of NetAdapt ``iteration`` (1-based): the schedule's
+        (``rounds`` / ``rounds-every``) with dynamic rounds, else its largest."""
+        if self.dynamic_rounds:
+            return rounds_for(iteration, self.rounds, self.rounds_every)
+        return max(self.rounds)
+
+    def rounds_trained(self, iteration: int) -> int:
+        """FedAvg rounds GM_``iteration`` has been trained, all told, before any final
+        tuning: GM_0's (``gm0-rounds``) and every iteration's up to it, each GM_t starting
+        from GM_t-1's weights. Short schedules give later GMs more training, so a frontier
+        of short-term accuracies need not fall with the cost (quick-decnas: 5, 6, 7, 9)."""
+        return self.train.rounds + sum(self.iteration_rounds(t) for t in range(1, iteration + 1))
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> DecNASSettings:
