@@ -408,3 +408,57 @@ def test_the_frontier_names_the_rounds_each_gm_trained(tmp_path, monkeypatch):
     texts = sorted(t.get_text() for t in captured["ax"].texts)
     assert texts == [f"GM$_{{{t}}}$, {r} rds" for t, r in sorted(rounds.items())]
     assert "rounds GM$_t$ trained" in captured["title"]
+
+
+def test_cfdnas_plot_sets_the_fdnas_net_on_each_cluster_beside_the_cluster_net(
+    tmp_path, monkeypatch
+):
+    """CFDNAS's point at a glance: for each cluster, the FDNAS net's accuracy on that
+    cluster's clients (its per-partition accuracies weighted by test samples; result.json's
+    string keys too) as a diamond in the cluster's colour, dotted to the cluster's net."""
+    import fedorasflwr.methods.fdnas.plots as fdnas_plots
+    import fedorasflwr.plots as shared
+
+    captured = {}
+    real_finish = shared.finish
+
+    def spy(fig, ax, path, **kwargs):
+        captured["ax"] = ax
+        return real_finish(fig, ax, path, **kwargs)
+
+    monkeypatch.setattr(shared, "finish", spy)
+    accuracy = {p: 0.5 if p < 2 else 0.8 for p in range(4)}
+    count = {0: 10, 1: 30, 2: 20, 3: 20}
+    fdnas = {
+        "name": "fdnas",
+        "flops": 6e5,
+        "partitions": [0, 1, 2, 3],
+        "averaged-accuracy": 0.65,
+        "test-accuracy": {str(p): a for p, a in accuracy.items()},  # as in result.json
+        "test-count": {str(p): n for p, n in count.items()},
+    }
+    clusters = [
+        {"name": "cluster-0", "flops": 4e5, "partitions": [0, 1], "averaged-accuracy": 0.7},
+        {"name": "cluster-1", "flops": 8e5, "partitions": [2, 3], "averaged-accuracy": 0.75},
+    ]
+    assert fdnas_plots.cluster_accuracy(fdnas, [0, 1]) == 0.5
+    assert fdnas_plots.cluster_accuracy({**fdnas, "test-count": count}, [1, 2]) == 0.62  # ints
+    assert fdnas_plots.cluster_accuracy(fdnas, [7]) is None
+    assert_png(plot_fdnas_nets(tmp_path / "n.png", [fdnas, *clusters], method="CFDNAS"))
+    ax = captured["ax"]
+    diamonds = [
+        c for c in ax.collections if c.get_paths() and len(c.get_offsets()) == 1
+    ]  # scatter points: nets, rings and the diamonds
+    at_fdnas = sorted(
+        float(c.get_offsets()[0][1])
+        for c in diamonds
+        if float(c.get_offsets()[0][0]) == 0.6 and c.get_alpha() == 0.55
+    )
+    assert at_fdnas == [0.5, 0.8]  # on cluster-0's clients, on cluster-1's
+    dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    ends = sorted((tuple(line.get_xdata()), tuple(line.get_ydata())) for line in dotted)
+    assert ((0.6, 0.4), (0.5, 0.7)) in ends and ((0.6, 0.8), (0.8, 0.75)) in ends
+    # FDNAS alone (no clusters): no diamond
+    captured.clear()
+    plot_fdnas_nets(tmp_path / "f.png", [fdnas])
+    assert not [c for c in captured["ax"].collections if c.get_alpha() == 0.55]

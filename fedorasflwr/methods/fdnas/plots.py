@@ -9,6 +9,8 @@ from typing import Any
 
 from ... import plots as style
 
+__all__ = ["cluster_accuracy", "plot_alpha_entropy", "plot_fdnas_nets", "plot_fdnas_ops"]
+
 
 def plot_fdnas_nets(
     path: Path,
@@ -19,7 +21,9 @@ def plot_fdnas_nets(
 ) -> Path | None:
     """FDNAS / CFDNAS: each derived net's federated-averaged test accuracy (filled) and
     mean local accuracy (hollow) against MFLOPs (MMACs on top: ``flops_axis``), labelled
-    with its name; ``baseline``
+    with its name; with CFDNAS's cluster nets, the FDNAS net's accuracy on each cluster's
+    clients (``cluster_accuracy``) as a diamond in the cluster's colour, a dotted line to
+    the cluster net: what each cluster gains by its own net. ``baseline``
     (``{"name", "flops", "accuracy"}``, optional) a fixed net drawn as a star."""
     nets = [n for n in nets if n.get("partitions")]
     if not nets:
@@ -41,6 +45,39 @@ def plot_fdnas_nets(
             ax.scatter(x, local, s=150, facecolors="none", edgecolors=c, linewidths=1.5, zorder=3)
             ax.plot([x, x], [y, local], color=c, alpha=0.4, zorder=2)
             drawn.append(local)
+    global_net = next((n for n in nets if n["name"] == "fdnas"), None)
+    clusters = [n for n in nets if n is not global_net]
+    if global_net is not None and clusters:
+        # CFDNAS's point: beside each cluster's net, the FDNAS net on that cluster's clients
+        gx = global_net["flops"] / 1e6
+        for index, net in enumerate(nets):
+            if net is global_net:
+                continue
+            on_cluster = cluster_accuracy(global_net, net["partitions"])
+            if on_cluster is None:
+                continue
+            c = style.colour(index)
+            ax.scatter(gx, on_cluster, s=60, marker="D", color=c, alpha=0.55, zorder=4)
+            ax.plot(
+                [gx, net["flops"] / 1e6],
+                [on_cluster, net["averaged-accuracy"]],
+                linestyle=":",
+                color=c,
+                linewidth=1.2,
+                zorder=2,
+            )
+            drawn.append(on_cluster)
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker="D",
+                linestyle=":",
+                color="0.3",
+                alpha=0.7,
+                label="fdnas net on the\ncluster's clients",
+            )
+        )
     handles.append(Line2D([], [], marker="o", linestyle="", color="0.3", label="averaged"))
     handles.append(
         Line2D(
@@ -82,6 +119,20 @@ def plot_fdnas_nets(
         ylabel="test accuracy",
         legend=False,
     )
+
+
+def cluster_accuracy(net: Mapping[str, Any], partitions: Sequence[int]) -> float | None:
+    """``net``'s federated-averaged accuracy on ``partitions`` (a cluster's clients): its
+    per-partition ``test-accuracy`` weighted by ``test-count`` (keys ints, or the strings
+    of result.json); ``None`` when it was tested on none of them."""
+    accuracy, count = net.get("test-accuracy") or {}, net.get("test-count") or {}
+    pairs = []
+    for p in partitions:
+        a, n = accuracy.get(p, accuracy.get(str(p))), count.get(p, count.get(str(p)))
+        if a is not None and n is not None:
+            pairs.append((float(a), int(n)))
+    total = sum(n for _, n in pairs)
+    return sum(a * n for a, n in pairs) / total if total else None
 
 
 def plot_alpha_entropy(
