@@ -718,3 +718,49 @@ def test_width_summary_of_a_tier_no_client_serves():
     tier = {"tier": 2, "width": 0.5, "macs": 2e6, "params": 100, "test_accuracy": None}
     lines = summary({"mode": "heterofl", "tiers": [{**tier, "partitions": []}]})
     assert any(" - " in line or "| - |" in line for line in lines[1:]), lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["heterofl", "fjord"])
+def test_the_width_baselines_round_lines_carry_a_loss_and_an_eta(
+    method: str, data_cache: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Like every method's: ``[heterofl] round 1/2: train-loss 2.1; clients 4/4 | 3.2s,
+    ETA 3.2s`` (the loss: the replies' mean, weighted by their examples)."""
+    import logging
+    import re
+
+    from flwr.app import ArrayRecord
+
+    from fedorasflwr.client_app import app as client_app
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.inprocess import InProcessGrid
+    from fedorasflwr.strategies import FjORD, HeteroFL
+    from tests.runconfig import pyproject_run_config
+
+    config = pyproject_run_config()
+    config.update(
+        {
+            "method": method,
+            "data.cache-dir": str(data_cache),
+            "onnx": False,
+            f"{method}.rounds": 2,
+            f"{method}.batch-size": 64,
+        }
+    )
+    settings = parse_run_config(config)
+    image = {"num_classes": 10, "in_channels": 1, "input_height": 28, "input_width": 28}
+    strategy = (HeteroFL if method == "heterofl" else FjORD)(
+        image=image, settings=settings.method_settings, seed=settings.seed
+    )
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        result = strategy.start(InProcessGrid(client_app, config, 4), ArrayRecord(), num_rounds=2)
+    line = re.compile(
+        rf"^\[{method}\] round (\d)/2: train-loss ([0-9.]+); clients 4/4 \| [0-9ms.]+(, ETA )?"
+    )
+    found = [m for m in map(line.match, caplog.messages) if m is not None]
+    assert [m[1] for m in found] == ["1", "2"], caplog.text
+    assert found[0][3] == ", ETA " and found[1][3] is None  # no ETA after the last round
+    losses = [float(m[2]) for m in found]
+    assert losses == pytest.approx([h["train-loss"] for h in result.history], rel=1e-3)
+    assert all(0 < loss < 10 for loss in losses)
