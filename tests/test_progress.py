@@ -764,3 +764,22 @@ def test_the_width_baselines_round_lines_carry_a_loss_and_an_eta(
     losses = [float(m[2]) for m in found]
     assert losses == pytest.approx([h["train-loss"] for h in result.history], rel=1e-3)
     assert all(0 < loss < 10 for loss in losses)
+
+
+def test_fjord_summary_says_how_little_the_wide_slices_train() -> None:
+    """Why quick-fjord's accuracy fell with width after 4 rounds: of every client-batch,
+    the channels of width 1 train in 1/16 (4 tiers of 5 clients, widths uniform up to each
+    p_max); the summary prints the shares."""
+    from fedorasflwr.methods.widths.settings import FjORDSettings
+    from fedorasflwr.methods.widths.summary import summary, update_shares
+
+    ladder = (0.25, 0.5, 0.75, 1.0)
+    tiers = [(w, 5) for w in ladder]
+    shares = update_shares(ladder, tiers)
+    assert shares == pytest.approx([1.0, (1 / 2 + 2 / 3 + 3 / 4) / 4, (1 / 3 + 2 / 4) / 4, 1 / 16])
+    assert update_shares(ladder, [(1.0, 5)]) == pytest.approx([1.0, 0.75, 0.5, 0.25])
+    document = _widths("fjord")
+    lines = summary(document, FjORDSettings(widths=(0.5, 1.0), tier_widths=(0.5, 1.0)))
+    assert lines[-1].startswith("share of client-batches training each width's outer channels:")
+    assert "0.5 1, 1 0.25 (ordered dropout" in lines[-1]  # tiers of 1 client each
+    assert not any("share" in line for line in summary(_widths("heterofl")))
