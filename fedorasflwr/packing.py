@@ -17,7 +17,11 @@ ClientApp travels packed:
 for bit) and refuses, with :class:`PackingError` naming what is wrong, anything that is
 not exactly that layout: an unknown version, an index that is not such a list, a dtype
 outside :data:`DTYPE_KINDS`, a key twice, an offset other than the aligned end of the
-array before, a buffer shorter or longer than the last array's end.
+array before, a buffer shorter or longer than the last array's end, a packed array whose
+metadata, ``.npy`` header and byte count disagree (read by ``fedorasflwr.decoding``,
+never by ``np.load``). Given the specs of the arrays sent (a server unpacking a reply),
+every entry must also name a key sent, with its dtype and shape: all checked before a
+byte is decoded, and no exception but :class:`PackingError` escapes.
 
 Who packs: the server packs an instruction only for a node whose profile declares that
 its ClientApp reads packed messages (profile field ``packing``: the versions it reads,
@@ -38,6 +42,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from .decoding import ArraySpec, DecodeError, read_header
 from .protocol import ARRAYS, PACKING, PROFILE, QUERY_PROFILE
 
 __all__ = [
@@ -105,42 +110,106 @@ def pack(record: ArrayRecord) -> tuple[ArrayRecord, ConfigRecord]:
     return packed, ConfigRecord({"version": VERSION, "index": json.dumps(index)})
 
 
-def unpack(arrays: ArrayRecord, packing: ConfigRecord) -> ArrayRecord:
+def unpack(
+    arrays: ArrayRecord, packing: ConfigRecord, sent: Mapping[str, ArraySpec] | None = None
+) -> ArrayRecord:
     """The ``ArrayRecord`` that :func:`pack` packed into ``arrays`` and ``packing``;
-    :class:`PackingError` naming the fault for anything else."""
+    :class:`PackingError` naming the fault for anything else, and for nothing else: no
+    other exception escapes, whatever the bytes.
+
+    With ``sent`` (the specs of the arrays sent to the peer: a server unpacking a reply),
+    every index entry must name a key that was sent, with exactly its dtype (byte order
+    included) and shape. The whole index (keys, dtypes, shapes, offsets, the total size)
+    is checked, then the buffer's metadata and ``.npy`` header against the total, all
+    before a byte of the buffer is decoded or copied; then each array is copied out of it
+    once."""
+    try:
+        return _unpack(arrays, packing, sent)
+    except PackingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a peer's bytes: no other exception escapes
+        raise PackingError(f"the packed record does not unpack: {exc!r}"[:200]) from None
+
+
+def _unpack(
+    arrays: ArrayRecord, packing: ConfigRecord, sent: Mapping[str, ArraySpec] | None
+) -> ArrayRecord:
     version = packing.get("version")
     if isinstance(version, bool) or version not in VERSIONS:
         raise PackingError(f"unknown packing version {version!r} (this side reads {VERSIONS})")
     entries = _index(packing.get("index"))
+    if sent is not None:
+        _check_sent(entries, sent)
     if list(arrays.keys()) != [PACKED]:
         raise PackingError(f"a packed record holds one array {PACKED!r}, not {list(arrays)}")
-    holder = arrays[PACKED]
-    if holder.stype != "numpy.ndarray":
-        raise PackingError(f"the packed array has stype {holder.stype!r}")
-    try:
-        buffer = holder.numpy()
-    except Exception as exc:  # noqa: BLE001 - a client's bytes: whatever np.load raises
-        raise PackingError(f"the packed array does not load: {exc!r}"[:200]) from None
-    if buffer.dtype != np.uint8 or buffer.ndim != 1:
-        raise PackingError(
-            f"the packed array is {buffer.dtype} of shape {buffer.shape}, not uint8 of one axis"
-        )
+    ends = []
     end = 0
-    out = ArrayRecord()
     for key, dtype, shape, offset in entries:
         if offset != _aligned(end):
             raise PackingError(f"array {key[:60]!r} starts at byte {offset}, not {_aligned(end)}")
-        count = math.prod(shape)  # Python's integers: no overflow whatever the shape
-        end = offset + count * dtype.itemsize
-        if end > buffer.size:
+        end = offset + math.prod(shape) * dtype.itemsize  # Python's integers: no overflow
+        ends.append(end)
+    data, start = _buffer(arrays[PACKED])
+    size = len(data) - start
+    for (key, *_), stop in zip(entries, ends, strict=True):
+        if stop > size:
             raise PackingError(
-                f"array {key[:60]!r} ends at byte {end}, past the buffer's {buffer.size} bytes"
+                f"array {key[:60]!r} ends at byte {stop}, past the buffer's {size} bytes"
             )
-        value = np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
-        out[key] = Array(value.copy())
-    if end != buffer.size:
-        raise PackingError(f"the buffer holds {buffer.size} bytes, the index {end}")
+    if end != size:
+        raise PackingError(f"the buffer holds {size} bytes, the index {end}")
+    out = ArrayRecord()
+    for key, dtype, shape, offset in entries:
+        count = math.prod(shape)
+        if count == 0:
+            value = np.zeros(shape, dtype)
+        else:
+            value = np.frombuffer(data, dtype, count, start + offset).reshape(shape)
+        out[key] = Array(value)  # np.save of a view of the buffer: the one copy
     return out
+
+
+def _check_sent(
+    entries: list[tuple[str, np.dtype, tuple[int, ...], int]], sent: Mapping[str, ArraySpec]
+) -> None:
+    """Every entry names a key that was sent, with its dtype and shape (the offsets and
+    total follow from these: checked against the buffer by the caller)."""
+    for key, dtype, shape, _ in entries:
+        spec = sent.get(key)
+        if spec is None:
+            raise PackingError(f"array {key[:60]!r} was not sent")
+        wanted = np.dtype(spec.dtype)
+        if dtype.str != wanted.str:
+            raise PackingError(f"array {key[:60]!r}: dtype {dtype.str}, sent {wanted.str}")
+        if shape != tuple(spec.shape):
+            raise PackingError(f"array {key[:60]!r}: shape {shape}, sent {tuple(spec.shape)}")
+
+
+def _buffer(holder: Array) -> tuple[bytes, int]:
+    """The packed array's bytes and where its data starts, its metadata and ``.npy``
+    header checked (a ``uint8`` array of one axis, as many bytes as declared), nothing
+    decoded."""
+    if holder.stype != "numpy.ndarray":
+        raise PackingError(f"the packed array has stype {holder.stype!r}")
+    try:
+        header = read_header(holder.data)
+    except DecodeError as exc:
+        raise PackingError(f"the packed array does not load: {exc}") from None
+    if header.dtype != np.uint8 or len(header.shape) != 1:
+        raise PackingError(
+            f"the packed array is {header.dtype} of shape {header.shape}, not uint8 of one axis"
+        )
+    if holder.dtype != "uint8" or tuple(holder.shape) != header.shape:
+        raise PackingError(
+            f"the packed array's metadata ({str(holder.dtype)[:20]}, {str(holder.shape)[:40]}) "
+            f"is not its header's (uint8, {header.shape})"
+        )
+    carried = len(holder.data) - header.offset
+    if carried != header.shape[0]:
+        raise PackingError(
+            f"the packed array's header declares {header.shape[0]} bytes, it carries {carried}"
+        )
+    return holder.data, header.offset
 
 
 def _index(text: Any) -> list[tuple[str, np.dtype, tuple[int, ...], int]]:
@@ -149,7 +218,7 @@ def _index(text: Any) -> list[tuple[str, np.dtype, tuple[int, ...], int]]:
         raise PackingError(f"the index is {type(text).__name__}, not a JSON string")
     try:
         raw = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise PackingError(f"the index is not JSON: {exc}") from None
     if not isinstance(raw, list):
         raise PackingError("the index is not a list")
@@ -220,10 +289,11 @@ def pack_content(
     return RecordDict(records)
 
 
-def unpack_content(content: RecordDict) -> RecordDict:
+def unpack_content(content: RecordDict, sent: Mapping[str, ArraySpec] | None = None) -> RecordDict:
     """``content`` as its sender built it: a packed one (``packing`` record) unpacked and
     without the ``packing`` record, any other as it is. :class:`PackingError` if the
-    packed form is malformed (the message is then refused, never read)."""
+    packed form is malformed, or (``sent``: the specs of the arrays sent to the peer) not
+    arrays of those specs (:func:`unpack`): the message is then refused, never read."""
     if not is_packed(content):
         return content
     packing = content.config_records[PACKING]
@@ -232,7 +302,7 @@ def unpack_content(content: RecordDict) -> RecordDict:
     if "index" in packing:
         if arrays is None:
             raise PackingError(f"a packing index but no record {ARRAYS!r}")
-        records[ARRAYS] = unpack(arrays, packing)
+        records[ARRAYS] = unpack(arrays, packing, sent)
     else:
         version = packing.get("version")
         if isinstance(version, bool) or version not in VERSIONS:

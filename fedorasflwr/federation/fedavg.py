@@ -247,7 +247,8 @@ class SeededFedAvg(FedAvg):
         usable: list[Message] = []
         metric_keys: set[str] | None = None
         sent_to = destinations(self._sent)  # ids are set once the grid pushed them
-        replies, malformed = unpack_replies(replies)  # plain records from here on
+        # sizes, then each packed index against what was sent, before a byte is decoded
+        replies, malformed = unpack_replies(replies, self._sent)
         for node_id, reason in malformed:
             self.ledger.rejected(self.stage, node_id)
             log(WARNING, "[%s] dropped reply of node %d: %s", self.stage, node_id, reason)

@@ -18,12 +18,12 @@ the message type that was sent, echoing the instruction's nonce.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
+from ..decoding import ArraySpec, DecodeError, array_specs, decode_array
 from ..latency import latency_problem
 from ..nonce import describe, nonce_of
 from ..protocol import ARRAYS, CONFIG, LATENCY, METRICS, REPLY_BYTES
@@ -42,16 +42,10 @@ __all__ = [
     "check_whole",
     "content_bytes",
     "error_reason",
+    "instructions_of",
+    "reply_specs",
     "screen_replies",
 ]
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """Shape and dtype of one array that was sent."""
-
-    shape: tuple[int, ...]
-    dtype: str
 
 
 @dataclass(frozen=True)
@@ -65,11 +59,6 @@ class Bound:
     limit: float
     basis: str
     exact: bool = False
-
-
-def array_specs(record: ArrayRecord) -> dict[str, ArraySpec]:
-    """The ``ArraySpec`` of every key in ``record``."""
-    return {key: ArraySpec(tuple(a.shape), str(a.dtype)) for key, a in record.items()}
 
 
 def error_reason(message: Message) -> str:
@@ -141,29 +130,53 @@ def check_reply_size(
     return None
 
 
+def instructions_of(sent: Iterable[Message]) -> Callable[[Message], Message | None]:
+    """A function giving the message of ``sent`` a reply answers (by its
+    ``reply_to_message_id``; a grid that assigns no ids: the one sent to its node), or
+    ``None``."""
+    sent = list(sent)
+    by_id = {m.metadata.message_id: m for m in sent if m.metadata.message_id}
+    by_node = {m.metadata.dst_node_id: m for m in sent}
+
+    def instruction(reply: Message) -> Message | None:
+        found = by_id.get(reply.metadata.reply_to_message_id or "")
+        return found or by_node.get(reply.metadata.src_node_id)
+
+    return instruction
+
+
+def reply_specs(instruction: Message) -> dict[str, ArraySpec] | None:
+    """The arrays a reply to ``instruction`` (the server's own copy) may carry: those it
+    sent (``array_specs``: a reply returns a subset of its keys, each of the same dtype and
+    shape), none if it sent none, or ``None`` (unknown here: the method's ``check_reply``
+    checks them) when it asks arrays back (``asked_back``) that it does not carry."""
+    arrays = instruction.content.array_records.get(ARRAYS)
+    if arrays is not None:
+        return array_specs(arrays)
+    return None if asked_back(instruction) else {}
+
+
 def bound_reply_sizes(
     sent: Iterable[Message], replies: Iterable[Message], margin: int = REPLY_MARGIN
 ) -> tuple[list[Message], list[tuple[int, str]]]:
     """The replies within ``check_reply_size`` of the message sent to their node, and
     ``(node id, reason)`` for each one over it (replies to no message sent pass here:
-    ``screen_replies`` refuses them)."""
+    ``screen_replies`` refuses them). Nothing is decoded: an array's size is the length
+    of its bytes."""
     sent = list(sent)
     sizes = {id(m): content_bytes(m.content) for m in sent}  # once per instruction
-    instructions = {m.metadata.message_id: m for m in sent if m.metadata.message_id}
-    by_node = {m.metadata.dst_node_id: m for m in sent}  # a grid that assigns no ids
+    instruction_of = instructions_of(sent)
     kept: list[Message] = []
     refused: list[tuple[int, str]] = []
     for reply in replies:
-        node_id = reply.metadata.src_node_id
-        instruction = instructions.get(reply.metadata.reply_to_message_id or "")
-        instruction = instruction or by_node.get(node_id)
+        instruction = instruction_of(reply)
         reason = None
         if instruction is not None:
             reason = check_reply_size(instruction, reply, margin, sizes[id(instruction)])
         if reason is None:
             kept.append(reply)
         else:
-            refused.append((node_id, reason))
+            refused.append((reply.metadata.src_node_id, reason))
     return kept, refused
 
 
@@ -220,16 +233,12 @@ def _check_arrays(arrays: ArrayRecord, sent: Mapping[str, ArraySpec], required: 
         return "no arrays returned"
     unknown = [key for key in arrays if key not in sent]
     if unknown:
-        return f"{len(unknown)} key(s) not sent, e.g. {unknown[0]!r}"
+        return f"{len(unknown)} key(s) not sent, e.g. {unknown[0][:60]!r}"
     for key, array in arrays.items():
-        spec = sent[key]
-        if tuple(array.shape) != spec.shape:
-            return f"key {key!r} has shape {tuple(array.shape)}, sent {spec.shape}"
-        if str(array.dtype) != spec.dtype:
-            return f"key {key!r} has dtype {array.dtype}, sent {spec.dtype}"
-        values = array.numpy()
-        if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
-            return f"key {key!r} has non-finite values"
+        try:
+            values = decode_array(array, sent[key])  # metadata, header, size, then finite
+        except DecodeError as exc:
+            return f"key {key!r}: {exc}"
         if key.endswith(".running_var") and (values < 0).any():
             # a BatchNorm variance below 0 would make the aggregate's eval mode NaN
             return f"key {key!r} has negative values (a BatchNorm variance)"
@@ -273,8 +282,8 @@ def check_reply(
         return f"no ArrayRecord {ARRAYS!r}"
     try:
         return _check_arrays(arrays, sent, arrays_required)
-    except (ValueError, TypeError) as exc:  # undecodable array payload
-        return f"malformed arrays: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a client's bytes: any failure is a refusal
+        return f"malformed arrays: {type(exc).__name__}: {exc}"[:300]
 
 
 def check_latency_reply(message: Message, num_options: Sequence[int]) -> str | None:

@@ -7,19 +7,24 @@
   messages are left as they are, plain, and receive the message ids the grid gives the
   copies, so replies are matched to them and screened against them as before.
 - ``unpack_replies`` turns the replies back into plain records before anything reads
-  them; a reply whose packed form is malformed is refused, with the reason, for the
-  caller to drop and book. A plain reply passes as it is.
+  them: first a reply larger than its instruction allows is refused (nothing decoded),
+  then a packed reply's index is checked against the arrays sent to its node
+  (``replies.reply_specs``) before a byte of it is decoded; a refused reply comes back
+  with the reason, for the caller to drop and book. A plain reply passes as it is (its
+  arrays are decoded, against the same specs, by ``replies.check_reply``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from ..packing import PackingError, pack_content, unpack_content
+from ..decoding import ArraySpec
+from ..packing import PackingError, is_packed, pack_content, unpack_content
 from .polling import WrappedGrid
+from .replies import bound_reply_sizes, instructions_of, reply_specs
 
 __all__ = ["PackingGrid", "packing", "unpack_replies"]
 
@@ -93,18 +98,42 @@ def packing(grid: Grid, reads_packed: ReadsPacked) -> Grid:
     return grid if isinstance(grid, PackingGrid) else PackingGrid(grid, reads_packed)
 
 
-def unpack_replies(replies: Iterable[Message]) -> tuple[list[Message], list[tuple[int, str]]]:
+def unpack_replies(
+    replies: Iterable[Message],
+    sent: Iterable[Message] | None = None,
+    specs: Callable[[Message], Mapping[str, ArraySpec] | None] = reply_specs,
+) -> tuple[list[Message], list[tuple[int, str]]]:
     """``replies`` with plain records (a packed one unpacked in place; error and plain
-    replies as they are), and ``(node id, reason)`` for each whose packed form is
-    malformed, left out."""
-    kept: list[Message] = []
+    replies as they are), and ``(node id, reason)`` for each refused, left out.
+
+    With ``sent`` (the server's own copies of the messages the replies answer), before
+    anything is decoded or copied: a reply larger than its instruction allows
+    (``bound_reply_sizes``: the lengths of its bytes, nothing decoded) is refused, and a
+    packed reply's index is checked against ``specs`` of its instruction (default
+    ``reply_specs``: the arrays sent to that node) by ``packing.unpack``; a reply to no
+    message sent is left packed, for ``screen_replies`` to refuse. Without ``sent``, a
+    packed form is checked for its own consistency only."""
+    replies = list(replies)
     refused: list[tuple[int, str]] = []
+    instruction_of: Callable[[Message], Message | None] = lambda _: None  # noqa: E731
+    if sent is not None:
+        sent = list(sent)
+        replies, refused = bound_reply_sizes(sent, replies)
+        instruction_of = instructions_of(sent)
+    kept: list[Message] = []
     for reply in replies:
-        if reply.has_content():
-            try:
-                reply.content = unpack_content(reply.content)
-            except PackingError as exc:
-                refused.append((reply.metadata.src_node_id, f"malformed packed arrays: {exc}"))
-                continue
+        if not reply.has_content() or not is_packed(reply.content):
+            kept.append(reply)
+            continue
+        instruction = instruction_of(reply)
+        if sent is not None and instruction is None:
+            kept.append(reply)
+            continue
+        expected = specs(instruction) if instruction is not None else None
+        try:
+            reply.content = unpack_content(reply.content, expected)
+        except PackingError as exc:
+            refused.append((reply.metadata.src_node_id, f"malformed packed arrays: {exc}"))
+            continue
         kept.append(reply)
     return kept, refused

@@ -18,6 +18,8 @@ Five kinds, each a list a person can read:
 
 from __future__ import annotations
 
+import io
+import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -28,7 +30,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from fedorasflwr.federation.replies import REPLY_MARGIN, content_bytes
 from fedorasflwr.inprocess import Fault, error_reply, replace_content
 from fedorasflwr.packing import PACKED, pack_content
-from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, PROFILE, QUERY_PROFILE
+from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, PACKING, PROFILE, QUERY_PROFILE
 
 __all__ = [
     "ARRAY_FAULTS",
@@ -173,6 +175,88 @@ def _malformed_packing(content: RecordDict) -> RecordDict:
     return out
 
 
+def _npy(values: np.ndarray, shape: tuple[int, ...] | None = None) -> bytes:
+    """``values`` as ``.npy`` bytes whose header declares ``shape`` (default: its own) and
+    its dtype: a header may lie about the bytes behind it."""
+    stream = io.BytesIO()
+    header = {
+        "descr": np.lib.format.dtype_to_descr(values.dtype),
+        "fortran_order": False,
+        "shape": values.shape if shape is None else shape,
+    }
+    np.lib.format.write_array_header_2_0(stream, header)
+    return stream.getvalue() + np.ascontiguousarray(values).tobytes()
+
+
+def _lying(sent: Array, data: bytes) -> Array:
+    """An ``Array`` whose metadata is what was sent (``sent``'s dtype and shape) and whose
+    bytes are ``data`` (Flower 1.41's four-field constructor trusts both)."""
+    return Array(dtype=sent.dtype, shape=tuple(sent.shape), stype="numpy.ndarray", data=data)
+
+
+def _lying_first_float(content: RecordDict, values: Callable[[np.ndarray], bytes]) -> RecordDict:
+    arrays = _arrays(content)
+    key = _first_float(arrays)
+    arrays[key] = _lying(arrays[key], values(arrays[key].numpy()))
+    return _with(content, arrays=arrays)
+
+
+def _complex_nan(values: np.ndarray) -> bytes:
+    """The weights as complex64 with a NaN imaginary part, under float32 metadata."""
+    out = values.astype(np.complex64)
+    out.flat[0] = complex(0.0, math.nan)
+    return _npy(out)
+
+
+def _packed(content: RecordDict, change: Callable[[list, ArrayRecord], ArrayRecord]) -> RecordDict:
+    """The honest reply packed as this project's ClientApp packs it, then its index (a
+    list of ``[key, dtype, shape, offset]``) and packed array changed by ``change``."""
+    packed = pack_content(content)
+    packing = packed.config_records[PACKING]
+    entries = json.loads(str(packing["index"]))
+    arrays = change(entries, packed.array_records[ARRAYS])
+    out = RecordDict(dict(packed.items()))
+    out[ARRAYS] = arrays
+    out[PACKING] = ConfigRecord({**dict(packing), "index": json.dumps(entries)})
+    return out
+
+
+def _first_float_entry(entries: list) -> list:
+    return next(e for e in entries if e[1][1] == "f" and math.prod(e[2]) > 1)
+
+
+def _index_lies_about_a_shape(entries: list, arrays: ArrayRecord) -> ArrayRecord:
+    """A float array's shape given as its flat length: the index is still consistent with
+    the buffer (same bytes, same offsets), only not with what was sent."""
+    entry = _first_float_entry(entries)
+    entry[2] = [math.prod(entry[2])]
+    return arrays
+
+
+def _header_declares_2_40(entries: list, arrays: ArrayRecord) -> ArrayRecord:
+    """The packed array's ``.npy`` header (and metadata) declares 2^40 bytes; the bytes
+    behind it are the honest buffer's."""
+    buffer = arrays[PACKED].numpy()
+    data = _npy(buffer, (2**40,))
+    return ArrayRecord(
+        {PACKED: Array(dtype="uint8", shape=(2**40,), stype="numpy.ndarray", data=data)}
+    )
+
+
+def _empty_with_a_huge_shape(entries: list, arrays: ArrayRecord) -> ArrayRecord:
+    """The last array's shape declares zero elements on axes of 2^62 (no bytes, so the
+    layout holds; numpy cannot even make an empty array of that shape)."""
+    entries[-1][2] = [0, 2**62, 2**62]
+    return _trim(entries, arrays)
+
+
+def _trim(entries: list, arrays: ArrayRecord) -> ArrayRecord:
+    """The packed buffer cut to the end the (changed) index gives its last entry."""
+    key, dtype, shape, offset = entries[-1]
+    end = offset + math.prod(shape) * np.dtype(dtype).itemsize
+    return ArrayRecord({PACKED: Array(arrays[PACKED].numpy()[:end].copy())})
+
+
 def _as_other_type(reply: Message, message_type: str, content: RecordDict) -> Message:
     instruction = Message(
         RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type=message_type
@@ -211,6 +295,16 @@ REPLY_FAULTS: dict[str, Mutation | None] = {
     "inf-weights": lambda c: _set_first_float(c, math.inf),
     "wrong-shape": _wrong_shape,
     "wrong-dtype": _wrong_dtype,
+    # issue 42: the metadata says what was sent, the bytes say otherwise
+    "complex-nan-weights": lambda c: _lying_first_float(c, _complex_nan),
+    "wrong-byte-order": lambda c: _lying_first_float(
+        c, lambda v: _npy(v.astype(v.dtype.newbyteorder()))
+    ),
+    "header-other-shape": lambda c: _lying_first_float(c, lambda v: _npy(v.reshape(-1)[:1])),
+    "header-2-40-elements": lambda c: _lying_first_float(c, lambda v: _npy(v, (2**40,))),
+    "packed-index-lies-about-a-shape": lambda c: _packed(c, _index_lies_about_a_shape),
+    "packed-header-2-40-elements": lambda c: _packed(c, _header_declares_2_40),
+    "packed-empty-huge-shape": lambda c: _packed(c, _empty_with_a_huge_shape),
     "unknown-key": _unknown_key,
     "no-arrays": _no_arrays,
     "no-metrics": _no_metrics,
@@ -238,6 +332,13 @@ ARRAY_FAULTS = frozenset(
         "no-arrays",
         "oversized",
         "malformed-packing",
+        "complex-nan-weights",
+        "wrong-byte-order",
+        "header-other-shape",
+        "header-2-40-elements",
+        "packed-index-lies-about-a-shape",
+        "packed-header-2-40-elements",
+        "packed-empty-huge-shape",
     }
 )
 

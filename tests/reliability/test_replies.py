@@ -1,5 +1,6 @@
 """Every kind of malformed reply in the catalogue, sent by a different node in the same
-run of each method, is dropped with a log line naming the node and booked in the ledger,
+run of each method and width baseline (packed or plain, metadata that lies about the
+bytes behind it included), is dropped with a log line naming the node and booked in the ledger,
 and corrupts nothing: the run's result equals, to the bit, the run in which those
 replies were never sent."""
 
@@ -9,7 +10,7 @@ import pytest
 
 from fedorasflwr.federation.replies import REPLY_MARGIN
 from tests.reliability import trials
-from tests.reliability.trials import METHODS, reply_trial
+from tests.reliability.trials import BASELINES, METHODS, reply_trial
 
 #: smaller runs than benchmarks/faults.py's (which shares the trial): the claim holds for
 #: any size, and these parts are what the trial's CPU went into (cProfile)
@@ -29,7 +30,7 @@ def smaller_runs(monkeypatch):
     monkeypatch.setattr(trials, "run_config_for", smaller)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS + BASELINES)
 def test_each_malformed_reply_is_dropped_and_changes_nothing(
     method, data_cache, tmp_path, smaller_runs
 ):

@@ -33,10 +33,12 @@ from tests.runconfig import (
     tiny_fedoras,
 )
 
-__all__ = ["METHODS", "config_trial", "profile_trial", "reply_trial", "run_config_for"]
+__all__ = ["BASELINES", "METHODS", "config_trial", "profile_trial", "reply_trial", "run_config_for"]
 
 KINDS = list(REPLY_FAULTS)
 METHODS = ("fedoras", "fdnas", "decnas", "dpfnas", "fednas")
+#: the width-scaling baselines: their reply trial too (``run_config_for``)
+BASELINES = ("heterofl", "fjord")
 NODES = len(KINDS) + 3  # one node per fault kind, three honest ones
 
 
@@ -86,6 +88,15 @@ def run_config_for(method: str, cache: Path | str) -> dict[str, Any]:
                 "fednas.rounds": 2,  # a stale reply re-sends an earlier round's update
             },
         )
+    if method in BASELINES:
+        return {
+            **pyproject_run_config(),
+            "method": method,
+            "data.cache-dir": str(cache),
+            "onnx": False,
+            f"{method}.rounds": 2,  # a stale reply re-sends an earlier round's update
+            f"{method}.batch-size": 64,
+        }
     raise ValueError(method)
 
 

@@ -50,7 +50,7 @@ Client contract
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -61,7 +61,13 @@ from flwr.supercore import log
 from ...checkpoints import Resume
 from ...federation.aggregation import opa
 from ...federation.base import NodeProfile, StageFailedError, describe_table
-from ...federation.replies import array_specs, check_latency_reply, check_reply, content_bytes
+from ...federation.replies import (
+    ArraySpec,
+    array_specs,
+    check_latency_reply,
+    check_reply,
+    content_bytes,
+)
 from ...latency import LatencyRequest, LatencyTable, group_table, table_document, table_from_records
 from ...progress import StageClock
 from ...protocol import ARRAYS, CONFIG, LATENCY, METRICS, REPLY_BYTES, space_to_config
@@ -135,6 +141,8 @@ class DecNAS(PrunedModelStages):
         self.resume = resume
         self.validate_profiles = validate_profiles
         self.groups: list[list[NodeProfile]] = []
+        #: node id -> the candidate's arrays its current upload asks back (reply_specs)
+        self._upload_specs: dict[int, dict[str, ArraySpec]] = {}
 
     rounds_setting = "max_iterations"
 
@@ -200,6 +208,13 @@ class DecNAS(PrunedModelStages):
         total = sum(n for _, n in updates)
         fused = opa(updates[0][0], updates, min_contributors=1, aggregation=self.aggregation)
         return fused, MetricRecord({"num-examples": total, "clients": len(updates)})
+
+    def reply_specs(self, instruction: Message) -> Mapping[str, ArraySpec] | None:
+        """An upload's reply carries the candidate its node was asked for (its instruction
+        carries no arrays); any other reply: ``FederatedNASStrategy.reply_specs``."""
+        if instruction.metadata.message_type == DECNAS_UPLOAD:
+            return self._upload_specs.get(instruction.metadata.dst_node_id)
+        return super().reply_specs(instruction)
 
     def check_tune_reply(self, reply: Message) -> str | None:
         """Why a tuning reply is unusable: malformed, or counts beyond the node's splits."""
@@ -367,6 +382,7 @@ class DecNAS(PrunedModelStages):
             )
         messages = self.instruct("train", "upload", round_, messages)
         specs = {c: array_specs(arrays) for c, (_, arrays) in pool.items()}
+        self._upload_specs = {node: specs[c] for node, c in candidate_of.items()}
 
         def check(reply: Message) -> str | None:
             sent = specs[candidate_of[reply.metadata.src_node_id]]
