@@ -29,3 +29,8 @@ def test_every_party_has_a_finite_epsilon_and_the_summary_says_it(preset) -> Non
     assert all(0 < eps < math.inf for eps in epsilons)
     text = "\n".join(preset.summary)
     assert "privacy spent" in text and f"{max(epsilons):.4g}" in text
+
+
+def test_the_summary_says_the_normal_cell_is_not_searched(preset) -> None:
+    # its one cell is a reduction cell (why its normal half matched FedNAS's)
+    assert any(line.startswith("normal cell: none in this 1-cell net") for line in preset.summary)

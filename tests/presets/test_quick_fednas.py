@@ -31,3 +31,12 @@ def test_the_alphas_leave_uniform_round_by_round_and_the_summary_says_it(preset)
     assert entropy[-1] < 0.99 * math.log(8), entropy
     assert preset.document["macs"] == pytest.approx(preset.document["flops"] / 2)
     assert any(line.startswith("alpha entropy") for line in preset.summary)
+
+
+def test_the_run_writes_its_plots_and_says_the_normal_cell_is_not_searched(preset) -> None:
+    # every run writes plots (README): FedNAS's search curves and its net against cost
+    assert {"search.png", "derived_accuracy_flops.png"} <= set(preset.document["files"])
+    # its one cell is a reduction cell: the normal half of the genotype is not searched
+    entropy = [e["net.alpha_normal"] for e in preset.document["alpha_entropy"]]
+    assert max(entropy) - min(entropy) < 1e-6, entropy
+    assert any(line.startswith("normal cell: none in this 1-cell net") for line in preset.summary)
