@@ -225,3 +225,20 @@ def test_a_run_plans_for_the_nodes_it_profiled(
     runner("fednas")(InProcessGrid(client_app, config, 3), settings, tmp_path)
     method = settings.method_settings
     assert made[0].stages == planned(method, 3).stages != planned(method, 1).stages
+
+
+def test_quick_fednas_run_eta_after_its_first_round() -> None:
+    """configs/quick-fednas.toml's first search round took 57.6 s (5 clients x 2 epochs of
+    the mixed supernet); the rest of the run took about 3 minutes (2 more rounds, then 4
+    final rounds of about 15.5 s). With SEARCH_WORK at 2 the run ETA said 11m31s."""
+    from fedorasflwr.methods.fednas.runner import SEARCH_WORK, fednas_plan
+
+    settings = FedNASSettings(
+        search=TrainingRecipe(rounds=3, clients_per_round=5, local_epochs=2),
+        final=TrainingRecipe(rounds=4, clients_per_round=10, local_epochs=5),
+    )
+    estimate = fednas_plan(settings, nodes=20)
+    estimate.record("FedNAS", 1, 57.6)
+    left = estimate.remaining()
+    assert left == pytest.approx(2 * 57.6 + 4 * 10 * 5 * 57.6 / (5 * 2 * SEARCH_WORK))
+    assert 2 * 60 < left < 4 * 60

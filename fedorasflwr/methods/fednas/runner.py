@@ -32,9 +32,14 @@ from .strategy import FedNAS
 __all__ = ["SEARCH_WORK", "fednas_plan", "run_fednas"]
 
 #: one local search epoch, in client-epochs (the plan's unit of work: a local epoch of
-#: plain training): a weight step and an architecture step of the mixed supernet per
-#: batch, each a forward and backward through every operation; a rough guide
-SEARCH_WORK = 2.0
+#: plain training of the derived net): a weight step and an architecture step of the mixed
+#: supernet per batch, each a forward and backward through every operation of every edge.
+#: Measured on ``configs/quick-fednas.toml`` (2-core CPU): 5.8 s per client search epoch
+#: (3 rounds of 5 clients x 2 epochs, 58 s each) against 0.31 s per client-epoch of the
+#: derived net (4 final rounds of 10 clients x 5 epochs, 15.5 s each), so about 19; a rough
+#: guide until the final training's first round is timed (was 2: that preset's run ETA said
+#: 11m31s after its first round, 3 minutes before its end)
+SEARCH_WORK = 19.0
 
 
 def run_fednas(
