@@ -39,11 +39,13 @@ __all__ = ["ITERATION_WORK", "derived_cost", "dpfnas_plan", "run_dpfnas"]
 #: private exchanges, each a Poisson batch of ``dpfnas.batch-size`` samples with per-sample
 #: gradients through the mixed supernet (every operation of every edge), and the server's
 #: round trips, against a local epoch of the derived net over the party's partition.
-#: Measured on ``configs/quick-dpfnas.toml`` (20 parties, 2-core CPU): 0.87 s per party and
-#: iteration (iterations 1-2) against 0.93 s per client-epoch (the final rounds), so about
-#: 1; a rough guide until the final training's first round is timed (was 0.15, which with
-#: the plan's node count at ``min-nodes`` foresaw that preset at 41 minutes)
-ITERATION_WORK = 1.0
+#: Measured on ``configs/quick-dpfnas.toml`` (20 parties, a 2-core CPU under a steady load
+#: of about 8): 2.6 s per party and iteration (iterations 1-2: 54.4 s, 50.6 s) against
+#: 0.63 s per client-epoch (final rounds of 10 clients x 5 epochs: 23.6-42 s), so about 4
+#: (an earlier run under a changing load gave 0.87 s against 0.93 s). A rough guide until the
+#: final training's first round is timed; it was 0.15, which with the plan's node count at
+#: ``min-nodes`` (2, not the 20 parties) foresaw that preset at 41 minutes
+ITERATION_WORK = 4.0
 
 
 def run_dpfnas(
