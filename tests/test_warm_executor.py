@@ -136,3 +136,39 @@ def test_runs_as_a_module_without_a_second_copy_and_forgets_the_app_package() ->
     # run as `python -m` runs it, under another name: the app package stays `fedorasflwr`
     ran = runpy.run_module("fedorasflwr.launch.warm", run_name="__not_main__")
     assert ran["APP_PACKAGE"] == "fedorasflwr"
+
+
+def test_the_preload_leaves_no_first_call_import_to_a_task_and_starts_no_thread() -> None:
+    """What a forked task would import on its first optimiser (``torch._dynamo``, 2 CPU-s
+    per task: ``benchmarks/first_call.py``) is imported by the preload, which starts no
+    thread: the fork stays safe."""
+    from fedorasflwr.launch.warm import DEFAULT_PRELOAD
+
+    code = (
+        "import importlib, os, sys\n"
+        "importlib.import_module('torch')\n"
+        "threads = len(os.listdir('/proc/self/task'))\n"
+        f"for m in {list(DEFAULT_PRELOAD)!r}: importlib.import_module(m)\n"
+        "assert len(os.listdir('/proc/self/task')) == threads, 'a preload started a thread'\n"
+        "before = set(sys.modules)\n"
+        "import torch\n"
+        "net = torch.nn.Linear(3, 2)\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)\n"
+        "net(torch.randn(4, 3)).sum().backward(); opt.step()\n"
+        "new = sorted(m for m in set(sys.modules) - before if m.startswith('torch'))\n"
+        "print(new)\n"
+        "assert not new, new\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_first_call_benchmark_quick() -> None:
+    from tests.test_benchmarks import run_quick
+
+    saved = run_quick("first_call")
+    assert saved["headline"]["extra_threads"] == 0
+    rows = saved["rows"]
+    assert "torch._dynamo" in rows["torch+dynamo"]["preload"]
+    assert all(len(row["children"]) == saved["forks"] == 2 for row in rows.values())

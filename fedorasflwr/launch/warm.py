@@ -43,8 +43,12 @@ __all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_PRELOAD", "WarmExecutor", "check_po
 #: Seconds between two ``AcquireTask`` polls (Flower's ``flower-superexec``: 1.0).
 DEFAULT_POLL_INTERVAL = 0.1
 #: What the server imports once: torch and Flower's ClientApp runtime (the heavy part of
-#: a ClientApp's start), not the app, which each task imports from its FAB.
-DEFAULT_PRELOAD = ("torch", "flwr.supernode.runtime.run_clientapp")
+#: a ClientApp's start), not the app, which each task imports from its FAB; and
+#: ``torch._dynamo``, which ``torch.optim.Optimizer.__init__`` imports the first time it runs
+#: in a process: 1.7-2.1 CPU-s in every forked task when the parent has not imported it,
+#: 0.005 s when it has (``python benchmarks/first_call.py``). It starts no thread, so the
+#: fork stays safe (``tests/test_warm_executor.py``).
+DEFAULT_PRELOAD = ("torch", "torch._dynamo", "flwr.supernode.runtime.run_clientapp")
 #: The app's top-level package, forgotten in each child (see the module docstring); from
 #: ``__package__``, which ``python -m`` keeps (``__name__`` is then ``__main__``).
 APP_PACKAGE = (__package__ or "fedorasflwr").split(".", 1)[0]
