@@ -8,7 +8,8 @@ and the ledger).  The runner's ``Checkpointer`` turns a snapshot into
   written atomically (a temporary file, then ``os.replace``), so a crash while
   writing leaves the previous checkpoint whole;
 - a partial ``result.json`` beside it, saying where the run stopped and whether
-  it finished (``status``).
+  it finished (``status``: ``state`` running / finished / failed / interrupted, the stage,
+  its steps and whether it ended, the error once (``error_text``) or what interrupted it).
 
 A checkpoint holds plain values and tensors only, so ``torch.load(weights_only=True)``
 reads it (``artifacts.load_checkpoint`` also checks it).  Its entries:

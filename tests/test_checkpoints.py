@@ -296,6 +296,7 @@ def test_a_resumed_fdnas_search_equals_the_uninterrupted_one(data_cache, tmp_pat
     base = tiny_fdnas(data_cache, **{"fdnas.rounds": 2, "checkpoint-every": 1})
     whole, stopped, resumed = stopped_and_resumed(base, tmp_path, 10, FDNAS_SEARCH, stop=2)
     assert result_of(stopped)["status"] | {"error": None} == {
+        "state": "failed",
         "finished": False,
         "stage": "search",
         "step": 1,
@@ -320,7 +321,7 @@ def test_a_resumed_decnas_continues_after_its_last_global_model(data_cache, tmp_
     assert checkpoint["space"] == checkpoint["progress"]["frontier"][-1]["spec"]
     first, second = result_of(whole), result_of(resumed)
     assert [m["iteration"] for m in second["frontier"]] == [0, 1, 2]
-    for name in ("gm1.pt", "gm2.pt", "gm2-tuned.pt"):
+    for name in ("gm-1.pt", "gm-2.pt", "gm-2-tuned.pt"):
         assert_same_weights(whole / name, resumed / name)
     assert second["frontier"] == first["frontier"]
     assert second["history"] == first["history"]

@@ -144,9 +144,9 @@ KINDS = {
         "supernet.pt",
     ],
     "dpfnas": ["checkpoint.pt", "derived.pt", "supernet.pt"],
-    "decnas": ["checkpoint.pt", "gm0.pt", "gm1-tuned.pt", "gm1.pt"],
+    "decnas": ["checkpoint.pt", "gm-0.pt", "gm-1-tuned.pt", "gm-1.pt"],
     "fednas": ["checkpoint.pt", "derived.pt", "supernet.pt"],
-    **{m: ["checkpoint.pt", "tier1.pt", "tier2.pt", "tier3.pt", "tier4.pt"] for m in WIDTHS},
+    **{m: ["checkpoint.pt", "tier-1.pt", "tier-2.pt", "tier-3.pt", "tier-4.pt"] for m in WIDTHS},
 }
 
 
@@ -184,10 +184,10 @@ def test_decnas_result_arrays_is_the_tuned_model_and_its_file(runs):
         state = record.to_torch_state_dict()
         assert state.keys() == expected.keys()
         assert all(torch.equal(state[k], expected[k]) for k in state)
-    assert run.document["final-model"] == "gm1-tuned.pt"
+    assert run.document["final-model"] == "gm-1-tuned.pt"
     # the files hold these weights with BatchNorm statistics re-estimated on the server's
     # slice, as scored (runs.RunFiles.save_final): every weight equal, statistics refreshed
-    for name, weights in (("gm1-tuned.pt", tuned), ("gm1.pt", searched)):
+    for name, weights in (("gm-1-tuned.pt", tuned), ("gm-1.pt", searched)):
         written = load_checkpoint(run.out_dir / name)["state_dict"]
         assert written.keys() == weights.keys()
         statistics = {k for k in weights if k.endswith(("running_mean", "running_var"))}
@@ -195,7 +195,7 @@ def test_decnas_result_arrays_is_the_tuned_model_and_its_file(runs):
         assert trained and all(torch.equal(written[k], weights[k]) for k in trained)
         assert any(not torch.equal(written[k], weights[k]) for k in statistics)
     deployed = load_model(run.out_dir / run.document["final-model"])
-    original = _loaded(build_prunable(**final.spec), run.saved["gm1-tuned.pt"]["arrays"])
+    original = _loaded(build_prunable(**final.spec), run.saved["gm-1-tuned.pt"]["arrays"])
     _same_outputs(deployed, original, run.inputs)
 
 
@@ -311,7 +311,7 @@ GLOBAL_MODELS = {
     "fedoras": ("models", "tier-1.pt", "global-test-accuracy"),
     "cfdnas": ("nets", "fdnas.pt", "global-test-accuracy"),
     "dpfnas": (None, "derived.pt", "global-test-accuracy"),
-    "decnas": ("frontier", "gm0.pt", "global-test-accuracy"),
+    "decnas": ("frontier", "gm-0.pt", "global-test-accuracy"),
     "fednas": (None, "derived.pt", "global-test-accuracy"),
 }
 

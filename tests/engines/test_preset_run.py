@@ -115,8 +115,8 @@ def test_decnas_runs_on_the_simulation_engine(preset_run):
     assert entry["dropped"] == sorted(set(candidates) - set(kept))
     assert result["ledger"]["tune"]["totals"]["bytes_up"] == 0
     assert result["ledger"]["upload"]["totals"]["replies"] > 0
-    assert {"gm0.pt", "gm1.pt", "gm1-tuned.pt", "frontier.png"} <= set(result["files"])
-    checkpoint = load_checkpoint(run_dir / "gm1-tuned.pt")
+    assert {"gm-0.pt", "gm-1.pt", "gm-1-tuned.pt", "frontier.png"} <= set(result["files"])
+    checkpoint = load_checkpoint(run_dir / "gm-1-tuned.pt")
     net = build_prunable(**checkpoint["space"])
     net.load_state_dict(checkpoint["state_dict"])
     assert list(net.widths) == gm1["widths"]

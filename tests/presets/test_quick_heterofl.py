@@ -27,4 +27,4 @@ def test_every_tier_gets_its_width_and_reaches_five_times_chance(preset) -> None
         assert tier["global_test_accuracy"] >= MIN_ACCURACY, tier
     assert any("global test acc" in line for line in preset.summary)
     files = set(preset.document["files"])
-    assert {"tier1.pt", "tier4.pt", "tiers_accuracy.png"} <= files, files
+    assert {"tier-1.pt", "tier-4.pt", "tiers_accuracy.png"} <= files, files

@@ -179,22 +179,27 @@ def test_a_tiny_run_serves_every_tier(method, data_cache) -> None:
 
 
 def test_a_tier_model_file_loads_back_as_the_same_net(tmp_path) -> None:
+    from fedorasflwr.data import load_server_data
     from fedorasflwr.methods.widths.runner import save_tier
     from fedorasflwr.model_files import load_model
     from fedorasflwr.runs import RunFiles
+    from fedorasflwr.training import refresh_batchnorm
 
-    settings = parse_run_config(pyproject_run_config() | {"method": "heterofl", "onnx": False})
+    config = {"method": "heterofl", "onnx": False, "data.cache-dir": str(tmp_path / "cache")}
+    settings = parse_run_config(pyproject_run_config() | config)
     torch.manual_seed(0)
     full = to_numpy(ArrayRecord(width_net(MNIST, 1.0).state_dict()))
     arrays = to_record(sub_arrays(full, width_shapes(MNIST, 0.5)))
     run = RunFiles(tmp_path, settings, {"name": "widths-convnet", **MNIST}, None)
     save_tier(run, MNIST, 1, 0.5, arrays)
-    assert run.document()["files"] == ["tier1.pt"]
-    loaded = load_model(tmp_path / "tier1.pt").eval()
+    assert run.document()["files"] == ["tier-1.pt"]
+    loaded = load_model(tmp_path / "tier-1.pt").eval()
+    # the tier's slice, its BatchNorm statistics re-estimated on the server's slice (issue 41)
     net = width_net(MNIST, 0.5)
     net.load_state_dict(arrays.to_torch_state_dict())
+    refresh_batchnorm(net, load_server_data(settings.data))
     x = torch.randn(3, 1, 28, 28)
-    torch.testing.assert_close(loaded(x), net.eval()(x))
+    torch.testing.assert_close(loaded(x), net.cpu().eval()(x))
 
 
 def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> None:
@@ -222,8 +227,8 @@ def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> Non
     (stopped,) = (tmp_path / "stopped").iterdir()
     resumed_config = config("resumed", **{"resume-from": str(stopped / "checkpoint.pt")})
     resumed = run_main(InProcessGrid(client_app, resumed_config, 4), resumed_config)
-    for tier in range(1, 5):  # tier<t>.pt, 1-based
-        assert_same_weights(whole / f"tier{tier}.pt", resumed / f"tier{tier}.pt")
+    for tier in range(1, 5):  # tier-<t>.pt, 1-based
+        assert_same_weights(whole / f"tier-{tier}.pt", resumed / f"tier-{tier}.pt")
     first, second = result_of(whole), result_of(resumed)
     assert second["history"] == first["history"] and len(second["history"]) == 2
     assert stage_totals(second, "train") == stage_totals(first, "train")

@@ -179,5 +179,6 @@ def decnas_plan(settings: Any, nodes: int, layers: int) -> RunEstimate:
 
 
 def model_file(model: GlobalModel, tuned: bool) -> str:
-    """The name (without ``.pt``) of GM_t's file: ``gm<t>``, as tuned ``gm<t>-tuned``."""
-    return f"gm{model.iteration}" + ("-tuned" if tuned else "")
+    """The name (without ``.pt``) of GM_t's file: ``gm-<t>``, as tuned ``gm-<t>-tuned``
+    (``<kind>-<index>[-<variant>]`` as every method's model files; ``gm<t>`` before issue 41)."""
+    return f"gm-{model.iteration}" + ("-tuned" if tuned else "")

@@ -84,14 +84,15 @@ def run_widths(
 def save_tier(
     run: RunFiles, image: dict[str, int], tier: int, width: float, arrays: ArrayRecord
 ) -> FinalModel:
-    """``tier<t>.pt`` (and ``.onnx``; ``tier`` 1-based): the tier's model as a DecNAS
+    """``tier-<t>.pt`` (and ``.onnx``; ``tier`` 1-based, named as FedorAS's tier models;
+    ``tier<t>.pt`` before issue 41): the tier's model as a DecNAS
     prunable ConvNet at its width (``model_files.load_model`` rebuilds it; its keys gain the
     ``model.`` prefix), scored as written (``runs.RunFiles.save_final``)."""
     keys = {f"model.{k}": v for k, v in arrays.to_torch_state_dict().items()}
     spec = build_prunable("convnet", width=width, **image).spec
     net = load_prunable(spec, keys)
     return run.save_final(
-        f"tier{tier}",
+        f"tier-{tier}",
         net,
         ArrayRecord(net.state_dict()),
         stage="final",
