@@ -17,9 +17,9 @@ the entry existed is read by the same rules from what it holds):
 ``derived``    ``build_derived_network(space, genotype)``: a DARTS genotype    DP-FNAS
                                                                                ``derived.pt``
 ``prunable``   ``load_prunable(space, state_dict)``: a pruned conv/linear net  DecNAS
-                                                                               ``gm<t>*.pt``,
+                                                                               ``gm-<t>*.pt``,
                                                                                HeteroFL/FjORD
-                                                                               ``tier<t>.pt``
+                                                                               ``tier-<t>.pt``
 ``width``      ``width_net(space, space.get("width", 1.0))``: the width         HeteroFL/FjORD
                baselines' fixed ConvNet (``space["name"]`` =                   ``checkpoint.pt``
                ``"widths-convnet"``)
@@ -68,9 +68,10 @@ def load_model(path: Path | str) -> nn.Module:
 
     Reads any ``.pt`` a run writes: FedorAS ``tier-<k>.pt`` / ``tier-<k>-random-init.pt``
     and ``supernet.pt``; FDNAS / CFDNAS ``fdnas.pt``, ``cluster-<tag>.pt`` and
-    ``supernet.pt``; DP-FNAS / FedNAS ``derived.pt`` and ``supernet.pt``; DecNAS ``gm<t>.pt``
-    and ``gm<t>-tuned.pt``; HeteroFL / FjORD ``tier<t>.pt`` (a prunable ConvNet at the
-    tier's width); every method's ``checkpoint.pt`` (HeteroFL / FjORD's: the full-width
+    ``supernet.pt``; DP-FNAS / FedNAS ``derived.pt`` and ``supernet.pt``; DecNAS ``gm-<t>.pt``
+    and ``gm-<t>-tuned.pt``; HeteroFL / FjORD ``tier-<t>.pt`` (a prunable ConvNet at the
+    tier's width; files of runs before these names, ``gm<t>*.pt`` and ``tier<t>.pt``,
+    too); every method's ``checkpoint.pt`` (HeteroFL / FjORD's: the full-width
     ConvNet of ``search_spaces.widths.width_net``).  A supernet comes back as its
     search space: FedorAS's and FDNAS's run one path, ``model(batch, arch)``; DP-FNAS's
     the mixed DARTS network, ``model(batch)``.  The file is read with
