@@ -97,30 +97,26 @@ def save_frontier_model(run: runs.RunFiles, model: GlobalModel) -> None:
     (``runs.RunFiles.save_final``: BatchNorm statistics re-estimated on the server's slice);
     ``model`` gets the scores and keeps the weights as trained (the checkpoint's)."""
     extra = {"iteration": model.iteration, "macs": model.macs}
-    searched = run.save_final(
-        model_file(model, False),
-        build_prunable(**model.spec),
-        model.arrays,
-        stage="iterations",
-        builder=PRUNABLE,
-        space_spec=model.spec,
-        **extra,
-    )
-    if searched.score is not None:
-        model.global_test_accuracy = searched.score.accuracy
-        model.global_test_count = searched.score.count
+    versions = [(False, model.arrays, "iterations")]
     if model.tuned_arrays is not None:
-        tuned = run.save_final(
-            model_file(model, True),
+        versions.append((True, model.tuned_arrays, "final"))
+    for tuned, arrays, stage in versions:
+        saved = run.save_final(
+            model_file(model, tuned),
             build_prunable(**model.spec),
-            model.tuned_arrays,
-            stage="final",
+            arrays,
+            stage=stage,
             builder=PRUNABLE,
             space_spec=model.spec,
             **extra,
         )
-        if tuned.score is not None:
-            model.tuned_global_test_accuracy = tuned.score.accuracy
+        if saved.score is None:
+            continue
+        if tuned:
+            model.tuned_global_test_accuracy = saved.score.accuracy
+        else:
+            model.global_test_accuracy = saved.score.accuracy
+            model.global_test_count = saved.score.count
 
 
 #: ``decnas.resource`` -> the unit its budgets and costs are counted in, as result keys name it
