@@ -1,0 +1,47 @@
+"""The README's preset table quotes ``benchmarks/presets.py``'s recorded run: every preset is
+in it, each row's seconds and load are that run's, and the figures a row gives for a model are
+in that run's points (the run itself is the suite's ``tests/presets``, not repeated here)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.test_benchmarks import ROOT
+
+SAVED = json.loads((ROOT / "benchmarks/results/presets.json").read_text())
+ROWS = {row["preset"]: row for row in SAVED["rows"]}
+README = (ROOT / "README.md").read_text()
+
+
+def readme_row(preset: str) -> str:
+    lines = [line for line in README.splitlines() if f"`configs/quick-{preset}.toml`" in line]
+    assert len(lines) == 1, preset
+    return lines[0]
+
+
+def test_every_preset_ran_and_is_in_the_readme() -> None:
+    configs = sorted(p.stem.removeprefix("quick-") for p in (ROOT / "configs").glob("quick-*.toml"))
+    assert sorted(ROWS) == configs
+    assert all(row["exit"] == 0 and row["points"] for row in ROWS.values())
+
+
+@pytest.mark.parametrize("preset", sorted(ROWS))
+def test_the_readme_row_quotes_the_recorded_run(preset: str) -> None:
+    row = ROWS[preset]
+    line = readme_row(preset)
+    seconds, load = re.search(r"\| (\d+) \(([\d.]+)\) \|$", line).groups()
+    assert abs(int(seconds) - row["seconds"]) <= 0.5, (seconds, row["seconds"])
+    assert float(load) == pytest.approx(row["load-before"][0], abs=0.05)
+    recorded = {  # on the global test set, or on the model's own clients (CFDNAS's clusters)
+        f"{p[key]:.{digits}f}"
+        for p in row["points"]
+        for key in ("global_test_accuracy", "test_accuracy")
+        for digits in (2, 3)
+        if p[key] is not None
+    }
+    quoted = set(re.findall(r"0\.\d{2,3}(?= on |,|\)| at| down|;|-)", line))
+    accuracy = {q for q in quoted if q in recorded}
+    assert accuracy, f"{preset}: no recorded accuracy quoted in {line!r}"
