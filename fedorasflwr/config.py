@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from .data import DatasetInfo, DataSpec
 from .latency import DEFAULT_REPEATS, DEFAULT_STATISTIC, DEFAULT_WARMUP, STATISTICS, LatencyRequest
 from .methods import METHODS, settings_class
+from .search_spaces.cnn import HEADS
 from .training import check_device_setting
 
 __all__ = [
@@ -196,6 +197,7 @@ class SpaceSettings:
     width: float = 0.5
     layers_per_block: int = 4
     blocks: int = 3  # cnn_l only
+    head: str = "flatten"  # cnn_s and cnn_l: flatten | gap (the paper's)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> SpaceSettings:
@@ -215,9 +217,18 @@ class SpaceSettings:
                 f"run config 'space.blocks' = {blocks}: only the cnn_l space has a block count; "
                 f"'space.name' = {name!r} (leave space.blocks at {cls.blocks})"
             )
+        head = read_key(
+            cfg, "space.head", cls.head, str, lambda v: v in HEADS, "one of " + ", ".join(HEADS)
+        )
+        if head != cls.head and name not in ("cnn_s", "cnn_l"):
+            raise ValueError(
+                f"run config 'space.head' = {head!r}: only the cnn_s and cnn_l spaces have a "
+                f"head choice; 'space.name' = {name!r} (leave space.head at {cls.head!r})"
+            )
         return cls(
             name=name,
             blocks=blocks,
+            head=head,
             width=read_key(
                 cfg, "space.width", cls.width, float, lambda v: 0 < v <= 4, "0 < width <= 4"
             ),
@@ -263,6 +274,8 @@ def space_kwargs(space: SpaceSettings, info: DatasetInfo) -> dict[str, Any]:
     if space.name == "cnn_l":
         kwargs["layers_per_block"] = space.layers_per_block
         kwargs["blocks"] = space.blocks
+    if space.name in ("cnn_s", "cnn_l"):
+        kwargs["head"] = space.head
     if space.name == "mbconv":
         kwargs["layers_per_stage"] = space.layers_per_block
     if space.name == "darts":

@@ -182,6 +182,14 @@ def _check_fit(where: str, builder: str, state: Mapping[str, Any], model: nn.Mod
         raise ValueError(f"{where}: its weights do not fit its {builder!r} module: {reason}")
 
 
+def _with_head(spec: dict[str, Any]) -> dict[str, Any]:
+    """A ``cnn_s`` / ``cnn_l`` spec written before the head was a choice (fedorasflwr
+    < 0.3) names no head: those nets averaged the last feature map (``head="gap"``)."""
+    if spec.get("name") in ("cnn_s", "cnn_l") and "head" not in spec:
+        return {**spec, "head": "gap"}
+    return spec
+
+
 def _build(builder: str, spec: dict[str, Any], content: Mapping[str, Any]) -> nn.Module:
     if builder == PRUNABLE:
         return load_prunable(spec, content["state_dict"])
@@ -190,7 +198,7 @@ def _build(builder: str, spec: dict[str, Any], content: Mapping[str, Any]) -> nn
     if builder == WIDTH:
         image = {k: v for k, v in spec.items() if k not in ("name", "width")}
         return width_net(image, spec.get("width", 1.0))
-    space = build_space(**spec)
+    space = build_space(**_with_head(spec))
     if builder == SUBNET:
         return space.subnet([int(v) for v in content["arch"]])
     return space

@@ -2,9 +2,17 @@
 
 FedorAS paper, App. E.3 and Fig. 7: a fixed stem, searchable blocks of
 shape-preserving layers, each block followed by a fixed reduction block that
-halves the resolution and multiplies the channels by 1.5, then global average
-pooling and a linear classifier.  Channel counts scale with ``width`` (rounded
-to an even number, at least 4) so tests can run tiny networks.
+halves the resolution and multiplies the channels by 1.5, then a linear classifier.
+Channel counts scale with ``width`` (rounded to an even number, at least 4) so tests
+can run tiny networks.
+
+The classifier's input is the ``head``: ``"flatten"`` (the default) flattens the last
+feature map, ``"gap"`` averages it over space (global average pooling, the paper's
+Fig. 7). Under FedAvg on skewed clients the GAP head's nets train far more slowly than
+the same nets with a flatten head (issue 40, ``benchmarks/space_ablation.py``), so the
+flatten head is this project's default; ``head="gap"`` builds the paper's space (its
+parameter and MAC counts, ``tests/search_spaces/test_cnn_l_layout.py``). Files written
+before the head was a choice hold GAP nets (`fedorasflwr.model_files` reads them so).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from torch import Tensor, nn
 from .base import MixedOp, SearchSpace, image_spec, positive_float, positive_int, register_space
 from .ops import CONV_OPS, ConvNormAct, make_op
 
-__all__ = ["CNNLargeSpace", "CNNSmallSpace", "cnn_l", "cnn_s"]
+__all__ = ["HEADS", "CNNLargeSpace", "CNNSmallSpace", "cnn_l", "cnn_s"]
 
 LARGE_OPTIONS = (
     "conv1x1",
@@ -38,10 +46,26 @@ SMALL_OPTIONS = ("conv1x1", "conv3x3", "dsconv1x1_e2", *LARGE_OPTIONS[1:])
 
 CHANNEL_GROWTH = 1.5
 
+HEADS = ("flatten", "gap")
+"""What the classifier reads: the flattened last feature map, or its spatial mean."""
+
 
 def _channels(value: float) -> int:
     """Even (so expansion 0.5 splits channels evenly) and at least 4."""
     return max(4, 2 * round(value / 2))
+
+
+def _strided(size: int, stride: int) -> int:
+    """The output size of a 3x3 window with padding 1 at ``stride`` (every stem and
+    reduction of these spaces)."""
+    return (size - 1) // stride + 1
+
+
+def head_name(value: object) -> str:
+    """``value`` as one of :data:`HEADS`, or ``ValueError`` naming the allowed ones."""
+    if value not in HEADS:
+        raise ValueError(f"head must be one of {', '.join(HEADS)}, got {value!r}")
+    return str(value)
 
 
 class SeparableReduction(nn.Module):
@@ -84,12 +108,14 @@ class SearchBlock(nn.Module):
 
 
 class ConvSupernet(nn.Module):
-    """Stem -> (searchable block -> reduction) x N -> GAP -> linear."""
+    """Stem -> (searchable block -> reduction) x N -> head (flatten or GAP) -> linear."""
 
     def __init__(
         self,
         *,
         in_channels: int,
+        input_size: tuple[int, int],
+        head: str,
         stem_channels: int,
         stem_stride: int,
         block_layers: Sequence[int],
@@ -110,7 +136,14 @@ class ConvSupernet(nn.Module):
         # appear in forward order in named_modules().
         self.blocks = nn.ModuleList(blocks)
         self.reductions = nn.ModuleList(reductions)
-        self.classifier = nn.Linear(channels, num_classes)
+        self.flatten_head = head == "flatten"
+        features = channels
+        if self.flatten_head:  # every reduction halves the size (3x3 window, stride 2, padding 1)
+            height, width = (_strided(size, stem_stride) for size in input_size)
+            for _ in block_layers:
+                height, width = _strided(height, 2), _strided(width, 2)
+            features = channels * height * width
+        self.classifier = nn.Linear(features, num_classes)
 
     def forward(self, x: Tensor, arch: Sequence[int]) -> Tensor:
         x = self.stem(x)
@@ -119,7 +152,7 @@ class ConvSupernet(nn.Module):
             for layer in block.layers:
                 x = layer(x, next(options))
             x = reduction(x)
-        return self.classifier(x.mean((2, 3)))
+        return self.classifier(torch.flatten(x, 1) if self.flatten_head else x.mean((2, 3)))
 
 
 @register_space
@@ -128,7 +161,8 @@ class CNNLargeSpace(SearchSpace):
 
     Stem conv3x3 (64 x width channels, stride 1); ``blocks`` searchable blocks of
     ``layers_per_block`` layers with options :data:`LARGE_OPTIONS`, each
-    followed by a :class:`SeparableReduction`; GAP + linear.
+    followed by a :class:`SeparableReduction`; the ``head`` (flatten, or the paper's GAP)
+    and a linear classifier.
 
     The default, 3 blocks of 4, is the layout App. E.3's text describes; the paper's public
     code (``configs/datasets/cifar10.yaml``, ``cifar100.yaml``: ``blocks: [4,4,4,4]``) builds
@@ -147,15 +181,19 @@ class CNNLargeSpace(SearchSpace):
         width: float = 1.0,
         layers_per_block: int = 4,
         blocks: int = 3,
+        head: str = "flatten",
     ) -> None:
         spec = {
             **image_spec(num_classes, in_channels, input_height, input_width),
             "width": positive_float("width", width),
             "layers_per_block": positive_int("layers_per_block", layers_per_block),
             "blocks": positive_int("blocks", blocks),
+            "head": head_name(head),
         }
         net = ConvSupernet(
             in_channels=spec["in_channels"],
+            input_size=(spec["input_height"], spec["input_width"]),
+            head=spec["head"],
             stem_channels=_channels(64 * spec["width"]),
             stem_stride=1,
             block_layers=(spec["layers_per_block"],) * spec["blocks"],
@@ -177,7 +215,8 @@ class CNNSmallSpace(SearchSpace):
 
     Stem conv3x3 (16 x width channels, stride ``stem_stride``); searchable blocks
     of 1, 1 and 2 layers with options :data:`SMALL_OPTIONS`, each followed by a
-    :class:`PoolReduction`; GAP + linear.  Also fits MNIST-like 1x28x28 inputs.
+    :class:`PoolReduction`; the ``head`` (flatten, or the paper's GAP) and a linear
+    classifier.  Also fits MNIST-like 1x28x28 inputs.
     """
 
     name = "cnn_s"
@@ -190,14 +229,18 @@ class CNNSmallSpace(SearchSpace):
         input_width: int = 51,
         width: float = 1.0,
         stem_stride: int = 1,
+        head: str = "flatten",
     ) -> None:
         spec = {
             **image_spec(num_classes, in_channels, input_height, input_width),
             "width": positive_float("width", width),
             "stem_stride": positive_int("stem_stride", stem_stride),
+            "head": head_name(head),
         }
         net = ConvSupernet(
             in_channels=spec["in_channels"],
+            input_size=(spec["input_height"], spec["input_width"]),
+            head=spec["head"],
             stem_channels=_channels(16 * spec["width"]),
             stem_stride=spec["stem_stride"],
             block_layers=(1, 1, 2),

@@ -37,6 +37,9 @@ TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"  # fedorasflwr.client_app.TIMING_LOG_E
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 900.0
+#: the README's default search: about 5 minutes alone on 2 cores, but it starts first and
+#: shares the cores with two more workers' engine runs (a limit against a hang, not a goal)
+README_TIMEOUT = 1800.0
 
 
 @pytest.fixture
@@ -191,7 +194,7 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory) -> ReadmeRun:
             env=env,
             capture_output=True,
             text=True,
-            timeout=DEFAULT_TIMEOUT,
+            timeout=README_TIMEOUT,
         )
     except subprocess.TimeoutExpired:  # the killed launcher cannot stop its Flower processes
         stop_pids(find_pids(flwr_home=home), grace=5.0)

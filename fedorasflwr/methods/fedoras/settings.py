@@ -155,7 +155,7 @@ class FedorASSettings(MethodSettings):
     # measured on the node as run config ``latency.*`` asks; docs/fedoras.md).
     resource: str = "flops"
     train: TrainingRecipe = TrainingRecipe(
-        rounds=20, clients_per_round=10, local_epochs=5, batch_size=32, lr=0.1
+        rounds=8, clients_per_round=10, local_epochs=2, batch_size=32, lr=0.1
     )
     comm_budget: float = 0.5
     eval_every: int = 1
@@ -177,7 +177,7 @@ class FedorASSettings(MethodSettings):
     # batch 32, lr 0.01 cosine down by 10x, momentum 0.9).
     # The weight decay is Stage 1's (no key of its own).
     finetune: TrainingRecipe = TrainingRecipe(
-        rounds=10, clients_per_round=6, local_epochs=1, batch_size=32, lr=0.05
+        rounds=5, clients_per_round=6, local_epochs=1, batch_size=32, lr=0.05
     )
     finetune_lr_decay: float = 0.1
     finetune_lr_schedule: str = "cosine"

@@ -1,0 +1,324 @@
+"""Why FedorAS's nets lost to hand-made ones (issue 40): one net, trained by FedAvg, per factor.
+
+Each row trains one fixed network federatedly from scratch with one recipe (the issue's:
+MNIST-5k, 20 clients, Dirichlet ``alpha``, 10 clients per round, 2 local epochs, SGD
+lr 0.05 momentum 0.9, batch 32) and scores it on the global test set after re-estimating
+its BatchNorm statistics on the server slice (what every run reports). The networks:
+
+- ``cnn_s``: one fixed path of the FedorAS ``cnn_s`` space (width 0.5, the default run's
+  space), the seeded path whose MACs are nearest 0.56 M, built with each ``head``
+  (``flatten``: the project's default since issue 40; ``gap``: the paper's global average
+  pooling), each normalisation (``bn``; ``gn``: GroupNorm, 2 groups, the DP-safe choice;
+  ``none``) and width;
+- ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
+  MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
+- ``central``: the same nets trained on all clients' training data pooled (the control that
+  says whether a net is bad, or only slow under FedAvg).
+
+Every factor is one change from the default row, so a row's gap to its reference is that
+factor's share. ``--seeds`` runs each row once per seed (data split, sampling, init);
+the table prints the mean and the spread.
+
+    python benchmarks/space_ablation.py                 # the table (about 25 min on 2 cores)
+    python benchmarks/space_ablation.py --seeds 0 1 2   # three seeds per row (the deciding rows)
+    python benchmarks/space_ablation.py --rows head     # only some rows (see ROWS)
+    python benchmarks/space_ablation.py --quick         # smoke: 2 rounds, two rows, one seed
+
+Writes ``benchmarks/results/space_ablation.json`` (``.quick.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from common import ROOT, report, warm_data_cache
+
+sys.path.insert(0, str(ROOT))
+
+NUM_CLIENTS = 20
+TARGET_MACS = 0.56e6  # the issue's T1 net
+
+
+@dataclass(frozen=True)
+class Row:
+    """One trained network: which net, its head, normalisation and width, and the recipe."""
+
+    label: str
+    net: str = "cnn_s"  # cnn_s | convnet
+    head: str = "flatten"  # flatten | gap
+    norm: str = "bn"  # bn | gn | none (cnn_s only)
+    width: float = 0.5  # cnn_s space width
+    alpha: float = 0.1  # Dirichlet concentration; 0: IID
+    lr: float = 0.05
+    central: bool = False  # pooled training data, same SGD steps per epoch budget
+    rounds: int = 30
+    clients_per_round: int = 10
+    local_epochs: int = 2
+
+
+#: the table: each group of rows changes one factor from its group's first row
+ROWS: dict[str, list[Row]] = {
+    "head": [
+        Row("cnn_s flatten, alpha 0.1"),
+        Row("cnn_s GAP, alpha 0.1", head="gap"),
+        Row("ConvNet flatten, alpha 0.1", net="convnet"),
+        Row("ConvNet GAP, alpha 0.1", net="convnet", head="gap"),
+    ],
+    "skew": [
+        Row("cnn_s flatten, IID", alpha=0.0),
+        Row("cnn_s GAP, IID", head="gap", alpha=0.0),
+        Row("ConvNet flatten, IID", net="convnet", alpha=0.0),
+        Row("cnn_s flatten, alpha 1.0", alpha=1.0),
+        Row("cnn_s GAP, alpha 1.0", head="gap", alpha=1.0),
+        Row("ConvNet flatten, alpha 1.0", net="convnet", alpha=1.0),
+    ],
+    "central": [
+        Row("cnn_s flatten, centralised", central=True),
+        Row("cnn_s GAP, centralised", head="gap", central=True),
+        Row("ConvNet flatten, centralised", net="convnet", central=True),
+    ],
+    "norm": [
+        Row("cnn_s flatten, GroupNorm, alpha 0.1", norm="gn"),
+        Row("cnn_s flatten, no norm, alpha 0.1", norm="none"),
+    ],
+    "width": [
+        Row("cnn_s flatten, width 1.0, alpha 0.1", width=1.0),
+        Row("cnn_s GAP, width 1.0, alpha 0.1", head="gap", width=1.0),
+    ],
+    "lr": [
+        Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
+        Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
+    ],
+}
+
+
+def _config(alpha: float, seed: int) -> dict[str, Any]:
+    """The app's run config with this row's data: MNIST-5k, IID (alpha 0) or Dirichlet."""
+    from common import run_config
+
+    return run_config(
+        {
+            "data.partitioner": "iid" if alpha == 0 else "dirichlet",
+            "data.alpha": alpha or 1.0,
+            "data.global-test": True,
+            "seed": seed,
+        }
+    )
+
+
+def _data(alpha: float, seed: int) -> tuple[list[Any], Any, Any, dict[str, int]]:
+    """Every client's training split, the server slice, the global test set, the image."""
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.data import load_client_data, load_global_test, load_server_data
+    from fedorasflwr.data.catalog import dataset_info
+
+    spec = parse_run_config(_config(alpha, seed)).data
+    clients = [load_client_data(spec, i, NUM_CLIENTS).train for i in range(NUM_CLIENTS)]
+    info = dataset_info(spec)
+    channels, height, width = info.input_shape
+    image = {
+        "num_classes": info.num_classes,
+        "in_channels": channels,
+        "input_height": height,
+        "input_width": width,
+    }
+    return clients, load_server_data(spec), load_global_test(spec), image
+
+
+def cnn_s_path(image: dict[str, int], width: float) -> tuple[int, ...]:
+    """The seeded path of ``cnn_s`` (GAP head: the paper's costs) nearest TARGET_MACS."""
+    import numpy as np
+
+    from fedorasflwr.search_spaces import build_space
+
+    space = build_space("cnn_s", **image, width=width, head="gap")
+    rng = np.random.default_rng(0)
+    paths = [tuple(int(rng.integers(len(c.options))) for c in space.choices) for _ in range(500)]
+    return min(paths, key=lambda arch: abs(space.cost(arch).flops / 2 - TARGET_MACS))
+
+
+def _swap_norm(net: Any, norm: str) -> None:
+    """Replace every BatchNorm2d of ``net`` by GroupNorm (2 groups, affine) or Identity."""
+    from torch import nn
+
+    for module in list(net.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.BatchNorm2d):
+                channels = child.num_features
+                groups = 2 if channels % 2 == 0 else 1
+                new = nn.GroupNorm(groups, channels) if norm == "gn" else nn.Identity()
+                setattr(module, child_name, new)
+
+
+def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
+    """``row``'s network, seeded by the caller, and its MACs (one sample)."""
+    import torch
+
+    from fedorasflwr.search_spaces import build_space
+    from fedorasflwr.search_spaces.base import _count_flops
+    from fedorasflwr.search_spaces.widths import width_net
+
+    x = torch.zeros(1, image["in_channels"], image["input_height"], image["input_width"])
+    if row.net == "cnn_s":
+        arch = cnn_s_path(image, row.width)
+        net = build_space("cnn_s", **image, width=row.width, head=row.head).subnet(arch)
+        if row.norm != "bn":
+            _swap_norm(net, row.norm)
+        return net, _count_flops(net, x) // 2
+    # the ConvNet width whose MACs are nearest the cnn_s path's (default width)
+    reference = build_space("cnn_s", **image, width=0.5).subnet(cnn_s_path(image, 0.5))
+    target = _count_flops(reference, x) // 2
+    widths = [w / 100 for w in range(5, 101)]
+    width = min(widths, key=lambda w: abs(_count_flops(width_net(image, w), x) // 2 - target))
+    net = width_net(image, width)
+    if row.head == "gap":
+        net = _gap_convnet(net, image["num_classes"])
+    return net, _count_flops(net, x) // 2
+
+
+def _gap_convnet(convnet: Any, num_classes: int) -> Any:
+    """The ConvNet's convolutional blocks, then GAP and a linear classifier."""
+    from torch import nn
+
+    class GapConvNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = convnet.blocks
+            channels = [m for m in self.blocks.modules() if isinstance(m, nn.Conv2d)][-1]
+            self.classifier = nn.Linear(channels.out_channels, num_classes)
+
+        def forward(self, x: Any) -> Any:
+            for block in self.blocks:
+                x = block(x)
+            return self.classifier(x.mean((2, 3)))
+
+    return GapConvNet()
+
+
+def train_row(row: Row, seed: int) -> dict[str, Any]:
+    """FedAvg (or pooled SGD) of ``row``'s net; its global-test accuracy after BN refresh."""
+    import numpy as np
+    import torch
+    from torch.utils.data import ConcatDataset
+
+    from fedorasflwr.seeding import numpy_stream, seed_torch, stream_words
+    from fedorasflwr.training import (
+        evaluate,
+        has_batchnorm,
+        local_sgd,
+        ordered_loader,
+        refresh_batchnorm,
+    )
+
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    clients, server, test, image = _data(row.alpha, seed)
+    seed_torch(seed, "space-ablation-init")
+    net, macs = build_net(row, image)
+    config = {
+        "lr": row.lr,
+        "momentum": 0.9,
+        "batch-size": 32,
+        "local-epochs": row.local_epochs,
+    }
+    losses = []
+    if row.central:  # the same number of epochs over the pooled data as one client sees
+        pooled = ConcatDataset(clients)
+        for epoch in range(row.rounds):
+            done = local_sgd(
+                net,
+                pooled,
+                {**config, "local-epochs": 1},
+                stream_words(seed, "space-ablation-central", epoch),
+            )
+            losses.append(done.loss)
+    else:
+        rng = numpy_stream(seed, "space-ablation-sampling")
+        for round_ in range(row.rounds):
+            chosen = sorted(rng.choice(NUM_CLIENTS, row.clients_per_round, replace=False))
+            start = {k: v.clone() for k, v in net.state_dict().items()}
+            total, weighted, loss = 0, None, 0.0
+            for client in chosen:  # a fixed order: same seed, same sum
+                net.load_state_dict(start)
+                done = local_sgd(
+                    net,
+                    clients[client],
+                    config,
+                    stream_words(seed, "space-ablation", round_, int(client)),
+                )
+                n = len(clients[client])
+                state = net.state_dict()
+                if weighted is None:
+                    weighted = {k: v.double() * n for k, v in state.items()}
+                else:
+                    for k, v in state.items():
+                        weighted[k] += v.double() * n
+                total += n
+                loss += done.loss * n
+            net.load_state_dict({k: (v / total).to(start[k].dtype) for k, v in weighted.items()})
+            losses.append(loss / total)
+    if has_batchnorm(net):
+        refresh_batchnorm(net, server)
+    net.eval()
+    with torch.no_grad():
+        result = evaluate(net, ordered_loader(test), torch.device("cpu"))
+    return {
+        "row": row.label,
+        "seed": seed,
+        "settings": asdict(row),
+        "macs": int(macs),
+        "accuracy": result.correct / result.count,
+        "final_train_loss": losses[-1],
+        "finite": bool(np.isfinite(losses).all()),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def _job(args: tuple[Row, int]) -> dict[str, Any]:
+    return train_row(*args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=sorted(ROWS))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    rows = [row for group in args.rows for row in ROWS[group]]
+    if args.quick:
+        rows = [replace(r, rounds=2, clients_per_round=4) for r in ROWS["head"][:2]]
+        args.seeds = [0]
+    jobs = [(row, seed) for row in rows for seed in args.seeds]
+    alphas = sorted({row.alpha for row in rows})
+    warm_data_cache([_config(a, s) for a in alphas for s in args.seeds], NUM_CLIENTS)
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        results = list(pool.map(_job, jobs))
+    table: dict[str, dict[str, Any]] = {}
+    for result in results:
+        entry = table.setdefault(result["row"], {"macs": result["macs"], "accuracy": []})
+        entry["accuracy"].append(result["accuracy"])
+    print(f"{'row':<44} {'MACs':>9} {'accuracy (mean, per seed)':>30}")
+    for label, entry in table.items():
+        accs = entry["accuracy"]
+        entry["mean"] = statistics.fmean(accs)
+        print(
+            f"{label:<44} {entry['macs'] / 1e6:>8.3f}M {entry['mean']:>8.3f}  "
+            + " ".join(f"{a:.3f}" for a in accs)
+        )
+    summary: dict[str, Any] = {"rows": len(table), "seeds": len(args.seeds)}
+    for key, label in (("flatten", rows[0].label), ("gap", rows[1].label)):
+        if label in table:
+            summary[f"cnn_s_{key}"] = round(table[label]["mean"], 3)
+    report("space_ablation", args.quick, summary, {"rows": table, "runs": results})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
