@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 __all__ = ["__version__", "load_model"]
 
 #: the package's version (semantic versioning; every public change is in CHANGELOG.md)
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def __getattr__(name: str) -> object:

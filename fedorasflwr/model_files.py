@@ -184,7 +184,7 @@ def _check_fit(where: str, builder: str, state: Mapping[str, Any], model: nn.Mod
 
 def _with_head(spec: dict[str, Any]) -> dict[str, Any]:
     """A ``cnn_s`` / ``cnn_l`` spec written before the head was a choice (fedorasflwr
-    < 0.3) names no head: those nets averaged the last feature map (``head="gap"``)."""
+    < 0.3.0) names no head: those nets averaged the last feature map (``head="gap"``)."""
     if spec.get("name") in ("cnn_s", "cnn_l") and "head" not in spec:
         return {**spec, "head": "gap"}
     return spec

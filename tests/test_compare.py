@@ -14,7 +14,7 @@ import pytest
 
 from fedorasflwr.compare import cli, execute, read_spec
 from fedorasflwr.compare.cli import scaled_rounds
-from fedorasflwr.compare.leaderboard import pareto
+from fedorasflwr.compare.leaderboard import flag_near_chance, markdown, pareto
 from fedorasflwr.config import known_keys
 from fedorasflwr.methods import METHODS, ROUND_KEYS, points_function
 from fedorasflwr.results import POINT_FIELDS
@@ -119,6 +119,8 @@ def test_the_leaderboard_states_the_budget_and_has_a_row_per_model(compared) -> 
     assert rows[0]["best_at_cost"] is True  # the cheapest model is the best at its cost
     for row in rows:
         assert f"| {row['method']} | {row['model']} |" in markdown
+        assert row["near_chance"] in (True, False)  # chance is known: every row judged
+    assert content["chance"] == pytest.approx(0.1)
 
 
 def test_every_number_is_the_run_s_own(compared) -> None:
@@ -296,6 +298,38 @@ def test_pareto_marks_the_best_model_at_each_cost() -> None:
         ("f", True),
         ("e", False),
     ]
+
+
+def test_a_model_near_chance_is_flagged_in_the_json_the_table_and_the_log(caplog) -> None:
+    rows = [
+        {"method": "heterofl", "model": "tier 1", "global_test_accuracy": 0.15},  # 1.5 x 0.1
+        {"method": "fjord", "model": "tier 1", "global_test_accuracy": 0.151},
+        {"method": "fedoras", "model": "tier 1", "global_test_accuracy": 0.9},
+        {"method": "fednas", "model": "net", "global_test_accuracy": None},
+    ]
+    with caplog.at_level("WARNING"):
+        flagged = flag_near_chance(rows, "global_test_accuracy", 0.1)
+    assert [r["method"] for r in flagged] == ["heterofl"]
+    assert [r["near_chance"] for r in rows] == [True, False, False, None]
+    assert "heterofl's model tier 1 is near chance" in caplog.text
+    assert "fjord" not in caplog.text
+    assert flag_near_chance([dict(rows[0])], "global_test_accuracy", None)[0:] == []
+    content = {
+        "setting_text": "s",
+        "engine": "in-process",
+        "nodes": 4,
+        "budget": {"rule": "rounds", "statement": "as set"},
+        "ranked_by": "global_test_accuracy",
+        "methods": [],
+        "chance": 0.1,
+        "near_chance": ["heterofl tier 1"],
+        "rows": rows,
+    }
+    text = markdown(content)
+    assert "near chance" in text and "Near chance here: heterofl tier 1." in text
+    (flagged_line,) = [line for line in text.splitlines() if "| heterofl |" in line]
+    assert flagged_line.rstrip().endswith("**WARNING** |")
+    assert all("WARNING" not in line for line in text.splitlines() if "| fjord |" in line)
 
 
 def test_the_quick_comparison_file_is_valid() -> None:

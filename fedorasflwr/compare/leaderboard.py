@@ -6,8 +6,11 @@ of each run's result.json: ``methods.points_function``), the budget each method 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from logging import WARNING
 from pathlib import Path
 from typing import Any
+
+from flwr.common.logger import log
 
 from ..artifacts import write_json
 from ..costs import COST_CONVENTION, macs_to_flops
@@ -15,7 +18,20 @@ from ..methods import points_function
 from ..plots import PALETTE, accuracy_axis, figure, finish, flops_axis
 from ..progress import fmt
 
-__all__ = ["MARKERS", "client_flops", "ledger_totals", "pareto", "rows_of", "write_leaderboard"]
+__all__ = [
+    "CHANCE_FACTOR",
+    "MARKERS",
+    "client_flops",
+    "flag_near_chance",
+    "ledger_totals",
+    "pareto",
+    "rows_of",
+    "write_leaderboard",
+]
+
+#: a model whose accuracy is within this multiple of chance is flagged (issue 40): a user is
+#: never shown a model that learnt next to nothing as a result without a warning
+CHANCE_FACTOR = 1.5
 
 #: one marker and colour per method (the plots' palette and a brown: eight methods)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -71,6 +87,36 @@ def pareto(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return ordered
 
 
+def flag_near_chance(
+    rows: list[dict[str, Any]], key: str, chance: float | None
+) -> list[dict[str, Any]]:
+    """Mark each row ``near_chance``: its ``key`` accuracy is at most :data:`CHANCE_FACTOR`
+    x ``chance`` (None where either is unknown); log a WARNING per flagged row, naming the
+    method and the model. Returns the flagged rows."""
+    flagged = []
+    for row in rows:
+        value = row.get(key)
+        row["near_chance"] = (
+            None
+            if chance is None or value is None
+            else bool(value <= CHANCE_FACTOR * chance + 1e-9)
+        )
+        if row["near_chance"]:
+            flagged.append(row)
+            log(
+                WARNING,
+                "leaderboard: %s's model %s is near chance (%s %.3f <= %.1f x chance %.3f): "
+                "it learnt next to nothing at these settings; more rounds or a lower lr",
+                row["method"],
+                row.get("model"),
+                key,
+                value,
+                CHANCE_FACTOR,
+                chance,
+            )
+    return flagged
+
+
 def write_leaderboard(
     out: Path,
     header: Mapping[str, Any],
@@ -83,6 +129,7 @@ def write_leaderboard(
     ``methods``: one entry per method (its run, budget spent, status)."""
     key = accuracy_key(rows)
     ordered = pareto(rows, key)
+    near_chance = flag_near_chance(ordered, key, chance)
     order = [m["method"] for m in methods]
     plot = plot_leaderboard(out / "leaderboard.png", ordered, chance, order)
     content = {
@@ -97,6 +144,8 @@ def write_leaderboard(
             "latency_ms": "milliseconds on the nodes' measured latency tables",
         },
         "methods": list(methods),
+        "chance": chance,
+        "near_chance": [f"{r['method']} {r.get('model')}" for r in near_chance],
         "rows": ordered,
         "plot": None if plot is None else plot.name,
     }
@@ -175,7 +224,7 @@ def markdown(content: Mapping[str, Any]) -> str:
         "",
         "`*`: the best model at its cost (no model of the same or fewer MACs is as accurate "
         f"by `{content['ranked_by']}`). Clients' test accuracy pools the test splits the "
-        "scope names; the global test set is the same for every method.",
+        "scope names; the global test set is the same for every method. " + _chance_note(content),
         "",
     ]
     header = [
@@ -189,6 +238,7 @@ def markdown(content: Mapping[str, Any]) -> str:
         "test scope",
         "latency ms",
         "epsilon",
+        "near chance",
     ]
     rows = [
         [
@@ -202,6 +252,7 @@ def markdown(content: Mapping[str, Any]) -> str:
             _cell(r.get("test_scope")),
             _cell(r.get("latency_ms")),
             _cell(r.get("epsilon")),
+            "**WARNING**" if r.get("near_chance") else "",
         ]
         for r in content["rows"]
     ]
@@ -209,6 +260,19 @@ def markdown(content: Mapping[str, Any]) -> str:
     if content.get("plot"):
         lines += ["", f"![accuracy against cost]({content['plot']})"]
     return "\n".join(lines) + "\n"
+
+
+def _chance_note(content: Mapping[str, Any]) -> str:
+    chance = content.get("chance")
+    if chance is None:
+        return ""
+    note = (
+        f"Chance is {fmt(chance)}; **WARNING** marks a model within {CHANCE_FACTOR} x chance "
+        f"({fmt(CHANCE_FACTOR * chance)}): it learnt next to nothing."
+    )
+    if content.get("near_chance"):
+        note += " Near chance here: " + ", ".join(content["near_chance"]) + "."
+    return note
 
 
 def plot_leaderboard(
