@@ -78,7 +78,7 @@ def mixed_forward(space: nn.Module, x: Tensor, weights: Sequence[Tensor]) -> Ten
 
     ``space`` is a ``cnn_l`` / ``cnn_s`` space; ``weights[l]`` holds one weight
     per option of layer ``l``.  Mirrors ``ConvSupernet.forward`` (stem, blocks
-    and reductions, GAP, classifier) with the space's own modules, so one-hot
+    and reductions, head and classifier) with the space's own modules, so one-hot
     weights give exactly ``space(x, arch)``.
     """
     from fedorasflwr.search_spaces.cnn import ConvSupernet
@@ -95,7 +95,7 @@ def mixed_forward(space: nn.Module, x: Tensor, weights: Sequence[Tensor]) -> Ten
             w = next(layer_weights)
             x = sum(w[o] * layer.ops[key](x) for o, key in enumerate(layer.option_keys))
         x = reduction(x)
-    return net.classifier(x.mean((2, 3)))
+    return net.classify(x)
 
 
 @contextlib.contextmanager

@@ -152,6 +152,11 @@ class ConvSupernet(nn.Module):
             for layer in block.layers:
                 x = layer(x, next(options))
             x = reduction(x)
+        return self.classify(x)
+
+    def classify(self, x: Tensor) -> Tensor:
+        """The logits of the last feature map ``x``: its head (flatten or GAP), then the
+        linear classifier."""
         return self.classifier(torch.flatten(x, 1) if self.flatten_head else x.mean((2, 3)))
 
 
