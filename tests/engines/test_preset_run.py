@@ -104,15 +104,18 @@ def test_decnas_runs_on_the_simulation_engine(preset_run):
     assert 0.0 <= gm1["tuned_test_accuracy"] <= 1.0
     (entry,) = result["history"]
     # A candidate per layer that can shed the step on the timed table (under load a layer's
-    # noisy entries may leave it out: 5 of 6 seen in CI), then early dropping removes the
-    # worst ceil(alpha x candidates) by their recorded degradation (netadapt's own rule).
+    # noisy entries may leave it out: 5 of 6 seen in CI, 1 of 6 at load 9-12), then early
+    # dropping removes the worst ceil(alpha x candidates) by their recorded degradation
+    # (netadapt's own rule; tests/strategies/test_decnas_rules.py has it by hand).
     candidates = sorted(int(c) for c in entry["degradation"])
-    assert 2 <= len(candidates) <= len(gm1["widths"])
+    assert 1 <= len(candidates) <= len(gm1["widths"])
     ratios = {int(c): float(r) for c, r in entry["degradation"].items()}
     alpha = result["settings"]["decnas"]["drop_ratio"]
     kept = survivors_after_drop(ratios, len(candidates), alpha)
-    assert entry["survivors"] == sorted(kept) and len(entry["dropped"]) >= 1
+    assert entry["survivors"] == sorted(kept)
     assert entry["dropped"] == sorted(set(candidates) - set(kept))
+    if len(candidates) >= 2:  # something to drop
+        assert len(entry["dropped"]) >= 1
     assert result["ledger"]["tune"]["totals"]["bytes_up"] == 0
     assert result["ledger"]["upload"]["totals"]["replies"] > 0
     assert {"gm-0.pt", "gm-1.pt", "gm-1-tuned.pt", "frontier.png"} <= set(result["files"])
