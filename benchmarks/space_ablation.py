@@ -19,8 +19,8 @@ Every factor is one change from the default row, so a row's gap to its reference
 factor's share. ``--seeds`` runs each row once per seed (data split, sampling, init);
 the table prints the mean and the spread.
 
-    python benchmarks/space_ablation.py                 # the table (about 25 min on 2 cores)
-    python benchmarks/space_ablation.py --seeds 0 1 2   # three seeds per row (the deciding rows)
+    python benchmarks/space_ablation.py                 # every row, seed 0 (not yet timed)
+    python benchmarks/space_ablation.py --rows head --seeds 0 1 2   # 12 runs: 30 min on 2 cores
     python benchmarks/space_ablation.py --rows head     # only some rows (see ROWS)
     python benchmarks/space_ablation.py --quick         # smoke: 2 rounds, two rows, one seed
 
