@@ -335,9 +335,9 @@ def first_round_accuracy(run: Round, config: dict[str, Any]) -> list[dict[str, A
             {
                 "aggregation": rule.describe(),
                 "rounds": 1,
-                "val-accuracy": float(metrics["accuracy"]),
-                "val-accuracy-min": float(metrics["accuracy-min"]),
-                "val-accuracy-max": float(metrics["accuracy-max"]),
+                "val-accuracy": float(metrics["val-accuracy"]),
+                "val-accuracy-min": float(metrics["val-accuracy-min"]),
+                "val-accuracy-max": float(metrics["val-accuracy-max"]),
                 "seconds": round(time.perf_counter() - start, 1),
             }
         )

@@ -11,16 +11,16 @@ import os
 # process that imported torch earlier keeps its policy; an explicit setting wins).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__all__ = ["__version__", "load_model"]
+__all__ = ["__version__", "load_model", "save_model"]
 
 #: the package's version (semantic versioning; every public change is in CHANGELOG.md)
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 def __getattr__(name: str) -> object:
-    # ``import fedorasflwr`` stays light (no torch) until ``load_model`` is asked for
-    if name == "load_model":
-        from .model_files import load_model
+    # ``import fedorasflwr`` stays light (no torch) until a model function is asked for
+    if name in ("load_model", "save_model"):
+        from . import model_files
 
-        return load_model
+        return getattr(model_files, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -615,8 +615,11 @@ def known_keys() -> frozenset[str]:
     return frozenset(asked | {f"data.{key}" for key in DataSpec().to_config()})
 
 
-def check_known_keys(keys: Iterable[str]) -> None:
+def check_known_keys(keys: Iterable[str], known: Iterable[str] | None = None) -> None:
     """Raise ``ValueError`` if a key is not a run-config key, with the closest known one.
+
+    `known` is the set of keys an app accepts (another Flower app's own
+    ``[tool.flwr.app.config]``); ``None``: this package's (`known_keys`).
 
     Raises
     ------
@@ -624,7 +627,7 @@ def check_known_keys(keys: Iterable[str]) -> None:
         ``run config key 'fedoras.round' is unknown; did you mean 'fedoras.rounds'?``
         (one line per unknown key).
     """
-    known = known_keys()
+    known = known_keys() if known is None else frozenset(known)
     unknown = sorted(set(keys) - known)
     if not unknown:
         return
@@ -702,7 +705,7 @@ def _resume_from(cfg: Mapping[str, Any], own: MethodSettings) -> str:
 
 
 #: names that lived here until 0.1.0 and moved (old name -> ``module:name``): still
-#: importable from here, with a ``DeprecationWarning``, until 0.3.0 (CHANGELOG.md)
+#: importable from here, with a ``DeprecationWarning``, until 0.5.0 (CHANGELOG.md)
 MOVED = {
     "FedorASSettings": "fedorasflwr.methods.fedoras.settings:FedorASSettings",
     "FDNASSettings": "fedorasflwr.methods.fdnas.settings:FDNASSettings",
@@ -726,7 +729,7 @@ def __getattr__(name: str) -> Any:
     warnings.warn(
         f"fedorasflwr.config.{name} moved to {module_name}.{attribute} in 0.2.0 "
         f"(settings classes: import them from fedorasflwr.strategies); the old path goes "
-        f"in 0.3.0",
+        f"in 0.5.0",
         DeprecationWarning,
         stacklevel=2,
     )

@@ -35,21 +35,26 @@ architecture, is refused before a byte of it is allocated.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from flwr.app import ArrayRecord
 from torch import nn
 
-from .artifacts import check_state, load_checkpoint
+from .artifacts import check_state, load_checkpoint, save_checkpoint
 from .search_spaces import build_space
-from .search_spaces.base import space_class
+from .search_spaces.base import SearchSpace, Subnet, space_class
 from .search_spaces.darts_style import build_derived_network
-from .search_spaces.prunable import load_prunable, meta_prunable
+from .search_spaces.prunable import PrunableNet, load_prunable, meta_prunable
 from .search_spaces.widths import width_net
 
-__all__ = ["BUILDER", "BUILDERS", "WIDTHS_NET", "builder_of", "load_model"]
+__all__ = ["BUILDER", "BUILDERS", "WIDTHS_NET", "builder_of", "load_model", "save_model"]
 
 #: the entry of a model file that names how its module is rebuilt
 BUILDER = "builder"
@@ -62,7 +67,92 @@ WIDTHS_NET = "widths-convnet"
 NEEDS = {SUBNET: "arch", DERIVED: "genotype"}
 
 
-def load_model(path: Path | str) -> nn.Module:
+def save_model(
+    path: Path | str,
+    module: nn.Module,
+    *,
+    space: SearchSpace | Mapping[str, Any] | None = None,
+    genotype: Any = None,
+    stage: str = "final",
+    **extra: Any,
+) -> Path:
+    """Write ``module`` as a model file `load_model` reads back into the same module.
+
+    What ``module`` may be, and the file's ``builder``:
+
+    - a search space (``SearchSpace``, e.g. FedorAS's supernet): ``"space"``;
+    - one path of it, ``space.subnet(arch)`` (``Subnet``): ``"subnet"``, with its ``arch``;
+    - a pruned conv/linear net (``PrunableNet``, DecNAS's ``GM_t``; ``build_prunable`` wraps
+      any model of yours): ``"prunable"``;
+    - a derived DARTS network (``space.derived_network(genotype)``): ``"derived"``; pass its
+      ``space`` (the space or its ``spec``) and ``genotype`` (``space.genotype()`` or its
+      ``to_text()``), which the network does not carry.
+
+    Before anything is written the module is rebuilt from what the file will hold, on the
+    meta device (no weights), and its ``state_dict`` checked against it: a module whose
+    class ``load_model`` could not import (defined inside a function, a path that imports
+    another class) or whose weights the rebuilt module would not take is refused here, not
+    when the file is read. The file is written atomically (a reader sees the previous file
+    or the new one). ``stage`` and ``extra`` (plain values: numbers, strings, lists) are kept
+    in the file for you.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    TypeError
+        ``module`` is none of the kinds above.
+    ValueError
+        The module cannot be rebuilt from the file (naming why).
+    """
+    path = Path(path)
+    entries: dict[str, Any] = {}
+    if isinstance(module, SearchSpace):
+        builder, spec = SPACE, module.spec
+    elif isinstance(module, Subnet):
+        builder, spec = SUBNET, module.spec
+        entries["arch"] = [int(v) for v in module.arch]
+    elif isinstance(module, PrunableNet):
+        builder, spec = PRUNABLE, module.spec
+    elif genotype is not None and space is not None:
+        builder = DERIVED
+        spec = space.spec if isinstance(space, SearchSpace) else dict(space)
+        to_text = getattr(genotype, "to_text", None)  # a Genotype, or its text
+        entries["genotype"] = str(to_text() if callable(to_text) else genotype)
+    else:
+        raise TypeError(
+            f"save_model: a {type(module).__module__}.{type(module).__qualname__} is not a "
+            "module load_model rebuilds; pass a SearchSpace, one of its subnet(arch), a "
+            "PrunableNet (build_prunable(model, input_shape) wraps a conv/linear model of "
+            "yours) or a derived DARTS network with space= and genotype="
+        )
+    if genotype is not None and builder != DERIVED:
+        raise ValueError(f"save_model: genotype= is for a derived DARTS network, not a {builder}")
+    clash = sorted(set(extra) & {"space", "state_dict", "stage", BUILDER, *entries})
+    if clash:
+        raise ValueError(f"save_model: {clash} are entries save_model writes itself")
+    where = f"save_model {str(path)!r}"
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    content = {"space": dict(spec), "state_dict": state, BUILDER: builder, **entries}
+    _check_fit(where, builder, state, _rebuilt(builder, content, where, meta=True))
+    temporary = path.with_name(f".{path.name}.tmp")
+    save_checkpoint(
+        temporary,
+        space_spec=spec,
+        arrays=ArrayRecord(state),
+        stage=stage,
+        **{BUILDER: builder},
+        **entries,
+        **extra,
+    )
+    os.replace(temporary, path)
+    return path
+
+
+def load_model(path: Path | str, *, import_packages: bool = True) -> nn.Module:
     """The module a model file of this package holds, its weights loaded, on the CPU, in
     eval mode: ``load_model("outputs/.../tier-1.pt")(batch)`` gives the logits.
 
@@ -78,10 +168,13 @@ def load_model(path: Path | str) -> nn.Module:
     ``torch.load(weights_only=True)``: it runs no code of its own; and what it declares
     (every tensor's shape, dtype and storage) is checked against the bytes it holds and
     against the module it names, built on the meta device, before any tensor is
-    materialised: a crafted file allocates nothing.  A space or model class
-    of your own (an import path in ``space["name"]``) is imported only from a package this
-    process has already loaded (``search_spaces.build_space``): import your package before
-    the call; a file never makes the process load a package it names.
+    materialised: a crafted file allocates nothing.  A file of your own model
+    (`save_model`) names its class by import path (``"pkg.module:Class"`` in
+    ``space["name"]``): with ``import_packages`` (the default) its top-level package is
+    imported when it is importable here (installed, or on ``sys.path``) and not loaded yet;
+    with ``import_packages=False`` only packages this process has already imported are
+    used (``search_spaces.build_space``), so a file never makes the process import a
+    package it names.
 
     Raises
     ------
@@ -102,6 +195,8 @@ def load_model(path: Path | str) -> nn.Module:
 
     def fits(declared: dict[str, Any]) -> None:
         builder = _builder_needs(declared, where)
+        if import_packages:
+            _import_package_of(declared["space"], where)
         meta = _rebuilt(builder, declared, where, meta=True)
         _check_fit(where, builder, declared["state_dict"], meta)
 
@@ -111,6 +206,30 @@ def load_model(path: Path | str) -> nn.Module:
     _check_fit(where, builder, content["state_dict"], model)
     model.load_state_dict(content["state_dict"], strict=True)
     return model.eval()
+
+
+def _import_package_of(spec: Mapping[str, Any], where: str) -> None:
+    """Import the top-level package of the import path in ``spec["name"]`` (a class of the
+    user's own, ``"pkg.module:Class"``) when it is importable and not loaded yet, so
+    ``search_spaces.base.import_class`` may import its module."""
+    name = spec.get("name") if isinstance(spec, Mapping) else None
+    if not isinstance(name, str) or ":" not in name:
+        return
+    package = name.partition(":")[0].split(".")[0]
+    if not package.isidentifier() or package in sys.modules:
+        return
+    if importlib.util.find_spec(package) is None:
+        raise ValueError(
+            f"{where}: its model class {name!r} is in package {package!r}, which is not "
+            "importable here: install it, or put its directory on sys.path"
+        )
+    try:
+        importlib.import_module(package)
+    except Exception as error:  # the package's own import failed: say so, and where
+        raise ValueError(
+            f"{where}: importing {package!r} (the package of its model class {name!r}) "
+            f"failed: {type(error).__name__}: {error}"
+        ) from error
 
 
 def builder_of(content: Mapping[str, Any], where: str = "model file") -> str:

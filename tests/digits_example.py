@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fedorasflwr import load_model
 from fedorasflwr.search_spaces import build_space
 from tests.example_apps import EXAMPLES, app_run_config, import_app
 
@@ -64,9 +65,9 @@ def check_result(out: Path, config: dict[str, Any]) -> dict[str, Any]:
             assert isinstance(model[key], float) and 0.0 <= model[key] <= 1.0, model
         assert model["test-examples"] > 0 and model["test-clients"] > 0
         ckpt = torch.load(out / f"tier-{model['tier']}.pt", weights_only=True)
-        assert ckpt["arch"] == model["arch"]
-        net = build_space(**ckpt["space"]).subnet(ckpt["arch"])
-        net.load_state_dict(ckpt["state_dict"])
+        assert ckpt["arch"] == model["arch"] and ckpt["builder"] == "subnet"  # save_model's
+        net = load_model(out / f"tier-{model['tier']}.pt")
+        assert list(net.arch) == model["arch"]
         with torch.no_grad():
-            assert net.eval()(images).shape == (len(images), 10)
+            assert net(images).shape == (len(images), 10)
     return found

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fedorasflwr.search_spaces import load_prunable
+from fedorasflwr import load_model
 from tests.example_apps import EXAMPLES, app_run_config, import_app
 
 EXAMPLE_DIR = EXAMPLES / "netadapt"
@@ -34,7 +34,7 @@ def check_result(out: Path, config: dict[str, Any]) -> tuple[dict[str, Any], flo
     partition id).
 
     The frontier runs GM_0 .. GM_T with MACs falling and at most ``decnas.target`` of GM_0's
-    at the end; ``model.pt`` rebuilds (``load_prunable``) as the pruned ``ShapesNet`` of
+    at the end; ``model.pt`` rebuilds (``load_model``) as the pruned ``ShapesNet`` of
     GM_T's widths and MACs, holding the tuned weights.
     """
     import_example()
@@ -59,8 +59,9 @@ def check_result(out: Path, config: dict[str, Any]) -> tuple[dict[str, Any], flo
     assert final["tuned"] and final["test-accuracy"] == frontier[-1]["tuned-test-accuracy"]
 
     ckpt = torch.load(out / final["file"], weights_only=True)
-    net = load_prunable(ckpt["space"], ckpt["state_dict"])
-    assert isinstance(net.model, ShapesNet) and ckpt["stage"] == "final"
+    assert ckpt["builder"] == "prunable" and ckpt["stage"] == "final"  # save_model's
+    net = load_model(out / final["file"])
+    assert isinstance(net.model, ShapesNet)
     assert list(net.widths) == final["widths"] and net.cost().flops // 2 == final["macs"]
     fresh, _, _ = partition(int(config["seed"]), 1000, 200, float(config["noise"]))
     images, labels = fresh.tensors

@@ -196,3 +196,82 @@ def test_a_bad_value_exits_2_at_once_from_the_command_line(tmp_path):
     assert "FAILED" not in result.stderr and result.stderr.count("\n") == 1  # one line
     assert not home.exists()  # no SuperLink ever got a home
     assert took < 60, took  # the interpreter, torch's import and the parse; no engine
+
+
+# --- another Flower app (a library user's): its own keys, no output-dir of ours ------------
+
+LIBRARY_APP = """
+[tool.flwr.app]
+publisher = "someone"
+
+[tool.flwr.app.components]
+serverapp = "signals.server_app:app"
+clientapp = "signals.client_app:app"
+
+[tool.flwr.app.config]
+seed = 0
+noise = 0.5
+width = 16
+
+[tool.flwr.app.config.decnas]
+target = 0.3
+"""
+
+
+def _library_app(tmp_path: Path, extra: str = "") -> Path:
+    app = tmp_path / "signals-app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(LIBRARY_APP.replace("width = 16", f"width = 16{extra}"))
+    return app
+
+
+def _capture_flower(monkeypatch) -> list[dict]:
+    calls: list[dict] = []
+
+    def fake_run_simulation(app_dir, **kwargs):
+        calls.append({"app_dir": app_dir, **kwargs})
+        raise KeyboardInterrupt  # stop there: the launcher's own stop path, exit 130
+
+    monkeypatch.setattr(cli, "run_simulation", fake_run_simulation)
+    return calls
+
+
+def test_launcher_takes_a_library_apps_own_keys_and_no_output_dir(tmp_path, monkeypatch):
+    """Issue 43: an app without ``output-dir`` gets none (Flower refuses a key the app does
+    not have: "Invalid run configuration"), and its own keys are accepted."""
+    app = _library_app(tmp_path)
+    calls = _capture_flower(monkeypatch)
+    overrides = "noise=0.2 width=8 decnas.target=0.5"
+    code = cli.main(
+        ["--app-dir", str(app), "--output-dir", str(tmp_path / "out")] + ["--run-config", overrides]
+    )
+    assert code == 130 and len(calls) == 1
+    from flwr.common.config import parse_config_args
+
+    sent = parse_config_args([calls[0]["run_config"]])
+    assert sent == {"noise": 0.2, "width": 8, "decnas.target": 0.5}  # no "output-dir"
+    assert calls[0]["flwr_home"].parent == (tmp_path / "out" / "flwr-home")
+    assert cli.check_overrides("noise=0.1", app) is None
+
+
+def test_launcher_gives_output_dir_to_a_library_app_that_has_the_key(tmp_path, monkeypatch):
+    app = _library_app(tmp_path, extra='\noutput-dir = "outputs"')
+    calls = _capture_flower(monkeypatch)
+    assert cli.main(["--app-dir", str(app), "--output-dir", str(tmp_path / "o")]) == 130
+    from flwr.common.config import parse_config_args
+
+    sent = parse_config_args([calls[0]["run_config"]])
+    assert sent == {"output-dir": str((tmp_path / "o").resolve())}
+
+
+def test_launcher_refuses_a_key_the_library_app_does_not_have(tmp_path, monkeypatch, capsys):
+    app = _library_app(tmp_path)
+    _no_flower(monkeypatch)
+    # a typo of the app's own key; then one of this package's keys the app has not got
+    assert cli.main(["--app-dir", str(app), "--run-config", "nose=0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "run config key 'nose' is unknown; did you mean 'noise'?" in err
+    assert cli.main(["--app-dir", str(app), "--run-config", "fedoras.rounds=2"]) == 2
+    assert "'fedoras.rounds' is unknown" in capsys.readouterr().err
+    problem = cli.check_overrides("decnas.targt=0.5", app)
+    assert problem == "run config key 'decnas.targt' is unknown; did you mean 'decnas.target'?"

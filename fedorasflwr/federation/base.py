@@ -927,13 +927,18 @@ class FederatedNASStrategy(Strategy, Generic[R]):
         label: str = "round",
     ) -> None:
         """Append ``entry`` to ``history``, with ``val-*`` metrics from ``evaluate_fn``
-        every ``every`` steps and at the last one (``every=0``: never)."""
+        every ``every`` steps and at the last one (``every=0``: never): a key that does not
+        start with ``val-`` gets it (the built-in evaluators' keys already do, so the
+        history and ``result.evaluate_metrics_serverapp`` name each number the same)."""
         if self.evaluate_fn is not None and every and (step % every == 0 or last):
             with self.ledger.timed("evaluate"):
                 metrics = self.evaluate_fn(step, arrays)
             if metrics is not None:
                 self.server_metrics[step] = metrics
-                entry.update({f"val-{k}": v for k, v in metrics.items()})
+                # one name per number: the history's and evaluate_metrics_serverapp's
+                entry.update(
+                    {k if k.startswith("val-") else f"val-{k}": v for k, v in metrics.items()}
+                )
                 log(
                     DEBUG, "%s %d validation: %s", label.capitalize(), step, format_metrics(metrics)
                 )

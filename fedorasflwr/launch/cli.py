@@ -7,7 +7,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from .heartbeat import (
 from .processes import Stopped, stop_on_signals
 from .security import TlsFiles
 from .simulation import ray_env, run_simulation
-from .values import AppDirError, check_run_values
+from .values import AppDirError, app_keys, check_run_values, read_app
 
 __all__ = [
     "check_overrides",
@@ -85,7 +85,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=Path,
         default=Path("outputs"),
         help="where results go (default: ./outputs; made absolute, since the ServerApp "
-        "runs in the SuperLink's working directory) unless --run-config sets output-dir",
+        "runs in the SuperLink's working directory) unless --run-config sets output-dir; "
+        "an app whose run config has no output-dir key gets only its Flower home there",
     )
     parser.add_argument(
         "--flwr-home",
@@ -181,24 +182,30 @@ def _check_security_args(parser: argparse.ArgumentParser, args: argparse.Namespa
     args.tls = TlsFiles(*tls) if given else None
 
 
-def check_overrides(run_config: str) -> str | None:
+def check_overrides(run_config: str, app_dir: Path | None = None) -> str | None:
     """Why the ``--run-config`` overrides cannot run (bad syntax, an unknown key), or ``None``.
 
     `run_config` is ``"k=v ..."`` or the path of a TOML file (Flower's rule: one that ends
-    in ``.toml``). The keys are read with Flower's own parser and checked against the app's
-    known keys (:func:`fedorasflwr.config.check_known_keys`), so a typo is named with the
-    closest key before any Flower process starts (Flower would say only "Invalid run
-    configuration").
+    in ``.toml``). The keys are read with Flower's own parser and checked against the
+    known keys of the app in `app_dir` (`fedorasflwr.launch.values.app_keys`; ``None``:
+    this package's app), so a typo is named with the closest key before any Flower process
+    starts (Flower would say only "Invalid run configuration").
     """
     try:
-        read_run_config([run_config])
+        known = None if app_dir is None else app_keys(read_app(app_dir))
+        read_run_config([run_config], known)
     except ValueError as error:
         return str(error)
     return None
 
 
-def read_run_config(items: Sequence[str]) -> dict[str, ConfigValue]:
+def read_run_config(
+    items: Sequence[str], known: Collection[str] | None = None
+) -> dict[str, ConfigValue]:
     """Merge ``--run-config`` items (``"k=v ..."`` strings or TOML files), later ones winning.
+
+    `known`: the keys the app accepts (another Flower app's own ``[tool.flwr.app.config]``,
+    `fedorasflwr.launch.values.app_keys`); ``None``: this package's run-config keys.
 
     Raises
     ------
@@ -224,7 +231,7 @@ def read_run_config(items: Sequence[str]) -> dict[str, ConfigValue]:
         except ValueError as error:  # bad TOML, or a value that is not str/int/float/bool
             raise ValueError(f"{where}: {error}") from error
         try:
-            check_known_keys(values)
+            check_known_keys(values, known)
         except ValueError as error:
             if not item.endswith(".toml"):
                 raise
@@ -380,15 +387,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse_args(argv)
     try:
-        values = read_run_config(args.run_config or [])
+        known = app_keys(read_app(args.app_dir))
+        values = read_run_config(args.run_config or [], known)
         values = check_run_values(args.app_dir, values, args.num_supernodes)
     except ValueError as error:
         where = "" if isinstance(error, AppDirError) else "--run-config: "
         print(f"error: {where}{error}", file=sys.stderr)
         return 2
-    # The ServerApp runs in the SuperLink's working directory: make the output dir absolute.
+    # The ServerApp runs in the SuperLink's working directory: make the output dir absolute
+    # (only an app that has the key gets it: Flower refuses a key the app does not have).
     output_dir = Path(str(values.get("output-dir", args.output_dir))).resolve()
-    values["output-dir"] = str(output_dir)
+    if known is None or "output-dir" in known:
+        values["output-dir"] = str(output_dir)
     run_config = format_run_config(values)
     home = None if args.deployment else _flwr_home(args, output_dir)
     env = launcher_env(args.verbose)

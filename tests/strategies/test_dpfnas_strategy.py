@@ -229,5 +229,5 @@ def test_server_data_gives_the_default_validation_of_the_mixed_supernet(data_cac
     metrics = strategy.evaluate_fn(1, ArrayRecord(space.state_dict()))
     space.eval()  # what the project's runner computed itself before
     expected = evaluate(space, DataLoader(server_data, batch_size=256), torch_device())
-    assert metrics["accuracy"] == expected.accuracy
-    assert metrics["loss"] == pytest.approx(expected.loss)
+    assert metrics["val-accuracy"] == expected.accuracy
+    assert metrics["val-loss"] == pytest.approx(expected.loss)

@@ -238,9 +238,15 @@ def test_server_data_without_evaluate_fn_validates_the_supernet_at_eval_every(ru
     assert isinstance(strategy.evaluate_fn, SupernetEvaluator)
     assert sorted(result.evaluate_metrics_serverapp) == [0, 2, 3]
     for metrics in result.evaluate_metrics_serverapp.values():
-        assert 0.0 <= metrics["accuracy-min"] <= metrics["accuracy"] <= metrics["accuracy-max"]
+        low, mean, high = (metrics[f"val-accuracy{s}"] for s in ("-min", "", "-max"))
+        assert 0.0 <= low <= mean <= high
     validated = [h["round"] for h in result.history if "val-accuracy" in h]
     assert validated == [0, 2, 3]
+    # one name per number (issue 43): the history's entry is the server metric itself
+    for entry in result.history:
+        if "val-accuracy" in entry:
+            metrics = result.evaluate_metrics_serverapp[entry["round"]]
+            assert {k: entry[k] for k in metrics} == dict(metrics)
     # the same numbers as the evaluator the project's runner used to build itself
     settings = parse_run_config(config)
     evaluator = SupernetEvaluator(
@@ -250,7 +256,8 @@ def test_server_data_without_evaluate_fn_validates_the_supernet_at_eval_every(ru
         seed=settings.seed,
     )
     assert (
-        evaluator(3, result.arrays)["accuracy"] == result.evaluate_metrics_serverapp[3]["accuracy"]
+        evaluator(3, result.arrays)["val-accuracy"]
+        == result.evaluate_metrics_serverapp[3]["val-accuracy"]
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fedorasflwr import save_model
 from fedorasflwr.strategies import FedorAS, FedorASResult, FedorASSettings
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
@@ -85,22 +86,18 @@ def summary(space: DigitsSpace, result: FedorASResult) -> dict[str, Any]:
 def save(space: DigitsSpace, result: FedorASResult, out: Path) -> dict[str, Any]:
     """Write ``result.json`` and each tier's fine-tuned model to ``out``; return the summary.
 
-    A model file rebuilds with ``build_space(**ckpt["space"]).subnet(ckpt["arch"])`` and
-    ``load_state_dict(ckpt["state_dict"])``.
+    A model file is read back with ``fedorasflwr.load_model(path)`` (the tier's subnet,
+    its weights loaded; ``digitsnas`` is imported when importable); ``fedorasflwr.save_model``
+    writes it.
     """
     out.mkdir(parents=True, exist_ok=True)
     found = summary(space, result)
     (out / "result.json").write_text(json.dumps(found, indent=2))
     for m in result.models:
         suffix = "" if m.init == "supernet" else f"-{m.init}"
-        torch.save(
-            {
-                "space": dict(space.spec),
-                "arch": list(m.arch),
-                "state_dict": m.arrays.to_torch_state_dict(),
-            },
-            out / f"tier-{m.tier + 1}{suffix}.pt",
-        )
+        net = space.subnet(m.arch)
+        net.load_state_dict(m.arrays.to_torch_state_dict())
+        save_model(out / f"tier-{m.tier + 1}{suffix}.pt", net)
     return found
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fedorasflwr.search_spaces import PrunableNet, build_prunable
+from fedorasflwr import save_model
+from fedorasflwr.search_spaces import PrunableNet, build_prunable, load_prunable
 from fedorasflwr.strategies import DecNAS, DecNASResult, DecNASSettings
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
@@ -101,23 +102,17 @@ def summary(net: PrunableNet, result: DecNASResult) -> dict[str, Any]:
 def save(net: PrunableNet, result: DecNASResult, out: Path) -> dict[str, Any]:
     """Write ``result.json`` and the final model (``model.pt``) to ``out``; return the summary.
 
-    ``model.pt`` rebuilds with ``load_prunable(ckpt["space"], ckpt["state_dict"])``
-    (``from fedorasflwr.search_spaces import load_prunable``, with ``shapesprune``
-    importable); its ``.model`` is the pruned ``ShapesNet`` itself.
+    ``model.pt`` is read back with ``fedorasflwr.load_model(path)``: the pruned net
+    (``PrunableNet``; its ``.model`` is the pruned ``ShapesNet`` itself; ``shapesprune`` is
+    imported when importable); ``fedorasflwr.save_model`` writes it.
     """
     out.mkdir(parents=True, exist_ok=True)
     found = summary(net, result)
     (out / "result.json").write_text(json.dumps(found, indent=2))
     arrays, _ = final_model(result)
     stage = "final" if found["final"]["tuned"] else "iterations"
-    torch.save(
-        {
-            "space": result.frontier[-1].spec,
-            "state_dict": arrays.to_torch_state_dict(),
-            "stage": stage,
-        },
-        out / MODEL_FILE,
-    )
+    final = load_prunable(result.frontier[-1].spec, arrays.to_torch_state_dict())
+    save_model(out / MODEL_FILE, final, stage=stage)
     return found
 
 

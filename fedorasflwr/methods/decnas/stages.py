@@ -73,6 +73,14 @@ class GlobalModel:
         """Filters per prunable layer (the architecture)."""
         return list(self.spec["widths"])
 
+    def net(self, tuned: bool = False) -> PrunableNet:
+        """GM_t as a module: the pruned net of ``spec`` holding ``arrays`` (``tuned``: the
+        FedAvg-tuned ``tuned_arrays``), on the CPU; ``save_model`` writes it."""
+        arrays = self.tuned_arrays if tuned else self.arrays
+        if arrays is None:
+            raise ValueError(f"GM_{self.iteration} was not tuned: it has no tuned_arrays")
+        return load_prunable(self.spec, arrays.to_torch_state_dict())
+
     @property
     def flops(self) -> int:
         """FLOPs of one sample (``2 x macs``, as ``torch.utils.flop_counter`` counts)."""

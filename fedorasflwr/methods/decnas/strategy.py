@@ -49,6 +49,7 @@ Client contract
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
@@ -97,6 +98,20 @@ __all__ = ["DecNAS", "DecNASResult", "GlobalModel"]
 
 TUNE_COUNTS = ("num-examples", "num-val", "correct", "train-flops")
 Pool = dict[int, tuple[dict[str, Any], ArrayRecord]]  # candidate -> (spec, weights)
+
+
+def takes_model(evaluate_fn: Callable[..., Any]) -> bool:
+    """Whether ``evaluate_fn`` takes a ``model`` keyword (or ``**kwargs``): DecNAS then
+    passes GM_t, whose widths the arrays alone do not name."""
+    try:
+        parameters = inspect.signature(evaluate_fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    return any(
+        p.kind is p.VAR_KEYWORD
+        or (p.name == "model" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        for p in parameters
+    )
 
 
 class DecNAS(PrunedModelStages):
@@ -476,8 +491,10 @@ class DecNAS(PrunedModelStages):
         target); ``timeout`` the reply timeout of every step; ``train_config`` /
         ``evaluate_config`` travel in every ``train.*`` / ``evaluate.*`` message;
         ``evaluate_fn(t, arrays)`` is called with GM_0 (t = 0) and each new GM_t's
-        weights (their widths shrink with t). The constructor's ``resume`` continues
-        a checkpointed run."""
+        weights (their widths shrink with t); a function that takes a ``model`` keyword,
+        ``evaluate_fn(t, arrays, model)``, also gets GM_t itself (a ``GlobalModel``: its
+        ``spec``, ``widths``, ``macs``; ``model.net()`` is the pruned net holding
+        ``arrays``). The constructor's ``resume`` continues a checkpointed run."""
         resume = self.resume
         s = self.settings
         log(INFO, "Starting DecNAS")
@@ -639,6 +656,9 @@ class DecNAS(PrunedModelStages):
         self.train_metrics[model.iteration] = MetricRecord(metrics)
         if self.evaluate_fn is not None:
             with self.ledger.timed("evaluate"):
-                evaluated = self.evaluate_fn(model.iteration, model.arrays)
+                if takes_model(self.evaluate_fn):
+                    evaluated = self.evaluate_fn(model.iteration, model.arrays, model=model)
+                else:
+                    evaluated = self.evaluate_fn(model.iteration, model.arrays)
             if evaluated is not None:
                 self.server_metrics[model.iteration] = evaluated

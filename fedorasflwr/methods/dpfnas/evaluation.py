@@ -29,4 +29,4 @@ class MixedSupernetEvaluator:
         self.space.load_state_dict(arrays.to_torch_state_dict())
         self.space.to(device).eval()
         result = evaluate(self.space, self.loader, device)
-        return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
+        return MetricRecord({"val-accuracy": result.accuracy, "val-loss": result.loss})

@@ -142,9 +142,9 @@ class SupernetEvaluator:
         accuracies = [r.accuracy for r in results]
         return MetricRecord(
             {
-                "accuracy": float(np.mean(accuracies)),
-                "accuracy-min": float(np.min(accuracies)),
-                "accuracy-max": float(np.max(accuracies)),
-                "loss": float(np.mean([r.loss for r in results])),
+                "val-accuracy": float(np.mean(accuracies)),
+                "val-accuracy-min": float(np.min(accuracies)),
+                "val-accuracy-max": float(np.max(accuracies)),
+                "val-loss": float(np.mean([r.loss for r in results])),
             }
         )
