@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
+from fedorasflwr.federation.aggregation import Aggregation
 from fedorasflwr.federation.base import NodeProfile
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.widths.client import ordered_dropout_sgd
@@ -17,7 +18,7 @@ from fedorasflwr.methods.widths.strategy import TRAIN, to_numpy, to_record
 from fedorasflwr.nonce import echo
 from fedorasflwr.protocol import ARRAYS, METRICS
 from fedorasflwr.search_spaces.widths import sub_arrays, width_net, width_shapes
-from fedorasflwr.strategies import FjORD, HeteroFL
+from fedorasflwr.strategies import FjORD, FjORDSettings, HeteroFL, HeteroFLSettings
 from tests.runconfig import pyproject_run_config
 
 MNIST = {"num_classes": 10, "in_channels": 1, "input_height": 28, "input_width": 28}
@@ -58,13 +59,49 @@ def test_bad_widths_name_the_key(key, value, words) -> None:
         parse_run_config(config)
 
 
-def test_a_robust_aggregation_is_refused_by_the_strategy_not_by_other_methods_runs() -> None:
-    # the run config holds every method's table: another method's run may set 'median'
-    config = pyproject_run_config() | {"method": "heterofl", "aggregation": "median"}
-    settings = parse_run_config(config).method_settings
-    with pytest.raises(ValueError, match="'aggregation' = 'median'.*allowed: mean"):
-        HeteroFL(image=MNIST, settings=settings, seed=0)
-    parse_run_config(config | {"method": "fedoras"})  # no error: FedorAS may use it
+@pytest.mark.parametrize("method", ["heterofl", "fjord"])
+def test_the_settings_and_the_strategy_agree_on_the_aggregation(method) -> None:
+    """Issue 43: what ``from_config`` accepts the strategy honours, and a rule refused by
+    hand is refused from the run config, each naming the key, the value and the allowed."""
+    cls, strategy_class = {
+        "heterofl": (HeteroFLSettings, HeteroFL),
+        "fjord": (FjORDSettings, FjORD),
+    }[method]
+    run_config = pyproject_run_config() | {"method": method, "aggregation": "median"}
+    paths = {
+        "parse_run_config": parse_run_config(run_config).method_settings,
+        "from_config": cls.from_config({"aggregation": "median"}),
+        "by hand": cls(aggregation_rule="median"),
+    }
+    for path, settings in paths.items():
+        strategy = strategy_class(image=MNIST, settings=settings, seed=0)
+        assert strategy.aggregation == Aggregation("median"), path
+    trimmed = cls.from_config({"aggregation": "trimmed-mean", "aggregation-trim": 0.25})
+    assert strategy_class(image=MNIST, settings=trimmed, seed=0).aggregation == Aggregation(
+        "trimmed-mean", 0.25
+    )
+    allowed = "allowed: one of mean, median, trimmed-mean"
+    with pytest.raises(ValueError, match=f"{cls.__name__}.aggregation_rule = 'krum'.*{allowed}"):
+        cls(aggregation_rule="krum")
+    with pytest.raises(ValueError, match=f"run config 'aggregation' = 'krum'.*{allowed[9:]}"):
+        cls.from_config({"aggregation": "krum"})
+    parse_run_config(run_config | {"method": "fedoras"})  # another method's run: no error
+
+
+def test_a_median_round_takes_each_entrys_median_over_its_holders(task) -> None:
+    settings = HeteroFLSettings(aggregation_rule="median")
+    strategy = HeteroFL(image=MNIST, settings=settings, seed=0)
+    strategy.profiles = {7: profile(7, 1), 8: profile(8, 3), 9: profile(9, 2)}
+    strategy.tiers = {7: 1, 8: 3, 9: 3}  # widths 0.5, 1.0, 1.0
+    strategy.use_model(ArrayRecord())
+    messages = strategy._messages(strategy._global, strategy.profiles.values(), 1, TRAIN)
+    sent = strategy.instruct("train", "train", 1, messages)
+    values = ((1.0, 1), (5.0, 3), (6.0, 1))
+    fused, metrics = strategy.aggregate_train(1, _replies(strategy, sent, values))
+    weight = fused["blocks.1.conv.weight"].numpy()  # node 7 holds [:16, :16]
+    np.testing.assert_allclose(weight[:16, :16], 5.0)  # median(1, 5, 6); the mean: 4.4
+    np.testing.assert_allclose(weight[16:], 5.5)  # median(5, 6), the counts ignored
+    assert metrics["clients"] == 3
 
 
 def test_tiers_come_from_the_node_config_else_partition_ranges() -> None:

@@ -8,11 +8,16 @@ on that width's leading slice only (the entries outside it get no gradient; mome
 is kept at the tier width, as a masked model would keep it); with ``distill``, the
 p_max model teaches the sampled width (self-distillation).  Both refresh the
 BatchNorm statistics of the tier-width model on the training split before replying.
+
+The model: a user's ``model_fn`` when the caller passes one (a ClientApp of its own),
+else the factory the message's ``model-fn`` names (imported by its path), else the
+built-in ConvNet of the message's image keys (``model_of``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,8 +29,8 @@ from torch.utils.data import Dataset
 from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS
-from ...search_spaces.widths import width_net, width_shapes
-from ...seeding import numpy_stream, stream_words
+from ...search_spaces.widths import ModelFn, width_net
+from ...seeding import numpy_stream, seed_torch, stream_words
 from ...training import (
     clip_gradients,
     flatten_logits,
@@ -37,8 +42,16 @@ from ...training import (
     sgd,
     torch_device,
 )
+from .model import MODEL_FN, import_factory
 
-__all__ = ["IMAGE_KEYS", "evaluate_width", "image_of", "ordered_dropout_sgd", "train_width"]
+__all__ = [
+    "IMAGE_KEYS",
+    "evaluate_width",
+    "image_of",
+    "model_of",
+    "ordered_dropout_sgd",
+    "train_width",
+]
 
 #: the image keys of every message (the fixed architecture's input and classes)
 IMAGE_KEYS = ("num-classes", "in-channels", "input-height", "input-width")
@@ -49,9 +62,25 @@ def image_of(config: Mapping[str, Any]) -> dict[str, int]:
     return {key.replace("-", "_"): int(config[key]) for key in IMAGE_KEYS}
 
 
-def _load(content: RecordDict) -> tuple[ConfigRecord, nn.Module]:
+def model_of(config: Mapping[str, Any], model_fn: ModelFn | None = None) -> ModelFn:
+    """The factory of the model a message's ``config`` is about: ``model_fn`` when given,
+    else the one its ``model-fn`` names (``import_factory``), else the built-in ConvNet
+    for its image keys (``width_net``)."""
+    if model_fn is not None:
+        return model_fn
+    if MODEL_FN in config:
+        return import_factory(str(config[MODEL_FN]))
+    if not all(key in config for key in IMAGE_KEYS):
+        raise ValueError(
+            f"the message names no model: no {MODEL_FN!r} and not the image keys "
+            f"{', '.join(IMAGE_KEYS)}; pass the strategy's model_fn to this handler"
+        )
+    return partial(width_net, image_of(config))
+
+
+def _load(content: RecordDict, model_fn: ModelFn | None) -> tuple[ConfigRecord, nn.Module]:
     config: ConfigRecord = content.config_records[CONFIG]
-    net = width_net(image_of(config), float(config["width"]))
+    net = model_of(config, model_fn)(float(config["width"]))
     net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict())
     return config, net
 
@@ -65,7 +94,7 @@ def _ladder(config: Mapping[str, Any]) -> list[tuple[float, int]]:
 
 def ordered_dropout_sgd(
     net: nn.Module,
-    image: Mapping[str, int],
+    model: Mapping[str, int] | ModelFn,
     dataset: Dataset,
     config: Mapping[str, Any],
     words: tuple[int, ...],
@@ -76,9 +105,10 @@ def ordered_dropout_sgd(
     ``words`` fix the batch order, ``rng`` the widths. With ``distill`` in ``config``
     (FjORD's self-distillation), a batch whose sampled width is below p_max also trains
     the p_max model on the labels, and the sampled width learns the p_max model's soft
-    labels (KL divergence, temperature 1) instead of the labels. Returns the mean loss
-    (the labels' cross-entropy of the model trained on them), the samples seen and the
-    training FLOPs spent."""
+    labels (KL divergence, temperature 1) instead of the labels. ``model`` builds each
+    width's module: a factory ``model_fn(width)``, or the built-in ConvNet's image spec.
+    Returns the mean loss (the labels' cross-entropy of the model trained on them), the
+    samples seen and the training FLOPs spent."""
     device = torch_device()
     net.to(device).train()
     optimizer = sgd(net.parameters(), config)
@@ -86,8 +116,8 @@ def ordered_dropout_sgd(
     ladder = _ladder(config)
     top_width, top_macs = ladder[-1]
     distill = bool(config.get("distill", False))
-    subs = {w: width_net(image, w).to(device).train() for w, _ in ladder}
-    shapes = {w: width_shapes(image, w) for w, _ in ladder}
+    build = partial(width_net, dict(model)) if isinstance(model, Mapping) else model
+    subs = {w: build(w).to(device).train() for w, _ in ladder}
     params = dict(net.named_parameters())
     loss_sum, seen, flops = 0.0, 0, 0
     for _ in range(int(config["local-epochs"])):
@@ -96,7 +126,7 @@ def ordered_dropout_sgd(
             sub = subs[width]
             with torch.no_grad():  # the sub-model: the leading slice of the current weights
                 for name, tensor in sub.named_parameters():
-                    tensor.copy_(params[name][tuple(slice(0, s) for s in shapes[width][name])])
+                    tensor.copy_(params[name][tuple(slice(0, s) for s in tensor.shape)])
             inputs, targets = inputs.to(device), targets.to(device)
             sub.zero_grad(set_to_none=True)
             optimizer.zero_grad(set_to_none=False)
@@ -135,20 +165,30 @@ def ordered_dropout_sgd(
     return loss_sum / max(seen, 1), seen, flops
 
 
-def train_width(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
+def train_width(
+    content: RecordDict, data: ClientData, partition_id: int, model_fn: ModelFn | None = None
+) -> RecordDict:
     """Local epochs of the received tier-width model (``mode`` "heterofl": that width only;
-    "fjord": ordered dropout over the ladder); reply with its weights."""
-    config, net = _load(content)
-    words = stream_words(
-        config["seed"], f"{config['mode']}-train", config["server-round"], partition_id
-    )
-    if config["mode"] == "fjord":
-        rng = numpy_stream(config["seed"], "fjord-widths", config["server-round"], partition_id)
-        image = image_of(config)
-        loss, _, flops = ordered_dropout_sgd(net, image, data.train, config, words, rng)
-    else:
-        done = local_sgd(net, data.train, config, words)
-        loss, flops = done.loss, done.flops(2 * _ladder(config)[-1][1])
+    "fjord": ordered dropout over the ladder); reply with its weights.
+
+    ``model_fn``: the factory of a width-scalable model of your own, the one given to the
+    strategy (default: the one the message names, ``model_of``).  Torch's global RNG
+    (dropout, a model's own draws) is seeded from the run's seed, the round and
+    ``partition_id`` for the call (the CPU generator restored after it), so a reply
+    depends on nothing else."""
+    config: ConfigRecord = content.config_records[CONFIG]
+    seed, server_round = int(config["seed"]), int(config["server-round"])
+    with torch.random.fork_rng(devices=[]):
+        seed_torch(seed, "widths-train-rng", server_round, partition_id)
+        _, net = _load(content, model_fn)
+        words = stream_words(seed, f"{config['mode']}-train", server_round, partition_id)
+        if config["mode"] == "fjord":
+            rng = numpy_stream(seed, "fjord-widths", server_round, partition_id)
+            build = model_of(config, model_fn)
+            loss, _, flops = ordered_dropout_sgd(net, build, data.train, config, words, rng)
+        else:
+            done = local_sgd(net, data.train, config, words)
+            loss, flops = done.loss, done.flops(2 * _ladder(config)[-1][1])
     return RecordDict(
         {
             ARRAYS: ArrayRecord(reply_state(net, content.array_records[ARRAYS])),
@@ -159,8 +199,11 @@ def train_width(content: RecordDict, data: ClientData, partition_id: int) -> Rec
     )
 
 
-def evaluate_width(content: RecordDict, data: ClientData) -> RecordDict:
+def evaluate_width(
+    content: RecordDict, data: ClientData, model_fn: ModelFn | None = None
+) -> RecordDict:
     """Loss and accuracy of the received tier-width model on the test split, its BatchNorm
-    statistics re-estimated on the training split first (``held_out_metrics``)."""
-    _, net = _load(content)
+    statistics re-estimated on the training split first (``held_out_metrics``);
+    ``model_fn`` as for ``train_width``."""
+    _, net = _load(content, model_fn)
     return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test, data.train))})

@@ -15,11 +15,31 @@ __all__ = ["FjORDSettings", "HeteroFLSettings", "WidthSettings"]
 RECIPE_KEYS = ("rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "momentum")
 
 
+def _check_widths(field: str, widths: Any) -> None:
+    """Refuse ``widths`` unless a non-empty tuple of numbers in (0, 1], strictly increasing
+    (what ``parse_widths`` reads from the run config), naming ``field``."""
+    ok = (
+        isinstance(widths, tuple)
+        and len(widths) > 0
+        and all(isinstance(w, int | float) and not isinstance(w, bool) for w in widths)
+        and all(0 < w <= 1 for w in widths)
+        and all(a < b for a, b in zip(widths, widths[1:], strict=False))
+    )
+    if not ok:
+        raise ValueError(
+            f"{field} = {widths!r}: allowed: a tuple of widths in (0, 1], strictly "
+            "increasing, e.g. (0.25, 0.5, 1.0)"
+        )
+
+
 @dataclass(frozen=True)
 class WidthSettings(MethodSettings):
     """What both width baselines share: ``train`` (``rounds`` of ``clients-per-round``
     clients, 0: every node, each ``local-epochs`` of SGD), ``tier_widths`` (the model
     width each tier gets, the smallest first) and ``min_replies`` per round.
+    ``aggregation_rule`` (run config ``aggregation``) combines each entry over the clients
+    whose slice holds it: ``"mean"`` weighted by their examples (the papers'), or the
+    robust, unweighted ``"median"`` / ``"trimmed-mean"`` (``aggregation_trim``).
 
     A node's tier: its node config ``tier`` (1 .. tiers, 1 = the smallest, as for FedorAS)
     where it declares one, else its partition id's share of the partitions: ``tier = 1 +
@@ -33,6 +53,18 @@ class WidthSettings(MethodSettings):
     min_replies: int = 1
     distill: bool = False  # FjORD's self-distillation (HeteroFL: never)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        _check_widths(f"{name}.tier_widths", self.tier_widths)
+        if self.ladder != self.tier_widths:  # FjORD: its ladder, holding every p_max
+            _check_widths(f"{name}.widths", self.ladder)
+            if not set(self.tier_widths) <= set(self.ladder):
+                raise ValueError(
+                    f"{name}.tier_widths = {self.tier_widths!r}: allowed: widths of "
+                    f"{name}.widths {self.ladder!r}"
+                )
+
     @property
     def ladder(self) -> tuple[float, ...]:
         """Every width a client may train (HeteroFL: the tier widths)."""
@@ -43,9 +75,7 @@ class WidthSettings(MethodSettings):
         train = TrainingRecipe.from_config(
             cfg, t.prefix, cls.train, keys=RECIPE_KEYS, all_clients=True, min_rounds=1
         )
-        shared = cls.shared_from_config(cfg)
-        # a robust 'aggregation' is refused by the strategy (WidthStrategy), not here: the
-        # run config is shared by every method's table, and another method may use it
+        shared = cls.shared_from_config(cfg)  # 'aggregation': each entry over its holders
         return {"train": train, "min_replies": t.min_replies(cls.min_replies, train), **shared}
 
 

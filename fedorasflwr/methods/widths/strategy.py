@@ -8,6 +8,11 @@ weighted by their examples (``aggregate_slices``); entries no client held keep t
 value.  At the end each tier's model (the global model at its width) is tested on the
 test splits of the tier's nodes.  The two methods differ only in the client's loop and
 its settings (``mode`` in every message).
+
+The model is the built-in ConvNet at an ``image`` spec, or any width-scalable model of the
+user's: ``model_fn(width) -> nn.Module`` whose every tensor at width ``p`` is the leading
+corner of the full model's tensor of the same name (checked on construction); the
+clients import the factory back by its path (``model.factory_path``).
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
@@ -26,18 +33,22 @@ from flwr.supercore import log
 
 from ...checkpoints import Resume
 from ...costs import COST_CONVENTION
-from ...federation.base import FederatedNASStrategy, NodeProfile, sample_nodes
+from ...federation.aggregation import Aggregation
+from ...federation.base import FederatedNASStrategy, NodeProfile, ProfileRules, sample_nodes
 from ...federation.replies import array_specs, check_reply
 from ...progress import StageClock
-from ...protocol import ARRAYS, CONFIG, METRICS
+from ...protocol import ARRAYS, CONFIG, METRICS, sample_kind
 from ...search_spaces.widths import (
+    ModelFn,
     aggregate_slices,
+    model_costs,
     sub_arrays,
-    width_costs,
+    width_model_shapes,
     width_net,
-    width_shapes,
 )
+from ...seeding import seed_torch
 from .messages import WIDTHS_EVALUATE, WIDTHS_TRAIN
+from .model import MODEL_FN, factory_path, input_of_profiles
 from .settings import FjORDSettings, HeteroFLSettings, WidthSettings
 
 __all__ = ["FjORD", "HeteroFL", "TierWidth", "WidthResult", "WidthStrategy"]
@@ -108,12 +119,36 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
 
     Parameters
     ----------
-    image : mapping
-        ``num_classes``, ``in_channels``, ``input_height``, ``input_width``.
     settings : WidthSettings
         The method's settings (``HeteroFLSettings`` / ``FjORDSettings``).
     seed : int
-        Fixes the sampling and the clients' batches and widths.
+        Fixes the initial weights of an empty ``initial_arrays`` (stream ``init``, as
+        the project's runner draws them), the sampling and the clients' batches and
+        widths.
+    image : mapping, optional
+        The built-in ConvNet (``search_spaces.widths.width_net``) for images of this spec:
+        ``num_classes``, ``in_channels``, ``input_height``, ``input_width``.  Give
+        exactly one of ``image`` and ``model_fn``.
+    model_fn : callable, optional
+        A width-scalable model of your own: ``model_fn(width) -> nn.Module`` for
+        ``0 < width <= 1``, ``model_fn(1.0)`` the full model, every tensor of the
+        width-``p`` model the leading corner of the full model's tensor of the same name
+        (checked for every width of the ladder, ``ValueError`` naming the tensor and
+        both shapes).  A function or class at the top level of a module the ClientApp
+        imports: the clients import it back by its path.
+    input_shape : sequence of int, optional
+        With ``model_fn``: one sample's shape (no batch dimension), on which each
+        width's FLOPs are counted (``torch.utils.flop_counter``, one zero sample) and
+        every node's profiled ``sample-shape`` is checked.  Default: the
+        ``sample-shape`` / ``sample-dtype`` the profiled nodes declare (the costs are
+        then known after profiling).  The built-in ConvNet takes it from ``image``.
+    input_dtype : torch.dtype
+        With ``model_fn`` and ``input_shape``: the sample's dtype (default float32).
+    evaluate_fn : callable, optional
+        ``evaluate_fn(round, arrays) -> MetricRecord | None``, called after every
+        training round with the full-width global model (``start``'s, when given,
+        replaces it); its metrics go to ``result.evaluate_metrics_serverapp`` and, as
+        ``val-<key>``, to that round's history entry.
     validate_profiles : callable, optional
         Called with the node profiles before any training; raise to stop.
     resume : Resume, optional
@@ -131,34 +166,83 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
     def __init__(
         self,
         *,
-        image: Mapping[str, int],
         settings: WidthSettings,
         seed: int,
+        image: Mapping[str, int] | None = None,
+        model_fn: ModelFn | None = None,
+        input_shape: Sequence[int] | None = None,
+        input_dtype: torch.dtype = torch.float32,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
         validate_profiles: Callable[[Sequence[NodeProfile]], None] | None = None,
         resume: Resume | None = None,
         min_nodes: int = 2,
     ) -> None:
-        if settings.aggregation_rule != "mean":
+        name = type(self).__name__
+        if (image is None) == (model_fn is None):
             raise ValueError(
-                f"run config 'aggregation' = {settings.aggregation_rule!r}: the width "
-                "baselines average each entry over the clients holding it; allowed: mean"
+                f"{name}: give exactly one of image (the built-in ConvNet's image spec) and "
+                f"model_fn (a width-scalable model of your own); got "
+                f"{'both' if image is not None else 'neither'}"
             )
         super().__init__(seed=seed, min_replies=settings.min_replies, min_nodes=min_nodes)
         self.resume: Resume | None = resume
-        self.image = dict(image)
         self.settings = settings
+        self.aggregation = Aggregation.of(settings)
+        self.evaluate_fn = evaluate_fn
         self.validate_profiles = validate_profiles
-        self.net = width_net(self.image, 1.0)
-        self.costs = {w: width_costs(self.image, w) for w in settings.ladder}
-        self.shapes = {w: width_shapes(self.image, w) for w in settings.ladder}
+        self.image = None if image is None else dict(image)
+        #: the factory's import path, sent to the clients (None: the built-in ConvNet)
+        self.model_path: str | None = None
+        #: one sample's shape and dtype, what the costs are measured on (None: not known
+        #: until the nodes are profiled)
+        self.input: tuple[tuple[int, ...], torch.dtype] | None = None
+        if model_fn is not None:
+            self.model_fn: ModelFn = model_fn
+            self.model_path = factory_path(model_fn, name)
+            if input_shape is not None:
+                self.input = (tuple(int(d) for d in input_shape), input_dtype)
+        else:
+            self.model_fn = partial(width_net, self.image)
+            keys = ("in_channels", "input_height", "input_width")
+            self.input = (tuple(int(self.image[k]) for k in keys), torch.float32)
+        with torch.random.fork_rng(devices=[]):  # the caller's RNG stays as it was
+            seed_torch(seed, "init")  # the runner's initial weights, whoever calls
+            self.net = self.model_fn(1.0)
+            try:
+                self.shapes = width_model_shapes(self.model_fn, settings.ladder, full=self.net)
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}") from err
+        #: width -> its model's ``flops``, ``macs``, ``params`` (known once the input is)
+        self.costs: dict[float, dict[str, Any]] = {}
+        if self.input is not None:
+            self.measure_costs(*self.input)
         self.tiers: dict[int, int] = {}  # node id -> tier
         self._global = ArrayRecord()  # the full-width global model
         self._specs: dict[float, dict[str, Any]] = {}  # width -> its slice's array specs
 
     def summary(self) -> None:
         s = self.settings
-        log(INFO, "\t├── %s: ConvNet, tier widths %s", self.mode, list(s.tier_widths))
+        model = "ConvNet" if self.model_path is None else self.model_path
+        log(INFO, "\t├── %s: %s, tier widths %s", self.mode, model, list(s.tier_widths))
         log(INFO, "\t└── ladder %s, %d rounds", list(s.ladder), s.train.rounds)
+
+    # --- the model --------------------------------------------------------------------
+
+    def measure_costs(self, input_shape: Sequence[int], input_dtype: torch.dtype) -> None:
+        """Each ladder width's FLOPs, MACs (one sample of ``input_shape``) and parameters."""
+        self.input = (tuple(int(d) for d in input_shape), input_dtype)
+        with torch.random.fork_rng(devices=[]):
+            self.costs = {
+                w: model_costs(self.model_fn(w), w, *self.input) for w in self.settings.ladder
+            }
+
+    def profile_rules(self) -> ProfileRules:
+        """A model of the user's with a known input: every node's ``sample-shape`` and
+        ``sample-dtype`` kind must be its; the built-in ConvNet checks none."""
+        if self.model_path is None or self.input is None:
+            return super().profile_rules()
+        shape, dtype = self.input
+        return ProfileRules(input_shape=shape, input_kind=sample_kind(dtype))
 
     # --- tiers ------------------------------------------------------------------------
 
@@ -182,7 +266,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
     # --- messages ---------------------------------------------------------------------
 
     def message_config(self, server_round: int, width: float) -> dict[str, Any]:
-        return {
+        config = {
             "method": self.mode,
             "mode": self.mode,
             "seed": self.seed,
@@ -191,6 +275,11 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             "widths": list(self.settings.ladder),
             "width-macs": [int(self.costs[w]["macs"]) for w in self.settings.ladder],
             "distill": self.settings.distill,
+        }
+        if self.image is None:
+            return {**config, MODEL_FN: self.model_path}
+        return {
+            **config,
             "num-classes": self.image["num_classes"],
             "in-channels": self.image["in_channels"],
             "input-height": self.image["input_height"],
@@ -258,7 +347,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             spent = int(metrics.get("train-flops", 0))
             self.ledger.node("train", reply.metadata.src_node_id).train_flops += spent
             flops += spent
-        fused = aggregate_slices(to_numpy(self._global), updates)
+        fused = aggregate_slices(to_numpy(self._global), updates, self.aggregation)
         total = sum(n for _, _, n in updates)
         return to_record(fused), MetricRecord(
             {
@@ -272,8 +361,9 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
     # --- the run ----------------------------------------------------------------------
 
     def run(self, grid: Grid, initial_arrays: ArrayRecord) -> WidthResult:
-        """Profile, assign tiers, ``train.rounds`` rounds of slice-wise FedAvg, test each
-        tier's model on its nodes' test splits."""
+        """Profile, assign tiers, ``train.rounds`` rounds of slice-wise FedAvg (after each,
+        ``evaluate_fn`` on the full-width global model), test each tier's model on its
+        nodes' test splits."""
         s = self.settings
         log(INFO, "Starting %s", self.mode)
         self.summary()
@@ -310,14 +400,14 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
                 "train-flops": int(metrics["train-flops"]),
                 "train-loss": float(metrics["train-loss"]),
             }
-            self.record_step(server_round, fused, history, entry, every=0, last=False)
+            done = server_round == s.train.rounds
+            self.record_step(server_round, fused, history, entry, every=1, last=done)
             shown = {"train-loss": entry["train-loss"]}
             log(
                 INFO,
                 "%s",
                 clock.line(server_round, shown, clients=f"{entry['clients']}/{len(messages)}"),
             )
-            done = server_round == s.train.rounds
             self.reached(STAGE, server_round, fused, history=history, stage_done=done)
         tiers = self.test_tiers(grid)
         result = WidthResult(tiers=tiers, history=history, ledger=self.ledger.summary())
@@ -325,19 +415,23 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         return result
 
     def setup(self, grid: Grid) -> None:
-        """Profile the nodes and give each its tier (``tier_of``); the global model is the
-        net's initial weights until ``use_model`` (what ``run`` does first)."""
+        """Profile the nodes and give each its tier (``tier_of``); a model given without
+        its input gets it from the profiles (``input_of_profiles``) and its costs; the
+        global model is the net's initial weights until ``use_model`` (what ``run`` does
+        first)."""
         self.profile_nodes(grid, ConfigRecord({"method": self.mode}))
+        if self.input is None:
+            self.measure_costs(*input_of_profiles(self.profiles, type(self).__name__))
         self.tiers = {n: self.tier_of(p) for n, p in self.profiles.items()}
         self.use_model(ArrayRecord())
 
     def use_model(self, arrays: ArrayRecord) -> None:
-        """Make ``arrays`` the full-width global model (empty: the net's initial weights),
-        and its slices' specs what every reply is checked against."""
+        """Make ``arrays`` the full-width global model (empty: the net's initial weights,
+        drawn from the seed), and its slices' specs what every reply is checked against."""
         if not len(arrays):
             arrays = ArrayRecord(self.net.state_dict())
         full = to_numpy(arrays)
-        for name, shape in width_shapes(self.image, 1.0).items():
+        for name, shape in self.shapes[1.0].items():
             if name not in full or tuple(full[name].shape) != shape:
                 raise ValueError(f"initial arrays: {name!r} is not the full-width {shape}")
         self._global = arrays
