@@ -576,20 +576,20 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def import_class(path: str, base: type) -> type:
-    """The class at ``path`` (``"pkg.module:Class"``), checked to subclass ``base``.
+def import_object(path: str, what: str = "Class") -> Any:
+    """The object at ``path`` (``"pkg.module:Name"``), imported as a client imports it.
 
     Raises ``ValueError`` naming the path and what went wrong: a malformed path, a module
     whose top-level package this process has not loaded (a path arrives in a message, so
     the sender cannot make a node import a package of its choosing), a module that does not
-    import, a missing attribute, a class defined inside a function, or one that is not a
-    ``base``."""
-    module_name, sep, qualname = path.partition(":")
+    import, a missing attribute, or one defined inside a function. ``what`` names the
+    object in the message about a malformed path (``'pkg.module:<what>'``)."""
+    module_name, sep, qualname = str(path).partition(":")
     if not sep or not module_name or not qualname:
-        raise ValueError(f"{path!r} is not an import path of the form 'pkg.module:Class'")
-    if "<locals>" in qualname:
+        raise ValueError(f"{path!r} is not an import path of the form 'pkg.module:{what}'")
+    if "<locals>" in qualname or "<lambda>" in qualname:
         raise ValueError(
-            f"{path!r} is defined inside a function; clients can only import a class defined "
+            f"{path!r} is defined inside a function; clients can only import one defined "
             "at the top level of a module"
         )
     package = module_name.split(".")[0]
@@ -608,6 +608,15 @@ def import_class(path: str, base: type) -> type:
         if not hasattr(obj, part):
             raise ValueError(f"module {module_name!r} has no {qualname!r} (from {path!r})")
         obj = getattr(obj, part)
+    return obj
+
+
+def import_class(path: str, base: type) -> type:
+    """The class at ``path`` (``"pkg.module:Class"``), checked to subclass ``base``.
+
+    Raises ``ValueError`` naming the path and what went wrong (`import_object`'s reasons),
+    or that it is not a ``base``."""
+    obj = import_object(path)
     if not (isinstance(obj, type) and issubclass(obj, base)):
         raise ValueError(f"{path!r} is not a subclass of {base.__module__}.{base.__qualname__}")
     return obj

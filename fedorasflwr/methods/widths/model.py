@@ -10,8 +10,6 @@ before any message, a factory the clients could not import.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Mapping
 from logging import WARNING
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import torch
 from flwr.supercore import log
 
+from ...search_spaces.base import import_object
 from ...search_spaces.widths import ModelFn
 
 __all__ = ["MODEL_FN", "factory_path", "import_factory", "input_of_profiles"]
@@ -86,25 +85,7 @@ def import_factory(path: str) -> ModelFn:
     whose top-level package this process has not loaded (the path arrives in a message,
     so the sender cannot make a node import a package of its choosing), a module that does
     not import, a missing attribute, one defined inside a function, or one not callable."""
-    module_name, sep, qualname = str(path).partition(":")
-    if not sep or not module_name or not qualname:
-        raise ValueError(f"{path!r} is not an import path of the form 'pkg.module:make_net'")
-    if "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(f"{path!r} is defined inside a function; only a top-level one imports")
-    package = module_name.split(".")[0]
-    if package not in sys.modules:
-        raise ValueError(
-            f"cannot import module {module_name!r} of {path!r}: its package {package!r} is "
-            "not loaded by this process (import it in your ServerApp / ClientApp module)"
-        )
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"cannot import module {module_name!r} of {path!r}: {err}") from err
-    for part in qualname.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"module {module_name!r} has no {qualname!r} (from {path!r})")
-        obj = getattr(obj, part)
+    obj = import_object(path, "make_net")
     if not callable(obj):
         raise ValueError(f"{path!r} is a {type(obj).__name__}, not a callable model_fn(width)")
     return obj
