@@ -45,6 +45,7 @@ __all__ = [
     "GatedChoice",
     "GatedMixedOp",
     "most_probable_within",
+    "probable_frontier",
     "require_differentiable",
 ]
 
@@ -189,9 +190,22 @@ def most_probable_within(
     alphas: Sequence[Tensor], costs: Sequence[Sequence[float]], budget: float
 ) -> tuple[int, ...]:
     """The path maximising ``sum(log softmax(alpha))`` whose summed option ``costs`` (per
-    layer, per option: FLOPs or milliseconds) stay within ``budget``; exact, by keeping per
-    layer only the partial paths no other beats on both cost and probability.  Raises
-    ``ValueError`` if even the cheapest path exceeds ``budget``."""
+    layer, per option: FLOPs or milliseconds) stay within ``budget``; exact (the most
+    probable path of :func:`probable_frontier`).  Raises ``ValueError`` if even the
+    cheapest path exceeds ``budget``."""
+    return probable_frontier(alphas, costs, budget)[-1][2]
+
+
+def probable_frontier(
+    alphas: Sequence[Tensor], costs: Sequence[Sequence[float]], budget: float
+) -> list[tuple[float, float, tuple[int, ...]]]:
+    """Every path within ``budget`` that no other path within it beats on both summed
+    option ``costs`` and ``sum(log softmax(alpha))``: ``(cost, log-probability, path)``,
+    cheapest first, each more probable than every cheaper one (so the last is the most
+    probable).  Exact, by keeping per layer only the partial paths no other beats on both
+    (a common suffix keeps the order).  Any score that rises with the log-probability and
+    does not rise with the cost is maximised by one of them.  Raises ``ValueError`` if even
+    the cheapest path exceeds ``budget``."""
     frontier: list[tuple[float, float, tuple[int, ...]]] = [(0, 0.0, ())]
     for alpha, layer_costs in zip(alphas, costs, strict=True):
         logp = torch.log_softmax(alpha.detach().double(), dim=0).tolist()
@@ -210,7 +224,7 @@ def most_probable_within(
                 frontier.append(candidate)
         if not frontier:
             raise ValueError(f"no path fits in the budget {budget:.6g}")
-    return max(frontier, key=lambda t: t[1])[2]
+    return frontier
 
 
 def require_differentiable(space: Any, method: str = "FDNAS") -> None:

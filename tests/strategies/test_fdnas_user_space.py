@@ -13,6 +13,7 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.config import parse_run_config
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.methods.fdnas.client import search_supernet
+from fedorasflwr.methods.fdnas.derivation import derive_toward
 from fedorasflwr.methods.fdnas.runner import cluster_tagger
 from fedorasflwr.protocol import ARRAYS, CONFIG, space_to_config
 from fedorasflwr.search_spaces import (
@@ -137,7 +138,11 @@ def test_fdnas_searches_derives_and_trains_a_user_space(run_config):
     net = result.nets[0]
     space = TinyGatedSpace()
     space.load_state_dict(result.supernet.to_torch_state_dict())
-    assert net.arch == space.derive(strategy.max_flops)  # the argmax of the searched alphas
+    # the searched alphas' most probable path pulled toward the target (fdnas.derive-beta)
+    settings = strategy.settings
+    target = settings.target_flops * space.max_flops()
+    assert net.arch == derive_toward(space, target, settings.derive_beta, strategy.max_flops)
+    assert net.target_flops == target
     assert any(  # the clients moved the alphas
         not torch.equal(alpha.detach(), torch.zeros(3)) for alpha in space.arch_parameters()
     )

@@ -142,7 +142,7 @@ class CFDNAS(FDNAS):
             net = self.train_net(
                 grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone
             )
-            nets.append(self.with_latency(net, stage.table, stage.target))
+            nets.append(self.with_target(net, stage.table, stage.target))
         cluster_history: dict[int, list[dict[str, Any]]] = {}
         for index, tag in enumerate(clusters):
             start_arrays = supernet if self.inherit else self.fresh_supernet("cluster", tag)
@@ -167,7 +167,7 @@ class CFDNAS(FDNAS):
                 supernet=cluster_arrays,
                 partitions=members[tag],
             )
-            nets.append(self.with_latency(net, tables[tag], target))
+            nets.append(self.with_target(net, tables[tag], target))
         result = FDNASResult(
             supernet=supernet,
             nets=nets,

@@ -1,11 +1,11 @@
 """The derived nets of FDNAS / CFDNAS and the FedAvg stage that trains them.
 
-``DerivedNet`` is one normal net (argmax alpha) with its cost, trained weights
-and the paper's two accuracies: federated-averaged (the global model on the
-pooled test data) and local (each client's test accuracy after its local
-epochs).  ``FDNASResult`` is what ``FDNAS.start`` / ``CFDNAS.start`` return.
-``LocalAccuracyFedAvg`` is the FedAvg that trains a derived net and keeps the
-local accuracies of the replies it accepts.
+``DerivedNet`` is one normal net (the most probable path, pulled toward its stage's
+target: ``derivation``) with its cost, trained weights and the paper's two accuracies:
+federated-averaged (the global model on the pooled test data) and local (each client's
+test accuracy after its local epochs).  ``FDNASResult`` is what ``FDNAS.start`` /
+``CFDNAS.start`` return.  ``LocalAccuracyFedAvg`` is the FedAvg that trains a derived net
+and keeps the local accuracies of the replies it accepts.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class DerivedNet:
     test_count: dict[int, int]
     local_accuracy: dict[int, float]
     history: list[dict[str, Any]] = field(default_factory=list)
+    # fdnas.resource = "flops": its stage's target (absolute FLOPs), which pulled its derivation
+    target_flops: float | None = None
     # fdnas.resource = "latency": its latency predicted by its stage's group table, and
     # that stage's target (both ms)
     latency_ms: float | None = None
@@ -104,6 +106,14 @@ class DerivedNet:
                 else {
                     "global-test-accuracy": self.global_test_accuracy,
                     "global-test-count": self.global_test_count,
+                }
+            ),
+            **(
+                {}
+                if self.target_flops is None
+                else {
+                    "target-flops": self.target_flops,
+                    "target-macs": flops_to_macs(self.target_flops),
                 }
             ),
             **(

@@ -25,10 +25,12 @@ class FDNASSettings(MethodSettings):
     "log-gap"``) or, as FDNAS's released code, ProxylessNAS's ``add#linear``
     ``CE + lambda (E[FLOPs] - target) / target`` (``"add-linear"``, lambda 0.05, with an
     alpha step every 5 weight steps, ``alpha_every``); targets are
-    fractions of the supernet's largest path, as is ``max_flops``, the bound on every
-    derived net (the most probable path within it; 1: plain argmax).  Defaults are sized
-    for a 2-core CPU.  ``resource = "latency"``: the hardware term uses the expected
-    latency on the nodes' measured tables instead, with targets in milliseconds
+    fractions of the supernet's largest path, as is ``max_flops``, the hard bound on every
+    derived net.  The derived net is pulled toward its stage's target: a path loses
+    ``derive_beta log(FLOPs / target)^2`` nats of log-probability (``add-linear``: above the
+    target only; ``derivation.derive_toward``; 0: plain argmax), within ``max_flops``.
+    Defaults are sized for a 2-core CPU.  ``resource = "latency"``: the hardware term uses
+    the expected latency on the nodes' measured tables instead, with targets in milliseconds
     (``target_ms``, ``cluster_target_ms``), which also bound the derived nets.
     """
 
@@ -45,6 +47,7 @@ class FDNASSettings(MethodSettings):
     hardware_loss: str = "log-gap"
     hardware_beta: float = 1.0
     hardware_lambda: float = 0.05
+    derive_beta: float = 20.0
     num_clusters: int = 3
     cluster_rounds: int = 3
     cluster_target_flops: tuple[float, ...] = (0.35,)
@@ -93,6 +96,12 @@ class FDNASSettings(MethodSettings):
             hardware_beta=t.number("hardware-beta", cls.hardware_beta, lambda v: v >= 0, ">= 0"),
             hardware_lambda=t.number(
                 "hardware-lambda", cls.hardware_lambda, lambda v: v >= 0, ">= 0 (0: no term)"
+            ),
+            derive_beta=t.number(
+                "derive-beta",
+                cls.derive_beta,
+                lambda v: math.isfinite(v) and v >= 0,
+                ">= 0 (0: the argmax, no pull toward the target)",
             ),
             num_clusters=t.get(
                 "num-clusters",

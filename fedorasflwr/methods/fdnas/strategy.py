@@ -5,9 +5,9 @@ FDNAS (Algorithm 1): every round the sampled clients download the supernet
 weights w and architecture parameters alpha, run E local epochs of
 ProxylessNAS updates (w on the training split, alpha on the validation split
 with a hardware-aware loss) and return both; the server averages both weighted
-by local data size (FedAvg, Eq. 5).  The derived net (argmax alpha per layer)
-is then trained with FedAvg (``SeededFedAvg``), from scratch or from the
-supernet's weights.
+by local data size (FedAvg, Eq. 5).  The derived net (argmax alpha per layer, pulled toward
+the stage's FLOPs target: ``derivation``) is then trained with FedAvg (``SeededFedAvg``), from
+scratch or from the supernet's weights.
 
 CFDNAS (Algorithm 2), the per-cluster refinement, is in
 ``fedorasflwr.methods.fdnas.cfdnas``; the derived nets and their FedAvg stage in
@@ -68,6 +68,7 @@ from ...search_spaces.differentiable import require_differentiable
 from ...search_spaces.importable import require_importable
 from ...seeding import seed_torch
 from .clusters import bounded_cluster, contiguous_cluster, describe_clusters, rank_bounds
+from .derivation import derive_toward
 from .hardware import (
     SLACK,
     derive_within_ms,
@@ -107,7 +108,7 @@ class SearchStage:
 
 
 class FDNAS(FederatedNASStrategy[FDNASResult]):
-    """FDNAS: federated ProxylessNAS search, derivation by argmax, FedAvg training.
+    """FDNAS: federated ProxylessNAS search, derivation toward the target, FedAvg training.
 
     Parameters
     ----------
@@ -566,22 +567,39 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         return {"cluster-of-partition": {str(p): t for p, t in self.cluster_of_partition.items()}}
 
     def derive(
-        self, arrays: ArrayRecord, table: LatencyTable | None = None, bound_ms: float = 0.0
+        self, arrays: ArrayRecord, table: LatencyTable | None = None, target: float | None = None
     ) -> tuple[int, ...]:
-        """Argmax alpha per layer of the supernet ``arrays``; with ``max-flops`` below 1,
-        the most probable path within that fraction of the largest path's FLOPs; with a
-        latency ``table``, the most probable path within ``bound_ms`` on it."""
+        """The derived net of the supernet ``arrays``.
+
+        With a FLOPs ``target`` (a fraction of the largest path, as the stage's): the path
+        of best log-probability less ``fdnas.derive-beta log(FLOPs / target)^2`` (with
+        ``add-linear``: above the target only) within ``max-flops``
+        (``derivation.derive_toward``); without one, argmax alpha per layer, or the most
+        probable path within ``max-flops`` when the argmax exceeds it; with a latency
+        ``table``, the most probable path within ``target`` ms on it."""
         self.space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         if table is not None:
-            return derive_within_ms(self.space, table, bound_ms)
-        return self.space.derive(self.max_flops)
+            if target is None:
+                raise ValueError("a derivation on a latency table needs its target in ms")
+            return derive_within_ms(self.space, table, target)
+        if target is None:
+            return self.space.derive(self.max_flops)
+        s = self.settings
+        return derive_toward(
+            self.space,
+            target * self.space.max_flops(),
+            s.derive_beta,
+            self.max_flops,
+            both_sides=s.hardware_loss == "log-gap",  # add-linear never asks for more FLOPs
+        )
 
-    def with_latency(
-        self, net: DerivedNet, table: LatencyTable | None, target_ms: float
-    ) -> DerivedNet:
-        """``net`` with its predicted latency on ``table`` and its target (resource latency)."""
+    def with_target(self, net: DerivedNet, table: LatencyTable | None, target: float) -> DerivedNet:
+        """``net`` with its stage's target: in FLOPs (``target`` a fraction of the largest
+        path), or with a latency ``table`` in ms, beside its predicted latency on it."""
         if table is not None:
-            net.latency_ms, net.target_ms = table.path_ms(net.arch), target_ms
+            net.latency_ms, net.target_ms = table.path_ms(net.arch), target
+        else:
+            net.target_flops = target * self.space.max_flops()
         return net
 
     def alpha_entropy(self) -> list[float]:
@@ -774,7 +792,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         net = self.train_net(grid, name="fdnas", arch=arch, supernet=supernet, partitions=everyone)
         result = FDNASResult(
             supernet=supernet,
-            nets=[self.with_latency(net, stage.table, stage.target)],
+            nets=[self.with_target(net, stage.table, stage.target)],
             cluster_of_partition=dict(self.cluster_of_partition),
             search_history=history,
             cluster_history={},
