@@ -1,19 +1,30 @@
-"""The warm ClientApp executor (`fedorasflwr.launch.warm`): its checks, the module
-forgetting that makes each task import the app from its FAB, and how `Deployment`
-starts it (the run through it is in tests/engines/test_secure_deployment.py)."""
+"""The warm ClientApp executor (`fedorasflwr.launch.warm`): its checks, its command line
+(``flower-superexec``'s), the Flower internals it looks up at start and fails on when they
+moved (`fedorasflwr.launch.warm_compat`), the SuperExec auth it signs with Flower's own
+interceptor, the module forgetting that makes each task import the app from its FAB, and
+how `Deployment` starts it (the runs through it are in
+tests/engines/test_secure_deployment.py and tests/engines/test_operator_executor.py)."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import runpy
 import subprocess
 import sys
 import time
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
-from fedorasflwr.launch import Deployment
+from fedorasflwr.launch import Deployment, warm_compat
 from fedorasflwr.launch.deployment import SUPEREXEC_POLL_ENV
 from fedorasflwr.launch.warm import (
     DEFAULT_POLL_INTERVAL,
@@ -23,6 +34,17 @@ from fedorasflwr.launch.warm import (
     forget_package,
     main,
 )
+from fedorasflwr.launch.warm_compat import (
+    REFUSED_OPTIONS,
+    SUPPORTED_FLOWER,
+    FlowerInternal,
+    FlowerInternalsError,
+    load_flower_internals,
+    superexec_parser,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ADDRESS = ["--runtime-api-address", "127.0.0.1:1"]
 
 
 @pytest.mark.parametrize("bad", [0, -0.5, 61, math.nan, math.inf, True, "0.1"])
@@ -141,7 +163,7 @@ def test_runs_as_a_module_without_a_second_copy_and_forgets_the_app_package() ->
 def test_the_preload_leaves_no_first_call_import_to_a_task_and_starts_no_thread() -> None:
     """What a forked task would import on its first optimiser (``torch._dynamo``, 2 CPU-s
     per task: ``benchmarks/first_call.py``) is imported by the preload, which starts no
-    thread: the fork stays safe."""
+    thread, nor do the Flower internals the executor looks up: the fork stays safe."""
     from fedorasflwr.launch.warm import DEFAULT_PRELOAD
 
     code = (
@@ -149,6 +171,8 @@ def test_the_preload_leaves_no_first_call_import_to_a_task_and_starts_no_thread(
         "importlib.import_module('torch')\n"
         "threads = len(os.listdir('/proc/self/task'))\n"
         f"for m in {list(DEFAULT_PRELOAD)!r}: importlib.import_module(m)\n"
+        "from fedorasflwr.launch.warm_compat import load_flower_internals\n"
+        "load_flower_internals()\n"
         "assert len(os.listdir('/proc/self/task')) == threads, 'a preload started a thread'\n"
         "before = set(sys.modules)\n"
         "import torch\n"
@@ -172,3 +196,228 @@ def test_first_call_benchmark_quick() -> None:
     rows = saved["rows"]
     assert "torch._dynamo" in rows["torch+dynamo"]["preload"]
     assert all(len(row["children"]) == saved["forks"] == 2 for row in rows.values())
+
+
+# --- the operator's command: flower-superexec's arguments ---------------------------------
+
+
+def test_every_flower_superexec_option_is_taken_or_refused_with_a_reason() -> None:
+    from flwr.supercore.cli.flower_superexec import _parse_args
+
+    theirs = {o for action in _parse_args()._actions for o in action.option_strings}
+    ours = {o for action in superexec_parser("x")._actions for o in action.option_strings}
+    assert theirs - ours == set()
+    assert set(REFUSED_OPTIONS) <= theirs
+
+
+def test_flower_superexec_command_parses_with_appio_alias_and_no_parent(tmp_path) -> None:
+    # the command Flower's docs give for a SuperNode with --isolation process
+    args = superexec_parser("x").parse_args(
+        ["--insecure", "--plugin-type", "clientapp", "--appio-api-address", "127.0.0.1:9094"]
+    )
+    assert args.runtime_api_address == "127.0.0.1:9094" and args.insecure
+    assert args.parent_pid is None and args.superexec_auth_secret_file is None
+    secret = tmp_path / "secret"
+    args = superexec_parser("x").parse_args(
+        [*ADDRESS, "--root-certificates", "ca.crt", "--superexec-auth-secret-file", str(secret)]
+    )
+    assert args.root_certificates == Path("ca.crt") and not args.insecure
+    assert args.superexec_auth_secret_file == str(secret)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--allow-runtime-dependency-installation"],
+        ["--health-server-address", "127.0.0.1:5"],
+        ["--executor", "kubernetes"],
+        ["--executor-config", "x.yaml"],
+        ["--plugin-type", "serverapp"],
+    ],
+)
+def test_options_that_do_not_apply_exit_2_saying_why(extra: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main([*ADDRESS, "--insecure", *extra])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    if extra[0] in REFUSED_OPTIONS:
+        assert f"{extra[0]}: {REFUSED_OPTIONS[extra[0]]}" in err
+    else:
+        assert "invalid choice: 'serverapp'" in err
+
+
+def test_an_empty_or_missing_secret_file_is_refused(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    for path in (empty, tmp_path / "missing"):
+        with pytest.raises(SystemExit) as ended:
+            main([*ADDRESS, "--insecure", "--superexec-auth-secret-file", str(path)])
+        assert ended.value.code == 2
+        assert "superexec-auth-secret-file" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="superexec-auth-secret"):
+        WarmExecutor("127.0.0.1:1", superexec_auth_secret=b"")
+
+
+def test_console_script_runs_the_same_main() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, name = scripts["fedorasflwr-clientapp-executor"].split(":")
+    assert getattr(importlib.import_module(module), name) is main
+
+
+# --- Flower's internals: looked up at start, named when they moved ------------------------
+
+
+def test_supported_flower_range_is_the_dependency_and_holds_the_pinned_one() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (flwr,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "flwr"]
+    assert flwr.specifier == SpecifierSet(SUPPORTED_FLOWER)
+    pins = (ROOT / "constraints.txt").read_text().splitlines()
+    (pinned,) = [line.split("==")[1] for line in pins if line.startswith("flwr==")]
+    assert pinned in SpecifierSet(SUPPORTED_FLOWER)
+
+
+def test_installed_flower_has_every_internal_and_no_version_warning() -> None:
+    found = load_flower_internals()
+    assert set(found) == {i.attribute for i in warm_compat.FLOWER_INTERNALS}
+    assert warm_compat.flower_version_warning() is None
+
+
+def test_moved_internals_exit_1_naming_each_one_and_the_versions(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.delattr("flwr.supercore.tracing.flush_traces")
+    monkeypatch.setitem(sys.modules, "flwr.supernode.runtime.run_clientapp", None)
+    assert main([*ADDRESS, "--insecure"]) == 1
+    err = capsys.readouterr().err
+    assert "flwr.supercore.tracing.flush_traces (AttributeError" in err
+    assert "flwr.supernode.runtime.run_clientapp.run_clientapp (ModuleNotFoundError" in err
+    assert f"Flower {warm_compat.flower_version()}" in err
+    assert f"flwr{SUPPORTED_FLOWER}" in err
+    assert "serving" not in err
+    with pytest.raises(FlowerInternalsError, match="run_clientapp"):
+        WarmExecutor("127.0.0.1:1")
+
+
+def test_a_renamed_keyword_or_field_counts_as_moved() -> None:
+    moved = [
+        FlowerInternal("flwr.supercore.tracing", "trace_span", ("traceparent", "carrier")),
+        FlowerInternal("flwr.proto.runtime_pb2", "AcquireTaskRequest", ("task_types",)),
+    ]
+    with pytest.raises(FlowerInternalsError) as raised:
+        load_flower_internals(moved)
+    assert "trace_span (no longer takes carrier)" in str(raised.value)
+    assert "AcquireTaskRequest (no longer takes task_types)" in str(raised.value)
+
+
+def test_a_flower_outside_the_range_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warm_compat, "flower_version", lambda: "1.42.0")
+    assert "Flower 1.42.0 is installed" in warm_compat.flower_version_warning()
+    monkeypatch.setattr(warm_compat, "flower_version", lambda: "unknown")
+    assert warm_compat.flower_version_warning() is not None
+
+
+# --- SuperExec auth: Flower's own interceptor, as flower-superexec installs it ------------
+
+
+def _acquire_headers(executor: WarmExecutor, status: int = 200) -> httpx.Headers:
+    """The headers the executor's interceptor chain puts on one ``AcquireTask``."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest, AcquireTaskResponse
+    from flwr.supercore.protobuf.client import ProtobufRequestContext
+    from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
+
+    message = AcquireTaskRequest(supported_task_types=["flwr-clientapp"])
+    request = httpx.Request("POST", "http://127.0.0.1:1/flwr.proto.Runtime/AcquireTask")
+    context = ProtobufRequestContext("/flwr.proto.Runtime/AcquireTask", message, request)
+
+    def transport(_context: ProtobufRequestContext) -> httpx.Response:
+        return httpx.Response(status, content=AcquireTaskResponse().SerializeToString())
+
+    call = transport
+    for interceptor in reversed(executor.interceptors(RuntimeTracingInterceptor())):
+        call = (lambda i, nxt: lambda c: i.intercept(c, nxt))(interceptor, call)
+    call(context)
+    return request.headers
+
+
+def test_a_secret_installs_flowers_superexec_auth_interceptor() -> None:
+    from flwr.supercore.interceptors import (
+        RuntimeVersionHttpInterceptor,
+        SuperExecAuthHttpInterceptor,
+    )
+    from flwr.supercore.superexec.run_superexec import _SUPEREXEC_AUTH_METHODS
+
+    plain = WarmExecutor("127.0.0.1:1").interceptors(object())
+    assert not any(isinstance(i, SuperExecAuthHttpInterceptor) for i in plain)
+    assert any(type(i) is RuntimeVersionHttpInterceptor for i in plain)
+    signed = WarmExecutor("127.0.0.1:1", superexec_auth_secret=b"s3cret").interceptors(object())
+    (auth,) = [i for i in signed if isinstance(i, SuperExecAuthHttpInterceptor)]
+    assert type(auth) is SuperExecAuthHttpInterceptor  # Flower's class, not a copy
+    assert auth._protected_methods == frozenset(_SUPEREXEC_AUTH_METHODS)
+
+
+def test_acquire_task_is_signed_so_that_flowers_verifier_accepts_it() -> None:
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.auth.superexec import derive_auth_secret, verify_superexec_request
+    from flwr.supercore.constant import (
+        SUPEREXEC_AUTH_BODY_SHA256_HEADER,
+        SUPEREXEC_AUTH_NONCE_HEADER,
+        SUPEREXEC_AUTH_SIGNATURE_HEADER,
+        SUPEREXEC_AUTH_TIMESTAMP_HEADER,
+    )
+
+    class Nonces:
+        def reserve_nonce(self, namespace: str, nonce: str, expires_at: float) -> bool:
+            return True
+
+    headers = _acquire_headers(WarmExecutor("127.0.0.1:1", superexec_auth_secret=b"s3cret"))
+
+    def verified(master: bytes) -> bool:
+        return verify_superexec_request(
+            request=AcquireTaskRequest(supported_task_types=["flwr-clientapp"]),
+            method="/flwr.proto.Runtime/AcquireTask",
+            auth_secret=derive_auth_secret(master),
+            timestamp_raw=headers[SUPEREXEC_AUTH_TIMESTAMP_HEADER],
+            nonce=headers[SUPEREXEC_AUTH_NONCE_HEADER],
+            body_sha256_header=headers[SUPEREXEC_AUTH_BODY_SHA256_HEADER],
+            signature=headers[SUPEREXEC_AUTH_SIGNATURE_HEADER],
+            nonce_store=Nonces(),
+        )
+
+    assert verified(b"s3cret") and not verified(b"other")
+    assert SUPEREXEC_AUTH_SIGNATURE_HEADER not in _acquire_headers(WarmExecutor("127.0.0.1:1"))
+
+
+def test_a_refused_auth_is_remembered() -> None:
+    executor = WarmExecutor("127.0.0.1:1", superexec_auth_secret=b"wrong")
+    _acquire_headers(executor, status=200)
+    assert not executor.auth_refused
+    _acquire_headers(executor, status=401)
+    assert executor.auth_refused
+
+
+def test_each_task_is_forked_inside_flowers_dispatch_span(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from flwr.proto.task_pb2 import Task
+    from flwr.supercore.superexec import run_superexec
+
+    spans = []
+
+    @contextmanager
+    def span(name: str, *, traceparent: str = "", attributes: dict | None = None) -> Iterator:
+        spans.append((name, traceparent, dict(attributes or {})))
+        yield
+
+    class Tracing:
+        def take_task_traceparent(self, task_id: int) -> str:
+            return f"carrier-{task_id}"
+
+    executor = WarmExecutor("127.0.0.1:1")
+    executor.flower = {**executor.flower, "trace_span": span}
+    monkeypatch.setattr(executor, "_fork", lambda token: 4242)
+    executor._dispatch("token", Task(task_id=7, run_id=9), Tracing())
+    attributes = {"flwr.component": "superexec", "flwr.task_id": "7", "flwr.run_id": "9"}
+    assert spans == [("task.dispatch", "carrier-7", attributes)]
+    assert "[warm] task 7 of run 9: process 4242" in capsys.readouterr().out
+    source = inspect.getsource(run_superexec)  # the span flower-superexec opens, as it opens it
+    assert '"task.dispatch"' in source and '"flwr.component": "superexec"' in source

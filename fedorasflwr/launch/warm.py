@@ -11,21 +11,25 @@ ClientApps: they exist only for the Kubernetes executor and for AgentApp, Model 
 Connector tasks.
 
 This module stands in for ``flower-superexec`` next to a SuperNode started with
-``--isolation process``: it imports torch and Flower's ClientApp runtime once, then
-polls the Runtime API (``AcquireTask``, ClientApp tasks only) and forks a child per
-task that runs Flower's own ``run_clientapp`` with the task's token, exactly what
-``flwr-clientapp`` runs.  The child forgets the app package (``fedorasflwr``) before it
-starts, so the app is imported from the FAB the task names, as in a fresh process; the
-FAB is installed and the message pulled by the child, as before.  The fork happens
-before torch has run anything in this process, so no OpenMP or CUDA state is shared.
+``--isolation process``, with ``flower-superexec``'s arguments: it imports torch and
+Flower's ClientApp runtime once, then polls the Runtime API (``AcquireTask``, ClientApp
+tasks only) through the interceptors ``flower-superexec`` installs (Flower's SuperExec
+auth among them) and forks a child per task that runs Flower's own ``run_clientapp``
+with the task's token, exactly what ``flwr-clientapp`` runs.  The child forgets the app
+package (``fedorasflwr``) before it starts, so the app is imported from the FAB the task
+names, as in a fresh process; the FAB is installed and the message pulled by the child,
+as before.  The fork happens before torch has run anything in this process, so no OpenMP
+or CUDA state is shared.  The Flower internals it uses are looked up at start
+(`fedorasflwr.launch.warm_compat`): it exits naming them if a Flower release moved them.
 
-    python -m fedorasflwr.launch.warm --runtime-api-address 127.0.0.1:9094 --insecure \
-        --parent-pid <supernode pid>
+    fedorasflwr-clientapp-executor --runtime-api-address 127.0.0.1:9094 --insecure
+
+(or ``python -m fedorasflwr.launch.warm ...``; docs/deployment.md, "Warm ClientApps on
+your own SuperNodes").
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import math
 import os
@@ -37,8 +41,24 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_PRELOAD", "WarmExecutor", "check_poll_interval"]
+from .warm_compat import (
+    FlowerInternalsError,
+    flower_version,
+    flower_version_warning,
+    load_flower_internals,
+    refused_option,
+    superexec_parser,
+)
+
+__all__ = [
+    "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_PRELOAD",
+    "WarmExecutor",
+    "check_poll_interval",
+    "main",
+]
 
 #: Seconds between two ``AcquireTask`` polls (Flower's ``flower-superexec``: 1.0).
 DEFAULT_POLL_INTERVAL = 0.1
@@ -54,6 +74,8 @@ DEFAULT_PRELOAD = ("torch", "torch._dynamo", "flwr.supernode.runtime.run_clienta
 APP_PACKAGE = (__package__ or "fedorasflwr").split(".", 1)[0]
 #: Seconds a task may take to end on SIGTERM once the SuperNode is gone, then SIGKILL.
 ORPHAN_GRACE = 2.0
+#: What a SuperNode answers an ``AcquireTask`` whose SuperExec auth it refuses.
+HTTP_UNAUTHORIZED = 401
 
 
 def check_poll_interval(value: float) -> float:
@@ -63,6 +85,26 @@ def check_poll_interval(value: float) -> float:
     if not math.isfinite(value) or not 0 < value <= 60:
         raise ValueError(f"poll-interval: {value!r} is not in (0, 60] seconds")
     return float(value)
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGINT while waiting for the Runtime API or between two polls (a
+    BaseException: Flower's retries, which catch exceptions, must let it through)."""
+
+
+class _RefusalWatch:
+    """A Runtime API interceptor that remembers whether the SuperNode refused SuperExec
+    auth (HTTP 401): Flower's retries then interrupt this process, as they do
+    ``flower-superexec``, and the executor says why it stopped."""
+
+    def __init__(self) -> None:
+        self.refused = False
+
+    def intercept(self, context: Any, call_next: Any) -> Any:
+        response = call_next(context)
+        if response.status_code == HTTP_UNAUTHORIZED:
+            self.refused = True
+        return response
 
 
 class WarmExecutor:
@@ -76,12 +118,23 @@ class WarmExecutor:
         Plain HTTP to the Runtime API; else TLS with ``root_certificates``.
     root_certificates : Path, optional
         CA certificate of the Runtime API's TLS (the SuperNode's ``--ssl-ca-certfile``).
+    superexec_auth_secret : bytes, optional
+        The SuperNode's SuperExec auth secret (``--superexec-auth-secret-file``): each
+        ``AcquireTask`` is signed with it by Flower's ``SuperExecAuthHttpInterceptor``, as
+        ``flower-superexec`` signs it. Default: not signed.
     parent_pid : int, optional
-        Exit when this process (the SuperNode) is gone.
+        Exit when this process (the SuperNode) is gone; default: run until SIGTERM /
+        SIGINT.
     poll_interval : float, default 0.1
         Seconds between two polls for a task.
     preload : Sequence[str]
         Modules imported once, before the first fork.
+
+    Raises
+    ------
+    FlowerInternalsError
+        If the installed Flower lacks an internal the executor needs
+        (`fedorasflwr.launch.warm_compat`).
     """
 
     def __init__(
@@ -90,6 +143,7 @@ class WarmExecutor:
         *,
         insecure: bool = True,
         root_certificates: Path | None = None,
+        superexec_auth_secret: bytes | None = None,
         parent_pid: int | None = None,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         preload: Sequence[str] = DEFAULT_PRELOAD,
@@ -100,60 +154,114 @@ class WarmExecutor:
             raise ValueError("root-certificates: not allowed with insecure (plain HTTP)")
         if not insecure and root_certificates is None:
             raise ValueError("root-certificates: required unless insecure")
+        if superexec_auth_secret is not None and not superexec_auth_secret:
+            raise ValueError("superexec-auth-secret: empty; expected the SuperNode's secret")
         self.runtime_api_address = runtime_api_address
         self.insecure = insecure
         self.certificates = None if root_certificates is None else root_certificates.read_bytes()
+        self.superexec_auth_secret = superexec_auth_secret
         self.parent_pid = parent_pid
         self.poll_interval = check_poll_interval(poll_interval)
         self.preload = tuple(preload)
+        self.flower = load_flower_internals()
         self.children: set[int] = set()
         self.served = 0
+        self.refusals = _RefusalWatch()
         self._stopping = False
+        self._waiting = False
+
+    @property
+    def auth_refused(self) -> bool:
+        """Whether the SuperNode refused this executor's SuperExec auth (it then stopped)."""
+        return self.refusals.refused
+
+    def interceptors(self, tracing: object) -> list[object]:
+        """The Runtime API client's interceptors: ``flower-superexec``'s (``tracing``,
+        Flower's version check, Flower's SuperExec auth when a secret is given), then
+        the refusal watch."""
+        flower = self.flower
+        chain = [tracing, flower["RuntimeVersionHttpInterceptor"](component_name="SuperExec")]
+        if self.superexec_auth_secret:
+            chain.append(
+                flower["SuperExecAuthHttpInterceptor"](
+                    master_secret=self.superexec_auth_secret,
+                    protected_methods=flower["_SUPEREXEC_AUTH_METHODS"],
+                )
+            )
+        return [*chain, self.refusals]
 
     def serve(self, max_tasks: int | None = None) -> int:
         """Poll for tasks and fork one child each until stopped (SIGTERM / SIGINT, the
-        parent gone) or ``max_tasks`` children have finished; returns how many were forked."""
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest
-        from flwr.supercore.constant import TaskType
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
-        from flwr.supercore.runtime import RuntimeHttpClient
-
+        parent gone, the SuperExec auth refused) or ``max_tasks`` children have finished;
+        returns how many were forked."""
+        flower = self.flower
         for module in self.preload:
             importlib.import_module(module)
         if self.parent_pid is not None:
             # Flower's client retries a lost Runtime API for ever: this ends the executor
             threading.Thread(target=self._exit_with_parent, daemon=True).start()
-        previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        client = RuntimeHttpClient.from_server_address(
+        tracing = flower["RuntimeTracingInterceptor"]()
+        client = flower["RuntimeHttpClient.from_server_address"](
             server_address=self.runtime_api_address,
             insecure=self.insecure,
             root_certificates=self.certificates,
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-            retry_invoker=make_simple_http_retry_invoker(),
+            interceptors=self.interceptors(tracing),
+            retry_invoker=flower["make_simple_http_retry_invoker"](),
         )
-        request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
+        request = flower["AcquireTaskRequest"](
+            supported_task_types=[flower["TaskType.CLIENT_APP"].value]
+        )
+        previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             while not self._stopping:
-                self._reap()
+                self._reap()  # what flower-superexec's `executor.reconcile()` is for
                 if max_tasks is not None and self.served >= max_tasks and not self.children:
                     break
                 if self.parent_pid is not None and not _alive(self.parent_pid):
                     break
                 if max_tasks is None or self.served < max_tasks:
-                    answer = client.AcquireTask(request)
+                    answer = self._interruptible(client.AcquireTask, request)
                     if answer.HasField("task") and answer.token:
-                        self._fork(answer.token)
+                        self._dispatch(answer.token, answer.task, tracing)
                         continue  # another task may be waiting already
-                time.sleep(self.poll_interval)
+                self._interruptible(time.sleep, self.poll_interval)
+        except _Stopped:
+            pass
         finally:
+            flower["flush_traces"]()
             client.close()
             self._stop_children()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return self.served
 
-    def _fork(self, token: str) -> None:
+    def _dispatch(self, token: str, task: Any, tracing: Any) -> None:
+        """Fork the task's child inside Flower's ``task.dispatch`` span, as
+        ``flower-superexec`` launches its process inside it."""
+        attributes = {
+            "flwr.component": "superexec",
+            "flwr.task_id": str(task.task_id),
+            "flwr.run_id": str(task.run_id),
+        }
+        traceparent = tracing.take_task_traceparent(task.task_id)
+        with self.flower["trace_span"](
+            "task.dispatch", traceparent=traceparent, attributes=attributes
+        ):
+            pid = self._fork(token)
+        print(f"[warm] task {task.task_id} of run {task.run_id}: process {pid}", flush=True)
+
+    def _interruptible(self, call: Any, *args: Any) -> Any:
+        """``call(*args)``, ended by `_Stopped` if SIGTERM / SIGINT comes meanwhile (a
+        Runtime API lost or refusing is retried for minutes)."""
+        self._waiting = True
+        try:
+            if self._stopping:
+                raise _Stopped
+            return call(*args)
+        finally:
+            self._waiting = False
+
+    def _fork(self, token: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -169,16 +277,15 @@ class WarmExecutor:
                 os._exit(code)
         self.children.add(pid)
         self.served += 1
+        return pid
 
     def _run_task(self, token: str) -> int:
         """In the child: Flower's ``run_clientapp`` for one token; its exit code."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
         forget_package(APP_PACKAGE)
-        from flwr.supernode.runtime.run_clientapp import run_clientapp
-
         try:
-            run_clientapp(
+            self.flower["run_clientapp"](
                 runtime_api_address=self.runtime_api_address,
                 token=token,
                 insecure=self.insecure,
@@ -218,6 +325,8 @@ class WarmExecutor:
 
     def _stop(self, _signum: int, _frame: FrameType | None) -> None:
         self._stopping = True
+        if self._waiting:
+            raise _Stopped
 
     def _stop_children(self, grace: float = 10.0) -> None:
         for pid in self.children:
@@ -265,12 +374,10 @@ def _signal(pid: int, signum: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's host:port")
-    tls = parser.add_mutually_exclusive_group(required=True)
-    tls.add_argument("--insecure", action="store_true", help="plain HTTP to the Runtime API")
-    tls.add_argument("--root-certificates", type=Path, help="CA certificate of its TLS")
-    parser.add_argument("--parent-pid", type=int, help="exit when this process is gone")
+    """Run the executor (``fedorasflwr-clientapp-executor``); its exit status: 0 once
+    stopped by SIGTERM / SIGINT or its parent's end, 1 if the installed Flower lacks an
+    internal it needs or the SuperNode refused its SuperExec auth, 2 for bad arguments."""
+    parser = superexec_parser("fedorasflwr-clientapp-executor")
     parser.add_argument(
         "--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL, help="seconds"
     )
@@ -280,19 +387,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated modules imported once before the first task",
     )
     args = parser.parse_args(argv)
+    if refused := refused_option(args):
+        parser.error(refused)
+    try:
+        flower = load_flower_internals()
+    except FlowerInternalsError as error:
+        print(f"[warm] {error}", file=sys.stderr, flush=True)
+        return 1
+    if warning := flower_version_warning():
+        print(f"[warm] warning: {warning}", file=sys.stderr, flush=True)
+    secret = None
+    if args.superexec_auth_secret_file is not None:
+        try:
+            secret = flower["load_superexec_auth_secret"](
+                secret_file=args.superexec_auth_secret_file
+            )
+        except ValueError as error:
+            parser.error(f"superexec-auth-secret-file: {error}")
     try:
         executor = WarmExecutor(
             args.runtime_api_address,
             insecure=args.insecure,
             root_certificates=args.root_certificates,
+            superexec_auth_secret=secret,
             parent_pid=args.parent_pid,
             poll_interval=args.poll_interval,
             preload=[m for m in args.preload.split(",") if m.strip()],
         )
-    except ValueError as error:
+    except (ValueError, OSError) as error:
         parser.error(str(error))
-    print(f"[warm] serving ClientApp tasks of {args.runtime_api_address}", flush=True)
-    executor.serve()
+    auth = "signed" if secret else "unsigned"
+    print(
+        f"[warm] serving ClientApp tasks of {args.runtime_api_address} "
+        f"(Flower {flower_version()}, {auth} AcquireTask)",
+        flush=True,
+    )
+    served = executor.serve()
+    if executor.auth_refused:
+        print(
+            f"[warm] the SuperNode at {args.runtime_api_address} refused this executor's "
+            "SuperExec auth (HTTP 401): pass --superexec-auth-secret-file with the file "
+            "the SuperNode was started with",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    print(f"[warm] stopped after {served} task(s)", flush=True)
     return 0
 
 
