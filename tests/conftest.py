@@ -41,8 +41,26 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 _LONGEST_RUNS = ("readme_run",)
 
 
+#: test modules that leave the fast subset (``python -m pytest -m "not slow"``) besides
+#: those marking themselves ``slow`` (the engines): one path per line, ``#`` comments. They
+#: run federations in process (or benchmarks' quick modes) long enough to matter; the list
+#: and how it was measured are in the file.
+SLOW_MODULES_FILE = Path(__file__).with_name("slow_modules.txt")
+
+
+def slow_modules() -> frozenset[str]:
+    """The module paths of `SLOW_MODULES_FILE` (``tests/...py``, as node ids begin)."""
+    lines = (line.split("#", 1)[0].strip() for line in SLOW_MODULES_FILE.read_text().splitlines())
+    return frozenset(line for line in lines if line)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # before pytest's own hook deselects by marker (-m): this one runs first (tryfirst)
+    slow = slow_modules()
+    for item in items:
+        if item.nodeid.split("::")[0] in slow:
+            item.add_marker(pytest.mark.slow)
     module_cost: dict[str, int] = {}
     for item in items:
         if any(fixture in item.fixturenames for fixture in _LONGEST_RUNS):
