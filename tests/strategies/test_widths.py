@@ -3,6 +3,8 @@ ordered-dropout loop, and a tiny run of each on the in-process grid."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
@@ -187,7 +189,9 @@ def test_ordered_dropout_trains_only_the_sampled_slice(data_cache) -> None:
         }
     )
     rng = np.random.default_rng(0)  # the width is fixed whatever it draws
-    loss, seen, flops = ordered_dropout_sgd(net, MNIST, data.train, config, (0, 1), rng)
+    loss, seen, flops = ordered_dropout_sgd(
+        net, partial(width_net, MNIST), data.train, config, (0, 1), rng
+    )
     after = net.state_dict()
     inner = width_shapes(MNIST, 0.25)["blocks.1.conv.weight"]
     w0, w1 = before["blocks.1.conv.weight"], after["blocks.1.conv.weight"].cpu()
@@ -295,7 +299,9 @@ def test_self_distillation_trains_the_p_max_model_and_costs_its_flops(data_cache
         net = width_net(MNIST, 0.5)
         before = {k: v.clone() for k, v in net.state_dict().items()}
         config = ConfigRecord({**base, "distill": distill})
-        loss, seen, flops = ordered_dropout_sgd(net, MNIST, data.train, config, (0, 1), Smallest())
+        loss, seen, flops = ordered_dropout_sgd(
+            net, partial(width_net, MNIST), data.train, config, (0, 1), Smallest()
+        )
         runs[distill] = (before, net.state_dict(), loss, seen, flops)
     inner = width_shapes(MNIST, 0.25)["blocks.1.conv.weight"]
     for distill, (before, after, loss, seen, _flops) in runs.items():

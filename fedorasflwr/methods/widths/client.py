@@ -78,9 +78,9 @@ def model_of(config: Mapping[str, Any], model_fn: ModelFn | None = None) -> Mode
     return partial(width_net, image_of(config))
 
 
-def _load(content: RecordDict, model_fn: ModelFn | None) -> tuple[ConfigRecord, nn.Module]:
+def _load(content: RecordDict, build: ModelFn) -> tuple[ConfigRecord, nn.Module]:
     config: ConfigRecord = content.config_records[CONFIG]
-    net = model_of(config, model_fn)(float(config["width"]))
+    net = build(float(config["width"]))
     net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict())
     return config, net
 
@@ -94,7 +94,7 @@ def _ladder(config: Mapping[str, Any]) -> list[tuple[float, int]]:
 
 def ordered_dropout_sgd(
     net: nn.Module,
-    model: Mapping[str, int] | ModelFn,
+    build: ModelFn,
     dataset: Dataset,
     config: Mapping[str, Any],
     words: tuple[int, ...],
@@ -105,8 +105,8 @@ def ordered_dropout_sgd(
     ``words`` fix the batch order, ``rng`` the widths. With ``distill`` in ``config``
     (FjORD's self-distillation), a batch whose sampled width is below p_max also trains
     the p_max model on the labels, and the sampled width learns the p_max model's soft
-    labels (KL divergence, temperature 1) instead of the labels. ``model`` builds each
-    width's module: a factory ``model_fn(width)``, or the built-in ConvNet's image spec.
+    labels (KL divergence, temperature 1) instead of the labels. ``build(width)`` builds each
+    width's module (``model_of``: the user's factory, or the built-in ConvNet's).
     Returns the mean loss (the labels' cross-entropy of the model trained on them), the
     samples seen and the training FLOPs spent."""
     device = torch_device()
@@ -116,7 +116,6 @@ def ordered_dropout_sgd(
     ladder = _ladder(config)
     top_width, top_macs = ladder[-1]
     distill = bool(config.get("distill", False))
-    build = partial(width_net, dict(model)) if isinstance(model, Mapping) else model
     subs = {w: build(w).to(device).train() for w, _ in ladder}
     params = dict(net.named_parameters())
     loss_sum, seen, flops = 0.0, 0, 0
@@ -180,11 +179,11 @@ def train_width(
     seed, server_round = int(config["seed"]), int(config["server-round"])
     with torch.random.fork_rng(devices=[]):
         seed_torch(seed, "widths-train-rng", server_round, partition_id)
-        _, net = _load(content, model_fn)
+        build = model_of(config, model_fn)  # resolved once per message
+        _, net = _load(content, build)
         words = stream_words(seed, f"{config['mode']}-train", server_round, partition_id)
         if config["mode"] == "fjord":
             rng = numpy_stream(seed, "fjord-widths", server_round, partition_id)
-            build = model_of(config, model_fn)
             loss, _, flops = ordered_dropout_sgd(net, build, data.train, config, words, rng)
         else:
             done = local_sgd(net, data.train, config, words)
@@ -205,5 +204,6 @@ def evaluate_width(
     """Loss and accuracy of the received tier-width model on the test split, its BatchNorm
     statistics re-estimated on the training split first (``held_out_metrics``);
     ``model_fn`` as for ``train_width``."""
-    _, net = _load(content, model_fn)
+    config: ConfigRecord = content.config_records[CONFIG]
+    _, net = _load(content, model_of(config, model_fn))
     return RecordDict({METRICS: MetricRecord(held_out_metrics(net, data.test, data.train))})
