@@ -39,13 +39,35 @@ carries.  It is compared with a bare ``python -c "import torch"`` timed here.
     python benchmarks/engines.py            # tiny and default, 4 rounds each (medians of 3)
     python benchmarks/engines.py --quick    # tiny, 2 nodes, 2 rounds, one bare import (CI smoke)
 
+The machine's load is recorded while each engine runs (issue 44 item 3: the goals hold
+only on an idle machine): a thread of this process samples every 0.5 s the 1-minute load
+average (``os.getloadavg``) and the CPU busy fraction since the previous sample (all
+cores, from ``/proc/stat``: user, nice, system, irq, softirq and steal over those and
+idle and iowait), each stamped with ``time.time()``; one last sample when the run
+returns.  The ServerApp's history gives each round's seconds (``time.perf_counter``
+deltas) but no wall-clock stamp, so a round's **window** is the span of its training
+messages in the ClientApp timing log (epoch stamps and the message's ``server-round``):
+the earliest message's start (its process start on a deployment, where every message has
+its own process; its handler entry elsewhere) to the latest reply built.  The window
+leaves out the ServerApp's configure and aggregate and the transport before the first
+and after the last message (``window_s`` beside ``round_seconds`` shows how much).  Per
+engine, ``round_load`` has one entry per round: the mean load average and mean busy
+fraction of the samples stamped inside its window and their count (none: ``None``);
+``run_load`` the same over the whole run, and ``max_sample_gap_s`` the longest time
+between two samples (a window longer than that holds at least one).  The engines' own
+processes count in both figures: an idle machine shows the benchmark's own load, not 0.
+
 Headline, per config: ``deployment_over_simulation`` and ``simulation_over_inprocess``
 (what the simulation engine adds to a Stage-1 round against the same strategy and
 ClientApp in one process, clients one after the other: the measure of the former
 ``stage1_overhead.py``, folded in here), the median rounds, the per-message fixed cost
 ``per_message_fixed_s`` (the full run: also Flower's cold processes' and
 ``deployment_cold_over_warm``), and a Stage-1 message's process start to handler
-against the bare import.
+against the bare import.  Beside the median ratio, ``deployment_over_simulation_mean``
+(the ratio of the mean rounds after the first: each engine also reports
+``mean_round_after_first``), and ``max_round_load``: the highest per-round load average
+of any engine of the config (every round, the first too), to see at once whether the
+machine was idle.
 """
 
 from __future__ import annotations
@@ -57,8 +79,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +136,135 @@ def read_timings(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+#: seconds between two load samples
+LOAD_PERIOD = 0.5
+#: ``/proc/stat``'s ``cpu`` line: user nice system idle iowait irq softirq steal (guest and
+#: guest_nice are already in user and nice)
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+
+
+def cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all cores since boot from ``/proc/stat``; ``None`` where
+    it is missing."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [float(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    return sum(fields[i] for i in _BUSY_FIELDS), sum(fields)
+
+
+class LoadSampler:
+    """A thread that samples the machine's load every ``period`` seconds while the
+    ``with`` block runs, and once more when it ends: ``samples`` holds dicts of
+    ``time`` (``time.time()``), ``load_avg_1m`` (``os.getloadavg()[0]``) and ``cpu_busy``
+    (busy over total jiffies of all cores since the previous sample or the start;
+    ``None`` without ``/proc/stat`` or when no jiffy passed)."""
+
+    def __init__(self, period: float = LOAD_PERIOD) -> None:
+        self.period = period
+        self.samples: list[dict[str, float | None]] = []
+        self.started = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+        self._last: tuple[float, float] | None = None
+
+    def __enter__(self) -> LoadSampler:
+        self.started = time.time()
+        self._last = cpu_times()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.period
+        while not self._stop.wait(max(0.0, deadline - time.monotonic())):
+            self._sample()
+            deadline += self.period
+
+    def _sample(self) -> None:
+        now = cpu_times()
+        busy = None
+        if now is not None and self._last is not None and now[1] > self._last[1]:
+            busy = (now[0] - self._last[0]) / (now[1] - self._last[1])
+        self._last = now
+        self.samples.append(
+            {"time": time.time(), "load_avg_1m": os.getloadavg()[0], "cpu_busy": busy}
+        )
+
+    def max_gap(self) -> float:
+        """Longest seconds between the start and the first sample or between two
+        samples: a window inside the run and longer than this holds a sample."""
+        stamps = [self.started] + [float(s["time"]) for s in self.samples]
+        return max((b - a for a, b in pairwise(stamps)), default=0.0)
+
+
+def round_windows(
+    records: Sequence[Mapping[str, Any]], engine: str, rounds: int
+) -> list[tuple[float, float] | None]:
+    """Each Stage-1 round's wall-clock window (epoch seconds): its training messages'
+    earliest start to latest reply built in the ClientApp timing log (the history has
+    only round seconds, no wall-clock stamps).  A message starts at its process start
+    on a deployment (a process per message) and at its handler entry elsewhere (the
+    process outlives the message).  ``None`` for a round without timing records."""
+    spans: dict[int, tuple[float, float]] = {}
+    for r in records:
+        if not r["message-type"].endswith("fedoras_supernet"):
+            continue
+        start = r["process-start"] if engine in DEPLOYMENTS else r["handler-entry"]
+        first, last = spans.get(r["server-round"], (start, r["reply-built"]))
+        spans[r["server-round"]] = (min(first, start), max(last, r["reply-built"]))
+    return [spans.get(i) for i in range(1, rounds + 1)]
+
+
+def _mean_of(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.fmean(known), 3) if known else None
+
+
+def load_in(
+    samples: Sequence[Mapping[str, Any]], window: tuple[float, float] | None
+) -> dict[str, Any]:
+    """The samples stamped inside ``window`` (ends included): the window's seconds,
+    their count, mean 1-min load average and mean CPU busy fraction (``None`` without
+    samples or window)."""
+    if window is None:
+        return {"window_s": None, "samples": 0, "load_avg_1m": None, "cpu_busy": None}
+    start, end = window
+    inside = [s for s in samples if start <= s["time"] <= end]
+    return {
+        "window_s": round(end - start, 3),
+        "samples": len(inside),
+        "load_avg_1m": _mean_of([s["load_avg_1m"] for s in inside]),
+        "cpu_busy": _mean_of([s["cpu_busy"] for s in inside]),
+    }
+
+
+def round_load(
+    samples: Sequence[Mapping[str, Any]], windows: Sequence[tuple[float, float] | None]
+) -> list[dict[str, Any]]:
+    """Per round (1, 2, ...): ``load_in`` its window."""
+    return [{"round": i, **load_in(samples, w)} for i, w in enumerate(windows, start=1)]
+
+
+def max_round_load(measured: Mapping[str, Any]) -> float | None:
+    """The highest per-round load average of any engine in ``measured`` (one config)."""
+    loads = [
+        entry["load_avg_1m"]
+        for engine in RUNNERS
+        if engine in measured
+        for entry in measured[engine]["round_load"]
+        if entry["load_avg_1m"] is not None
+    ]
+    return max(loads, default=None)
 
 
 def run_inprocess(overrides: dict[str, Any], timing_log: Path) -> float:
@@ -224,6 +377,10 @@ def _median(values: Sequence[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return round(statistics.fmean(values), 4) if values else None
+
+
 def breakdown(records: Sequence[Mapping[str, Any]], engine: str) -> dict[str, float | None]:
     """Median seconds per phase of the training messages (``fedoras_supernet``).
 
@@ -273,13 +430,19 @@ def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
         output = tmp / f"{name}-{engine}"
         timing_log = tmp / f"{name}-{engine}.timing.jsonl"
         print(f"[{name}] {engine} ...", flush=True)
-        wall = RUNNERS[engine](settings(name, quick, output, cache), timing_log)
+        with LoadSampler() as sampler:
+            wall = RUNNERS[engine](settings(name, quick, output, cache), timing_log)
         rounds = read_history(output)
         records = read_timings(timing_log)
         later = rounds[1:] or rounds
+        run_window = (sampler.started, float(sampler.samples[-1]["time"]))
         measured[engine] = {
             "round_seconds": rounds,
+            "round_load": round_load(sampler.samples, round_windows(records, engine, len(rounds))),
+            "run_load": load_in(sampler.samples, run_window),
+            "max_sample_gap_s": round(sampler.max_gap(), 3),
             "median_round_after_first": _median(later),
+            "mean_round_after_first": _mean(later),
             "wall_seconds": round(wall, 2),
             "breakdown": breakdown(records, engine),
             "threads": sorted({r["threads"] for r in records}),
@@ -292,29 +455,60 @@ def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
     measured["deployment_over_simulation"] = round(
         measured["deployment"]["median_round_after_first"] / sim, 3
     )
+    measured["deployment_over_simulation_mean"] = round(
+        measured["deployment"]["mean_round_after_first"]
+        / measured["simulation"]["mean_round_after_first"],
+        3,
+    )
     measured["simulation_over_inprocess"] = round(
         sim / measured["inprocess"]["median_round_after_first"], 3
     )
+    measured["max_round_load"] = max_round_load(measured)
     return measured
 
 
+def _load_shown(entry: Mapping[str, Any]) -> str:
+    """``load/busy`` of one round (``-`` without samples)."""
+    if not entry["samples"]:
+        return "-"
+    busy = "-" if entry["cpu_busy"] is None else f"{entry['cpu_busy']:.2f}"
+    return f"{entry['load_avg_1m']:.2f}/{busy}"
+
+
 def print_table(results: Mapping[str, Any]) -> None:
+    """Per engine: rounds, their median and mean after the first, each round's load
+    (1-min load average / CPU busy fraction, means over the round's window) and the
+    breakdown; then per config the deployment/simulation ratios and the highest round
+    load."""
     print(
-        "| config | engine | round s (all) | median after 1st | wall s | "
+        "| config | engine | round s (all) | median after 1st | mean after 1st | "
+        "round load (1-min avg/busy) | wall s | "
         "data s | training s | serialize s | start to handler s | fixed s |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for config, measured in results.items():
         for engine in [e for e in RUNNERS if e in measured]:
             m = measured[engine]
             b = m["breakdown"]
             shown = ", ".join(f"{r:.2f}" for r in m["round_seconds"])
+            loads = ", ".join(_load_shown(entry) for entry in m["round_load"])
             print(
                 f"| {config} | {engine} | {shown} | {m['median_round_after_first']:.2f} | "
+                f"{m['mean_round_after_first']:.2f} | {loads} | "
                 f"{m['wall_seconds']:.1f} | {b['data_load']} | {b['training']} | "
                 f"{b['serialize']} | {b.get('fixed_start_to_handler', '-')} | "
                 f"{b.get('per_message_fixed', '-')} |"
             )
+    print()
+    print("| config | deployment/simulation (median) | (mean) | max round load |")
+    print("| --- | --- | --- | --- |")
+    for config, measured in results.items():
+        top = measured["max_round_load"]
+        print(
+            f"| {config} | {measured['deployment_over_simulation']} | "
+            f"{measured['deployment_over_simulation_mean']} | "
+            f"{'-' if top is None else f'{top:.2f}'} |"
+        )
     print()
 
 
@@ -342,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, measured in results.items():
         fixed = measured["deployment"]["breakdown"]["fixed_start_to_handler"]
         summary[f"{name}_deployment_over_simulation"] = measured["deployment_over_simulation"]
+        summary[f"{name}_deployment_over_simulation_mean"] = measured[
+            "deployment_over_simulation_mean"
+        ]
+        summary[f"{name}_max_round_load"] = measured["max_round_load"]
         summary[f"{name}_simulation_over_inprocess"] = measured["simulation_over_inprocess"]
         summary[f"{name}_deployment_round_s"] = measured["deployment"]["median_round_after_first"]
         summary[f"{name}_simulation_round_s"] = measured["simulation"]["median_round_after_first"]

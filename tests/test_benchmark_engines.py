@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
+import time
 
 import pytest
 
@@ -44,6 +46,34 @@ def test_engines_quick_reports_every_engine_and_the_breakdown():
     sim, inprocess = (tiny[e]["median_round_after_first"] for e in ("simulation", "inprocess"))
     assert headline["tiny_simulation_over_inprocess"] == tiny["simulation_over_inprocess"]
     assert tiny["simulation_over_inprocess"] == pytest.approx(sim / inprocess, abs=1e-3)
+    # the load, per round (issue 44 item 3): one entry per round, from the samples in the
+    # round's window; the mean round beside the median, and their ratios in the headline
+    for engine in ("inprocess", "simulation", "deployment"):
+        m = tiny[engine]
+        assert [e["round"] for e in m["round_load"]] == [1, 2]
+        assert 0 < m["max_sample_gap_s"] < 10  # the sampler kept its 0.5-s beat, give or take
+        for entry in m["round_load"] + [m["run_load"]]:
+            assert entry["window_s"] > 0, (engine, entry)
+            if entry["window_s"] > max(0.5, m["max_sample_gap_s"]):
+                assert entry["samples"] > 0, (engine, entry)
+            if entry["samples"]:
+                assert entry["load_avg_1m"] >= 0
+                assert 0.0 <= entry["cpu_busy"] <= 1.0, (engine, entry)
+        assert m["run_load"]["samples"] >= sum(e["samples"] for e in m["round_load"])
+        mean = m["mean_round_after_first"]
+        assert math.isfinite(mean) and mean > 0
+        assert mean == pytest.approx(statistics.fmean(m["round_seconds"][1:]), abs=1e-3)
+    means = [tiny[e]["mean_round_after_first"] for e in ("deployment", "simulation")]
+    ratio = tiny["deployment_over_simulation_mean"]
+    assert ratio == pytest.approx(means[0] / means[1], abs=1e-3) and ratio > 0
+    assert headline["tiny_deployment_over_simulation_mean"] == ratio
+    loads = [
+        e["load_avg_1m"]
+        for engine in ("inprocess", "simulation", "deployment")
+        for e in tiny[engine]["round_load"]
+        if e["samples"]
+    ]
+    assert loads and headline["tiny_max_round_load"] == tiny["max_round_load"] == max(loads)
 
 
 def _record(kind: str, arrays: int, start: float, entry: float) -> dict:
@@ -76,6 +106,73 @@ def test_per_message_fixed_cost_is_start_to_handler_of_messages_without_arrays(e
     assert phases["training"] == 2.0 and phases["data_load"] == 0.5
     # in one process per engine (simulation, in-process) there is no process start to count
     assert "per_message_fixed" not in engines.breakdown(records, "simulation")
+
+
+def _timed(kind: str, server_round: int, start: float, entry: float, built: float) -> dict:
+    return {
+        "message-type": kind,
+        "server-round": server_round,
+        "process-start": start,
+        "handler-entry": entry,
+        "reply-built": built,
+    }
+
+
+def test_round_windows_and_the_load_inside_them():
+    """Hand-made timing records, samples and windows: each round's window is the span of
+    its training messages (process start on a deployment, handler entry elsewhere, to the
+    last reply built), and its load the means of the samples stamped inside it."""
+    engines = load_benchmark("engines")
+    records = [
+        _timed("query.profile", -1, 1.0, 2.0, 3.0),  # not a Stage-1 message: no round
+        _timed("train.fedoras_supernet", 1, 10.0, 11.0, 14.0),
+        _timed("train.fedoras_supernet", 1, 10.5, 12.0, 13.0),
+        _timed("train.fedoras_supernet", 2, 20.0, 20.5, 22.0),
+        _timed("train.fedoras_supernet", 2, 19.0, 21.0, 23.5),
+    ]
+    # round 3 had no timing record
+    assert engines.round_windows(records, "deployment", 3) == [(10.0, 14.0), (19.0, 23.5), None]
+    assert engines.round_windows(records, "simulation", 2) == [(11.0, 14.0), (20.5, 23.5)]
+
+    samples = [
+        {"time": 9.5, "load_avg_1m": 9.0, "cpu_busy": 0.9},  # before round 1
+        {"time": 10.0, "load_avg_1m": 1.0, "cpu_busy": 0.5},  # on its start: inside
+        {"time": 12.0, "load_avg_1m": 2.0, "cpu_busy": 0.25},
+        {"time": 14.0, "load_avg_1m": 3.0, "cpu_busy": None},  # on its end; busy unknown
+        {"time": 16.0, "load_avg_1m": 8.0, "cpu_busy": 1.0},  # between the rounds
+        {"time": 19.5, "load_avg_1m": 1.5, "cpu_busy": 0.75},
+        {"time": 23.0, "load_avg_1m": 2.5, "cpu_busy": 0.25},
+    ]
+    windows = [(10.0, 14.0), (19.0, 23.5), (24.0, 25.0), None]
+    assert engines.round_load(samples, windows) == [
+        {"round": 1, "window_s": 4.0, "samples": 3, "load_avg_1m": 2.0, "cpu_busy": 0.375},
+        {"round": 2, "window_s": 4.5, "samples": 2, "load_avg_1m": 2.0, "cpu_busy": 0.5},
+        {"round": 3, "window_s": 1.0, "samples": 0, "load_avg_1m": None, "cpu_busy": None},
+        {"round": 4, "window_s": None, "samples": 0, "load_avg_1m": None, "cpu_busy": None},
+    ]
+    # the config's highest round load: over every engine's rounds, the empty ones skipped
+    measured = {
+        "simulation": {"round_load": engines.round_load(samples, windows)},
+        "deployment": {"round_load": engines.round_load(samples, [(16.0, 16.0), None])},
+        "deployment_over_simulation": 1.0,
+    }
+    assert engines.max_round_load(measured) == 8.0
+    assert engines.max_round_load({"simulation": {"round_load": []}}) is None
+
+
+def test_load_sampler_samples_every_period_and_once_at_the_end():
+    engines = load_benchmark("engines")
+    with engines.LoadSampler(period=0.1) as sampler:
+        deadline = time.monotonic() + 0.45
+        while time.monotonic() < deadline:  # keep a core busy
+            pass
+    stamps = [s["time"] for s in sampler.samples]
+    assert len(stamps) >= 3 and stamps == sorted(stamps) and stamps[0] > sampler.started
+    assert 0 < sampler.max_gap() < 5
+    for sample in sampler.samples:
+        assert sample["load_avg_1m"] >= 0
+        assert sample["cpu_busy"] is None or 0.0 <= sample["cpu_busy"] <= 1.0
+    assert any(s["cpu_busy"] for s in sampler.samples)  # this loop's core was busy
 
 
 def test_engines_cpu_books_a_busy_child_and_names_the_roles():
