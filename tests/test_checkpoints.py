@@ -24,7 +24,7 @@ from fedorasflwr.methods.fdnas.messages import FDNAS_SEARCH
 from fedorasflwr.methods.fedoras.messages import FEDORAS_PATHS, FEDORAS_SUPERNET
 from fedorasflwr.protocol import CONFIG
 from fedorasflwr.server_app import main
-from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fedoras
+from tests.runconfig import FEW_ROWS, tiny_decnas, tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
 
 NUM_NODES = 12
@@ -293,7 +293,7 @@ def stopped_and_resumed(
 
 
 def test_a_resumed_fdnas_search_equals_the_uninterrupted_one(data_cache, tmp_path):
-    base = tiny_fdnas(data_cache, **{"fdnas.rounds": 2, "checkpoint-every": 1})
+    base = tiny_fdnas(data_cache, **{"fdnas.rounds": 2, "checkpoint-every": 1, **FEW_ROWS})
     whole, stopped, resumed = stopped_and_resumed(base, tmp_path, 10, FDNAS_SEARCH, stop=2)
     assert result_of(stopped)["status"] | {"error": None} == {
         "state": "failed",
@@ -313,7 +313,9 @@ def test_a_resumed_fdnas_search_equals_the_uninterrupted_one(data_cache, tmp_pat
 
 
 def test_a_resumed_decnas_continues_after_its_last_global_model(data_cache, tmp_path):
-    base = tiny_decnas(data_cache, **{"decnas.max-iterations": 2, "checkpoint-every": 1})
+    base = tiny_decnas(
+        data_cache, **{"decnas.max-iterations": 2, "checkpoint-every": 1, **FEW_ROWS}
+    )
     whole, stopped, resumed = stopped_and_resumed(base, tmp_path, 6, DECNAS_TUNE, stop=2001)
     checkpoint = load_checkpoint(stopped / "checkpoint.pt")
     assert (checkpoint["stage"], checkpoint["step"]) == ("iterations", 1)
@@ -361,7 +363,7 @@ def test_a_resumed_fednas_search_equals_the_uninterrupted_one(data_cache, tmp_pa
     from fedorasflwr.methods.fednas.messages import FEDNAS_SEARCH
     from tests.runconfig import tiny_fednas
 
-    base = tiny_fednas(data_cache, **{"fednas.rounds": 3, "checkpoint-every": 1})
+    base = tiny_fednas(data_cache, **{"fednas.rounds": 3, "checkpoint-every": 1, **FEW_ROWS})
 
     def config(name: str, **extra: Any) -> dict[str, Any]:
         return {**base, "output-dir": str(tmp_path / name), **extra}

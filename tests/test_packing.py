@@ -38,6 +38,7 @@ from fedorasflwr.packing import (
 from fedorasflwr.protocol import ARRAYS, CONFIG, METRICS, PACKING, PROFILE, QUERY_PROFILE
 from fedorasflwr.server_app import runner
 from tests.reliability.trials import comparable, run_config_for, same_weights
+from tests.runconfig import FEW_ROWS
 
 # --- the packed form -------------------------------------------------------------------
 
@@ -449,6 +450,7 @@ def _fedoras_config(cache: Path) -> dict[str, Any]:
         "fedoras.clients-per-round": NODES,
         "fedoras.rounds": 1,
         "fedoras.batch-size": 128,
+        **FEW_ROWS,  # the claims hold at any data size
     }
 
 
@@ -501,11 +503,14 @@ class PlainProfiles:
 
 
 def _method_config(method: str, cache: Path) -> dict[str, Any]:
+    """``method``'s reliability trial config, every client on 64 rows (``FEW_ROWS``)."""
     if method == "heterofl":
-        return {**run_config_for("fedoras", cache), "method": "heterofl", "heterofl.rounds": 1}
-    if method == "fednas":
-        return {**run_config_for(method, cache), "fednas.rounds": 1}
-    return run_config_for(method, cache)
+        config = {**run_config_for("fedoras", cache), "method": "heterofl", "heterofl.rounds": 1}
+    elif method == "fednas":
+        config = {**run_config_for(method, cache), "fednas.rounds": 1}
+    else:
+        config = run_config_for(method, cache)
+    return {**config, **FEW_ROWS}
 
 
 @pytest.mark.parametrize("method", ["fedoras", "decnas", "fdnas", "dpfnas", "fednas", "heterofl"])

@@ -23,7 +23,7 @@ from fedorasflwr.methods.fdnas.settings import FDNASSettings
 from fedorasflwr.methods.fednas.settings import FedNASSettings
 from fedorasflwr.progress import PlannedStage, RunEstimate, nodes_profiled
 from fedorasflwr.server_app import runner
-from tests.runconfig import tiny_decnas, tiny_fdnas, tiny_fednas
+from tests.runconfig import FEW_ROWS, tiny_decnas, tiny_fdnas, tiny_fednas
 from tests.strategies.test_dpfnas_strategy import small_dpfnas
 
 # ------------------------------------------------------------------ the plans
@@ -133,18 +133,32 @@ RUN_ETA = re.compile(
     r"^\[(?P<stage>[^\]]+)\] \w+ \d+/\d+: .*, run ETA (?P<left>[0-9.]+s|\d+m\d+s|\d+h\d+m)"
 )
 
-#: method -> (its tiny run config, nodes, the clock stages that must show the run's ETA)
+#: method -> (its tiny run config, nodes, the clock stages that must show the run's ETA);
+#: the ETA's steps do not depend on the data's size: 64 rows per client (FEW_ROWS), but
+#: CFDNAS keeps its partitioner (its clusters are the class groups of the partitions)
 RUNS = {
-    "fdnas": (lambda cache: tiny_fdnas(cache, **{"min-nodes": 6}), 6, {"search", "final-fdnas"}),
+    "fdnas": (
+        lambda cache: tiny_fdnas(cache, **{"min-nodes": 6}, **FEW_ROWS),
+        6,
+        {"search", "final-fdnas"},
+    ),
     "cfdnas": (
         lambda cache: tiny_fdnas(cache, method="cfdnas", **{"min-nodes": 6}),
         6,
         {"search", "final-fdnas", "cluster-0", "cluster-2", "final-cluster-0", "final-cluster-2"},
     ),
-    "dpfnas": (lambda cache: small_dpfnas(cache, **{"min-nodes": 2}), 2, {"DP-FNAS", "final"}),
-    "fednas": (lambda cache: tiny_fednas(cache, **{"min-nodes": 2}), 2, {"FedNAS", "final"}),
+    "dpfnas": (
+        lambda cache: small_dpfnas(cache, **{"min-nodes": 2}, **FEW_ROWS),
+        2,
+        {"DP-FNAS", "final"},
+    ),
+    "fednas": (
+        lambda cache: tiny_fednas(cache, **{"min-nodes": 2}, **FEW_ROWS),
+        2,
+        {"FedNAS", "final"},
+    ),
     "decnas": (
-        lambda cache: tiny_decnas(cache, **{"min-nodes": 6}),
+        lambda cache: tiny_decnas(cache, **{"min-nodes": 6}, **FEW_ROWS),
         6,
         {"gm0", "iteration-1", "final-gm1"},
     ),

@@ -21,7 +21,7 @@ from fedorasflwr.client_app import TIMING_LOG_ENV
 from fedorasflwr.protocol import QUERY_PROFILE
 from tests.engines.conftest import PROJECT_ROOT
 from tests.reliability.trials import run_config_for
-from tests.runconfig import tiny_fdnas, tiny_fedoras
+from tests.runconfig import FEW_ROWS, tiny_fdnas, tiny_fedoras
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,8 @@ NODES = 3
 
 
 def _config(method: str, cache: Path) -> dict[str, Any]:
-    """A tiny run config of ``method`` for ``NODES`` nodes (``min-nodes``: all of them)."""
+    """A tiny run config of ``method`` for ``NODES`` nodes (``min-nodes``: all of them), each
+    training on 64 rows of its own (``FEW_ROWS``)."""
     if method == "fedoras":  # the whole pipeline: Stage 1, search, fine-tuning
         config = tiny_fedoras(cache, **{"fedoras.rounds": 1, "fedoras.clients-per-round": NODES})
     elif method == "cfdnas":
@@ -43,7 +44,7 @@ def _config(method: str, cache: Path) -> dict[str, Any]:
         }
     else:
         config = run_config_for(method, cache)
-    return {**config, "min-nodes": NODES}
+    return {**config, **FEW_ROWS, "min-nodes": NODES}  # packing holds at any data size
 
 
 def _ledger_totals(result: dict[str, Any]) -> dict[str, int]:

@@ -11,9 +11,11 @@ import pytest
 from fedorasflwr.federation.replies import REPLY_MARGIN
 from tests.reliability import trials
 from tests.reliability.trials import BASELINES, METHODS, reply_trial
+from tests.runconfig import FEW_ROWS
 
 #: smaller runs than benchmarks/faults.py's (which shares the trial): the claim holds for
-#: any size, and these parts are what the trial's CPU went into (cProfile)
+#: any size, and these parts are what the trial's CPU went into (cProfile); every client
+#: trains on 64 rows of its own (``FEW_ROWS``)
 SMALLER = {
     "fedoras": {"fedoras.batch-size": 128},  # fewer, larger local steps
     "dpfnas": {"space.layers-per-block": 1},  # one darts cell
@@ -25,7 +27,7 @@ def smaller_runs(monkeypatch):
     full = trials.run_config_for
 
     def smaller(method, cache):
-        return {**full(method, cache), **SMALLER.get(method, {})}
+        return {**full(method, cache), **FEW_ROWS, **SMALLER.get(method, {})}
 
     monkeypatch.setattr(trials, "run_config_for", smaller)
 

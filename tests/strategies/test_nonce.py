@@ -35,18 +35,20 @@ from fedorasflwr.methods.widths.strategy import HeteroFL
 from fedorasflwr.nonce import echo_nonce, nonce_of
 from fedorasflwr.protocol import ARRAYS, METRICS, NONCE, QUERY_PROFILE
 from fedorasflwr.runs import build_supernet
-from tests.runconfig import tiny_fdnas, tiny_fedoras
+from tests.runconfig import FEW_ROWS, tiny_fdnas, tiny_fedoras
 from tests.strategies.test_dpfnas_strategy import tiny_dpfnas
 from tests.strategies.test_fdnas import fake_replies
 from tests.strategies.test_fdnas import make_strategy as fdnas_strategy
 from tests.strategies.test_one_reply_per_node import same_bits
 
-NODES = 4
+NODES = 4  # every client on 64 rows of its own (FEW_ROWS): screening holds at any size
 
 
 def fedoras(cache):
     config = tiny_fedoras(
-        cache, **{"fedoras.clients-per-round": NODES, "fedoras.search-scoring": "federated"}
+        cache,
+        **{"fedoras.clients-per-round": NODES, "fedoras.search-scoring": "federated"},
+        **FEW_ROWS,
     )
     settings = parse_run_config(config)
     return config, FedorAS(
@@ -55,12 +57,14 @@ def fedoras(cache):
 
 
 def fdnas(cache):
-    config = tiny_fdnas(cache, **{"fdnas.clients-per-round": NODES, "fdnas.warmup-rounds": 0})
+    config = tiny_fdnas(
+        cache, **{"fdnas.clients-per-round": NODES, "fdnas.warmup-rounds": 0}, **FEW_ROWS
+    )
     return config, fdnas_strategy(config)
 
 
 def dpfnas(cache):
-    config = tiny_dpfnas(cache, **{"dpfnas.mode": "fnas", "space.layers-per-block": 1})
+    config = tiny_dpfnas(cache, **{"dpfnas.mode": "fnas", "space.layers-per-block": 1}, **FEW_ROWS)
     settings = parse_run_config(config)
     return config, DPFNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
 
@@ -69,13 +73,13 @@ def fednas(cache):
     from fedorasflwr.strategies import FedNAS
     from tests.runconfig import tiny_fednas
 
-    config = tiny_fednas(cache)
+    config = tiny_fednas(cache, **FEW_ROWS)
     settings = parse_run_config(config)
     return config, FedNAS(space=build_supernet(settings), settings=settings.method_settings, seed=0)
 
 
 def heterofl(cache):
-    config = tiny_fedoras(cache) | {"method": "heterofl", "heterofl.batch-size": 64}
+    config = tiny_fedoras(cache, **FEW_ROWS) | {"method": "heterofl", "heterofl.batch-size": 64}
     settings = parse_run_config(config)
     return config, HeteroFL(image=image_spec(settings), settings=settings.method_settings, seed=0)
 
