@@ -8,10 +8,14 @@ One run, same seed, same data cache, 3 clients (2 in the ``--quick`` smoke run):
 - **simulation**: ``flwr run`` on the simulation engine (Ray, one CPU per ClientApp);
 - **deployment**: a real SuperLink and 3 SuperNodes on localhost
   (``fedorasflwr.launch.Deployment``: TLS and SuperNode authentication on), each
-  message's ClientApp forked from its node's warm executor (``fedorasflwr.launch.warm``);
+  message's ClientApp forked from its node's warm executor (``fedorasflwr.launch.warm``),
+  no more at once than the host's cores allow (``clientapp_slots``: 2 on 2 cores, as Ray);
 - (full run only) **deployment-cold**: the same with Flower's own per-message
   ``flwr-clientapp`` processes (``warm_clientapps=False``), headline
   ``*_deployment_cold_over_warm``;
+- (full run only) **deployment-all-at-once**: the warm deployment without the host's
+  ClientApp slots (``Deployment(clientapp_slots=0)``: every node's message at once, the
+  behaviour before stop 48), headline ``*_deployment_all_at_once_over_slots``;
 - (full run only) **deployment-flower-polling**: the deployment with Flower's own reply
   polling (the ServerApp's ``HttpGrid`` pulls every 3 s) instead of ``PromptGrid``
   (``fedorasflwr/federation/polling.py``), headline ``*_flower_polling_over_prompt``.
@@ -314,13 +318,18 @@ def run_deployment(
     timing_log: Path,
     env: Mapping[str, str] | None = None,
     warm: bool = True,
+    slots: int | None = None,
 ) -> float:
     from fedorasflwr.launch import Deployment
 
     env = {TIMING_LOG_ENV: str(timing_log), **(env or {})}
     nodes = nodes_of(overrides)
     with Deployment(
-        num_supernodes=nodes, env=env, startup_timeout=180, warm_clientapps=warm
+        num_supernodes=nodes,
+        env=env,
+        startup_timeout=180,
+        warm_clientapps=warm,
+        clientapp_slots=slots,
     ) as deployment:
         result = deployment.run(ROOT, run_config=overrides, timeout=3600)
     return result.wall_time
@@ -329,6 +338,12 @@ def run_deployment(
 def run_deployment_cold(overrides: dict[str, Any], timing_log: Path) -> float:
     """The deployment with Flower's own ``flwr-clientapp`` process per message."""
     return run_deployment(overrides, timing_log, warm=False)
+
+
+def run_deployment_all_at_once(overrides: dict[str, Any], timing_log: Path) -> float:
+    """The warm deployment without the host's ClientApp slots (``clientapp_slots=0``):
+    every node's message runs at once, whatever the cores."""
+    return run_deployment(overrides, timing_log, slots=0)
 
 
 def run_deployment_flower_polling(overrides: dict[str, Any], timing_log: Path) -> float:
@@ -343,10 +358,11 @@ RUNNERS = {
     "deployment": run_deployment,
     "deployment-flower-polling": run_deployment_flower_polling,
     "deployment-cold": run_deployment_cold,
+    "deployment-all-at-once": run_deployment_all_at_once,
 }
-#: the full run also measures the deployment with Flower's 3-s reply polling and with
-#: Flower's per-message ClientApp processes
-FULL_ONLY = ("deployment-flower-polling", "deployment-cold")
+#: the full run also measures the deployment with Flower's 3-s reply polling, with
+#: Flower's per-message ClientApp processes and with every ClientApp at once (no slots)
+FULL_ONLY = ("deployment-flower-polling", "deployment-cold", "deployment-all-at-once")
 DEPLOYMENTS = ("deployment",) + FULL_ONLY
 
 
@@ -557,6 +573,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         if bare_at_once is not None:
             summary[f"{name}_fixed_over_torch_import_3_at_once"] = round(fixed / bare_at_once, 3)
+        if "deployment-all-at-once" in measured:
+            at_once = measured["deployment-all-at-once"]["median_round_after_first"]
+            summary[f"{name}_deployment_all_at_once_over_slots"] = round(
+                at_once / measured["deployment"]["median_round_after_first"], 3
+            )
         if "deployment-flower-polling" in measured:
             flower = measured["deployment-flower-polling"]["median_round_after_first"]
             summary[f"{name}_deployment_flower_polling_over_prompt"] = round(

@@ -1,7 +1,8 @@
 """The warm ClientApp executor (`fedorasflwr.launch.warm`): its checks, its command line
 (``flower-superexec``'s), the Flower internals it looks up at start and fails on when they
 moved (`fedorasflwr.launch.warm_compat`), the SuperExec auth it signs with Flower's own
-interceptor, the module forgetting that makes each task import the app from its FAB, and
+interceptor, the module forgetting that makes each task import the app from its FAB, the
+host's task slots (at most N tasks at once among the executors that share them), and
 how `Deployment` starts it (the runs through it are in
 tests/engines/test_secure_deployment.py and tests/engines/test_operator_executor.py)."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
 import runpy
 import subprocess
 import sys
@@ -25,9 +27,10 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from fedorasflwr.launch import Deployment, warm_compat
-from fedorasflwr.launch.deployment import SUPEREXEC_POLL_ENV
+from fedorasflwr.launch.deployment import SUPEREXEC_POLL_ENV, threads_per_node
 from fedorasflwr.launch.warm import (
     DEFAULT_POLL_INTERVAL,
+    TaskSlots,
     WarmExecutor,
     _alive,
     check_poll_interval,
@@ -421,3 +424,105 @@ def test_each_task_is_forked_inside_flowers_dispatch_span(
     assert "[warm] task 7 of run 9: process 4242" in capsys.readouterr().out
     source = inspect.getsource(run_superexec)  # the span flower-superexec opens, as it opens it
     assert '"task.dispatch"' in source and '"flwr.component": "superexec"' in source
+
+
+# --- the host's task slots (Deployment: no more ClientApps at once than the cores allow) ---
+
+
+def test_task_slots_hold_at_most_their_count_and_are_given_back(tmp_path: Path) -> None:
+    slots = TaskSlots(tmp_path / "slots", 2)
+    first, second = slots.take(), slots.take()
+    assert first is not None and second is not None
+    assert slots.take() is None  # both held (each take opens the file anew: flock conflicts)
+    assert TaskSlots(tmp_path / "slots", 2).take() is None  # another executor sees the same
+    os.close(first)
+    again = slots.take()
+    assert again is not None and slots.take() is None
+    for fd in (second, again):
+        os.close(fd)
+    assert sorted(p.name for p in (tmp_path / "slots").iterdir()) == ["slot-0", "slot-1"]
+
+
+def test_a_forked_task_keeps_its_slot_until_it_exits(tmp_path: Path) -> None:
+    slots = TaskSlots(tmp_path, 1)
+    slot = slots.take()
+    assert slot is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the task: holds the inherited slot until told to end
+        os.read(read, 1)
+        os._exit(0)
+    os.close(slot)  # what the executor does after the fork
+    try:
+        assert slots.take() is None  # the child's copy of the open file keeps the lock
+    finally:
+        os.write(write, b"x")
+        os.waitpid(pid, 0)
+    freed = slots.take()
+    assert freed is not None
+    os.close(freed)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_slot_counts_are_refused(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ValueError, match="task slots: .* expected an integer >= 1"):
+        TaskSlots(tmp_path, bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--task-slots", "-1"], "task-slots: -1; expected an integer >= 0 (0: no limit)"),
+        (["--task-slots", "2"], "task-slots: needs --task-slots-dir"),
+        (["--task-slots-dir", "/tmp/x"], "task-slots-dir: given without --task-slots"),
+    ],
+)
+def test_task_slot_options_exit_2_saying_why(extra: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["--runtime-api-address", "127.0.0.1:1", "--insecure", *extra])
+    assert ended.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+class _Answer:
+    def __init__(self, task: object | None) -> None:
+        self.task, self.token = task, "token" if task is not None else ""
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 (protobuf's name)
+        return name == "task" and self.task is not None
+
+
+def test_no_task_is_asked_for_while_every_slot_is_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executor = WarmExecutor("127.0.0.1:1", slots=TaskSlots(tmp_path, 1))
+    asked: list[object] = []
+    answers = [_Answer(None), _Answer("task")]
+
+    class Client:
+        def AcquireTask(self, request: object) -> _Answer:  # noqa: N802 (Flower's name)
+            asked.append(request)
+            return answers[len(asked) - 1]
+
+    dispatched: list[str] = []
+    monkeypatch.setattr(executor, "_dispatch", lambda token, task, tracing: dispatched.append(task))
+    held = executor.slots.take()  # another node's task runs
+    assert not executor._acquire(Client(), "request", None)
+    assert asked == []  # the SuperNode keeps the task queued
+    os.close(held)
+    assert not executor._acquire(Client(), "request", None)  # asked, none came
+    assert executor._acquire(Client(), "request", None) and dispatched == ["task"]
+    assert len(asked) == 2
+    free = executor.slots.take()  # the parent gave its copy back each time (here no child)
+    assert free is not None
+    os.close(free)
+
+
+def test_a_deployment_runs_no_more_clientapps_at_once_than_the_cores(tmp_path: Path) -> None:
+    cores = os.cpu_count() or 1
+    assert Deployment(num_supernodes=3).clientapp_slots == max(1, cores // threads_per_node(3))
+    assert Deployment(num_supernodes=1).clientapp_slots == 1  # one node: all cores, one task
+    assert Deployment(num_supernodes=3, clientapp_slots=0).clientapp_slots == 0  # no limit
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="clientapp_slots"):
+            Deployment(num_supernodes=3, clientapp_slots=bad)  # type: ignore[arg-type]

@@ -94,6 +94,12 @@ class Deployment:
         ``flower-superexec`` starting a fresh ``flwr-clientapp`` process per message.
         TLS to the SuperLink and SuperNode authentication are the SuperNode's and do
         not change.  ``False``: Flower's own per-message processes.
+    clientapp_slots : int, optional
+        With warm ClientApps: at most this many run at once on this host, whichever
+        nodes they belong to (`fedorasflwr.launch.warm.TaskSlots`: a node's message waits
+        at its SuperNode for a free slot, as the simulation engine's Ray waits for a free
+        CPU). Default: ``cpu_count // T`` (T the threads each node's ClientApp gets), so
+        the nodes' trainers do not share cores; ``0``: no limit (every message at once).
     heartbeat_timeout : float, optional
         Seconds the SuperLink waits for the ServerApp's heartbeat before it fails the
         run (at least 60; default: Flower's 60): the SuperLink then runs as
@@ -114,8 +120,16 @@ class Deployment:
         node_keys: Sequence[Path] | None = None,
         heartbeat_timeout: float | None = None,
         warm_clientapps: bool = True,
+        clientapp_slots: int | None = None,
     ) -> None:
         _check_positive_int("num_supernodes", num_supernodes)
+        if clientapp_slots is None:
+            clientapp_slots = max(1, (os.cpu_count() or 1) // threads_per_node(num_supernodes))
+        if isinstance(clientapp_slots, bool) or not isinstance(clientapp_slots, int):
+            raise ValueError(f"clientapp_slots: {clientapp_slots!r}; expected an integer >= 0")
+        if clientapp_slots < 0:
+            raise ValueError(f"clientapp_slots: {clientapp_slots}; expected >= 0 (0: no limit)")
+        self.clientapp_slots = clientapp_slots
         if heartbeat_timeout is not None:
             heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
         self.heartbeat_timeout = heartbeat_timeout
@@ -305,6 +319,9 @@ class Deployment:
             warm = [sys.executable, "-m", "fedorasflwr.launch.warm", "--insecure"]
             warm += ["--runtime-api-address", f"{LOOPBACK}:{runtime_port}"]
             warm += ["--parent-pid", str(process.pid)]
+            if self.clientapp_slots:  # one set of slots for every node of this host
+                slots = self.flwr_home / "clientapp-slots"
+                warm += ["--task-slots", str(self.clientapp_slots), "--task-slots-dir", str(slots)]
             self._spawn(warm, f"{name}-clientapps", node_home)
         return process
 

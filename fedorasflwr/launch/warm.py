@@ -21,6 +21,8 @@ names, as in a fresh process; the FAB is installed and the message pulled by the
 as before.  The fork happens before torch has run anything in this process, so no OpenMP
 or CUDA state is shared.  The Flower internals it uses are looked up at start
 (`fedorasflwr.launch.warm_compat`): it exits naming them if a Flower release moved them.
+Executors of SuperNodes that share a host may share `TaskSlots` (``--task-slots``): then
+no more tasks run at once on the host than its cores can train without contention.
 
     fedorasflwr-clientapp-executor --runtime-api-address 127.0.0.1:9094 --insecure
 
@@ -30,6 +32,7 @@ your own SuperNodes").
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import math
 import os
@@ -55,6 +58,7 @@ from .warm_compat import (
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
     "DEFAULT_PRELOAD",
+    "TaskSlots",
     "WarmExecutor",
     "check_poll_interval",
     "main",
@@ -107,6 +111,46 @@ class _RefusalWatch:
         return response
 
 
+class TaskSlots:
+    """At most ``count`` ClientApp tasks at once among every executor that shares
+    ``directory`` (the executors of one host's SuperNodes): a task runs holding an
+    exclusive ``flock`` on one of the files ``slot-0`` .. ``slot-<count-1>``.
+
+    The executor takes a slot before it asks its SuperNode for a task and gives it back
+    if none came; with a task, the forked child inherits the locked file and holds the slot
+    until it exits (the lock belongs to the open file, which the parent then closes). A
+    task left waiting stays queued at its SuperNode, as Ray queues a simulated ClientApp
+    until one of its CPUs is free. A process that dies releases its slot with its files.
+
+    Parameters
+    ----------
+    directory : Path
+        Created if missing; the same for every executor the limit spans.
+    count : int
+        Tasks at once, at least 1.
+    """
+
+    def __init__(self, directory: Path, count: int) -> None:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"task slots: {count!r}; expected an integer >= 1")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.count = count
+
+    def take(self) -> int | None:
+        """A file descriptor holding a free slot's lock (``os.close`` it to give the
+        slot back), or ``None`` if all ``count`` are held."""
+        for index in range(self.count):
+            fd = os.open(self.directory / f"slot-{index}", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return fd
+        return None
+
+
 class WarmExecutor:
     """Serve a SuperNode's ClientApp tasks from one warm process, one fork per task.
 
@@ -129,6 +173,9 @@ class WarmExecutor:
         Seconds between two polls for a task.
     preload : Sequence[str]
         Modules imported once, before the first fork.
+    slots : TaskSlots, optional
+        Run a task only while holding one of these slots (shared with the host's other
+        executors); default: no limit.
 
     Raises
     ------
@@ -147,6 +194,7 @@ class WarmExecutor:
         parent_pid: int | None = None,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         preload: Sequence[str] = DEFAULT_PRELOAD,
+        slots: TaskSlots | None = None,
     ) -> None:
         if not runtime_api_address.strip():
             raise ValueError("runtime-api-address: empty; expected host:port")
@@ -163,6 +211,7 @@ class WarmExecutor:
         self.parent_pid = parent_pid
         self.poll_interval = check_poll_interval(poll_interval)
         self.preload = tuple(preload)
+        self.slots = slots
         self.flower = load_flower_internals()
         self.children: set[int] = set()
         self.served = 0
@@ -219,11 +268,10 @@ class WarmExecutor:
                     break
                 if self.parent_pid is not None and not _alive(self.parent_pid):
                     break
-                if max_tasks is None or self.served < max_tasks:
-                    answer = self._interruptible(client.AcquireTask, request)
-                    if answer.HasField("task") and answer.token:
-                        self._dispatch(answer.token, answer.task, tracing)
-                        continue  # another task may be waiting already
+                if (max_tasks is None or self.served < max_tasks) and self._acquire(
+                    client, request, tracing
+                ):
+                    continue  # another task may be waiting already
                 self._interruptible(time.sleep, self.poll_interval)
         except _Stopped:
             pass
@@ -234,6 +282,23 @@ class WarmExecutor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return self.served
+
+    def _acquire(self, client: Any, request: Any, tracing: Any) -> bool:
+        """Ask the SuperNode for a task and fork its child; whether one came. With
+        `slots`, only while holding a free slot, which the child keeps (the parent's copy
+        of the locked file is closed either way)."""
+        slot = None if self.slots is None else self.slots.take()
+        if self.slots is not None and slot is None:
+            return False  # every slot busy: the task waits at the SuperNode
+        try:
+            answer = self._interruptible(client.AcquireTask, request)
+            if answer.HasField("task") and answer.token:
+                self._dispatch(answer.token, answer.task, tracing)
+                return True
+            return False
+        finally:
+            if slot is not None:
+                os.close(slot)
 
     def _dispatch(self, token: str, task: Any, tracing: Any) -> None:
         """Fork the task's child inside Flower's ``task.dispatch`` span, as
@@ -386,9 +451,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(DEFAULT_PRELOAD),
         help="comma-separated modules imported once before the first task",
     )
+    parser.add_argument(
+        "--task-slots",
+        type=int,
+        default=0,
+        help="at most this many ClientApp tasks at once among the executors that share "
+        "--task-slots-dir (0: no limit)",
+    )
+    parser.add_argument(
+        "--task-slots-dir", type=Path, default=None, help="the slots' directory (with --task-slots)"
+    )
     args = parser.parse_args(argv)
     if refused := refused_option(args):
         parser.error(refused)
+    if args.task_slots < 0:
+        parser.error(f"task-slots: {args.task_slots}; expected an integer >= 0 (0: no limit)")
+    if args.task_slots and args.task_slots_dir is None:
+        parser.error("task-slots: needs --task-slots-dir (a directory the host's executors share)")
+    if args.task_slots_dir is not None and not args.task_slots:
+        parser.error("task-slots-dir: given without --task-slots (a count >= 1)")
     try:
         flower = load_flower_internals()
     except FlowerInternalsError as error:
@@ -413,13 +494,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             parent_pid=args.parent_pid,
             poll_interval=args.poll_interval,
             preload=[m for m in args.preload.split(",") if m.strip()],
+            slots=TaskSlots(args.task_slots_dir, args.task_slots) if args.task_slots else None,
         )
     except (ValueError, OSError) as error:
         parser.error(str(error))
     auth = "signed" if secret else "unsigned"
+    limit = ""
+    if args.task_slots:
+        limit = f"; {args.task_slots} task(s) at once in {args.task_slots_dir}"
     print(
         f"[warm] serving ClientApp tasks of {args.runtime_api_address} "
-        f"(Flower {flower_version()}, {auth} AcquireTask)",
+        f"(Flower {flower_version()}, {auth} AcquireTask{limit})",
         flush=True,
     )
     served = executor.serve()
