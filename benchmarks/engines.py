@@ -11,8 +11,8 @@ One run, same seed, same data cache, 3 clients (2 in the ``--quick`` smoke run):
   message's ClientApp forked from its node's warm executor (``fedorasflwr.launch.warm``),
   no more at once than the host's cores allow (``clientapp_slots``: 2 on 2 cores, as Ray);
 - (full run only) **deployment-cold**: the same with Flower's own per-message
-  ``flwr-clientapp`` processes (``warm_clientapps=False``), headline
-  ``*_deployment_cold_over_warm``;
+  ``flwr-clientapp`` processes (``warm_clientapps=False``; no slots: Flower's SuperExecs
+  start every message's process at once), headline ``*_deployment_cold_over_warm``;
 - (full run only) **deployment-all-at-once**: the warm deployment without the host's
   ClientApp slots (``Deployment(clientapp_slots=0)``: every node's message at once, the
   behaviour before stop 48), headline ``*_deployment_all_at_once_over_slots``;

@@ -2,11 +2,13 @@
 engine (3 SuperNodes, TLS and auth, warm executors) and on the simulation engine, with every
 process's CPU seconds sampled from ``/proc`` once a second and summed by role.
 
-``engines.py`` shows the deployment's training messages taking longer than the simulation
-engine's for the same work (3 ClientApps train at once on the 2 cores, where Ray runs 2 then 1).
-This says whether the difference is the trainers sharing the cores or other processes using
-them: CPU seconds per role (the ClientApps that trained, SuperLink, SuperNodes, warm
-executors, ServerApp, Ray, other), for the whole run and per training message.
+``engines.py`` showed the deployment's training messages taking longer than the simulation
+engine's for the same work (3 ClientApps trained at once on the 2 cores, where Ray runs 2 then
+1). This says whether the difference is the trainers sharing the cores or other processes
+using them: CPU seconds per role (the ClientApps that trained, SuperLink, SuperNodes, warm
+executors, ServerApp, Ray, other), for the whole run and per training message. Since stop 48
+the deployment runs at most ``cpu_count // threads`` ClientApps at once (``Deployment``'s
+``clientapp_slots``, 2 here, as Ray); the recorded run (stop 37) predates that.
 
     python benchmarks/engines_cpu.py            # default config, 4 rounds on both engines
     python benchmarks/engines_cpu.py --quick    # tiny config, 2 rounds (CI smoke run)

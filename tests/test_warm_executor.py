@@ -526,3 +526,87 @@ def test_a_deployment_runs_no_more_clientapps_at_once_than_the_cores(tmp_path: P
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="clientapp_slots"):
             Deployment(num_supernodes=3, clientapp_slots=bad)  # type: ignore[arg-type]
+
+
+def test_an_unusable_slot_directory_is_refused_at_start(tmp_path: Path, capsys) -> None:
+    (tmp_path / "slot-0").mkdir()  # slot-0 cannot be opened as a file
+    with pytest.raises(IsADirectoryError):
+        TaskSlots(tmp_path, 1)
+    with pytest.raises(SystemExit) as ended:
+        main(
+            ["--runtime-api-address", "127.0.0.1:1", "--insecure"]
+            + ["--task-slots", "1", "--task-slots-dir", str(tmp_path)]
+        )
+    assert ended.value.code == 2
+    assert "slot-0" in capsys.readouterr().err
+
+
+def test_a_task_forked_by_acquire_holds_its_slot_until_it_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real path: ``_acquire`` takes the slot, asks for the task and forks; the child
+    (its ``_run_task`` blocks on a pipe) holds the slot, the parent gave its copy back."""
+
+    class Tracing:
+        def take_task_traceparent(self, task_id: int) -> str:
+            return ""
+
+    @contextmanager
+    def span(name: str, *, traceparent: str = "", attributes: dict | None = None) -> Iterator:
+        yield
+
+    class Client:
+        def AcquireTask(self, request: object) -> _Answer:  # noqa: N802 (Flower's name)
+            from flwr.proto.task_pb2 import Task
+
+            return _Answer(Task(task_id=1, run_id=1))
+
+    executor = WarmExecutor("127.0.0.1:1", slots=TaskSlots(tmp_path, 1))
+    executor.flower = {**executor.flower, "trace_span": span}
+    read, write = os.pipe()
+    monkeypatch.setattr(executor, "_run_task", lambda token: len(os.read(read, 1)) - 1)
+    assert executor._acquire(Client(), "request", Tracing())
+    (child,) = executor.children
+    try:
+        assert executor.slots.take() is None  # held by the child
+        assert not executor._acquire(Client(), "request", Tracing())  # so no second task
+    finally:
+        os.write(write, b"x")
+        os.waitpid(child, 0)
+        executor.children.clear()
+    free = executor.slots.take()
+    assert free is not None
+    os.close(free)
+
+
+@pytest.mark.parametrize(("slots", "warm"), [(None, True), (0, True), (2, False)])
+def test_a_deployment_hands_its_slots_to_every_warm_executor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slots: int | None, warm: bool
+) -> None:
+    engine = Deployment(
+        num_supernodes=3, insecure=True, clientapp_slots=slots, warm_clientapps=warm
+    )
+    engine.flwr_home, engine.port = tmp_path, 1
+    started: list[list[str]] = []
+
+    class Process:
+        pid = 4242
+
+    monkeypatch.setattr(
+        engine, "_spawn", lambda command, name, home: started.append(command) or Process()
+    )
+    for index in range(3):
+        engine.start_supernode(f"supernode-{index}", {})
+    executors = [c for c in started if "fedorasflwr.launch.warm" in c]
+    assert len(executors) == (3 if warm else 0)
+    expected = engine.clientapp_slots
+    for command in executors:
+        if expected:
+            at = command.index("--task-slots")
+            assert command[at + 1 : at + 4] == [
+                str(expected),
+                "--task-slots-dir",
+                str(tmp_path / "clientapp-slots"),
+            ]
+        else:
+            assert "--task-slots" not in command

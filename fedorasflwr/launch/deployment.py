@@ -95,11 +95,14 @@ class Deployment:
         TLS to the SuperLink and SuperNode authentication are the SuperNode's and do
         not change.  ``False``: Flower's own per-message processes.
     clientapp_slots : int, optional
-        With warm ClientApps: at most this many run at once on this host, whichever
-        nodes they belong to (`fedorasflwr.launch.warm.TaskSlots`: a node's message waits
-        at its SuperNode for a free slot, as the simulation engine's Ray waits for a free
-        CPU). Default: ``cpu_count // T`` (T the threads each node's ClientApp gets), so
-        the nodes' trainers do not share cores; ``0``: no limit (every message at once).
+        With warm ClientApps: at most this many run at once among this deployment's
+        nodes, whichever node they belong to (`fedorasflwr.launch.warm.TaskSlots`, under
+        ``<flwr_home>/clientapp-slots``: a node's message waits at its SuperNode for a
+        free slot, as the simulation engine's Ray waits for a free CPU). Default:
+        ``cpu_count // threads_per_node(num_supernodes)`` (the ``num-threads`` each node
+        gets unless ``node_configs`` sets its own), so the nodes' trainers do not share
+        cores; ``0``: no limit (every message at once). Cold ClientApps
+        (``warm_clientapps=False``) are Flower's own processes: never limited.
     heartbeat_timeout : float, optional
         Seconds the SuperLink waits for the ServerApp's heartbeat before it fails the
         run (at least 60; default: Flower's 60): the SuperLink then runs as

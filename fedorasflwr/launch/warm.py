@@ -136,17 +136,25 @@ class TaskSlots:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.count = count
+        for index in range(count):  # an unusable directory fails here, not at the first task
+            os.close(self._open(index))
+
+    def _open(self, index: int) -> int:
+        return os.open(self.directory / f"slot-{index}", os.O_RDWR | os.O_CREAT, 0o600)
 
     def take(self) -> int | None:
         """A file descriptor holding a free slot's lock (``os.close`` it to give the
         slot back), or ``None`` if all ``count`` are held."""
         for index in range(self.count):
-            fd = os.open(self.directory / f"slot-{index}", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = self._open(index)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
                 continue
+            except OSError:
+                os.close(fd)
+                raise
             return fd
         return None
 
