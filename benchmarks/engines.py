@@ -229,11 +229,6 @@ def round_windows(
     return [spans.get(i) for i in range(1, rounds + 1)]
 
 
-def _mean_of(values: Sequence[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return round(statistics.fmean(known), 3) if known else None
-
-
 def load_in(
     samples: Sequence[Mapping[str, Any]], window: tuple[float, float] | None
 ) -> dict[str, Any]:
@@ -247,8 +242,8 @@ def load_in(
     return {
         "window_s": round(end - start, 3),
         "samples": len(inside),
-        "load_avg_1m": _mean_of([s["load_avg_1m"] for s in inside]),
-        "cpu_busy": _mean_of([s["cpu_busy"] for s in inside]),
+        "load_avg_1m": _mean([s["load_avg_1m"] for s in inside]),
+        "cpu_busy": _mean([s["cpu_busy"] for s in inside]),
     }
 
 
@@ -393,8 +388,11 @@ def _median(values: Sequence[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return round(statistics.fmean(values), 4) if values else None
+def _mean(values: Sequence[float | None]) -> float | None:
+    """Mean of the known values (``None`` skipped: a sample without a busy figure), or
+    ``None`` without any."""
+    known = [v for v in values if v is not None]
+    return round(statistics.fmean(known), 4) if known else None
 
 
 def breakdown(records: Sequence[Mapping[str, Any]], engine: str) -> dict[str, float | None]:

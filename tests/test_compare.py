@@ -25,8 +25,9 @@ NODES = 4
 #: sized so that FedNAS's two DARTS rounds (slow per FLOP: 2 channels) book about the
 #: reference's client training FLOPs and run once, while FjORD's one round books far less
 #: and runs again scaled (measured: HeteroFL 30.4, FjORD 12.2 then 24.2, FedNAS 27.4
-#: GFLOPs; 111 s in all on the idle 2-core machine, against about 400 s when HeteroFL's
-#: 238 GFLOPs made the FLOPs budget rerun FedNAS with 17 rounds)
+#: GFLOPs; the comparison took 111 s alone on the idle 2-core machine, where the fixture
+#: took 630 s beside two other test workers when HeteroFL's 238 GFLOPs made the FLOPs budget
+#: rerun FedNAS with 17 search and 17 final rounds)
 TINY = """
 onnx = false
 
