@@ -62,6 +62,17 @@ def _slug(dataset: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", dataset).strip("-")[-40:] or "data"
 
 
+def _content(spec: DataSpec) -> dict[str, str]:
+    """What a dataset's name does not fix: an image folder's files (`folder_fingerprint`),
+    so partitions of edited images are never read back; nothing for the other datasets
+    (their keys, and the files cached under them, are as before)."""
+    from .folder import FOLDER_PREFIX, folder_fingerprint
+
+    if spec.dataset.startswith(FOLDER_PREFIX):
+        return {"folder-content": folder_fingerprint(spec.dataset)}
+    return {}
+
+
 def client_path(spec: DataSpec, partition_id: int, num_partitions: int) -> Path:
     """Cache file of one client's train / val / test tensors."""
     config = spec.to_config()
@@ -71,7 +82,14 @@ def client_path(spec: DataSpec, partition_id: int, num_partitions: int) -> Path:
             config.pop(name)
     if not spec.partition_size:  # as global-test: unused, the key it had before it existed
         config.pop("partition-size")
-    key = _digest({"spec": config, "partition-id": partition_id, "num-partitions": num_partitions})
+    key = _digest(
+        {
+            "spec": config,
+            "partition-id": partition_id,
+            "num-partitions": num_partitions,
+            **_content(spec),
+        }
+    )
     name = f"client-{_slug(spec.dataset)}-{partition_id}-of-{num_partitions}-{key}.pt"
     return cache_root(spec) / "data" / name
 
@@ -79,7 +97,7 @@ def client_path(spec: DataSpec, partition_id: int, num_partitions: int) -> Path:
 def server_path(spec: DataSpec) -> Path:
     """Cache file of the server slice."""
     config = spec.to_config()
-    key = _digest({"server": {name: config[name] for name in _SERVER_KEYS}})
+    key = _digest({"server": {name: config[name] for name in _SERVER_KEYS}, **_content(spec)})
     return cache_root(spec) / "data" / f"server-{_slug(spec.dataset)}-{key}.pt"
 
 
@@ -90,7 +108,7 @@ def global_test_path(spec: DataSpec) -> Path:
     content = {name: config[name] for name in _SERVER_KEYS}
     if spec.carves_global_test():
         content["global-test-fraction"] = config["global-test-fraction"]
-    key = _digest({"global-test": content})
+    key = _digest({"global-test": content, **_content(spec)})
     return cache_root(spec) / "data" / f"global-test-{_slug(spec.dataset)}-{key}.pt"
 
 

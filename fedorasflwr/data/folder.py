@@ -15,7 +15,8 @@ folder and what it found, what would otherwise fail or mislead later on every cl
 
 Images are converted to one channel when every image is grayscale (PIL modes 1, L, I, F),
 else to RGB. Only image headers are read (PIL opens lazily); the answer is kept per folder
-while its directories are unchanged.
+while its images are unchanged (`folder_fingerprint`: each image file's path, size and
+modification time, which also keys the folder's cached partitions).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "ImageFolder",
     "absolute_folder",
     "folder_classes",
+    "folder_fingerprint",
     "folder_image_shape",
     "folder_root",
     "inspect_folder",
@@ -122,16 +124,37 @@ def inspect_folder(dataset: str) -> ImageFolder:
             f"{str(root)!r} ({list(classes)}); a classification dataset needs at least 2: "
             "<root>/<class name>/<images>",
         )
-    stamp = tuple((root / name).stat().st_mtime_ns for name in classes)
-    return _inspect(dataset, root, classes, stamp)
+    return _inspect(dataset, root, classes, _fingerprint(root, classes))
+
+
+def folder_fingerprint(dataset: str) -> str:
+    """A digest of a ``folder:<path>`` dataset's image files: each one's path under the
+    folder, size and modification time (``stat`` only, no image is read). An image added,
+    removed, renamed or rewritten changes it: the data cache keys a folder's partitions by
+    it, so edited images are never served from partitions of the old ones."""
+    root = folder_root(dataset)
+    classes = tuple(
+        sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    )
+    return _fingerprint(root, classes)
+
+
+def _fingerprint(root: Path, classes: tuple[str, ...]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in classes:
+        for path in sorted((root / name).iterdir()):
+            if path.suffix.lower() in IMAGE_SUFFIXES:
+                stat = path.stat()
+                digest.update(f"{name}/{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:24]
 
 
 @lru_cache(maxsize=8)
-def _inspect(
-    dataset: str, root: Path, classes: tuple[str, ...], stamp: tuple[int, ...]
-) -> ImageFolder:
-    """The image scan of `inspect_folder`, kept while the class directories' mtimes
-    (``stamp``: a file added or removed changes them) stay the same."""
+def _inspect(dataset: str, root: Path, classes: tuple[str, ...], stamp: str) -> ImageFolder:
+    """The image scan of `inspect_folder`, kept while the folder's images are unchanged
+    (``stamp``: their `_fingerprint`)."""
     from PIL import Image, UnidentifiedImageError
 
     sizes: dict[tuple[int, int], list[Path]] = {}

@@ -113,3 +113,43 @@ def test_absolute_folder_resolves_against_the_given_directory(tmp_path: Path) ->
     assert absolute_folder({"data.dataset": "folder:~/im"}, tmp_path) == {
         "data.dataset": "folder:~/im"  # the engine runs as the same user: same home
     }
+
+
+def test_edited_images_are_neither_inspected_nor_cached_as_the_old_ones(tmp_path: Path) -> None:
+    """Rewriting an image in place (same name, so the class directories' times stay) or
+    adding one changes the folder's fingerprint: the data cache keys its partitions, server
+    slice and global test set by it, and the folder is inspected again."""
+    import os
+
+    from fedorasflwr.data.cache import client_path, global_test_path, server_path
+    from fedorasflwr.data.folder import folder_fingerprint
+
+    root = _folder(tmp_path / "im", {"ant": [(5, 6)] * 3, "bee": [(5, 6)] * 2})
+    dataset = f"folder:{root}"
+    spec = DataSpec(dataset=dataset, global_test=True)
+    before = (client_path(spec, 0, 2), server_path(spec), global_test_path(spec))
+    first = folder_fingerprint(dataset)
+    assert inspect_folder(dataset).shape == (3, 6, 5)
+    assert folder_fingerprint(dataset) == first  # unchanged files: same key, same paths
+    assert (client_path(spec, 0, 2), server_path(spec), global_test_path(spec)) == before
+
+    stamp = os.stat(root / "ant").st_mtime_ns
+    _folder(tmp_path / "other", {"ant": [(7, 8)]})
+    (tmp_path / "other" / "ant" / "0.png").replace(root / "ant" / "0.png")
+    os.utime(root / "ant", ns=(stamp, stamp))  # the directory looks untouched
+    assert folder_fingerprint(dataset) != first
+    after = (client_path(spec, 0, 2), server_path(spec), global_test_path(spec))
+    assert all(a != b for a, b in zip(after, before, strict=True))
+    with pytest.raises(ValueError, match="2 sizes"):  # the rewritten image is seen
+        inspect_folder(dataset)
+
+
+def test_named_datasets_keep_their_cache_keys() -> None:
+    """Only folders gained the content key: MNIST-5k's cached files stay where they were
+    (the key of format 3, pinned)."""
+    from fedorasflwr.data.cache import client_path, server_path
+
+    assert (
+        client_path(DataSpec(), 0, 20).name == "client-mnist5k-0-of-20-a1cf8623648e9bcd2d426056.pt"
+    )
+    assert server_path(DataSpec()).name == "server-mnist5k-416721cd57e02fab5bbdcabe.pt"
