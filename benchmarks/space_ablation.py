@@ -54,6 +54,7 @@ class Row:
     head: str = "flatten"  # flatten | gap
     norm: str = "bn"  # bn | gn | none (cnn_s only)
     width: float = 0.5  # cnn_s space width
+    path: int = 0  # cnn_s: 0 = the path nearest TARGET_MACS, k = the k-th next within 10%
     alpha: float = 0.1  # Dirichlet concentration; 0: IID
     lr: float = 0.05
     central: bool = False  # pooled training data, same SGD steps per epoch budget
@@ -86,15 +87,28 @@ ROWS: dict[str, list[Row]] = {
     "norm": [
         Row("cnn_s flatten, GroupNorm, alpha 0.1", norm="gn"),
         Row("cnn_s flatten, no norm, alpha 0.1", norm="none"),
+        Row("cnn_s flatten, GroupNorm, lr 0.01, alpha 0.1", norm="gn", lr=0.01),
     ],
     "width": [
         Row("cnn_s flatten, width 1.0, alpha 0.1", width=1.0),
         Row("cnn_s GAP, width 1.0, alpha 0.1", head="gap", width=1.0),
     ],
+    "paths": [  # the best and median of 5 sampled nets of the tier's MACs (path 0: above)
+        Row(f"cnn_s flatten path {k}, {name}", path=k, alpha=alpha)
+        for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"), (0.0, "IID"))
+        for k in range(1, 5)
+    ],
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
     ],
+}
+
+#: cnn_s (flatten) against the ConvNet at the same MACs, per data setting
+GAPS = {
+    "alpha_0.1": (ROWS["head"][0].label, ROWS["head"][2].label),
+    "alpha_1.0": (ROWS["skew"][3].label, ROWS["skew"][5].label),
+    "iid": (ROWS["skew"][0].label, ROWS["skew"][2].label),
 }
 
 
@@ -131,8 +145,10 @@ def _data(alpha: float, seed: int) -> tuple[list[Any], Any, Any, dict[str, int]]
     return clients, load_server_data(spec), load_global_test(spec), image
 
 
-def cnn_s_path(image: dict[str, int], width: float) -> tuple[int, ...]:
-    """The seeded path of ``cnn_s`` (GAP head: the paper's costs) nearest TARGET_MACS."""
+def cnn_s_path(image: dict[str, int], width: float, k: int = 0) -> tuple[int, ...]:
+    """A seeded path of ``cnn_s`` (GAP head: the paper's costs): ``k = 0`` the one nearest
+    TARGET_MACS, ``k >= 1`` the k-th of the others within 10% of it, in sampling order
+    (distinct architectures of one tier's MACs, as FedorAS's tier sampling draws them)."""
     import numpy as np
 
     from fedorasflwr.search_spaces import build_space
@@ -140,7 +156,16 @@ def cnn_s_path(image: dict[str, int], width: float) -> tuple[int, ...]:
     space = build_space("cnn_s", **image, width=width, head="gap")
     rng = np.random.default_rng(0)
     paths = [tuple(int(rng.integers(len(c.options))) for c in space.choices) for _ in range(500)]
-    return min(paths, key=lambda arch: abs(space.cost(arch).flops / 2 - TARGET_MACS))
+    nearest = min(paths, key=lambda arch: abs(space.cost(arch).flops / 2 - TARGET_MACS))
+    if k == 0:
+        return nearest
+    near = [
+        a for a in dict.fromkeys(paths) if abs(space.cost(a).flops / 2 / TARGET_MACS - 1) <= 0.1
+    ]
+    others = [a for a in near if a != nearest]
+    if k > len(others):
+        raise ValueError(f"only {len(others)} other paths within 10% of {TARGET_MACS:g} MACs")
+    return others[k - 1]
 
 
 def _swap_norm(net: Any, norm: str) -> None:
@@ -166,7 +191,7 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
 
     x = torch.zeros(1, image["in_channels"], image["input_height"], image["input_width"])
     if row.net == "cnn_s":
-        arch = cnn_s_path(image, row.width)
+        arch = cnn_s_path(image, row.width, row.path)
         net = build_space("cnn_s", **image, width=row.width, head=row.head).subnet(arch)
         if row.norm != "bn":
             _swap_norm(net, row.norm)
@@ -280,6 +305,44 @@ def train_row(row: Row, seed: int) -> dict[str, Any]:
     }
 
 
+def _recorded_runs() -> list[dict[str, Any]]:
+    """The runs in ``results/space_ablation.json`` (none when it is missing or unreadable)."""
+    import json
+
+    from common import RESULTS
+
+    try:
+        return list(json.loads((RESULTS / "space_ablation.json").read_text())["runs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def merge_runs(recorded: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``recorded`` runs whose (row, seed) ``new`` does not rerun, then ``new``."""
+    rerun = {(run["row"], run["seed"]) for run in new}
+    return [run for run in recorded if (run["row"], run["seed"]) not in rerun] + list(new)
+
+
+def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """``gap_pp_<setting>``: the ``cnn_s`` flatten path's mean accuracy minus the ConvNet's
+    at the same MACs, in percentage points, for each setting of :data:`GAPS` both ran;
+    ``paths_<setting>_best_pp`` / ``_median_pp``: the same for the best and median of the
+    5 sampled paths (path 0 and the ``paths`` rows) where all 5 ran."""
+    out: dict[str, float] = {}
+    for setting, (ours, hand_made) in GAPS.items():
+        if ours not in table or hand_made not in table:
+            continue
+        reference = table[hand_made]["mean"]
+        out[f"gap_pp_{setting}"] = round(100 * (table[ours]["mean"] - reference), 1)
+        suffix = ours.split(", ", 1)[1]
+        sampled = [ours] + [f"cnn_s flatten path {k}, {suffix}" for k in range(1, 5)]
+        if all(label in table for label in sampled):
+            means = sorted(table[label]["mean"] for label in sampled)
+            out[f"paths_{setting}_best_pp"] = round(100 * (means[-1] - reference), 1)
+            out[f"paths_{setting}_median_pp"] = round(100 * (means[2] - reference), 1)
+    return out
+
+
 def _job(args: tuple[Row, int]) -> dict[str, Any]:
     return train_row(*args)
 
@@ -300,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     warm_data_cache([_config(a, s) for a in alphas for s in args.seeds], NUM_CLIENTS)
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         results = list(pool.map(_job, jobs))
+    if not args.quick:  # keep the recorded runs of the rows and seeds not rerun now
+        results = merge_runs(_recorded_runs(), results)
     table: dict[str, dict[str, Any]] = {}
     for result in results:
         entry = table.setdefault(result["row"], {"macs": result["macs"], "accuracy": []})
@@ -313,9 +378,10 @@ def main(argv: list[str] | None = None) -> int:
             + " ".join(f"{a:.3f}" for a in accs)
         )
     summary: dict[str, Any] = {"rows": len(table), "seeds": len(args.seeds)}
-    for key, label in (("flatten", rows[0].label), ("gap", rows[1].label)):
+    for key, label in (("flatten", ROWS["head"][0].label), ("gap", ROWS["head"][1].label)):
         if label in table:
             summary[f"cnn_s_{key}"] = round(table[label]["mean"], 3)
+    summary.update(gaps_pp(table))
     report("space_ablation", args.quick, summary, {"rows": table, "runs": results})
     return 0
 

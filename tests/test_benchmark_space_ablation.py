@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.test_benchmarks import run_quick
+from tests.test_benchmarks import load_benchmark, run_quick
 
 
 @pytest.mark.slow
@@ -27,3 +27,46 @@ def test_space_ablation_quick_trains_each_head_of_one_path():
     # the flatten head's classifier reads C x H x W features: more MACs than GAP's, same path
     assert runs["flatten"]["macs"] > runs["gap"]["macs"]
     assert head["cnn_s_flatten"] == pytest.approx(runs["flatten"]["accuracy"], abs=1e-3)
+
+
+MNIST = {"num_classes": 10, "in_channels": 1, "input_height": 28, "input_width": 28}
+
+
+def test_sampled_paths_are_distinct_nets_of_one_tiers_macs():
+    ablation = load_benchmark("space_ablation")
+    paths = [ablation.cnn_s_path(MNIST, 0.5, k) for k in range(5)]
+    assert len(set(paths)) == 5
+    for k in range(5):
+        _, macs = ablation.build_net(ablation.Row("x", path=k, head="gap"), MNIST)
+        assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.1)
+    with pytest.raises(ValueError, match="within 10%"):
+        ablation.cnn_s_path(MNIST, 0.5, 500)
+
+
+def test_a_rerun_replaces_only_its_own_rows_and_seeds():
+    ablation = load_benchmark("space_ablation")
+    recorded = [{"row": "a", "seed": 0, "accuracy": 0.1}, {"row": "a", "seed": 1, "accuracy": 0.2}]
+    recorded.append({"row": "b", "seed": 0, "accuracy": 0.3})
+    merged = ablation.merge_runs(recorded, [{"row": "a", "seed": 1, "accuracy": 0.9}])
+    assert [(r["row"], r["seed"], r["accuracy"]) for r in merged] == [
+        ("a", 0, 0.1),
+        ("b", 0, 0.3),
+        ("a", 1, 0.9),
+    ]
+
+
+def test_gaps_to_the_convnet_hand_computed():
+    ablation = load_benchmark("space_ablation")
+    table = {
+        "cnn_s flatten, alpha 0.1": {"mean": 0.90},
+        "ConvNet flatten, alpha 0.1": {"mean": 0.93},
+        "cnn_s flatten, IID": {"mean": 0.95},  # no IID ConvNet: no IID gap
+    }
+    for k, mean in enumerate((0.80, 0.96, 0.85, 0.91), start=1):
+        table[f"cnn_s flatten path {k}, alpha 0.1"] = {"mean": mean}
+    # sorted: 0.80 0.85 0.90 0.91 0.96 -> best 0.96, median 0.90; minus 0.93
+    assert ablation.gaps_pp(table) == {
+        "gap_pp_alpha_0.1": -3.0,
+        "paths_alpha_0.1_best_pp": 3.0,
+        "paths_alpha_0.1_median_pp": -3.0,
+    }

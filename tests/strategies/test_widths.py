@@ -272,6 +272,9 @@ def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> Non
         assert_same_weights(whole / f"tier-{tier}.pt", resumed / f"tier-{tier}.pt")
     first, second = result_of(whole), result_of(resumed)
     assert second["history"] == first["history"] and len(second["history"]) == 2
+    # result.json records each round's training loss, so a collapse (issue 40: a loss stuck at
+    # ln(classes)) shows in the run's own files
+    assert all(0 < entry["train-loss"] < 100 for entry in first["history"])
     assert stage_totals(second, "train") == stage_totals(first, "train")
     assert second["tiers"] == first["tiers"]
 

@@ -1,0 +1,193 @@
+"""Why one learning rate trains MNIST and kills a net on another dataset (issue 40, item 4).
+
+The methods' presets train at SGD lr 0.05 with momentum 0.9 (effective step lr / (1 - m) =
+0.5), chosen on MNIST-5k. On a synthetic image folder of 32x32 RGB shapes
+(``fedorasflwr.data.shapes``, 6 classes) the same recipe leaves the width baselines' ConvNet
+at chance. This trains each net centrally from its seeded initialisation on the pooled
+training data of 20 clients (batch 32, momentum 0.9) at a halving grid of learning rates,
+and records per step what happens from the first update on:
+
+- ``first3`` / ``max48``: the mean training loss of the first 3 steps and the highest of the
+  first 48 (an untrained net's is ln(classes): a higher value means the first updates threw
+  the net far off);
+- after ``--epochs`` epochs, ``train_loss`` (the last epoch's mean) and the global-test
+  ``accuracy`` after re-estimating BatchNorm statistics on the server slice;
+- ``collapsed``: accuracy at most 1.5 x chance (what the leaderboard flags).
+
+Nets: the ConvNet at width 1.0 (HeteroFL's and FjORD's full model) and the ``cnn_s`` path
+of ``space_ablation.py`` (flatten head). The headline gives, per dataset and net, the
+largest learning rate of the grid that does not collapse.
+
+    python benchmarks/lr_stability.py            # 2 datasets x 2 nets x 6 lrs, 3 epochs
+    python benchmarks/lr_stability.py --quick    # smoke: shapes (150 a class), the ConvNet, 2 lrs, 3 epochs
+
+Writes ``benchmarks/results/lr_stability.json`` (``.quick.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from common import ROOT, report
+
+sys.path.insert(0, str(ROOT))
+
+NUM_CLIENTS = 20
+GRID = (0.1, 0.05, 0.025, 0.0125, 0.00625, 0.003125)
+SHAPES_PER_CLASS = 300
+
+
+def shapes_folder(per_class: int = SHAPES_PER_CLASS) -> str:
+    """``folder:<path>`` of the shapes set (seed 0) under ``outputs/``, written once."""
+    from fedorasflwr.data.shapes import CLASSES, write_shapes
+
+    root = ROOT / "outputs" / f"shapes-{per_class}-seed-0"
+    if not all((root / name / f"{per_class - 1:05d}.png").exists() for name in CLASSES):
+        write_shapes(root, per_class, seed=0)
+    return f"folder:{root}"
+
+
+def _data(dataset: str) -> tuple[Any, Any, Any, dict[str, int]]:
+    """The pooled training data of the clients, the server slice, the global test set and
+    the image of ``dataset`` (IID split, seed 0)."""
+    from common import run_config
+    from torch.utils.data import ConcatDataset
+
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.data import load_client_data, load_global_test, load_server_data
+    from fedorasflwr.data.catalog import dataset_info
+
+    config = run_config(
+        {"data.dataset": dataset, "data.partitioner": "iid", "data.global-test": True, "seed": 0}
+    )
+    spec = parse_run_config(config).data
+    clients = [load_client_data(spec, i, NUM_CLIENTS).train for i in range(NUM_CLIENTS)]
+    pooled = ConcatDataset(clients)
+    info = dataset_info(spec)
+    channels, height, width = info.input_shape
+    image = {
+        "num_classes": info.num_classes,
+        "in_channels": channels,
+        "input_height": height,
+        "input_width": width,
+    }
+    return pooled, load_server_data(spec), load_global_test(spec), image
+
+
+def build(net: str, image: dict[str, int]) -> Any:
+    """The ConvNet at width 1.0, or ``space_ablation``'s ``cnn_s`` path (flatten head)."""
+    from space_ablation import cnn_s_path
+
+    from fedorasflwr.search_spaces import build_space
+    from fedorasflwr.search_spaces.widths import width_net
+
+    if net == "convnet":
+        return width_net(image, 1.0)
+    return build_space("cnn_s", **image, width=0.5).subnet(cnn_s_path(image, 0.5))
+
+
+def train(dataset: str, net_name: str, lr: float, epochs: int) -> dict[str, Any]:
+    """Central SGD of one net at ``lr`` from its seeded init; the losses and accuracy."""
+    import numpy as np
+    import torch
+
+    from fedorasflwr.seeding import seed_torch, stream_words
+    from fedorasflwr.training import evaluate, ordered_loader, refresh_batchnorm, seeded_loader
+
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    pooled, server, test, image = _data(dataset)
+    seed_torch(0, "lr-stability-init")
+    net = build(net_name, image)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    criterion = torch.nn.CrossEntropyLoss()
+    losses: list[float] = []
+    epoch_loss = math.nan
+    for epoch in range(epochs):
+        net.train()
+        seen = []
+        for inputs, targets in seeded_loader(pooled, 32, stream_words(0, "lr-stability", epoch)):
+            optimizer.zero_grad(set_to_none=True)
+            loss = criterion(net(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            seen.append(loss.item())
+        losses.extend(seen)
+        epoch_loss = float(np.mean(seen))
+    refresh_batchnorm(net, server)
+    net.eval()
+    with torch.no_grad():
+        result = evaluate(net, ordered_loader(test), torch.device("cpu"))
+    accuracy = result.correct / result.count
+    chance = 1 / image["num_classes"]
+    return {
+        "dataset": dataset.split("/")[-1] if dataset.startswith("folder:") else dataset,
+        "net": net_name,
+        "lr": lr,
+        "epochs": epochs,
+        "untrained_loss": math.log(image["num_classes"]),
+        "first3": float(np.mean(losses[:3])),
+        "max48": float(np.max(losses[:48])),
+        "train_loss": epoch_loss,
+        "accuracy": accuracy,
+        "chance": chance,
+        "collapsed": bool(accuracy <= 1.5 * chance + 1e-9),
+        "steps": len(losses),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def _job(args: tuple[str, str, float, int]) -> dict[str, Any]:
+    return train(*args)
+
+
+def largest_stable(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """``<dataset>_<net>_largest_stable_lr``: the largest lr whose run did not collapse
+    (None where every one did)."""
+    out: dict[str, float | None] = {}
+    for run in runs:
+        key = f"{run['dataset']}_{run['net']}_largest_stable_lr"
+        best = out.get(key)
+        if not run["collapsed"] and (best is None or run["lr"] > best):
+            out[key] = run["lr"]
+        else:
+            out.setdefault(key, None)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    datasets = [shapes_folder(150 if args.quick else SHAPES_PER_CLASS)]
+    nets, grid = ["convnet", "cnn_s"], GRID
+    if args.quick:
+        nets, grid, args.epochs = ["convnet"], (0.05, 0.003125), 3
+    else:
+        datasets.insert(0, "mnist5k")
+    for dataset in datasets:  # fill the data cache once, before the workers race for it
+        _data(dataset)
+    jobs = [(d, n, lr, args.epochs) for d in datasets for n in nets for lr in grid]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        runs = list(pool.map(_job, jobs))
+    print(f"{'dataset':<22} {'net':<8} {'lr':>8} {'first3':>7} {'max48':>7} {'loss':>6} acc")
+    for run in runs:
+        print(
+            f"{run['dataset']:<22} {run['net']:<8} {run['lr']:>8.5f} {run['first3']:>7.2f} "
+            f"{run['max48']:>7.2f} {run['train_loss']:>6.3f} {run['accuracy']:.3f}"
+            + ("  collapsed" if run["collapsed"] else "")
+        )
+    summary = {"runs": len(runs), "epochs": args.epochs, **largest_stable(runs)}
+    report("lr_stability", args.quick, summary, {"runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

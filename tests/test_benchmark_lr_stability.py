@@ -1,0 +1,44 @@
+"""``benchmarks/lr_stability.py`` (issue 40 item 4): the presets' lr 0.05 with momentum 0.9
+throws the ConvNet far off in its first steps on the synthetic shapes folder and leaves it at
+chance, where a 16x smaller lr trains it; and the headline's rule, hand-computed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.test_benchmarks import load_benchmark, run_quick
+
+
+@pytest.mark.slow
+def test_lr_stability_quick_shows_the_collapse_and_the_stable_lr():
+    saved = run_quick("lr_stability")
+    runs = {run["lr"]: run for run in saved["runs"]}
+    assert set(runs) == {0.05, 0.003125}
+    high, low = runs[0.05], runs[0.003125]
+    untrained = math.log(6)
+    assert high["untrained_loss"] == pytest.approx(untrained)
+    # the first updates at 0.05 throw the loss far above an untrained net's ...
+    assert high["max48"] > 4 * untrained and high["first3"] > 2 * untrained
+    # ... and the net ends predicting one class: the loss of a constant guess, at chance
+    assert high["collapsed"] and high["train_loss"] == pytest.approx(untrained, abs=0.05)
+    assert low["max48"] < 2 * untrained and low["train_loss"] < untrained - 0.1
+    assert not low["collapsed"] and low["accuracy"] > 1.5 / 6
+    assert saved["headline"]["shapes-150-seed-0_convnet_largest_stable_lr"] == pytest.approx(
+        0.003, abs=1e-3
+    )
+
+
+def test_largest_stable_lr_per_dataset_and_net():
+    stability = load_benchmark("lr_stability")
+    runs = [
+        {"dataset": "d", "net": "n", "lr": 0.1, "collapsed": True},
+        {"dataset": "d", "net": "n", "lr": 0.05, "collapsed": False},
+        {"dataset": "d", "net": "n", "lr": 0.01, "collapsed": False},
+        {"dataset": "d", "net": "m", "lr": 0.1, "collapsed": True},
+    ]
+    assert stability.largest_stable(runs) == {
+        "d_n_largest_stable_lr": 0.05,
+        "d_m_largest_stable_lr": None,
+    }
