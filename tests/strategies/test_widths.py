@@ -274,7 +274,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> Non
     assert second["history"] == first["history"] and len(second["history"]) == 2
     # result.json records each round's training loss, so a collapse (issue 40: a loss stuck at
     # ln(classes)) shows in the run's own files
-    assert all(0 < entry["train-loss"] < 100 for entry in first["history"])
+    assert all(0 < entry["train_loss"] < 100 for entry in first["history"])
     assert stage_totals(second, "train") == stage_totals(first, "train")
     assert second["tiers"] == first["tiers"]
 
