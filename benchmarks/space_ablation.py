@@ -377,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{label:<44} {entry['macs'] / 1e6:>8.3f}M {entry['mean']:>8.3f}  "
             + " ".join(f"{a:.3f}" for a in accs)
         )
-    summary: dict[str, Any] = {"rows": len(table), "seeds": len(args.seeds)}
+    # the most seeds any row has (a partial rerun keeps the other rows' recorded seeds)
+    seeds = max(len(entry["accuracy"]) for entry in table.values())
+    summary: dict[str, Any] = {"rows": len(table), "seeds": seeds}
     for key, label in (("flatten", ROWS["head"][0].label), ("gap", ROWS["head"][1].label)):
         if label in table:
             summary[f"cnn_s_{key}"] = round(table[label]["mean"], 3)
