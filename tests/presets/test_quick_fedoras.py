@@ -1,5 +1,6 @@
 """configs/quick-fedoras.toml shows FedorAS's point: in every tier the architecture found,
-fine-tuned from the supernet's weights, reaches 5x chance, and the supernet's weights beat
+fine-tuned from the supernet's weights, reaches 0.85 (issue 40's bar for the flatten-head
+space; measured 0.88-0.90 on the global test set, seed 0), and the supernet's weights beat
 a random init of the same architectures fine-tuned for the same rounds in every tier (the
 paper's Table 3), on the server's global test set and on the clients' pooled test splits.
 """
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.presets.common import MIN_ACCURACY, plots, run_preset
+from tests.presets.common import plots, run_preset
 
 pytestmark = pytest.mark.slow
+
+TIER_ACCURACY = 0.85
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +25,13 @@ def by_tier(document, init):
     return {m["tier"]: m for m in document["models"] if m["init"] == init}
 
 
-def test_supernet_init_reaches_five_times_chance_in_every_tier(preset) -> None:
+def test_supernet_init_reaches_the_bar_in_every_tier(preset) -> None:
     models = by_tier(preset.document, "supernet")
     assert sorted(models) == [1, 2, 3, 4]
+    assert preset.document["settings"]["space"]["head"] == "flatten"  # the default space
     for tier, model in models.items():
-        assert model["test"]["accuracy"] >= MIN_ACCURACY, (tier, model["test"])
-        assert model["global_test_accuracy"] >= MIN_ACCURACY, (tier, model)
+        assert model["test"]["accuracy"] >= TIER_ACCURACY, (tier, model["test"])
+        assert model["global_test_accuracy"] >= TIER_ACCURACY, (tier, model)
 
 
 def test_supernet_init_beats_rand_init_in_every_tier(preset) -> None:
