@@ -19,7 +19,7 @@ of ``space_ablation.py`` (flatten head). The headline gives, per dataset and net
 largest learning rate of the grid that does not collapse.
 
     python benchmarks/lr_stability.py            # 2 datasets x 2 nets x 6 lrs, 3 epochs
-    python benchmarks/lr_stability.py --quick    # smoke: shapes (150 a class), the ConvNet, 2 lrs, 3 epochs
+    python benchmarks/lr_stability.py --quick    # smoke: shapes, 150 a class, ConvNet, 2 lrs
 
 Writes ``benchmarks/results/lr_stability.json`` (``.quick.json``).
 """
@@ -60,23 +60,16 @@ def _data(dataset: str) -> tuple[Any, Any, Any, dict[str, int]]:
 
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.data import load_client_data, load_global_test, load_server_data
-    from fedorasflwr.data.catalog import dataset_info
+    from fedorasflwr.methods.widths.runner import image_spec
 
     config = run_config(
         {"data.dataset": dataset, "data.partitioner": "iid", "data.global-test": True, "seed": 0}
     )
-    spec = parse_run_config(config).data
+    settings = parse_run_config(config)
+    spec = settings.data
     clients = [load_client_data(spec, i, NUM_CLIENTS).train for i in range(NUM_CLIENTS)]
     pooled = ConcatDataset(clients)
-    info = dataset_info(spec)
-    channels, height, width = info.input_shape
-    image = {
-        "num_classes": info.num_classes,
-        "in_channels": channels,
-        "input_height": height,
-        "input_width": width,
-    }
-    return pooled, load_server_data(spec), load_global_test(spec), image
+    return pooled, load_server_data(spec), load_global_test(spec), image_spec(settings)
 
 
 def build(net: str, image: dict[str, int]) -> Any:

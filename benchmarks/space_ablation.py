@@ -106,9 +106,9 @@ ROWS: dict[str, list[Row]] = {
 
 #: cnn_s (flatten) against the ConvNet at the same MACs, per data setting
 GAPS = {
-    "alpha_0.1": (ROWS["head"][0].label, ROWS["head"][2].label),
-    "alpha_1.0": (ROWS["skew"][3].label, ROWS["skew"][5].label),
-    "iid": (ROWS["skew"][0].label, ROWS["skew"][2].label),
+    "alpha_0.1": ("cnn_s flatten, alpha 0.1", "ConvNet flatten, alpha 0.1"),
+    "alpha_1.0": ("cnn_s flatten, alpha 1.0", "ConvNet flatten, alpha 1.0"),
+    "iid": ("cnn_s flatten, IID", "ConvNet flatten, IID"),
 }
 
 
@@ -130,19 +130,12 @@ def _data(alpha: float, seed: int) -> tuple[list[Any], Any, Any, dict[str, int]]
     """Every client's training split, the server slice, the global test set, the image."""
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.data import load_client_data, load_global_test, load_server_data
-    from fedorasflwr.data.catalog import dataset_info
+    from fedorasflwr.methods.widths.runner import image_spec
 
-    spec = parse_run_config(_config(alpha, seed)).data
+    settings = parse_run_config(_config(alpha, seed))
+    spec = settings.data
     clients = [load_client_data(spec, i, NUM_CLIENTS).train for i in range(NUM_CLIENTS)]
-    info = dataset_info(spec)
-    channels, height, width = info.input_shape
-    image = {
-        "num_classes": info.num_classes,
-        "in_channels": channels,
-        "input_height": height,
-        "input_width": width,
-    }
-    return clients, load_server_data(spec), load_global_test(spec), image
+    return clients, load_server_data(spec), load_global_test(spec), image_spec(settings)
 
 
 def cnn_s_path(image: dict[str, int], width: float, k: int = 0) -> tuple[int, ...]:
@@ -306,15 +299,16 @@ def train_row(row: Row, seed: int) -> dict[str, Any]:
 
 
 def _recorded_runs() -> list[dict[str, Any]]:
-    """The runs in ``results/space_ablation.json`` (none when it is missing or unreadable)."""
+    """The runs in ``results/space_ablation.json``; none when it is missing (an unreadable
+    file stops the run before it would be overwritten with only the new rows)."""
     import json
 
     from common import RESULTS
 
-    try:
-        return list(json.loads((RESULTS / "space_ablation.json").read_text())["runs"])
-    except (OSError, ValueError, KeyError, TypeError):
+    path = RESULTS / "space_ablation.json"
+    if not path.exists():
         return []
+    return list(json.loads(path.read_text())["runs"])
 
 
 def merge_runs(recorded: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -361,10 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(row, seed) for row in rows for seed in args.seeds]
     alphas = sorted({row.alpha for row in rows})
     warm_data_cache([_config(a, s) for a in alphas for s in args.seeds], NUM_CLIENTS)
+    recorded = [] if args.quick else _recorded_runs()  # read before hours of training
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         results = list(pool.map(_job, jobs))
-    if not args.quick:  # keep the recorded runs of the rows and seeds not rerun now
-        results = merge_runs(_recorded_runs(), results)
+    results = merge_runs(recorded, results)  # the rows and seeds not rerun now are kept
     table: dict[str, dict[str, Any]] = {}
     for result in results:
         entry = table.setdefault(result["row"], {"macs": result["macs"], "accuracy": []})

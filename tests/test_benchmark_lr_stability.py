@@ -25,9 +25,7 @@ def test_lr_stability_quick_shows_the_collapse_and_the_stable_lr():
     assert high["collapsed"] and high["train_loss"] == pytest.approx(untrained, abs=0.05)
     assert low["max48"] < 2 * untrained and low["train_loss"] < untrained - 0.1
     assert not low["collapsed"] and low["accuracy"] > 1.5 / 6
-    assert saved["headline"]["shapes-150-seed-0_convnet_largest_stable_lr"] == pytest.approx(
-        0.003, abs=1e-3
-    )
+    assert saved["headline"]["shapes-150-seed-0_convnet_largest_stable_lr"] == 0.003125
 
 
 def test_largest_stable_lr_per_dataset_and_net():

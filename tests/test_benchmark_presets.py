@@ -1,4 +1,5 @@
-"""The README's preset table quotes ``benchmarks/presets.py``'s recorded run: every preset is
+"""The README's preset table quotes ``benchmarks/presets.py``'s recorded run (or a later
+``--only`` rerun of a preset): every preset is
 in it, each row's seconds and load are that run's, and the figures a row gives for a model are
 in that run's points (the run itself is the suite's ``tests/presets``, not repeated here)."""
 
@@ -13,6 +14,11 @@ from tests.test_benchmarks import ROOT
 
 SAVED = json.loads((ROOT / "benchmarks/results/presets.json").read_text())
 ROWS = {row["preset"]: row for row in SAVED["rows"]}
+# a later rerun of some presets (``presets.py --only <name>``: ``presets.<name>.json``)
+# replaces their rows
+for path in sorted((ROOT / "benchmarks/results").glob("presets.*.json")):
+    if not path.name.endswith(".quick.json"):
+        ROWS |= {row["preset"]: row for row in json.loads(path.read_text())["rows"]}
 README = (ROOT / "README.md").read_text()
 
 

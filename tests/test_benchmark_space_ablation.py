@@ -70,3 +70,9 @@ def test_gaps_to_the_convnet_hand_computed():
         "paths_alpha_0.1_best_pp": 3.0,
         "paths_alpha_0.1_median_pp": -3.0,
     }
+
+
+def test_every_gap_names_rows_of_the_table():
+    ablation = load_benchmark("space_ablation")
+    labels = {row.label for rows in ablation.ROWS.values() for row in rows}
+    assert {label for pair in ablation.GAPS.values() for label in pair} <= labels

@@ -346,6 +346,20 @@ def test_the_quick_comparison_file_is_valid() -> None:
     assert spec.shared["data.dataset"] == "mnist5k" and spec.nodes == 20
 
 
+def test_the_quick_comparison_runs_fedoras_as_its_quick_preset() -> None:
+    """Each method keeps its quick preset's keys (the file's header): FedorAS's are copied
+    there, so a retuned preset must be copied again (its rand-init is skipped there)."""
+    import tomllib
+
+    compare = tomllib.loads((ROOT / "configs" / "compare-quick.toml").read_text())
+    preset = tomllib.loads((ROOT / "configs" / "quick-fedoras.toml").read_text())
+    ours = dict(compare["methods"]["fedoras"]["fedoras"])
+    theirs = dict(preset["fedoras"])
+    assert ours.pop("compare-rand-init") is False and theirs.pop("compare-rand-init") is True
+    assert ours == theirs
+    assert compare["methods"]["fedoras"]["space"] == preset["space"]
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_has_cost_points_and_round_keys(method) -> None:
     points = points_function(method)({})  # a run that wrote nothing yet: no crash

@@ -3,12 +3,13 @@
 The deployment engine starts a fresh ClientApp process per message, so a client
 must not rebuild its partition every time. A prepared partition is one
 ``torch.save`` file named by a hash of everything that determines its content -
-the spec without ``cache_dir``, the partition id, the number of partitions and
-:data:`FORMAT_VERSION` - written atomically (temporary file + ``os.replace``), so
-concurrent processes never read half a file. Every file carries a checksum of its
-content (:func:`.integrity.checksum`): a file whose checksum does not match (a bit
-flipped on disk, a cut copy) is reported and treated as a miss. This module
-imports neither ``datasets`` nor ``flwr_datasets``.
+the spec without ``cache_dir``, the partition id, the number of partitions,
+:data:`FORMAT_VERSION` and, for an image folder, its files' fingerprint (each image's
+path, size and modification time: `folder_fingerprint`) - written atomically
+(temporary file + ``os.replace``), so concurrent processes never read half a file.
+Every file carries a checksum of its content (:func:`.integrity.checksum`): a file
+whose checksum does not match (a bit flipped on disk, a cut copy) is reported and
+treated as a miss. This module imports neither ``datasets`` nor ``flwr_datasets``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ modification time, which also keys the folder's cached partitions).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -140,14 +141,16 @@ def folder_fingerprint(dataset: str) -> str:
 
 
 def _fingerprint(root: Path, classes: tuple[str, ...]) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     for name in classes:
         for path in sorted((root / name).iterdir()):
             if path.suffix.lower() in IMAGE_SUFFIXES:
-                stat = path.stat()
-                digest.update(f"{name}/{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+                try:
+                    stat = path.stat()
+                    state = f"{stat.st_size}\0{stat.st_mtime_ns}"
+                except OSError:  # a dangling link, a file gone: `_inspect` names it
+                    state = "unreadable"
+                digest.update(f"{name}/{path.name}\0{state}\n".encode())
     return digest.hexdigest()[:24]
 
 

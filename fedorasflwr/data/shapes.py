@@ -2,16 +2,15 @@
 
 Issue 40 asked that every method's defaults hold on an image folder nobody tuned them for.
 This writes one: ``<root>/<class>/<index>.png``, 32x32 RGB, one shape per image (``CLASSES``:
-circle, square, triangle, cross, ring, bar), each drawn at a random centre, size and
-rotation-free orientation in a random foreground colour on a random background colour,
-with Gaussian pixel noise. Colour, position and size carry no label information; only the
+circle, square, triangle, cross, ring, bar), each drawn upright (a bar lies horizontal or
+vertical) at a random centre and size, in a random foreground colour on a random background
+colour, with Gaussian pixel noise. Colour, position and size carry no label information; only the
 shape does. Chance is ``1 / len(CLASSES)``.
 
     python -m fedorasflwr.data.shapes /tmp/shapes --per-class 300 --seed 0
 
-Run with ``data.dataset = "folder:/tmp/shapes"`` (docs/running.md). The same seed writes the
-same bytes (the seed's ``shapes`` stream of `fedorasflwr.seeding`, PNG without time
-stamps).
+Run with ``data.dataset = "folder:/tmp/shapes"`` (docs/running.md). The same seed draws the
+same pixels (the seed's ``shapes`` stream of `fedorasflwr.seeding`).
 """
 
 from __future__ import annotations

@@ -153,3 +153,23 @@ def test_named_datasets_keep_their_cache_keys() -> None:
         client_path(DataSpec(), 0, 20).name == "client-mnist5k-0-of-20-a1cf8623648e9bcd2d426056.pt"
     )
     assert server_path(DataSpec()).name == "server-mnist5k-416721cd57e02fab5bbdcabe.pt"
+
+
+def test_a_touched_image_changes_the_key_and_a_dangling_link_is_named(tmp_path: Path) -> None:
+    """Same bytes, a new modification time: a new key (the file may have been rewritten with
+    the same size). A link to nothing is refused by the check, naming it, not with a raw
+    ``FileNotFoundError`` from the fingerprint."""
+    import os
+
+    from fedorasflwr.data.folder import folder_fingerprint
+
+    root = _folder(tmp_path / "im", {"ant": [(5, 6)] * 2, "bee": [(5, 6)] * 2})
+    dataset = f"folder:{root}"
+    first = folder_fingerprint(dataset)
+    stat = os.stat(root / "bee" / "1.png")
+    os.utime(root / "bee" / "1.png", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert folder_fingerprint(dataset) != first
+    (root / "bee" / "2.png").symlink_to(tmp_path / "missing.png")
+    assert folder_fingerprint(dataset)  # no error from the key itself
+    with pytest.raises(ValueError, match="cannot read image .*2.png"):
+        inspect_folder(dataset)
