@@ -192,7 +192,24 @@ def _wait_for_signal(seconds: float = 10.0) -> None:
     raise AssertionError("the signal did not arrive")
 
 
+@pytest.fixture
+def default_signals():
+    """SIGINT, SIGTERM and SIGHUP at their default handling for the test, then back: a
+    suite started in the background (``cmd &`` ignores SIGINT) or under ``nohup`` (SIGHUP)
+    inherits them ignored, and the launcher rightly leaves an ignored signal ignored
+    (``test_a_signal_ignored_before_stays_ignored``), so these tests would see nothing."""
+    names = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {signum: signal.getsignal(signum) for signum in names}
+    for signum in names:
+        if before[signum] is signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.usefixtures("default_signals")
 def test_every_terminating_signal_raises_stopped_like_ctrl_c(signum: signal.Signals) -> None:
     previous = signal.getsignal(signum)
     with stop_on_signals():
@@ -217,6 +234,7 @@ def test_a_signal_ignored_before_stays_ignored() -> None:
         signal.signal(signal.SIGHUP, previous)
 
 
+@pytest.mark.usefixtures("default_signals")
 def test_a_signal_while_processes_are_stopped_waits_for_the_step_to_end() -> None:
     steps: list[str] = []
     with stop_on_signals():
@@ -228,6 +246,7 @@ def test_a_signal_while_processes_are_stopped_waits_for_the_step_to_end() -> Non
     assert steps == ["stopped every process"]
 
 
+@pytest.mark.usefixtures("default_signals")
 def test_later_signals_cannot_cut_the_clean_up_short(capfd: pytest.CaptureFixture[str]) -> None:
     with stop_on_signals():
         try:
