@@ -70,7 +70,11 @@ def settings(quick: bool, stage1_epochs: int | None = None) -> dict[str, Any]:
     plus the baselines' local recipe (FedorAS's fine-tuning one: 2 epochs, lr 0.05).
     ``stage1_epochs``: Stage 1 at that many local epochs and proportionally more rounds
     (the same number of local steps in all)."""
+    from fedorasflwr.config import SpaceSettings
+
     shared = {**fedoras_settings(quick), "fedoras.compare-rand-init": False}
+    # The space's head decides FedorAS's figures (issue 40): a file's identity names it.
+    shared["space.head"] = SpaceSettings().head
     if stage1_epochs is not None:
         steps = shared["fedoras.rounds"] * shared["fedoras.local-epochs"]
         if stage1_epochs < 1 or steps % stage1_epochs:
@@ -88,6 +92,8 @@ def settings(quick: bool, stage1_epochs: int | None = None) -> dict[str, Any]:
     }
     for method in BASELINES:
         shared.update({f"{method}.{key}": value for key, value in recipe.items()})
+        # the recipe's lr as given, as FedorAS's fine-tuning gets it (no lr probe)
+        shared[f"{method}.lr-probe"] = False
     return shared
 
 
@@ -309,7 +315,14 @@ def merged(paths: list[Path], measured: dict[str, Any], clients: int) -> dict[tu
     done: dict[tuple, dict] = {}
     for path in paths:
         document = json.loads(path.read_text())
-        if document.get("settings") != measured or document.get("clients") != clients:
+        # A file from before the head option was measured with the paper's GAP head.
+        # One from before the lr probe trained the baselines at lr as given.
+        saved = {
+            "space.head": "gap",
+            **{f"{method}.lr-probe": False for method in BASELINES},
+            **document.get("settings", {}),
+        }
+        if saved != measured or document.get("clients") != clients:
             raise SystemExit(f"{path}: measured with other settings or clients")
         for case in document["cases"]:
             done[(case["seed"], case["alpha"])] = case

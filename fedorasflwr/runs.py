@@ -7,20 +7,23 @@ space and strategy, calls ``strategy.start`` and writes the run's artifacts; the
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from logging import INFO
 from pathlib import Path
 from typing import Any, TypeVar
 
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
+from flwr.supercore import log
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from .artifacts import save_checkpoint
 from .checkpoints import Checkpointer, Resume, read_resume
-from .config import RunSettings, bound_settings, space_kwargs
+from .config import RunSettings, TrainingRecipe, bound_settings, space_kwargs
 from .costs import COST_CONVENTION, flops_to_macs
 from .data import dataset_info, load_global_test, load_server_data
 from .export import OnnxExports
@@ -29,8 +32,15 @@ from .latency import LatencyTable, table_document
 from .model_files import BUILDER, BUILDERS
 from .search_spaces import SearchSpace, build_space
 from .search_spaces.prunable import PrunableNet
-from .seeding import seed_torch
-from .training import evaluate, ordered_loader, refresh_batchnorm, torch_device
+from .seeding import seed_torch, stream_words
+from .training import (
+    LrProbe,
+    evaluate,
+    ordered_loader,
+    probe_lr,
+    refresh_batchnorm,
+    torch_device,
+)
 
 __all__ = [
     "FinalModel",
@@ -46,6 +56,7 @@ __all__ = [
     "describe_space",
     "global_test",
     "latency_document",
+    "probed_recipe",
     "resume_checkpoint",
     "start",
     "strategy_options",
@@ -138,6 +149,42 @@ def global_test(settings: RunSettings) -> GlobalTest | None:
         return None
     server = load_server_data(settings.data)
     return GlobalTest(load_global_test(settings.data), server if len(server) else None)
+
+
+def probed_recipe(
+    settings: RunSettings, recipe: TrainingRecipe, net: nn.Module, stage: str
+) -> tuple[TrainingRecipe, LrProbe | None]:
+    """``recipe`` with its ``lr`` lowered by `training.probe_lr` where the first SGD steps
+    of ``net`` (the stage's initial model; left untouched) at it throw the loss far above
+    an untrained net's on the server's slice, and what the probe found; ``recipe`` as it
+    is and ``None`` where the server holds no slice (``data.server-fraction`` 0).
+
+    The probe runs on the server, on its own slice: no client data is read. Same seed,
+    same choice; a resumed run probes again and finds the same rate."""
+    server = load_server_data(settings.data)
+    if len(server) == 0:
+        log(INFO, "[%s] lr %g unprobed: no server slice (data.server-fraction 0)", stage, recipe.lr)
+        return recipe, None
+    initial = copy.deepcopy(net).cpu()
+    probe = probe_lr(
+        lambda: copy.deepcopy(initial),
+        server,
+        recipe.client_config(),
+        stream_words(settings.seed, "lr-probe", stage),
+        num_classes=dataset_info(settings.data).num_classes,
+    )
+    tried = ", ".join(f"{lr:g}: {loss:.2f}" for lr, loss in probe.tried)
+    log(
+        INFO,
+        "[%s] lr %g (configured %g; highest loss in %d probe steps, bound %.2f: %s)",
+        stage,
+        probe.lr,
+        probe.configured,
+        probe.steps,
+        probe.bound,
+        tried,
+    )
+    return replace(recipe, lr=probe.lr), probe
 
 
 def check_partitions(settings: RunSettings, profiles: Sequence[NodeProfile]) -> None:

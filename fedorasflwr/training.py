@@ -53,6 +53,8 @@ __all__ = [
     "using_device",
     "EvalResult",
     "LocalTraining",
+    "LrProbe",
+    "probe_lr",
     "evaluate",
     "local_sgd",
     "flatten_logits",
@@ -421,3 +423,88 @@ def held_out_metrics(
         "loss": result.loss,
         "accuracy": result.accuracy,
     }
+
+
+@dataclass(frozen=True)
+class LrProbe:
+    """What `probe_lr` found: the learning rate it kept (``lr``), the one configured, the
+    loss bound, and for each rate it tried (the configured one first, then halved) the
+    highest training loss of its probe steps."""
+
+    lr: float
+    configured: float
+    bound: float
+    steps: int
+    tried: tuple[tuple[float, float], ...]
+
+    def summary(self) -> dict[str, Any]:
+        """The result document's ``lr-probe`` entry."""
+        return {
+            "configured": self.configured,
+            "lr": self.lr,
+            "bound": self.bound,
+            "steps": self.steps,
+            "tried": [{"lr": lr, "max-loss": loss} for lr, loss in self.tried],
+        }
+
+
+def probe_lr(
+    make_net: Callable[[], nn.Module],
+    dataset: Dataset,
+    config: Mapping[str, Any],
+    words: Sequence[int],
+    *,
+    num_classes: int,
+    steps: int = 48,
+    halvings: int = 5,
+    bound_factor: float = 2.0,
+) -> LrProbe:
+    """The largest of ``config["lr"]``, its half, its quarter, ... (``halvings`` times at
+    most) at which ``steps`` SGD steps from a fresh ``make_net()`` on ``dataset`` never
+    raise the training loss above ``bound_factor`` x ln(``num_classes``), the loss of an
+    untrained net's uniform guess; the smallest tried where none holds.
+
+    The rule of issue 40 (``benchmarks/lr_stability.py`` measures it): a rate whose first
+    updates throw the loss far above the uniform guess is the one that leaves a net at
+    chance on a dataset harder than the one it was chosen on (the ConvNet at lr 0.05 with
+    momentum 0.9: MNIST recovers, 32x32 shapes never do), while a rate that keeps the first
+    steps bounded trains. Same net, data and ``words``, same choice (the batches are
+    drawn from the stream ``words``, on the CPU or :func:`torch_device`).
+
+    ``config``: ``lr``, ``momentum``, ``weight-decay`` (as :func:`sgd`) and
+    ``batch-size``; ``dataset``: data the caller may train on (the server's slice).
+    """
+    if steps < 1 or halvings < 0 or bound_factor <= 0 or num_classes < 2:
+        raise ValueError(
+            f"probe_lr: steps = {steps} (>= 1), halvings = {halvings} (>= 0), "
+            f"bound_factor = {bound_factor} (> 0), num_classes = {num_classes} (>= 2)"
+        )
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise ValueError("probe_lr: the probe's dataset is empty")
+    device = torch_device()
+    bound = bound_factor * float(np.log(num_classes))
+    configured = float(config["lr"])
+    criterion = nn.CrossEntropyLoss()
+    tried: list[tuple[float, float]] = []
+    for k in range(halvings + 1):
+        lr = configured / 2**k
+        net = make_net().to(device).train()
+        optimizer = sgd(net.parameters(), {**config, "lr": lr})
+        highest, done = 0.0, 0
+        while done < steps:
+            for inputs, targets in seeded_loader(dataset, int(config["batch-size"]), words):
+                optimizer.zero_grad(set_to_none=True)
+                loss = criterion(*flatten_logits(net(inputs.to(device)), targets.to(device)))
+                loss.backward()
+                optimizer.step()
+                value = float(loss.detach())
+                highest = max(highest, value if np.isfinite(value) else float("inf"))
+                done += 1
+                if done == steps or highest > bound:
+                    break
+            if highest > bound:
+                break
+        tried.append((lr, highest))
+        if highest <= bound:
+            return LrProbe(lr, configured, bound, steps, tuple(tried))
+    return LrProbe(tried[-1][0], configured, bound, steps, tuple(tried))

@@ -3,9 +3,11 @@ split, the baselines' tiers and MACs matched to FedorAS's, their compute to its.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.test_benchmarks import ROOT, run_quick
+from tests.test_benchmarks import ROOT, load_benchmark, run_quick
 
 
 @pytest.mark.slow
@@ -65,3 +67,21 @@ def test_stage1_epochs_ablation_keeps_stage1_steps_and_rejects_a_non_divisor(mon
     } == {k: v for k, v in full.items() if k not in ("fedoras.rounds", "fedoras.local-epochs")}
     with pytest.raises(SystemExit, match="--stage1-epochs 7: must be a positive divisor of 300"):
         baselines.settings(False, 7)
+
+
+def test_merge_refuses_a_file_of_the_other_head(tmp_path):
+    """A result file names the space's head; one from before the option (no ``space.head``)
+    was measured with the GAP head and is not merged into a flatten-head run."""
+    baselines = load_benchmark("baselines")
+    measured = baselines.settings(quick=True)
+    assert measured["space.head"] == "flatten"
+    case = {"seed": 0, "alpha": 0.1}
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps({"clients": 8, "settings": measured, "cases": [case]}))
+    assert baselines.merged([same], measured, 8) == {(0, 0.1): case}
+    old = {key: value for key, value in measured.items() if key != "space.head"}
+    before = tmp_path / "before.json"
+    before.write_text(json.dumps({"clients": 8, "settings": old, "cases": [case]}))
+    with pytest.raises(SystemExit, match="other settings"):
+        baselines.merged([before], measured, 8)
+    assert baselines.merged([before], {**measured, "space.head": "gap"}, 8) == {(0, 0.1): case}

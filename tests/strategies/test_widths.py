@@ -277,6 +277,13 @@ def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> Non
     assert all(0 < entry["train_loss"] < 100 for entry in first["history"])
     assert stage_totals(second, "train") == stage_totals(first, "train")
     assert second["tiers"] == first["tiers"]
+    # the server's lr probe (issue 40) ran on its slice before round 1, from the configured
+    # rate down, and a resumed run finds the same rate
+    probe = first["lr_probe"]
+    assert second["lr_probe"] == probe
+    assert probe["tried"][0]["lr"] == probe["configured"] == base["fjord.lr"]
+    assert probe["lr"] == probe["tried"][-1]["lr"] <= probe["configured"]
+    assert probe["tried"][-1]["max_loss"] <= probe["bound"] or probe["lr"] == 0.05 / 32
 
 
 class Smallest:
@@ -313,6 +320,16 @@ def test_self_distillation_trains_the_p_max_model_and_costs_its_flops(data_cache
         assert outside is (not distill)
         assert seen == len(data.train) and np.isfinite(loss)
     assert runs[True][4] > runs[False][4]  # the teacher's forward and backward are paid
+
+
+@pytest.mark.parametrize("method", ["heterofl", "fjord"])
+def test_the_lr_probe_is_a_run_config_flag(method) -> None:
+    settings = parse_run_config(pyproject_run_config() | {"method": method})
+    assert settings.method_settings.lr_probe is True  # on by default
+    config = pyproject_run_config() | {"method": method, f"{method}.lr-probe": False}
+    assert parse_run_config(config).method_settings.lr_probe is False
+    with pytest.raises(ValueError, match=f"'{method}.lr-probe' = 'yes'"):
+        parse_run_config(pyproject_run_config() | {"method": method, f"{method}.lr-probe": "yes"})
 
 
 def test_fjord_distill_is_a_run_config_flag_sent_to_the_clients() -> None:

@@ -3,6 +3,7 @@ tier's model scored on the global test set -> the result document."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ...runs import (
     FinalModel,
     RunFiles,
     chance_accuracy,
+    probed_recipe,
     resume_checkpoint,
     start,
     strategy_options,
@@ -58,13 +60,19 @@ def run_widths(
     image = image_spec(settings)
     rounds = settings.method_settings.train.rounds
     resume = resume_checkpoint(settings, None, {STAGE: rounds})
+    seed_torch(settings.seed, "init")
+    net = width_net(image, 1.0)
+    probe = None
+    if settings.method_settings.lr_probe:
+        train, probe = probed_recipe(settings, settings.method_settings.train, net, STAGE)
+        method_settings = replace(settings.method_settings, train=train)
+        settings = replace(settings, method_settings=method_settings)
     strategy = strategy_class(
         image=image, settings=settings.method_settings, **strategy_options(settings, resume)
     )
     spec = {"name": WIDTHS_NET, **image}
     run = RunFiles(out_dir, settings, spec, progress)
-    seed_torch(settings.seed, "init")
-    initial = ArrayRecord(width_net(image, 1.0).state_dict())
+    initial = ArrayRecord(net.state_dict())
     result = start(strategy, grid, settings, run, initial, rounds)
     held = run.global_test
     for tier in result.tiers:  # scored on the server as written (RunFiles.save_final)
@@ -76,6 +84,7 @@ def run_widths(
     return {
         "architecture": spec,
         **summary,
+        **({} if probe is None else {"lr-probe": probe.summary()}),
         **({} if held is None else {"global-test-count": len(held.data)}),
         **run.document(),
     }

@@ -44,7 +44,12 @@ class WidthSettings(MethodSettings):
     A node's tier: its node config ``tier`` (1 .. tiers, 1 = the smallest, as for FedorAS)
     where it declares one, else its partition id's share of the partitions: ``tier = 1 +
     partition_id * tiers // num_partitions`` (equal contiguous ranges, the last tier the
-    largest model)."""
+    largest model).
+
+    ``lr_probe`` (run config ``<method>.lr-probe``, default true): before round 1 the
+    server halves ``lr`` until the full-width model's first SGD steps on its slice stay
+    bounded (``runs.probed_recipe``): the rate the presets chose on MNIST leaves the
+    ConvNet at chance on harder data (issue 40)."""
 
     train: TrainingRecipe = TrainingRecipe(
         rounds=10, clients_per_round=0, local_epochs=1, batch_size=32, lr=0.05
@@ -52,6 +57,7 @@ class WidthSettings(MethodSettings):
     tier_widths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     min_replies: int = 1
     distill: bool = False  # FjORD's self-distillation (HeteroFL: never)
+    lr_probe: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -76,7 +82,12 @@ class WidthSettings(MethodSettings):
             cfg, t.prefix, cls.train, keys=RECIPE_KEYS, all_clients=True, min_rounds=1
         )
         shared = cls.shared_from_config(cfg)  # 'aggregation': each entry over its holders
-        return {"train": train, "min_replies": t.min_replies(cls.min_replies, train), **shared}
+        return {
+            "train": train,
+            "min_replies": t.min_replies(cls.min_replies, train),
+            "lr_probe": t.flag("lr-probe", cls.lr_probe),
+            **shared,
+        }
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,136 @@
+"""The width baselines with and without the server's lr probe (issue 40 item 4), federated.
+
+``benchmarks/lr_stability.py`` derives the probe's rule centrally; this checks what it does
+to a federated run. HeteroFL and FjORD run at ``configs/compare-quick.toml``'s settings (20
+clients, Dirichlet alpha 1.0, seed 0, each method's quick-preset keys, configured lr 0.05) on
+MNIST-5k and on the synthetic shapes folder (``fedorasflwr.data.shapes``, 300 images a
+class), once with ``<method>.lr-probe = false`` (lr 0.05 as given) and once with the probe
+(the default), in process. Each tier's model is scored on the global test set.
+
+    python benchmarks/lr_probe.py                # 2 datasets x 2 methods x probe off / on
+    python benchmarks/lr_probe.py --rounds 16    # every round key at 16
+    python benchmarks/lr_probe.py --quick        # smoke: MNIST-5k, HeteroFL, 1 round
+
+The headline: per dataset and method, the mean global-test accuracy over the tiers with and
+without the probe (``<dataset>_<method>_probe_on`` / ``_off``), the rate the probe kept, and
+how many tiers end within 1.5x chance (the leaderboard's flag). One seed: the rows say what
+the probe does on one draw, not a mean. Writes ``benchmarks/results/lr_probe.json``
+(``.rounds-<n>.json``, ``.quick.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, report
+from lr_stability import shapes_folder
+
+sys.path.insert(0, str(ROOT))
+
+METHODS = ("heterofl", "fjord")
+
+
+def run_case(dataset: str, probe: bool, methods: tuple[str, ...], rounds: int) -> dict[str, Any]:
+    """One dataset, the probe on or off: every method's tiers on the global test set."""
+    import torch
+
+    from fedorasflwr.compare.cli import compare
+    from fedorasflwr.compare.leaderboard import CHANCE_FACTOR
+    from fedorasflwr.compare.spec import read_spec
+
+    torch.set_num_threads(1)
+    flags = {"methods": ",".join(methods), "reference": methods[0], "rounds": rounds}
+    base = read_spec(ROOT / "configs/compare-quick.toml", flags)
+    spec = replace(
+        base,
+        shared={**base.shared, "data.dataset": dataset},
+        overrides={m: {**base.overrides.get(m, {}), f"{m}.lr-probe": probe} for m in methods},
+    )
+    with tempfile.TemporaryDirectory() as out:
+        board = compare(spec, Path(out), inprocess=True, echo=lambda line: None)
+        probes = {}
+        for entry in board["methods"]:
+            result = Path(out) / entry["result"]
+            document = json.loads(result.read_text())
+            probes[entry["method"]] = document.get("lr_probe")
+    name = dataset.split("/")[-1] if dataset.startswith("folder:") else dataset
+    chance = board["chance"]
+    out_rows = []
+    for method in methods:
+        tiers = [r for r in board["rows"] if r["method"] == method]
+        accuracies = [r["global_test_accuracy"] for r in tiers]
+        kept = probes[method]["lr"] if probes[method] else None
+        out_rows.append(
+            {
+                "dataset": name,
+                "method": method,
+                "probe": probe,
+                "lr": kept if probe else 0.05,
+                "tried": probes[method]["tried"] if probes[method] else [],
+                "tiers": {r["model"]: r["global_test_accuracy"] for r in tiers},
+                "mean": statistics.fmean(accuracies),
+                "near_chance": sum(a <= CHANCE_FACTOR * chance + 1e-9 for a in accuracies),
+                "chance": chance,
+            }
+        )
+    return {"rows": out_rows}
+
+
+def _job(args: tuple[str, bool, tuple[str, ...], int]) -> dict[str, Any]:
+    return run_case(*args)
+
+
+def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``<dataset>_<method>_probe_on`` / ``_off`` (mean tier accuracy), ``..._lr`` (the rate
+    the probe kept) and ``..._near_chance_on`` / ``_off`` (tiers within 1.5x chance)."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        key = f"{row['dataset']}_{row['method']}"
+        side = "on" if row["probe"] else "off"
+        out[f"{key}_probe_{side}"] = round(row["mean"], 4)
+        out[f"{key}_near_chance_{side}"] = row["near_chance"]
+        if row["probe"]:
+            out[f"{key}_lr"] = row["lr"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=0, help="every round key (0: presets')")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        datasets, methods, args.rounds = ["mnist5k"], ("heterofl",), 1
+    else:
+        datasets, methods = ["mnist5k", shapes_folder(300)], METHODS
+    from lr_stability import _data
+
+    for dataset in datasets:  # fill the data cache once, before the workers race for it
+        _data(dataset)
+    jobs = [(d, probe, methods, args.rounds) for d in datasets for probe in (False, True)]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        rows = [row for case in pool.map(_job, jobs) for row in case["rows"]]
+    print(f"{'dataset':<20} {'method':<9} {'probe':<5} {'lr':>9} mean  tiers")
+    for row in rows:
+        tiers = " ".join(f"{a:.3f}" for a in row["tiers"].values())
+        print(
+            f"{row['dataset']:<20} {row['method']:<9} {str(row['probe']):<5} {row['lr']:>9.6f} "
+            f"{row['mean']:.3f} {tiers}"
+        )
+    name = "lr_probe" + (f".rounds-{args.rounds}" if args.rounds and not args.quick else "")
+    summary = {"rounds": args.rounds or "presets'", **headline(rows)}
+    report(name, args.quick, summary, {"rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
