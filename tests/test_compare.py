@@ -346,6 +346,28 @@ def test_the_quick_comparison_file_is_valid() -> None:
     assert spec.shared["data.dataset"] == "mnist5k" and spec.nodes == 20
 
 
+def test_dataset_replaces_the_files_dataset_and_is_checked(tmp_path, monkeypatch) -> None:
+    """``--dataset folder:<path>``: every method of the file on the user's own images, each
+    method's run config checked against the folder's shape and classes before anything
+    runs (a relative path is the user's, from where they ran it); a folder that is no
+    dataset is refused naming the key."""
+    from fedorasflwr.data.shapes import write_shapes
+
+    folder = write_shapes(tmp_path / "shapes", per_class=40)
+    path = ROOT / "configs" / "compare-quick.toml"
+    spec = read_spec(path, {"dataset": f"folder:{folder}"}, app_dir=ROOT)
+    assert spec.shared["data.dataset"] == f"folder:{folder}"
+    assert set(spec.methods) == set(METHODS)
+    assert cli._chance(spec.run_config("heterofl")) == pytest.approx(1 / 6)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="data.dataset"):
+        read_spec(path, {"dataset": f"folder:{tmp_path / 'empty'}"}, app_dir=ROOT)
+    assert read_spec(path, {"dataset": None}, app_dir=ROOT).shared["data.dataset"] == "mnist5k"
+    monkeypatch.chdir(tmp_path)
+    relative = read_spec(path, {"dataset": "folder:shapes"}, app_dir=ROOT)
+    assert relative.shared["data.dataset"] == f"folder:{folder.resolve()}"
+
+
 def test_the_quick_comparison_runs_fedoras_as_its_quick_preset() -> None:
     """Each method keeps its quick preset's keys (the file's header): FedorAS's are copied
     there, so a retuned preset must be copied again (its rand-init is skipped there)."""

@@ -46,6 +46,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tolerance", type=float, help="budget flops: default 0.25")
     parser.add_argument("--nodes", type=int, help="simulated clients (default 20)")
     parser.add_argument(
+        "--dataset",
+        help="the shared data.dataset, replacing the file's: e.g. folder:<path> to try every "
+        "method on your own image folder at the file's settings",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("outputs/compare"), help="default: outputs/compare"
     )
     parser.add_argument(
@@ -271,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reference": args.reference,
         "tolerance": args.tolerance,
         "nodes": args.nodes,
+        "dataset": args.dataset,
     }
     try:
         check_timeout(args.timeout)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import check_known_keys, parse_run_config
+from ..data.folder import absolute_folder
 from ..methods import METHODS, ROUND_KEYS
 
 __all__ = [
@@ -154,7 +155,8 @@ def read_spec(
 ) -> CompareSpec:
     """The comparison of the TOML file ``path`` (``None``: no file, every default), with
     the command line's ``flags`` (``COMPARE_KEYS`` -> value; ``None`` values ignored)
-    winning over its ``[compare]`` table; every method's whole run config checked as its
+    winning over its ``[compare]`` table, and ``flags["dataset"]`` (``--dataset``) over the
+    file's ``data.dataset``; every method's whole run config checked as its
     run would check it (``config.parse_run_config`` over the app's defaults, the dataset's
     shape and classes, whether ``nodes`` clients can all get data) so that a bad key or
     value of any method raises ``ValueError`` here, naming it, before anything runs.
@@ -183,9 +185,15 @@ def read_spec(
         raise ValueError(
             f"{where}: [compare] key {unknown[0]!r} is unknown; allowed: {', '.join(COMPARE_KEYS)}"
         )
-    given = {**table, **{k: v for k, v in (flags or {}).items() if v is not None}}
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    dataset = flags.pop("dataset", None)  # --dataset: the shared data.dataset, replaced
+    given = {**table, **flags}
 
     shared = _flatten(content, where)
+    if dataset is not None:
+        shared["data.dataset"] = dataset
+    # a relative folder: is the user's, from here (as each method's run resolves it)
+    shared = absolute_folder(shared, Path.cwd())
     _check_keys(shared, where)
     for key in ("method",):
         if key in shared:
