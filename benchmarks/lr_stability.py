@@ -20,6 +20,12 @@ largest learning rate of the grid that does not collapse.
 
     python benchmarks/lr_stability.py            # 2 datasets x 2 nets x 6 lrs, 3 epochs
     python benchmarks/lr_stability.py --quick    # smoke: shapes, 150 a class, ConvNet, 2 lrs
+    python benchmarks/lr_stability.py --shapes-only --nets cnn_s convnet-tier convnet \
+        --lrs 0.05 0.0125 0.003125 --epochs 10   # the nets' reach on shapes, given steps
+
+``convnet-tier``: the ConvNet at the ``cnn_s`` path's MACs (the hand-made net of the same
+cost). A run other than the default grid writes
+``lr_stability.epochs-<e>.<nets>[.shapes].json``.
 
 Writes ``benchmarks/results/lr_stability.json`` (``.quick.json``).
 """
@@ -72,16 +78,27 @@ def _data(dataset: str) -> tuple[Any, Any, Any, dict[str, int]]:
     return pooled, load_server_data(spec), load_global_test(spec), image_spec(settings)
 
 
+NETS = ("convnet", "cnn_s", "convnet-tier")
+
+
 def build(net: str, image: dict[str, int]) -> Any:
-    """The ConvNet at width 1.0, or ``space_ablation``'s ``cnn_s`` path (flatten head)."""
+    """The ConvNet at width 1.0 (``convnet``), ``space_ablation``'s ``cnn_s`` path (flatten
+    head), or the ConvNet at the widest multiple of 1/64 within that path's MACs
+    (``convnet-tier``: the hand-made net of the same cost)."""
     from space_ablation import cnn_s_path
 
     from fedorasflwr.search_spaces import build_space
-    from fedorasflwr.search_spaces.widths import width_net
+    from fedorasflwr.search_spaces.widths import width_costs, width_net
 
     if net == "convnet":
         return width_net(image, 1.0)
-    return build_space("cnn_s", **image, width=0.5).subnet(cnn_s_path(image, 0.5))
+    space = build_space("cnn_s", **image, width=0.5)
+    path = cnn_s_path(image, 0.5)
+    if net == "cnn_s":
+        return space.subnet(path)
+    macs = space.cost(path).flops / 2
+    fits = [k for k in range(1, 65) if width_costs(image, k / 64)["macs"] <= macs]
+    return width_net(image, max(fits) / 64)
 
 
 def train(dataset: str, net_name: str, lr: float, epochs: int) -> dict[str, Any]:
@@ -160,12 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--shapes-only", action="store_true", help="the shapes folder only")
+    parser.add_argument("--nets", nargs="+", choices=NETS, default=["convnet", "cnn_s"])
+    parser.add_argument("--lrs", nargs="+", type=float, default=list(GRID))
     args = parser.parse_args(argv)
     datasets = [shapes_folder(150 if args.quick else SHAPES_PER_CLASS)]
-    nets, grid = ["convnet", "cnn_s"], GRID
+    nets, grid = args.nets, tuple(args.lrs)
     if args.quick:
         nets, grid, args.epochs = ["convnet"], (0.05, 0.003125), 3
-    else:
+    elif not args.shapes_only:
         datasets.insert(0, "mnist5k")
     for dataset in datasets:  # fill the data cache once, before the workers race for it
         _data(dataset)
@@ -180,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
             + ("  collapsed" if run["collapsed"] else "")
         )
     summary = {"runs": len(runs), "epochs": args.epochs, **largest_stable(runs)}
-    report("lr_stability", args.quick, summary, {"runs": runs})
+    default = (nets, grid, args.epochs, args.shapes_only) == (["convnet", "cnn_s"], GRID, 3, False)
+    name = "lr_stability" if args.quick or default else f"lr_stability.epochs-{args.epochs}"
+    if not default and not args.quick:
+        name += "." + "-".join(nets) + (".shapes" if args.shapes_only else "")
+    report(name, args.quick, summary, {"runs": runs})
     return 0
 
 

@@ -467,9 +467,10 @@ def probe_lr(
     The rule of issue 40 (``benchmarks/lr_stability.py`` measures it): a rate whose first
     updates throw the loss far above the uniform guess is the one that leaves a net at
     chance on a dataset harder than the one it was chosen on (the ConvNet at lr 0.05 with
-    momentum 0.9: MNIST recovers, 32x32 shapes never do), while a rate that keeps the first
-    steps bounded trains. Same net, data and ``words``, same choice (the batches are
-    drawn from the stream ``words``, on the CPU or :func:`torch_device`).
+    momentum 0.9: MNIST recovers, 32x32 shapes never do). A guard against that blow-up,
+    not a proof of stability: a rate can keep its first steps bounded and diverge later.
+    Same net, data and ``words``, same choice (the batches are drawn from the stream
+    ``words``, on the CPU or :func:`torch_device`).
 
     ``config``: ``lr``, ``momentum``, ``weight-decay`` (as :func:`sgd`) and
     ``batch-size``; ``dataset``: data the caller may train on (the server's slice).
