@@ -44,7 +44,8 @@ def run_case(dataset: str, probe: bool, methods: tuple[str, ...], rounds: int) -
 
     from fedorasflwr.compare.cli import compare
     from fedorasflwr.compare.leaderboard import CHANCE_FACTOR
-    from fedorasflwr.compare.spec import read_spec
+    from fedorasflwr.compare.spec import app_run_config, read_spec
+    from fedorasflwr.config import parse_run_config
 
     torch.set_num_threads(1)
     flags = {"methods": ",".join(methods), "reference": methods[0], "rounds": rounds}
@@ -58,6 +59,8 @@ def run_case(dataset: str, probe: bool, methods: tuple[str, ...], rounds: int) -
         board = compare(spec, Path(out), inprocess=True, echo=lambda line: None)
         probes = {}
         for entry in board["methods"]:
+            if entry["result"] is None:
+                raise SystemExit(f"{entry['method']} failed on {dataset}: {entry['reason']}")
             result = Path(out) / entry["result"]
             document = json.loads(result.read_text())
             probes[entry["method"]] = document.get("lr_probe")
@@ -67,13 +70,14 @@ def run_case(dataset: str, probe: bool, methods: tuple[str, ...], rounds: int) -
     for method in methods:
         tiers = [r for r in board["rows"] if r["method"] == method]
         accuracies = [r["global_test_accuracy"] for r in tiers]
-        kept = probes[method]["lr"] if probes[method] else None
+        config = {**app_run_config(ROOT), **spec.run_config(method)}
+        configured = parse_run_config(config).method_settings.train.lr
         out_rows.append(
             {
                 "dataset": name,
                 "method": method,
                 "probe": probe,
-                "lr": kept if probe else 0.05,
+                "lr": probes[method]["lr"] if probes[method] else configured,
                 "tried": probes[method]["tried"] if probes[method] else [],
                 "tiers": {r["model"]: r["global_test_accuracy"] for r in tiers},
                 "mean": statistics.fmean(accuracies),

@@ -578,6 +578,8 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
         safe = safe | {"data.global-test", "data.global-test-fraction"}
     if not values.get("data.partition-size", 0):  # likewise: unused, as before it existed
         safe = safe | {"data.partition-size"}
+    if values.get(f"{own}lr-probe") is False:  # likewise: lr as given, as before the probe
+        safe = safe | {f"{own}lr-probe"}
     return {
         str(k): v
         for k, v in sorted(values.items())

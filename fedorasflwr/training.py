@@ -428,8 +428,9 @@ def held_out_metrics(
 @dataclass(frozen=True)
 class LrProbe:
     """What `probe_lr` found: the learning rate it kept (``lr``), the one configured, the
-    loss bound, and for each rate it tried (the configured one first, then halved) the
-    highest training loss of its probe steps."""
+    loss bound, the probe steps per rate (0: not probed, the untrained loss already above
+    the bound), and for each rate it tried (the configured one first, then halved) the
+    highest training loss of its probe steps, up to the first one above the bound."""
 
     lr: float
     configured: float
@@ -462,7 +463,10 @@ def probe_lr(
     """The largest of ``config["lr"]``, its half, its quarter, ... (``halvings`` times at
     most) at which ``steps`` SGD steps from a fresh ``make_net()`` on ``dataset`` never
     raise the training loss above ``bound_factor`` x ln(``num_classes``), the loss of an
-    untrained net's uniform guess; the smallest tried where none holds.
+    untrained net's uniform guess; the smallest tried where none holds. A rate stops at
+    its first loss above the bound (its recorded highest loss is that one). A net whose
+    loss before any update is already above the bound cannot be judged: the configured
+    rate is kept, with ``steps`` 0 and that loss as the one entry of ``tried``.
 
     The rule of issue 40 (``benchmarks/lr_stability.py`` measures it): a rate whose first
     updates throw the loss far above the uniform guess is the one that leaves a net at
@@ -499,6 +503,8 @@ def probe_lr(
                 loss.backward()
                 optimizer.step()
                 value = float(loss.detach())
+                if done == 0 and value > bound:  # before any update: no rate can pass
+                    return LrProbe(configured, configured, bound, 0, ((configured, value),))
                 highest = max(highest, value if np.isfinite(value) else float("inf"))
                 done += 1
                 if done == steps or highest > bound:

@@ -384,3 +384,15 @@ def test_the_global_test_set_binds_a_checkpoint_only_when_on(space, tmp_path):
     path = checkpoint(tmp_path, space, settings=off)
     with pytest.raises(ValueError, match=r"'data.global-test' = '\(absent\)' there, True here"):
         resume_with(path, space, on)
+
+
+@pytest.mark.parametrize("method", ["heterofl", "fjord"])
+def test_the_lr_probe_off_binds_as_before_the_key_existed(method):
+    """A width-baseline checkpoint written before ``<method>.lr-probe`` trained at lr as
+    given: a resume with the probe off binds without the key (and resumes it), one with the
+    probe on (the default) binds it, so that checkpoint is refused naming the key."""
+    base = {**pyproject_run_config(), "method": method}
+    off = parse_run_config({**base, f"{method}.lr-probe": False})
+    on = parse_run_config(base)
+    assert f"{method}.lr-probe" not in bound_settings(method, off.values)
+    assert bound_settings(method, on.values)[f"{method}.lr-probe"] is True

@@ -106,12 +106,13 @@ def test_same_inputs_same_choice_and_the_net_given_is_untouched():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 3))
     before = copy.deepcopy(net.state_dict())
-    data = TensorDataset(20 * torch.randn(40, 3, 2, 2), torch.randint(0, 3, (40,)))
+    torch.manual_seed(1)
+    data = TensorDataset(2 * torch.randn(40, 3, 2, 2), torch.randint(0, 3, (40,)))
     config = {**_config(2.0, batch=8), "momentum": 0.9}
     first = probe_lr(lambda: copy.deepcopy(net), data, config, WORDS, num_classes=3)
     again = probe_lr(lambda: copy.deepcopy(net), data, config, WORDS, num_classes=3)
     assert first == again
-    assert first.lr < 2.0  # inputs of scale 20 at lr 2: the first steps blow up
+    assert first.lr < 2.0 and first.steps == 48  # lr 2, momentum 0.9: the first steps blow up
     for key, value in net.state_dict().items():
         assert torch.equal(value, before[key])
 
@@ -150,3 +151,20 @@ def test_a_non_finite_loss_counts_as_above_the_bound():
     )
     assert [highest for _, highest in probe.tried] == [float("inf"), float("inf")]
     assert probe.lr == 0.5
+
+
+def test_a_net_already_above_the_bound_is_not_probed():
+    """Before any update the loss is the same at every rate: a net that starts above the
+    bound would fail them all, so the configured rate is kept and the probe says so."""
+    wrong = TensorDataset(torch.tensor([[10.0], [-10.0]]), torch.tensor([0, 1]))
+
+    def confident_and_wrong() -> nn.Module:
+        net = nn.Linear(1, 2, bias=False)
+        with torch.no_grad():
+            net.weight.copy_(torch.tensor([[-1.0], [1.0]]))  # logit margin 20, wrong class
+        return net
+
+    probe = probe_lr(confident_and_wrong, wrong, _config(1.0), WORDS, num_classes=2)
+    assert probe.lr == probe.configured == 1.0 and probe.steps == 0
+    ((lr, first),) = probe.tried
+    assert lr == 1.0 and first == pytest.approx(20.0, rel=1e-3) and first > probe.bound
