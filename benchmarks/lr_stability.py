@@ -88,11 +88,13 @@ def build(net: str, image: dict[str, int]) -> Any:
     from space_ablation import cnn_s_path
 
     from fedorasflwr.search_spaces import build_space
+    from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION
     from fedorasflwr.search_spaces.widths import width_costs, width_net
 
     if net == "convnet":
         return width_net(image, 1.0)
-    space = build_space("cnn_s", **image, width=0.5)
+    # the paper's reduction: the net recorded before the reduction was a choice
+    space = build_space("cnn_s", **image, width=0.5, reduction=PAPER_REDUCTION)
     path = cnn_s_path(image, 0.5)
     if net == "cnn_s":
         return space.subnet(path)

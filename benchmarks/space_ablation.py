@@ -13,7 +13,11 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
-  says whether a net is bad, or only slow under FedAvg).
+  says whether a net is bad, or only slow under FedAvg);
+- ``reduction`` / ``reduction-federated``: the ``cnn_s`` reduction (``space.reduction``), the
+  paper's (conv1x1, then average pooling: every other row's) against max pooling first, on
+  the shapes folder (a row's ``dataset``: ``shapes``, written once under ``outputs/`` by
+  ``lr_stability.shapes_folder``; lr 0.0125) and on MNIST-5k.
 
 Every factor is one change from the default row, so a row's gap to its reference is that
 factor's share. ``--seeds`` runs each row once per seed (data split, sampling, init);
@@ -41,6 +45,8 @@ from common import ROOT, report, warm_data_cache
 
 sys.path.insert(0, str(ROOT))
 
+from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION, REDUCTIONS  # noqa: E402
+
 NUM_CLIENTS = 20
 TARGET_MACS = 0.56e6  # the issue's T1 net
 
@@ -52,6 +58,7 @@ class Row:
     label: str
     net: str = "cnn_s"  # cnn_s | convnet
     head: str = "flatten"  # flatten | gap
+    reduction: str = PAPER_REDUCTION  # cnn_s: what every row before the choice ran
     norm: str = "bn"  # bn | gn | none (cnn_s only)
     width: float = 0.5  # cnn_s space width
     path: int = 0  # cnn_s: 0 = the path nearest TARGET_MACS, k = the k-th next within 10%
@@ -61,7 +68,18 @@ class Row:
     rounds: int = 30
     clients_per_round: int = 10
     local_epochs: int = 2
+    dataset: str = "mnist5k"  # or "shapes": the shapes folder (300 a class, seed 0)
 
+
+_SHAPES_LR = 0.0125
+_CENTRAL_SHAPES = {
+    "dataset": "shapes",
+    "central": True,
+    "rounds": 10,
+    "lr": _SHAPES_LR,
+    "alpha": 0.0,
+}
+_FEDERATED_SHAPES = {"dataset": "shapes", "lr": _SHAPES_LR, "alpha": 1.0}
 
 #: the table: each group of rows changes one factor from its group's first row
 ROWS: dict[str, list[Row]] = {
@@ -98,6 +116,34 @@ ROWS: dict[str, list[Row]] = {
         for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"), (0.0, "IID"))
         for k in range(1, 5)
     ],
+    # the reduction (issue 40): the 5 paths of the tier's MACs centrally on the shapes
+    # folder (10 epochs at 0.0125, the largest rate the ConvNet of this MACs trains at
+    # there: lr_stability.py; pooled from an IID split), each with the paper's reduction and
+    # with max pooling first (the same path, a quarter of the reductions' MACs)
+    "reduction": [
+        *(
+            Row(
+                f"cnn_s path {k}, {reduction}, shapes, centralised",
+                **_CENTRAL_SHAPES,
+                path=k,
+                reduction=reduction,
+            )
+            for k in range(5)
+            for reduction in REDUCTIONS
+        ),
+        Row("ConvNet flatten, shapes, centralised", net="convnet", **_CENTRAL_SHAPES),
+    ],
+    "reduction-federated": [  # path 0 by FedAvg: on shapes, then on MNIST-5k
+        # alpha 1.0 only: at 0.1, 20 clients of the 1,800 images leave some client with
+        # fewer than 3 (the partitioner refuses seed 1's draws)
+        *(
+            Row(f"cnn_s {r}, shapes, alpha 1.0", reduction=r, **_FEDERATED_SHAPES)
+            for r in REDUCTIONS
+        ),
+        Row("ConvNet flatten, shapes, alpha 1.0", net="convnet", **_FEDERATED_SHAPES),
+        Row("cnn_s maxpool-conv1x1, alpha 0.1", reduction="maxpool-conv1x1"),
+        Row("cnn_s maxpool-conv1x1, alpha 1.0", reduction="maxpool-conv1x1", alpha=1.0),
+    ],
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
@@ -112,12 +158,15 @@ GAPS = {
 }
 
 
-def _config(alpha: float, seed: int) -> dict[str, Any]:
-    """The app's run config with this row's data: MNIST-5k, IID (alpha 0) or Dirichlet."""
+def _config(alpha: float, seed: int, dataset: str = "mnist5k") -> dict[str, Any]:
+    """The app's run config with this row's data: MNIST-5k (or the shapes folder), IID
+    (alpha 0) or Dirichlet."""
     from common import run_config
+    from lr_stability import shapes_folder
 
     return run_config(
         {
+            "data.dataset": shapes_folder() if dataset == "shapes" else dataset,
             "data.partitioner": "iid" if alpha == 0 else "dirichlet",
             "data.alpha": alpha or 1.0,
             "data.global-test": True,
@@ -126,13 +175,15 @@ def _config(alpha: float, seed: int) -> dict[str, Any]:
     )
 
 
-def _data(alpha: float, seed: int) -> tuple[list[Any], Any, Any, dict[str, int]]:
+def _data(
+    alpha: float, seed: int, dataset: str = "mnist5k"
+) -> tuple[list[Any], Any, Any, dict[str, int]]:
     """Every client's training split, the server slice, the global test set, the image."""
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.data import load_client_data, load_global_test, load_server_data
     from fedorasflwr.methods.widths.runner import image_spec
 
-    settings = parse_run_config(_config(alpha, seed))
+    settings = parse_run_config(_config(alpha, seed, dataset))
     spec = settings.data
     clients = [load_client_data(spec, i, NUM_CLIENTS).train for i in range(NUM_CLIENTS)]
     return clients, load_server_data(spec), load_global_test(spec), image_spec(settings)
@@ -146,7 +197,8 @@ def cnn_s_path(image: dict[str, int], width: float, k: int = 0) -> tuple[int, ..
 
     from fedorasflwr.search_spaces import build_space
 
-    space = build_space("cnn_s", **image, width=width, head="gap")
+    # the paper's reduction and head: the paths (and MACs) recorded before either was a choice
+    space = build_space("cnn_s", **image, width=width, head="gap", reduction=PAPER_REDUCTION)
     rng = np.random.default_rng(0)
     paths = [tuple(int(rng.integers(len(c.options))) for c in space.choices) for _ in range(500)]
     nearest = min(paths, key=lambda arch: abs(space.cost(arch).flops / 2 - TARGET_MACS))
@@ -185,12 +237,16 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
     x = torch.zeros(1, image["in_channels"], image["input_height"], image["input_width"])
     if row.net == "cnn_s":
         arch = cnn_s_path(image, row.width, row.path)
-        net = build_space("cnn_s", **image, width=row.width, head=row.head).subnet(arch)
+        space = build_space(
+            "cnn_s", **image, width=row.width, head=row.head, reduction=row.reduction
+        )
+        net = space.subnet(arch)
         if row.norm != "bn":
             _swap_norm(net, row.norm)
         return net, _count_flops(net, x) // 2
     # the ConvNet width whose MACs are nearest the cnn_s path's (default width)
-    reference = build_space("cnn_s", **image, width=0.5).subnet(cnn_s_path(image, 0.5))
+    paper = build_space("cnn_s", **image, width=0.5, reduction=PAPER_REDUCTION)
+    reference = paper.subnet(cnn_s_path(image, 0.5))
     target = _count_flops(reference, x) // 2
     widths = [w / 100 for w in range(5, 101)]
     width = min(widths, key=lambda w: abs(_count_flops(width_net(image, w), x) // 2 - target))
@@ -236,7 +292,7 @@ def train_row(row: Row, seed: int) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     started = time.monotonic()
-    clients, server, test, image = _data(row.alpha, seed)
+    clients, server, test, image = _data(row.alpha, seed, row.dataset)
     seed_torch(seed, "space-ablation-init")
     net, macs = build_net(row, image)
     config = {
@@ -337,6 +393,31 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def reduction_gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """For each ``cnn_s`` reduction, on the shapes folder: the best and the median of its 5
+    paths trained centrally minus the ConvNet trained so (``shapes_central_<reduction>_best_pp``
+    / ``_median_pp``), where all ran; and path 0 by FedAvg at alpha 1.0 minus the ConvNet
+    (``shapes_alpha_1.0_<reduction>_pp``); in percentage points."""
+    out: dict[str, float] = {}
+    central = table.get("ConvNet flatten, shapes, centralised")
+    federated = table.get("ConvNet flatten, shapes, alpha 1.0")
+    for reduction in REDUCTIONS:
+        labels = [f"cnn_s path {k}, {reduction}, shapes, centralised" for k in range(5)]
+        if central is not None and all(label in table for label in labels):
+            means = sorted(table[label]["mean"] for label in labels)
+            out[f"shapes_central_{reduction}_best_pp"] = round(
+                100 * (means[-1] - central["mean"]), 1
+            )
+            out[f"shapes_central_{reduction}_median_pp"] = round(
+                100 * (means[2] - central["mean"]), 1
+            )
+        label = f"cnn_s {reduction}, shapes, alpha 1.0"
+        if federated is not None and label in table:
+            gap = table[label]["mean"] - federated["mean"]
+            out[f"shapes_alpha_1.0_{reduction}_pp"] = round(100 * gap, 1)
+    return out
+
+
 def _job(args: tuple[Row, int]) -> dict[str, Any]:
     return train_row(*args)
 
@@ -353,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [replace(r, rounds=2, clients_per_round=4) for r in ROWS["head"][:2]]
         args.seeds = [0]
     jobs = [(row, seed) for row in rows for seed in args.seeds]
-    alphas = sorted({row.alpha for row in rows})
-    warm_data_cache([_config(a, s) for a in alphas for s in args.seeds], NUM_CLIENTS)
+    data = sorted({(row.alpha, row.dataset) for row in rows})
+    warm_data_cache([_config(a, s, d) for a, d in data for s in args.seeds], NUM_CLIENTS)
     recorded = [] if args.quick else _recorded_runs()  # read before hours of training
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         results = list(pool.map(_job, jobs))
@@ -378,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         if label in table:
             summary[f"cnn_s_{key}"] = round(table[label]["mean"], 3)
     summary.update(gaps_pp(table))
+    summary.update(reduction_gaps_pp(table))
     report("space_ablation", args.quick, summary, {"rows": table, "runs": results})
     return 0
 

@@ -19,6 +19,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from .plots import plot_history, plot_points  # the plots live in plots.py; kept importable here
+from .search_spaces.cnn import as_written
 
 __all__ = [
     "check_state",
@@ -128,7 +129,8 @@ def load_checkpoint(
     where = f"checkpoint {str(path)!r}" if key is None else f"run config {key!r} = {str(path)!r}"
     raw = _read(path, where)
     declared = declared_checkpoint(raw, where)
-    if space is not None and dict(declared["space"]) != dict(space):
+    # a file of an earlier version names fewer of a space's choices: read with their values then
+    if space is not None and as_written(declared["space"]) != dict(space):
         raise ValueError(
             f"{where}: holds weights of the space {declared['space']}, this run's is {dict(space)}"
         )

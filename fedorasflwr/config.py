@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from .data import DatasetInfo, DataSpec
 from .latency import DEFAULT_REPEATS, DEFAULT_STATISTIC, DEFAULT_WARMUP, STATISTICS, LatencyRequest
 from .methods import METHODS, settings_class
-from .search_spaces.cnn import HEADS
+from .search_spaces.cnn import HEADS, PAPER_REDUCTION, REDUCTIONS
 from .training import check_device_setting
 
 __all__ = [
@@ -198,6 +198,7 @@ class SpaceSettings:
     layers_per_block: int = 4
     blocks: int = 3  # cnn_l only
     head: str = "flatten"  # cnn_s and cnn_l: flatten | gap (the paper's)
+    reduction: str = PAPER_REDUCTION  # cnn_s: conv1x1-avgpool (the paper's) | maxpool-conv1x1
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> SpaceSettings:
@@ -225,10 +226,25 @@ class SpaceSettings:
                 f"run config 'space.head' = {head!r}: only the cnn_s and cnn_l spaces have a "
                 f"head choice; 'space.name' = {name!r} (leave space.head at {cls.head!r})"
             )
+        reduction = read_key(
+            cfg,
+            "space.reduction",
+            cls.reduction,
+            str,
+            lambda v: v in REDUCTIONS,
+            "one of " + ", ".join(REDUCTIONS),
+        )
+        if reduction != cls.reduction and name != "cnn_s":
+            raise ValueError(
+                f"run config 'space.reduction' = {reduction!r}: only the cnn_s space has a "
+                f"reduction choice; 'space.name' = {name!r} (leave space.reduction at "
+                f"{cls.reduction!r})"
+            )
         return cls(
             name=name,
             blocks=blocks,
             head=head,
+            reduction=reduction,
             width=read_key(
                 cfg, "space.width", cls.width, float, lambda v: 0 < v <= 4, "0 < width <= 4"
             ),
@@ -276,6 +292,8 @@ def space_kwargs(space: SpaceSettings, info: DatasetInfo) -> dict[str, Any]:
         kwargs["blocks"] = space.blocks
     if space.name in ("cnn_s", "cnn_l"):
         kwargs["head"] = space.head
+    if space.name == "cnn_s":
+        kwargs["reduction"] = space.reduction
     if space.name == "mbconv":
         kwargs["layers_per_stage"] = space.layers_per_block
     if space.name == "darts":
@@ -580,6 +598,8 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
         safe = safe | {"data.partition-size"}
     if values.get(f"{own}lr-probe") is False:  # likewise: lr as given, as before the probe
         safe = safe | {f"{own}lr-probe"}
+    if values.get("space.reduction") == PAPER_REDUCTION:  # likewise: cnn_s as before the key
+        safe = safe | {"space.reduction"}
     return {
         str(k): v
         for k, v in sorted(values.items())

@@ -50,6 +50,7 @@ from torch import nn
 from .artifacts import check_state, load_checkpoint, save_checkpoint
 from .search_spaces import build_space
 from .search_spaces.base import SearchSpace, Subnet, space_class
+from .search_spaces.cnn import as_written
 from .search_spaces.darts_style import build_derived_network
 from .search_spaces.prunable import PrunableNet, load_prunable, meta_prunable
 from .search_spaces.widths import width_net
@@ -301,14 +302,6 @@ def _check_fit(where: str, builder: str, state: Mapping[str, Any], model: nn.Mod
         raise ValueError(f"{where}: its weights do not fit its {builder!r} module: {reason}")
 
 
-def _with_head(spec: dict[str, Any]) -> dict[str, Any]:
-    """A ``cnn_s`` / ``cnn_l`` spec written before the head was a choice (fedorasflwr
-    < 0.3.0) names no head: those nets averaged the last feature map (``head="gap"``)."""
-    if spec.get("name") in ("cnn_s", "cnn_l") and "head" not in spec:
-        return {**spec, "head": "gap"}
-    return spec
-
-
 def _build(builder: str, spec: dict[str, Any], content: Mapping[str, Any]) -> nn.Module:
     if builder == PRUNABLE:
         return load_prunable(spec, content["state_dict"])
@@ -317,7 +310,7 @@ def _build(builder: str, spec: dict[str, Any], content: Mapping[str, Any]) -> nn
     if builder == WIDTH:
         image = {k: v for k, v in spec.items() if k not in ("name", "width")}
         return width_net(image, spec.get("width", 1.0))
-    space = build_space(**_with_head(spec))
+    space = build_space(**as_written(spec))
     if builder == SUBNET:
         return space.subnet([int(v) for v in content["arch"]])
     return space

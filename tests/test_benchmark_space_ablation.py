@@ -43,6 +43,22 @@ def test_sampled_paths_are_distinct_nets_of_one_tiers_macs():
         ablation.cnn_s_path(MNIST, 0.5, 500)
 
 
+def test_a_rows_reduction_builds_the_same_path_with_its_reduction():
+    from torch import nn
+
+    ablation = load_benchmark("space_ablation")
+    paper, paper_macs = ablation.build_net(ablation.Row("x"), MNIST)
+    pooled, pooled_macs = ablation.build_net(ablation.Row("y", reduction="maxpool-conv1x1"), MNIST)
+    assert paper.arch == pooled.arch  # the same recorded path
+    assert any(isinstance(m, nn.AvgPool2d) for m in paper.modules())
+    assert not any(isinstance(m, nn.AvgPool2d) for m in pooled.modules())
+    assert any(isinstance(m, nn.MaxPool2d) for m in pooled.modules())
+    # its conv1x1s run on a quarter of the positions (by hand: tests/search_spaces/test_reductions)
+    assert paper_macs - pooled_macs == 28 * 28 * 8 * 12 + 14 * 14 * 12 * 18 + 7 * 7 * 18 * 28 - (
+        14 * 14 * 8 * 12 + 7 * 7 * 12 * 18 + 4 * 4 * 18 * 28
+    )
+
+
 def test_a_rerun_replaces_only_its_own_rows_and_seeds():
     ablation = load_benchmark("space_ablation")
     recorded = [{"row": "a", "seed": 0, "accuracy": 0.1}, {"row": "a", "seed": 1, "accuracy": 0.2}]
@@ -76,3 +92,26 @@ def test_every_gap_names_rows_of_the_table():
     ablation = load_benchmark("space_ablation")
     labels = {row.label for rows in ablation.ROWS.values() for row in rows}
     assert {label for pair in ablation.GAPS.values() for label in pair} <= labels
+    # every row reduction_gaps_pp reads is a row of the table: all of them give all gaps
+    table = {label: {"mean": 0.5} for label in labels}
+    gaps = ablation.reduction_gaps_pp(table)
+    assert len(gaps) == 6 and set(gaps.values()) == {0.0}
+
+
+def test_reduction_gaps_hand_computed():
+    ablation = load_benchmark("space_ablation")
+    table = {
+        "ConvNet flatten, shapes, centralised": {"mean": 0.90},
+        "ConvNet flatten, shapes, alpha 1.0": {"mean": 0.60},
+        "cnn_s maxpool-conv1x1, shapes, alpha 1.0": {"mean": 0.57},
+    }
+    for k, mean in enumerate((0.80, 0.96, 0.85, 0.91, 0.70)):
+        table[f"cnn_s path {k}, maxpool-conv1x1, shapes, centralised"] = {"mean": mean}
+    for k in range(4):  # one path of the paper's reduction missing: no gap for it
+        table[f"cnn_s path {k}, conv1x1-avgpool, shapes, centralised"] = {"mean": 0.3}
+    # sorted: 0.70 0.80 0.85 0.91 0.96 -> best 0.96, median 0.85; minus 0.90
+    assert ablation.reduction_gaps_pp(table) == {
+        "shapes_central_maxpool-conv1x1_best_pp": 6.0,
+        "shapes_central_maxpool-conv1x1_median_pp": -5.0,
+        "shapes_alpha_1.0_maxpool-conv1x1_pp": -3.0,
+    }

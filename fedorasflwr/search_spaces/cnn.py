@@ -17,7 +17,9 @@ before the head was a choice hold GAP nets (`fedorasflwr.model_files` reads them
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +28,16 @@ from torch import Tensor, nn
 from .base import MixedOp, SearchSpace, image_spec, positive_float, positive_int, register_space
 from .ops import CONV_OPS, ConvNormAct, make_op
 
-__all__ = ["HEADS", "CNNLargeSpace", "CNNSmallSpace", "cnn_l", "cnn_s"]
+__all__ = [
+    "HEADS",
+    "PAPER_REDUCTION",
+    "REDUCTIONS",
+    "CNNLargeSpace",
+    "CNNSmallSpace",
+    "as_written",
+    "cnn_l",
+    "cnn_s",
+]
 
 LARGE_OPTIONS = (
     "conv1x1",
@@ -49,6 +60,27 @@ CHANNEL_GROWTH = 1.5
 HEADS = ("flatten", "gap")
 """What the classifier reads: the flattened last feature map, or its spatial mean."""
 
+REDUCTIONS = ("conv1x1-avgpool", "maxpool-conv1x1")
+"""``cnn_s``'s reduction: the paper's 1x1 convolution that changes the channels, then a 3x3
+average pooling (stride 2); or a 3x3 max pooling (stride 2), then that 1x1 convolution."""
+
+PAPER_REDUCTION = "conv1x1-avgpool"
+"""The paper's ``cnn_s`` reduction: the default, and what every file written before the
+choice holds."""
+
+
+def as_written(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``cnn_s`` / ``cnn_l`` space spec read from a file, with the values of the choices
+    added since that file's version: no ``head`` (fedorasflwr < 0.3.0): the nets averaged
+    the last feature map (``"gap"``); no ``reduction`` (``cnn_s``, fedorasflwr 0.4.0 and earlier):
+    the paper's conv1x1 then average pooling. Other specs are returned as they are."""
+    out = dict(spec)
+    if out.get("name") in ("cnn_s", "cnn_l"):
+        out.setdefault("head", "gap")
+    if out.get("name") == "cnn_s":
+        out.setdefault("reduction", PAPER_REDUCTION)
+    return out
+
 
 def _channels(value: float) -> int:
     """Even (so expansion 0.5 splits channels evenly) and at least 4."""
@@ -59,6 +91,13 @@ def _strided(size: int, stride: int) -> int:
     """The output size of a 3x3 window with padding 1 at ``stride`` (every stem and
     reduction of these spaces)."""
     return (size - 1) // stride + 1
+
+
+def reduction_name(value: object) -> str:
+    """``value`` as one of :data:`REDUCTIONS`, or ``ValueError`` naming the allowed ones."""
+    if value not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {value!r}")
+    return str(value)
 
 
 def head_name(value: object) -> str:
@@ -85,14 +124,30 @@ class SeparableReduction(nn.Module):
 
 
 class PoolReduction(nn.Module):
-    """``cnn_s`` reduction: conv1x1 (C -> 1.5C) + BN + ReLU, then avgpool 3x3 stride 2."""
+    """``cnn_s`` reduction (C -> 1.5C, half the size): ``order`` ``"conv1x1-avgpool"`` (the
+    paper's) runs the conv1x1 + BN + ReLU, then a 3x3 average pooling with stride 2;
+    ``"maxpool-conv1x1"`` pools first (3x3 max, stride 2), then runs the conv1x1 + BN + ReLU.
 
-    def __init__(self, in_channels: int, out_channels: int) -> None:
+    Both hold the same weights (one conv1x1 and its BN); pooling first runs the conv1x1 on a
+    quarter of the positions. On a 32x32 image set of shapes, fixed nets of one tier's MACs
+    train far better with max pooling first (``benchmarks/space_ablation.py``, rows
+    ``reduction``); it is not the default because FedorAS's Stage 1 at its lr trained worse
+    with it on MNIST-5k (docs/fedoras.md, deviations from the paper).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, order: str = PAPER_REDUCTION) -> None:
         super().__init__()
+        self.pool_first = reduction_name(order) == "maxpool-conv1x1"
         self.conv = ConvNormAct(in_channels, out_channels, 1)
-        self.pool = nn.AvgPool2d(3, stride=2, padding=1)
+        self.pool = (
+            nn.MaxPool2d(3, stride=2, padding=1)
+            if self.pool_first
+            else nn.AvgPool2d(3, stride=2, padding=1)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.pool_first:
+            return self.conv(self.pool(x))
         return self.pool(self.conv(x))
 
 
@@ -220,7 +275,8 @@ class CNNSmallSpace(SearchSpace):
 
     Stem conv3x3 (16 x width channels, stride ``stem_stride``); searchable blocks
     of 1, 1 and 2 layers with options :data:`SMALL_OPTIONS`, each followed by a
-    :class:`PoolReduction`; the ``head`` (flatten, or the paper's GAP) and a linear
+    :class:`PoolReduction` (``reduction``: the paper's conv1x1 then average pooling, or max
+    pooling then the conv1x1); the ``head`` (flatten, or the paper's GAP) and a linear
     classifier.  Also fits MNIST-like 1x28x28 inputs.
     """
 
@@ -235,12 +291,14 @@ class CNNSmallSpace(SearchSpace):
         width: float = 1.0,
         stem_stride: int = 1,
         head: str = "flatten",
+        reduction: str = PAPER_REDUCTION,
     ) -> None:
         spec = {
             **image_spec(num_classes, in_channels, input_height, input_width),
             "width": positive_float("width", width),
             "stem_stride": positive_int("stem_stride", stem_stride),
             "head": head_name(head),
+            "reduction": reduction_name(reduction),
         }
         net = ConvSupernet(
             in_channels=spec["in_channels"],
@@ -250,7 +308,7 @@ class CNNSmallSpace(SearchSpace):
             stem_stride=spec["stem_stride"],
             block_layers=(1, 1, 2),
             options=SMALL_OPTIONS,
-            reduction=PoolReduction,
+            reduction=functools.partial(PoolReduction, order=spec["reduction"]),
             num_classes=spec["num_classes"],
         )
         super().__init__(

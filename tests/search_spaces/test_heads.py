@@ -9,6 +9,7 @@ from fedorasflwr.artifacts import save_checkpoint
 from fedorasflwr.config import parse_run_config, space_kwargs
 from fedorasflwr.data.catalog import dataset_info
 from fedorasflwr.search_spaces import build_space
+from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION
 from tests.runconfig import pyproject_run_config
 
 MNIST = {"num_classes": 10, "in_channels": 1, "input_height": 28, "input_width": 28}
@@ -61,10 +62,11 @@ def test_the_run_config_key_reaches_the_space_and_is_checked():
 
 
 def test_a_file_written_before_the_head_was_a_choice_loads_as_gap(tmp_path):
-    space = build_space("cnn_s", **MNIST, width=0.25, head="gap")
+    space = build_space("cnn_s", **MNIST, width=0.25, head="gap", reduction=PAPER_REDUCTION)
     arch = tuple(n - 2 for n in space.num_options())
     subnet = space.subnet(arch).eval()
-    old_spec = {k: v for k, v in space.spec.items() if k != "head"}  # fedorasflwr 0.2
+    # fedorasflwr 0.2 named neither the head nor the reduction
+    old_spec = {k: v for k, v in space.spec.items() if k not in ("head", "reduction")}
     path = save_checkpoint(
         tmp_path / "tier-1.pt",
         space_spec=old_spec,

@@ -30,6 +30,7 @@ from ...runs import (
     strategy_options,
 )
 from ...search_spaces import SearchSpace
+from ...search_spaces.cnn import as_written
 from .finetune import SUPERNET_INIT
 from .plots import plot_finetune, plot_tiers
 from .strategy import FedorAS, FedorASResult
@@ -190,7 +191,8 @@ def resume_supernet(path: str, space: SearchSpace) -> ArrayRecord:
     """The supernet weights of a Stage-1 checkpoint, checked against the run's space."""
     key = "fedoras.resume-from"
     checkpoint = load_checkpoint(path, key=key)
-    if checkpoint["stage"] != "supernet" or dict(checkpoint["space"]) != space.spec:
+    # a file of an earlier version names fewer of the space's choices: read with their values
+    if checkpoint["stage"] != "supernet" or as_written(checkpoint["space"]) != space.spec:
         raise ValueError(
             f"run config {key!r} = {path!r}: not a Stage-1 checkpoint of this "
             f"run's space {space.spec} (it holds {checkpoint['stage']!r} of "
