@@ -13,6 +13,10 @@ the same nets with a flatten head (issue 40, ``benchmarks/space_ablation.py``), 
 flatten head is this project's default; ``head="gap"`` builds the paper's space (its
 parameter and MAC counts, ``tests/search_spaces/test_cnn_l_layout.py``). Files written
 before the head was a choice hold GAP nets (`fedorasflwr.model_files` reads them so).
+
+``cnn_s``'s ``reduction`` is the paper's conv1x1 then average pooling (the default) or max
+pooling first (``"maxpool-conv1x1"``, :class:`PoolReduction`); files written before it was a
+choice hold the paper's. :func:`as_written` gives a file's spec the choices its version built.
 """
 
 from __future__ import annotations
