@@ -102,6 +102,11 @@ def headline(values: Mapping[str, Any]) -> str:
     )
 
 
+def dataset_label(dataset: str) -> str:
+    """``dataset`` as a result file names it: a ``folder:`` dataset by its folder's name."""
+    return dataset.split("/")[-1] if dataset.startswith("folder:") else dataset
+
+
 def report(name: str, quick: bool, summary: Mapping[str, Any], document: Mapping[str, Any]) -> Path:
     """Print the headline of ``summary`` (plus ``quick``) and write ``document`` with it
     and the ``machine()`` it ran on to ``results/<name>[.quick].json``; returns that path."""

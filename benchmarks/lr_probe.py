@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, report
+from common import ROOT, dataset_label, report
 from lr_stability import shapes_folder
 
 sys.path.insert(0, str(ROOT))
@@ -64,7 +64,7 @@ def run_case(dataset: str, probe: bool, methods: tuple[str, ...], rounds: int) -
             result = Path(out) / entry["result"]
             document = json.loads(result.read_text())
             probes[entry["method"]] = document.get("lr_probe")
-    name = dataset.split("/")[-1] if dataset.startswith("folder:") else dataset
+    name = dataset_label(dataset)
     chance = board["chance"]
     out_rows = []
     for method in methods:

@@ -39,7 +39,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from common import ROOT, report
+from common import ROOT, dataset_label, report
 
 sys.path.insert(0, str(ROOT))
 
@@ -139,7 +139,7 @@ def train(dataset: str, net_name: str, lr: float, epochs: int) -> dict[str, Any]
     accuracy = result.correct / result.count
     chance = 1 / image["num_classes"]
     return {
-        "dataset": dataset.split("/")[-1] if dataset.startswith("folder:") else dataset,
+        "dataset": dataset_label(dataset),
         "net": net_name,
         "lr": lr,
         "epochs": epochs,

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from common import ROOT, report
+from common import ROOT, dataset_label, report
 from lr_stability import shapes_folder
 
 sys.path.insert(0, str(ROOT))
@@ -63,7 +63,7 @@ def probe_paths(dataset: str, reduction: str, paths: int) -> list[dict[str, Any]
         )
         rows.append(
             {
-                "dataset": dataset.split("/")[-1] if dataset.startswith("folder:") else dataset,
+                "dataset": dataset_label(dataset),
                 "reduction": reduction,
                 "path": index,
                 "ops": [c.options[i] for c, i in zip(space.choices, arch, strict=True)],
@@ -95,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         for row in probe_paths(dataset, reduction, paths)
     ]
     summary: dict[str, Any] = {"paths": paths, "configured_lr": RECIPE["lr"]}
+    kept: dict[str, list[float]] = {}
     for row in rows:
-        key = f"{row['dataset']}_{row['reduction']}"
-        kept = [r["kept"] for r in rows if f"{r['dataset']}_{r['reduction']}" == key]
-        summary[f"{key}_kept_configured"] = sum(lr == RECIPE["lr"] for lr in kept)
-        summary[f"{key}_smallest_kept"] = min(kept)
+        kept.setdefault(f"{row['dataset']}_{row['reduction']}", []).append(row["kept"])
+    for key, rates in kept.items():
+        summary[f"{key}_kept_configured"] = sum(lr == RECIPE["lr"] for lr in rates)
+        summary[f"{key}_smallest_kept"] = min(rates)
     for row in rows:
         losses = ", ".join(f"{lr:g}: {loss:.2f}" for lr, loss in row["tried"])
         print(
