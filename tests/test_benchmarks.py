@@ -21,7 +21,7 @@ def run_quick(name: str, *extra: str, saved_as: str | None = None) -> dict:
         [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--quick", *extra],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,  # against a hang: a loaded 2-core machine runs some for minutes
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -95,6 +95,7 @@ def fedoras_runs(data_cache, tmp_path_factory):
     base = tiny_fedoras(
         data_cache,
         **{"fedoras.rounds": 3, "fedoras.stop-after": "supernet", "checkpoint-every": 1},
+        **FEW_ROWS,  # a resume equals the run never stopped at any data size
     )
     root = tmp_path_factory.mktemp("fedoras")
 
@@ -152,6 +153,7 @@ def test_a_resumed_stage1_sends_only_the_rounds_left(data_cache, fedoras_runs, t
             "output-dir": str(tmp_path / "out"),
             "resume-from": str(stopped / "checkpoint.pt"),
         },
+        **FEW_ROWS,
     )
     grid = InProcessGrid(client_app, config, NUM_NODES)
     run_main(grid, config)
@@ -227,6 +229,7 @@ def test_a_resumed_dpfnas_search_equals_the_uninterrupted_one(data_cache, tmp_pa
             "checkpoint-every": 2,
             "space.layers-per-block": 1,  # one cell: the second-order gradient dominates
         },
+        **FEW_ROWS,
     )
     whole, stopped, resumed = dpfnas_runs(base, tmp_path, stop=3)
     assert result_of(stopped)["status"]["step"] == 2
@@ -253,6 +256,7 @@ def test_a_resumed_private_search_spends_the_same_epsilon(data_cache, tmp_path):
             "checkpoint-every": 1,
             "space.layers-per-block": 1,
         },
+        **FEW_ROWS,
     )
     whole, stopped, resumed = dpfnas_runs(base, tmp_path, stop=2)
     saved = load_checkpoint(stopped / "checkpoint.pt")["progress"]["steps"]
@@ -344,6 +348,7 @@ def test_a_resume_with_other_tiers_is_refused_before_training(data_cache, fedora
             "output-dir": str(tmp_path / "out"),
             "resume-from": str(stopped / "checkpoint.pt"),
         },
+        **FEW_ROWS,
     )
     grid = InProcessGrid(client_app, config, NUM_NODES)
     fragment = "resume-from.*other settings.*'fedoras.lr' = 0.1 there, 0.5 here"

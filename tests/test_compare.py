@@ -33,7 +33,8 @@ onnx = false
 
 [data]
 dataset = "mnist5k"
-partitioner = "iid"
+partitioner = "sampled"  # 64 rows per client (tests.runconfig.FEW_ROWS): FLOPs scale alike
+partition-size = 64
 global-test = true
 cache-dir = "{cache}"
 

@@ -505,7 +505,12 @@ class PlainProfiles:
 def _method_config(method: str, cache: Path) -> dict[str, Any]:
     """``method``'s reliability trial config, every client on 64 rows (``FEW_ROWS``)."""
     if method == "heterofl":
-        config = {**run_config_for("fedoras", cache), "method": "heterofl", "heterofl.rounds": 1}
+        config = {
+            **run_config_for("fedoras", cache),
+            "method": "heterofl",
+            "heterofl.rounds": 1,
+            "heterofl.lr-probe": False,  # server-side steps before round 1: nothing is sent
+        }
     elif method == "fednas":
         config = {**run_config_for(method, cache), "fednas.rounds": 1}
     else:

@@ -37,7 +37,7 @@ def test_simulation_engine_runs_dpfnas(simulation_runner, flwr_home, tmp_path, d
         num_supernodes=2,
         client_num_cpus=1,
         run_config=overrides,
-        timeout=300,
+        timeout=900,
         env={"FEDORASFLWR_CACHE": str(tmp_path / "node-cache")},
     )
     results = list(Path(out).glob("dpfnas-*/result.json"))

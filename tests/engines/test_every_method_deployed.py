@@ -6,7 +6,9 @@ node's warm executor) runs the eight methods one after another, each on a tiny s
 Each SuperNode's ClientApp logs what every message carried as it arrived and what its
 reply carried as it left (the timing log's mod runs outside the library's packing mod):
 every message with arrays travels as one packed array each way, and every run finishes
-with no reply rejected or failed.
+with no reply rejected or failed. FedorAS's run also shows its Stage-1 round aggregated with
+each of its messages packed both ways (this was ``test_packed_deployment.py``'s own
+deployment and run; the run here covers it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from fedorasflwr.client_app import TIMING_LOG_ENV
+from fedorasflwr.methods.fedoras.messages import FEDORAS_SUPERNET
 from fedorasflwr.protocol import QUERY_PROFILE
 from tests.engines.conftest import PROJECT_ROOT
 from tests.reliability.trials import run_config_for
@@ -42,6 +45,7 @@ def _config(method: str, cache: Path) -> dict[str, Any]:
             "method": method,
             f"{method}.rounds": 1,
             f"{method}.batch-size": 64,
+            f"{method}.lr-probe": False,  # server-side steps before round 1: nothing sent
         }
     else:
         config = run_config_for(method, cache)
@@ -67,7 +71,7 @@ def test_every_method_and_baseline_runs_deployed_with_packed_messages(
     seen = 0
     for method in ("fedoras", "fdnas", "cfdnas", "dpfnas", "decnas", "fednas", "heterofl", "fjord"):
         out = tmp_path / method
-        engine.run(PROJECT_ROOT, {**_config(method, data_cache), "output-dir": str(out)}, 900)
+        engine.run(PROJECT_ROOT, {**_config(method, data_cache), "output-dir": str(out)}, 1800)
         (result_file,) = out.glob(f"{method}-*/result.json")
         result = json.loads(result_file.read_text())
         assert result["status"]["finished"] is True, method
@@ -85,3 +89,11 @@ def test_every_method_and_baseline_runs_deployed_with_packed_messages(
         assert any(line["arrays-out"] == 1 for line in lines), method
         profiles = [line for line in lines if line["message-type"] == QUERY_PROFILE]
         assert len(profiles) >= NODES and all(line["arrays"] == 0 for line in profiles), method
+        if method == "fedoras":  # Stage 1's one round: every node trained, packed both ways
+            assert [h["round"] for h in result["history"]] == [0, 1]
+            assert result["history"][1]["clients"] == NODES
+            stage1 = result["ledger"]["supernet"]["totals"]
+            assert stage1["replies"] == NODES and stage1["rejected"] == stage1["failed"] == 0
+            supernet = [line for line in lines if line["message-type"] == FEDORAS_SUPERNET]
+            assert len(supernet) == NODES
+            assert all(line["arrays"] == 1 and line["arrays-out"] == 1 for line in supernet)

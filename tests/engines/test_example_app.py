@@ -94,7 +94,7 @@ def example_runs(module_simulation_runner, tmp_path_factory) -> dict[str, Exampl
             num_supernodes=4,
             run_config=run_config,
             client_num_cpus=1,
-            timeout=300,
+            timeout=900,
             env=ENV,
         )
         return ExampleRun(result, home, out, modules[name].run_config(**run_config))

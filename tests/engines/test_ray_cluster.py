@@ -88,7 +88,7 @@ def ray_head() -> Iterator[RayHead]:
     ]  # fmt: skip
     # A session of its own: every daemon `ray start` leaves shares its process group.
     starter = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=180, start_new_session=True
+        command, env=env, capture_output=True, text=True, timeout=600, start_new_session=True
     )
     output = starter.stdout[-2000:] + starter.stderr[-2000:]
     try:

@@ -19,6 +19,10 @@ from tests.runconfig import FEW_ROWS
 SMALLER = {
     "fedoras": {"fedoras.batch-size": 128},  # fewer, larger local steps
     "dpfnas": {"space.layers-per-block": 1},  # one darts cell
+    # the lr probe (48 server-side steps per rate tried, before round 1) sends nothing:
+    # a third of a baseline's trial, and tests/strategies/test_widths.py has its own tests
+    "heterofl": {"heterofl.lr-probe": False},
+    "fjord": {"fjord.lr-probe": False},
 }
 
 

@@ -38,15 +38,19 @@ from fedorasflwr.results import result_json
 from fedorasflwr.runs import build_supernet, describe_space
 from fedorasflwr.search_spaces import build_space
 from fedorasflwr.training import evaluate
-from tests.runconfig import tiny_fedoras
+from tests.runconfig import FEW_ROWS, tiny_fedoras
 
 NUM_NODES = 12
 
 
 @pytest.fixture(scope="module")
 def run_config(data_cache):
-    # batches of 64, not 32: half the local steps; no claim here is about the batch size
-    return tiny_fedoras(data_cache, **{"fedoras.batch-size": 64, "fedoras.finetune-batch-size": 64})
+    # batches of 64, not 32, and 64 rows per client (FEW_ROWS): a few local steps; no claim
+    # here is about the batch size, the data's size or the accuracy reached
+    return tiny_fedoras(
+        data_cache,
+        **{"fedoras.batch-size": 64, "fedoras.finetune-batch-size": 64, **FEW_ROWS},
+    )
 
 
 def make_strategy(config, **overrides):
@@ -313,13 +317,15 @@ def test_federated_scoring_weights_clients_by_examples_and_reports_kendall_tau(r
 
 
 def test_federated_score_is_correct_over_examples_summed_across_clients(run_config):
-    """Two clients answer with hand-made counts: accuracy = (3 + 9) / (10 + 20)."""
+    """Two clients answer with hand-made counts: accuracy = (1 + 3) / (2 + 4), not the
+    mean of their accuracies (0.625); each count within the node's declared validation
+    rows (6 of its 64: FEW_ROWS)."""
     config = {**run_config, "fedoras.search-scoring": "federated", "fedoras.rounds": 1}
     settings = parse_run_config(config)
     strategy = make_strategy(config, server_data=None)
     grid = InProcessGrid(client_app, config, NUM_NODES)
     strategy.setup(grid)
-    answers = iter([(10, 3), (20, 9)])
+    answers = iter([(2, 1), (4, 3)])
 
     def fixed(reply):
         n, c = next(answers)
@@ -332,7 +338,7 @@ def test_federated_score_is_correct_over_examples_summed_across_clients(run_conf
     )
     path = tuple(0 for _ in strategy.space.num_options())
     assert settings.method_settings.search_clients == 2
-    assert scorer([path]) == [pytest.approx(12 / 30)]
+    assert scorer([path]) == [pytest.approx(4 / 6)]
 
 
 def test_federated_replies_with_wrong_lengths_are_dropped(run_config, caplog):

@@ -79,7 +79,11 @@ def fednas(cache):
 
 
 def heterofl(cache):
-    config = tiny_fedoras(cache, **FEW_ROWS) | {"method": "heterofl", "heterofl.batch-size": 64}
+    config = tiny_fedoras(cache, **FEW_ROWS) | {
+        "method": "heterofl",
+        "heterofl.batch-size": 64,
+        "heterofl.lr-probe": False,  # server-side steps before round 1: no reply to screen
+    }
     settings = parse_run_config(config)
     return config, HeteroFL(image=image_spec(settings), settings=settings.method_settings, seed=0)
 
