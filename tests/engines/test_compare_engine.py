@@ -22,7 +22,8 @@ onnx = false
 
 [data]
 dataset = "mnist5k"
-partitioner = "iid"
+partitioner = "sampled"  # 64 rows per node (tests.runconfig.FEW_ROWS)
+partition-size = 64
 global-test = true
 cache-dir = "{cache}"
 
@@ -34,6 +35,7 @@ nodes = 3
 widths = "0.25,0.5,1.0"
 rounds = 1
 batch-size = 64
+lr-probe = false
 """
 
 

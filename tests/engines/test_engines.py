@@ -25,7 +25,7 @@ from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import FlowerRunError, find_pids
 from fedorasflwr.methods.fedoras.runner import build_fedoras
 from fedorasflwr.methods.fedoras.strategy import FedorAS
-from tests.runconfig import pyproject_run_config
+from tests.runconfig import FEW_ROWS, pyproject_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +44,7 @@ def tiny(output_dir: Path, data_cache: Path, **overrides) -> dict:
         "fedoras.finetune-rounds": 1,
         "fedoras.finetune-clients-per-round": 2,
         "fedoras.compare-rand-init": False,
+        **FEW_ROWS,  # 64 rows per node: the engine's sameness holds at any data size
     }
     config.update(overrides)
     return config

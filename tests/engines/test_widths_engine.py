@@ -18,7 +18,7 @@ from fedorasflwr.client_app import app as client_app
 from fedorasflwr.inprocess import InProcessGrid
 from fedorasflwr.launch import find_pids
 from fedorasflwr.server_app import main as server_main
-from tests.runconfig import pyproject_run_config
+from tests.runconfig import FEW_ROWS, pyproject_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,8 @@ def tiny(output_dir: Path, data_cache: Path, method: str) -> dict:
         "onnx": False,
         f"{method}.rounds": 1,
         f"{method}.batch-size": 64,
+        f"{method}.lr-probe": False,  # server-side steps before round 1 (test_widths.py)
+        **FEW_ROWS,  # 64 rows per node
     }
 
 
