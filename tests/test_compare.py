@@ -22,18 +22,18 @@ from tests.runconfig import ROOT
 
 NODES = 4
 
-#: sized so that FedNAS's two DARTS rounds (slow per FLOP: 2 channels) book about the
-#: reference's client training FLOPs and run once, while FjORD's one round books far less
-#: and runs again scaled (measured: HeteroFL 30.4, FjORD 12.2 then 24.2, FedNAS 27.4
-#: GFLOPs; the comparison took 111 s alone on the idle 2-core machine, where the fixture
-#: took 630 s beside two other test workers when HeteroFL's 238 GFLOPs made the FLOPs budget
-#: rerun FedNAS with 17 search and 17 final rounds)
+#: every client on 64 rows of its own (the sampled partitioner, as tests.runconfig.FEW_ROWS):
+#: FjORD's one round books half the reference's client training FLOPs and runs again scaled,
+#: and so does FedNAS's (measured 2026-12-02: HeteroFL 1.95, FjORD 0.98 then 1.95, FedNAS 1.12
+#: then 1.72 GFLOPs with 3 search and 2 final rounds; the comparison took 69 s alone on the
+#: 2-core machine). With each client's IID share (about 1,100 rows) it booked 30.4 / 12.2 /
+#: 27.4 GFLOPs, FedNAS ran once, and the fixture took 860 s of a CI worker's time
 TINY = """
 onnx = false
 
 [data]
 dataset = "mnist5k"
-partitioner = "sampled"  # 64 rows per client (tests.runconfig.FEW_ROWS): FLOPs scale alike
+partitioner = "sampled"  # 64 rows per client (see above)
 partition-size = 64
 global-test = true
 cache-dir = "{cache}"

@@ -39,8 +39,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT = 1800.0
 #: the README's default search: about 5 minutes alone on 2 cores, but it starts first and
 #: shares the cores with two more workers' engine runs (a limit against a hang, not a goal;
-#: on 2026-12-02's slower 2-core machine it took 814 s beside one other engine module, and
-#: CI's run beside two more workers ran past the 1800 s this limit was)
+#: on 2026-12-02's slower 2-core machine it took 814 s beside one other engine module, 868 s
+#: in CI's run beside two more workers; the 1800 s this limit was is the likeliest cause of
+#: the two errors among the first engine tests of an earlier CI run, whose names it never printed)
 README_TIMEOUT = 3600.0
 
 
