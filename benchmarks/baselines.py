@@ -75,6 +75,9 @@ def settings(quick: bool, stage1_epochs: int | None = None) -> dict[str, Any]:
     shared = {**fedoras_settings(quick), "fedoras.compare-rand-init": False}
     # The space's head decides FedorAS's figures (issue 40): a file's identity names it.
     shared["space.head"] = SpaceSettings().head
+    shared["space.reduction"] = SpaceSettings().reduction
+    # Stage 1 at lr as given, as every recorded case was (fedoras.lr-probe came later)
+    shared["fedoras.lr-probe"] = False
     if stage1_epochs is not None:
         steps = shared["fedoras.rounds"] * shared["fedoras.local-epochs"]
         if stage1_epochs < 1 or steps % stage1_epochs:
@@ -312,13 +315,18 @@ def _giga(values: list[float]) -> str:
 
 def merged(paths: list[Path], measured: dict[str, Any], clients: int) -> dict[tuple, dict]:
     """Finished cases of earlier result files, by (seed, alpha); other settings: an error."""
+    from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION
+
     done: dict[tuple, dict] = {}
     for path in paths:
         document = json.loads(path.read_text())
-        # A file from before the head option was measured with the paper's GAP head.
-        # One from before the lr probe trained the baselines at lr as given.
+        # A file from before the head option was measured with the paper's GAP head; one
+        # from before the reduction option with the paper's reduction. One from before the
+        # lr probes trained the baselines and FedorAS's Stage 1 at lr as given.
         saved = {
             "space.head": "gap",
+            "space.reduction": PAPER_REDUCTION,
+            "fedoras.lr-probe": False,
             **{f"{method}.lr-probe": False for method in BASELINES},
             **document.get("settings", {}),
         }

@@ -1,4 +1,5 @@
-"""The width baselines with and without the server's lr probe (issue 40 item 4), federated.
+"""The width baselines (and FedorAS's Stage 1) with and without the server's lr probe
+(issue 40 item 4), federated.
 
 ``benchmarks/lr_stability.py`` derives the probe's rule centrally; this checks what it does
 to a federated run. HeteroFL and FjORD run at ``configs/compare-quick.toml``'s settings (20
@@ -10,12 +11,17 @@ class), once with ``<method>.lr-probe = false`` (lr 0.05 as given) and once with
     python benchmarks/lr_probe.py                # 2 datasets x 2 methods x probe off / on
     python benchmarks/lr_probe.py --rounds 16    # every round key at 16
     python benchmarks/lr_probe.py --quick        # smoke: MNIST-5k, HeteroFL, 1 round
+    python benchmarks/lr_probe.py --methods fedoras --reduction maxpool-conv1x1
+                                                 # FedorAS (fedoras.lr-probe) with max pooling
+
+``--methods fedoras`` runs FedorAS at compare-quick's keys (Stage 1 configured at lr 0.1), its
+``fedoras.lr-probe`` off and on; ``--reduction`` sets its ``space.reduction``.
 
 The headline: per dataset and method, the mean global-test accuracy over the tiers with and
 without the probe (``<dataset>_<method>_probe_on`` / ``_off``), the rate the probe kept, and
 how many tiers end within 1.5x chance (the leaderboard's flag). One seed: the rows say what
 the probe does on one draw, not a mean. Writes ``benchmarks/results/lr_probe.json``
-(``.rounds-<n>.json``, ``.quick.json``).
+(``.rounds-<n>.json``, ``.quick.json``; other methods: ``lr_probe.<methods>[.<reduction>].json``).
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ sys.path.insert(0, str(ROOT))
 METHODS = ("heterofl", "fjord")
 
 
-def run_case(dataset: str, probe: bool, methods: tuple[str, ...], rounds: int) -> dict[str, Any]:
-    """One dataset, the probe on or off: every method's tiers on the global test set."""
+def run_case(
+    dataset: str, probe: bool, methods: tuple[str, ...], rounds: int, reduction: str = ""
+) -> dict[str, Any]:
+    """One dataset, the probe on or off: every method's tiers on the global test set.
+    ``reduction``: FedorAS's ``space.reduction`` ("": the file's)."""
     import torch
 
     from fedorasflwr.compare.cli import compare
@@ -53,7 +62,14 @@ def run_case(dataset: str, probe: bool, methods: tuple[str, ...], rounds: int) -
     spec = replace(
         base,
         shared={**base.shared, "data.dataset": dataset},
-        overrides={m: {**base.overrides.get(m, {}), f"{m}.lr-probe": probe} for m in methods},
+        overrides={
+            m: {
+                **base.overrides.get(m, {}),
+                f"{m}.lr-probe": probe,
+                **({"space.reduction": reduction} if reduction and m == "fedoras" else {}),
+            }
+            for m in methods
+        },
     )
     with tempfile.TemporaryDirectory() as out:
         board = compare(spec, Path(out), inprocess=True, echo=lambda line: None)
@@ -88,7 +104,7 @@ def run_case(dataset: str, probe: bool, methods: tuple[str, ...], rounds: int) -
     return {"rows": out_rows}
 
 
-def _job(args: tuple[str, bool, tuple[str, ...], int]) -> dict[str, Any]:
+def _job(args: tuple[str, bool, tuple[str, ...], int, str]) -> dict[str, Any]:
     return run_case(*args)
 
 
@@ -110,17 +126,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=0, help="every round key (0: presets')")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--methods", default=",".join(METHODS), help="heterofl, fjord, fedoras")
+    parser.add_argument("--reduction", default="", help="FedorAS's space.reduction")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    unknown = sorted(set(methods) - {*METHODS, "fedoras"})
+    if unknown or not methods:
+        raise SystemExit(f"--methods {args.methods!r}: allowed: heterofl, fjord, fedoras")
+    if args.reduction and "fedoras" not in methods:
+        raise SystemExit("--reduction sets FedorAS's space: add fedoras to --methods")
     if args.quick:
         datasets, methods, args.rounds = ["mnist5k"], ("heterofl",), 1
     else:
-        datasets, methods = ["mnist5k", shapes_folder(300)], METHODS
+        datasets = ["mnist5k", shapes_folder(300)]
     from lr_stability import _data
 
     for dataset in datasets:  # fill the data cache once, before the workers race for it
         _data(dataset)
-    jobs = [(d, probe, methods, args.rounds) for d in datasets for probe in (False, True)]
+    jobs = [
+        (d, probe, methods, args.rounds, args.reduction)
+        for d in datasets
+        for probe in (False, True)
+    ]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         rows = [row for case in pool.map(_job, jobs) for row in case["rows"]]
     print(f"{'dataset':<20} {'method':<9} {'probe':<5} {'lr':>9} mean  tiers")
@@ -131,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['mean']:.3f} {tiers}"
         )
     name = "lr_probe" + (f".rounds-{args.rounds}" if args.rounds and not args.quick else "")
-    summary = {"rounds": args.rounds or "presets'", **headline(rows)}
+    if methods != METHODS and not args.quick:
+        name += "." + "-".join(methods) + (f".{args.reduction}" if args.reduction else "")
+    summary = {
+        "rounds": args.rounds or "presets'",
+        **({"reduction": args.reduction} if args.reduction else {}),
+        **headline(rows),
+    }
     report(name, args.quick, summary, {"rows": rows})
     return 0
 

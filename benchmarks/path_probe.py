@@ -7,6 +7,9 @@ trains; with max pooling first (``space.reduction = "maxpool-conv1x1"``) its tie
 This asks `fedorasflwr.training.probe_lr`, the width baselines' rule, what it would keep for
 seeded random paths of each reduction: 48 SGD steps per rate from the path's init on the
 server's slice, the largest of lr and its halvings whose losses stay within 2 x ln(classes).
+A last row per dataset and reduction (``path`` "sampled") is what FedorAS's Stage-1 probe
+(``fedoras.lr-probe``, ``methods.fedoras.runner.probed_supernet_recipe``) keeps for the
+quick preset's supernet: a fresh random path per step, as Stage 1 trains it.
 
     python benchmarks/path_probe.py            # MNIST-5k and shapes, both reductions, 4 paths
     python benchmarks/path_probe.py --quick    # smoke: MNIST-5k, 1 path
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import tomllib
 from typing import Any
 
 from common import ROOT, dataset_label, report
@@ -79,6 +83,50 @@ def probe_paths(dataset: str, reduction: str, paths: int) -> list[dict[str, Any]
     return rows
 
 
+def preset(name: str) -> dict[str, Any]:
+    """``configs/<name>.toml`` as Flower flattens a run config (tables as dotted keys)."""
+    table = tomllib.loads((ROOT / "configs" / f"{name}.toml").read_text())
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def probe_supernet(dataset: str, reduction: str) -> dict[str, Any]:
+    """What FedorAS's Stage-1 probe keeps for the quick preset's supernet on ``dataset``
+    with ``reduction`` (the product's function, seed 0)."""
+    import torch
+    from common import run_config
+
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.data import load_server_data
+    from fedorasflwr.methods.fedoras.runner import probed_supernet_recipe
+    from fedorasflwr.runs import build_supernet
+
+    torch.set_num_threads(1)
+    overrides = {"data.dataset": dataset, "space.reduction": reduction, "seed": 0}
+    settings = parse_run_config(run_config({**preset("quick-fedoras"), **overrides}))
+    started = time.monotonic()
+    probed, probe = probed_supernet_recipe(settings, build_supernet(settings))
+    assert probe is not None and probed.method_settings.train.lr == probe.lr
+    return {
+        "dataset": dataset_label(dataset),
+        "reduction": reduction,
+        "path": "sampled",
+        "ops": [],
+        "macs": None,
+        "configured": probe.configured,
+        "kept": probe.lr,
+        "bound": probe.bound,
+        "tried": [[lr, loss] for lr, loss in probe.tried],
+        "server_slice": len(load_server_data(settings.data)),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     from fedorasflwr.search_spaces.cnn import REDUCTIONS
 
@@ -92,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         row
         for dataset in datasets
         for reduction in REDUCTIONS
-        for row in probe_paths(dataset, reduction, paths)
+        for row in [*probe_paths(dataset, reduction, paths), probe_supernet(dataset, reduction)]
     ]
     summary: dict[str, Any] = {"paths": paths, "configured_lr": RECIPE["lr"]}
     kept: dict[str, list[float]] = {}
     for row in rows:
+        if row["path"] == "sampled":
+            summary[f"{row['dataset']}_{row['reduction']}_stage1_kept"] = row["kept"]
+            continue
         kept.setdefault(f"{row['dataset']}_{row['reduction']}", []).append(row["kept"])
     for key, rates in kept.items():
         summary[f"{key}_kept_configured"] = sum(lr == RECIPE["lr"] for lr in rates)
@@ -105,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         losses = ", ".join(f"{lr:g}: {loss:.2f}" for lr, loss in row["tried"])
         print(
             f"{row['dataset']:<18} {row['reduction']:<16} path {row['path']}: kept "
-            f"{row['kept']:g} (bound {row['bound']:.2f}; {losses}) {'-'.join(row['ops'])}"
+            f"{row['kept']:g} (bound {row['bound']:.2f}; {losses}) "
+            f"{'-'.join(row['ops']) or 'a random path per step (Stage 1)'}"
         )
     report("path_probe", args.quick, summary, {"recipe": RECIPE, "rows": rows})
     return 0

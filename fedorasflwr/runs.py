@@ -152,12 +152,17 @@ def global_test(settings: RunSettings) -> GlobalTest | None:
 
 
 def probed_recipe(
-    settings: RunSettings, recipe: TrainingRecipe, net: nn.Module, stage: str
+    settings: RunSettings,
+    recipe: TrainingRecipe,
+    net: nn.Module,
+    stage: str,
+    grad_clip: float = 0.0,
 ) -> tuple[TrainingRecipe, LrProbe | None]:
     """``recipe`` with its ``lr`` lowered by `training.probe_lr` where the first SGD steps
     of ``net`` (the stage's initial model; left untouched) at it throw the loss far above
     an untrained net's on the server's slice, and what the probe found; ``recipe`` as it
     is and ``None`` where the server holds no slice (``data.server-fraction`` 0).
+    ``grad_clip``: the stage's max gradient norm (0: off), applied to the probe's steps.
 
     The probe runs on the server, on its own slice: no client data is read. Same seed,
     same choice; a resumed run probes again and finds the same rate."""
@@ -169,7 +174,7 @@ def probed_recipe(
     probe = probe_lr(
         lambda: copy.deepcopy(initial),
         server,
-        recipe.client_config(),
+        {**recipe.client_config(), "grad-clip": grad_clip},
         stream_words(settings.seed, "lr-probe", stage),
         num_classes=dataset_info(settings.data).num_classes,
     )

@@ -476,8 +476,9 @@ def probe_lr(
     Same net, data and ``words``, same choice (the batches are drawn from the stream
     ``words``, on the CPU or :func:`torch_device`).
 
-    ``config``: ``lr``, ``momentum``, ``weight-decay`` (as :func:`sgd`) and
-    ``batch-size``; ``dataset``: data the caller may train on (the server's slice).
+    ``config``: ``lr``, ``momentum``, ``weight-decay`` (as :func:`sgd`), ``batch-size`` and
+    optionally ``grad-clip`` (a max gradient norm, as :func:`clip_gradients`); ``dataset``:
+    data the caller may train on (the server's slice).
     """
     if steps < 1 or halvings < 0 or bound_factor <= 0 or num_classes < 2:
         raise ValueError(
@@ -490,6 +491,7 @@ def probe_lr(
     bound = bound_factor * float(np.log(num_classes))
     configured = float(config["lr"])
     criterion = nn.CrossEntropyLoss()
+    max_norm = float(config.get("grad-clip", 0.0))
     tried: list[tuple[float, float]] = []
     for k in range(halvings + 1):
         lr = configured / 2**k
@@ -501,6 +503,7 @@ def probe_lr(
                 optimizer.zero_grad(set_to_none=True)
                 loss = criterion(*flatten_logits(net(inputs.to(device)), targets.to(device)))
                 loss.backward()
+                clip_gradients(net.parameters(), max_norm)
                 optimizer.step()
                 value = float(loss.detach())
                 if done == 0 and value > bound:  # before any update: no rate can pass

@@ -41,3 +41,17 @@ def test_headline_keys_by_hand():
         "d_m_near_chance_on": 0,
         "d_m_lr": 0.0125,
     }
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--methods", "heterofl,decnas"], "allowed: heterofl, fjord, fedoras"),
+        (["--methods", ""], "allowed: heterofl, fjord, fedoras"),
+        (["--reduction", "maxpool-conv1x1"], "add fedoras to --methods"),
+    ],
+)
+def test_bad_methods_or_a_reduction_without_fedoras_are_refused_before_any_run(argv, named):
+    bench = load_benchmark("lr_probe")
+    with pytest.raises(SystemExit, match=named):
+        bench.main(argv)

@@ -141,6 +141,13 @@ def test_a_resumed_stage1_equals_the_uninterrupted_one(fedoras_runs):
     assert stage_totals(second, "supernet") == stage_totals(first, "supernet")
     # the resumed run profiled the nodes again: that traffic is counted, not hidden
     assert stage_totals(second, "profile")["messages"] == 2 * NUM_NODES
+    # Stage 1's lr probe (issue 40) ran on the server's slice before round 1, from the
+    # configured rate down; the resumed run probed the same initial supernet and kept the same
+    probe = first["lr_probe"]
+    assert second["lr_probe"] == probe
+    assert probe["configured"] == probe["tried"][0]["lr"] == 0.1 and probe["steps"] == 48
+    assert probe["lr"] == probe["tried"][-1]["lr"]
+    assert probe["tried"][-1]["max_loss"] <= probe["bound"] or probe["lr"] == 0.1 / 32
 
 
 def test_a_resumed_stage1_sends_only_the_rounds_left(data_cache, fedoras_runs, tmp_path):

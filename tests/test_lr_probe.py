@@ -168,3 +168,19 @@ def test_a_net_already_above_the_bound_is_not_probed():
     assert probe.lr == probe.configured == 1.0 and probe.steps == 0
     ((lr, first),) = probe.tried
     assert lr == 1.0 and first == pytest.approx(20.0, rel=1e-3) and first > probe.bound
+
+
+def test_the_probe_clips_its_steps_as_the_stage_does():
+    """``grad-clip`` c: w's first gradient is ``push`` (40), clipped to c = 1, so the first
+    step moves w to -lr (not -40 lr) and the second loss is (softplus(-1) + softplus(1)) / 2
+    = 0.813 at lr 1, under the bound 2 ln 2: lr 1 is kept, where unclipped it is halved."""
+    data = TensorDataset(torch.ones(2, 1), torch.tensor([0, 1]))
+    make = lambda: _Overshoot(40.0)  # noqa: E731
+    config = {**_config(1.0, 2), "grad-clip": 1.0}
+    clipped = probe_lr(make, data, config, WORDS, num_classes=2, steps=2)
+    ((lr, highest),) = clipped.tried
+    by_hand = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(1.0))) / 2
+    assert lr == clipped.lr == 1.0 and highest == pytest.approx(by_hand, rel=1e-5)
+    config = {**config, "grad-clip": 0.0}
+    unclipped = probe_lr(make, data, config, WORDS, num_classes=2, steps=2)
+    assert unclipped.lr < 1.0

@@ -41,6 +41,7 @@ __all__ = [
     "Cost",
     "LayerChoice",
     "MixedOp",
+    "SampledPaths",
     "SearchSpace",
     "Subnet",
     "Subspace",
@@ -507,6 +508,22 @@ class SearchSpace(nn.Module):
                 f"0..{len(choice.options) - 1} ({valid})"
             )
         return index
+
+
+class SampledPaths(nn.Module):
+    """The supernet as Stage 1 trains it, as one net: each forward runs a fresh path drawn
+    uniformly from the whole space (``SearchSpace.sample_path`` without a budget) by
+    ``rng``. A copy (``copy.deepcopy``, which copies ``rng``'s state) replays the same paths, so
+    `training.probe_lr` tries every rate on the same sequence of paths (issue 40: Stage 1's
+    lr probe, ``methods.fedoras.runner.probed_supernet_recipe``)."""
+
+    def __init__(self, space: SearchSpace, rng: np.random.Generator) -> None:
+        super().__init__()
+        self.space = space
+        self.rng = rng
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.space(x, self.space.sample_path(self.rng))
 
 
 def positive_int(name: str, value: Any) -> int:

@@ -25,12 +25,15 @@ from ...runs import (
     chance_accuracy,
     describe_space,
     latency_document,
+    probed_recipe,
     resume_checkpoint,
     start,
     strategy_options,
 )
-from ...search_spaces import SearchSpace
+from ...search_spaces import SampledPaths, SearchSpace
 from ...search_spaces.cnn import as_written
+from ...seeding import numpy_generator, stream_words
+from ...training import LrProbe
 from .finetune import SUPERNET_INIT
 from .plots import plot_finetune, plot_tiers
 from .strategy import FedorAS, FedorASResult
@@ -40,6 +43,7 @@ __all__ = [
     "fedoras_plan",
     "fedoras_plots",
     "latency_entries",
+    "probed_supernet_recipe",
     "resume_supernet",
     "run_fedoras",
 ]
@@ -56,6 +60,7 @@ def run_fedoras(
     """FedorAS, all three stages (or from a checkpoint, run config ``resume-from``);
     returns the result document and writes checkpoints and plots to ``out_dir``."""
     space = build_supernet(settings)
+    settings, probe = probed_supernet_recipe(settings, space)
     # Stage 1 is counted in rounds; the search and fine-tuning in tiers and models
     stages = {"supernet": settings.method_settings.train.rounds, "search": None, "finetune": None}
     resume = resume_checkpoint(settings, space, stages)
@@ -94,9 +99,28 @@ def run_fedoras(
         "kendall-tau": {str(t + 1): tau for t, tau in result.kendall_tau.items()},
         "models": [m.summary() for m in result.models],
         "ledger": result.ledger,
+        **({} if probe is None else {"lr-probe": probe.summary()}),
         **latency_entries(strategy, result),
         **run.document(),
     }
+
+
+def probed_supernet_recipe(
+    settings: RunSettings, space: SearchSpace
+) -> tuple[RunSettings, LrProbe | None]:
+    """``settings`` with Stage 1's ``lr`` lowered by the server's lr probe
+    (``runs.probed_recipe``) where ``fedoras.lr-probe`` is on, and what the probe found
+    (``None``: off, or no server slice). The probe steps the initial supernet ``space``
+    (left untouched) on a fresh uniformly drawn path per step (``search_spaces.SampledPaths``,
+    stream ``lr-probe-paths``), as a Stage-1 client steps a path per batch, with Stage 1's
+    batch, momentum, weight decay and gradient clipping. Call it before any training: a
+    resumed run probes the same initial net again and finds the same rate."""
+    method = settings.method_settings
+    if not method.lr_probe:
+        return settings, None
+    net = SampledPaths(space, numpy_generator(stream_words(settings.seed, "lr-probe-paths")))
+    train, probe = probed_recipe(settings, method.train, net, "supernet", method.grad_clip)
+    return replace(settings, method_settings=replace(method, train=train)), probe
 
 
 def tier_entries(result: FedorASResult) -> list[dict[str, Any]]:

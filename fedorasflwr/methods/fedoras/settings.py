@@ -138,6 +138,11 @@ class FedorASSettings(MethodSettings):
     Shakespeare (the RNN recipe): gradients clipped at norm 5 and a step lr for
     fine-tuning (10x down at 50% and 75% of the rounds, Table 10).
     The defaults here are sized for a 2-core CPU.
+
+    ``lr_probe`` (run config ``fedoras.lr-probe``, default true): before Stage 1 the server
+    halves Stage 1's ``lr`` until the supernet's first SGD steps on its slice, each on a
+    fresh random path, stay bounded (``runs.probed_recipe``, the width baselines' rule;
+    issue 40). The fine-tuning's ``finetune-lr`` is used as given.
     """
 
     TABLE: ClassVar[str] = "fedoras."
@@ -157,6 +162,7 @@ class FedorASSettings(MethodSettings):
     train: TrainingRecipe = TrainingRecipe(
         rounds=8, clients_per_round=10, local_epochs=2, batch_size=32, lr=0.1
     )
+    lr_probe: bool = True
     comm_budget: float = 0.5
     eval_every: int = 1
     eval_paths: int = 8
@@ -222,6 +228,7 @@ class FedorASSettings(MethodSettings):
             tier_aware=t.get("tier-aware", cls.tier_aware, bool),
             resource=t.one_of("resource", cls.resource, ("flops", "latency")),
             train=train,
+            lr_probe=t.flag("lr-probe", cls.lr_probe),
             comm_budget=t.get(
                 "comm-budget",
                 cls.comm_budget,
