@@ -19,9 +19,11 @@ class), once with ``<method>.lr-probe = false`` (lr 0.05 as given) and once with
 
 The headline: per dataset and method, the mean global-test accuracy over the tiers with and
 without the probe (``<dataset>_<method>_probe_on`` / ``_off``), the rate the probe kept, and
-how many tiers end within 1.5x chance (the leaderboard's flag). One seed: the rows say what
-the probe does on one draw, not a mean. Writes ``benchmarks/results/lr_probe.json``
-(``.rounds-<n>.json``, ``.quick.json``; other methods: ``lr_probe.<methods>[.<reduction>].json``).
+how many tiers end within 1.5x chance (the leaderboard's flag), over ``--seeds`` (default 0
+alone: then the rows say what the probe does on one draw, not a mean). Writes
+``benchmarks/results/lr_probe.json`` (``.rounds-<n>.json``, ``.quick.json``; other methods:
+``lr_probe.<methods>[.<reduction>].json``; then ``.<datasets>`` unless both, and
+``.seeds-<s>-...`` unless seed 0 alone).
 """
 
 from __future__ import annotations
@@ -45,10 +47,15 @@ METHODS = ("heterofl", "fjord")
 
 
 def run_case(
-    dataset: str, probe: bool, methods: tuple[str, ...], rounds: int, reduction: str = ""
+    dataset: str,
+    probe: bool,
+    methods: tuple[str, ...],
+    rounds: int,
+    reduction: str = "",
+    seed: int = 0,
 ) -> dict[str, Any]:
     """One dataset, the probe on or off: every method's tiers on the global test set.
-    ``reduction``: FedorAS's ``space.reduction`` ("": the file's)."""
+    ``reduction``: FedorAS's ``space.reduction`` ("": the file's); ``seed``: the run's."""
     import torch
 
     from fedorasflwr.compare.cli import compare
@@ -61,7 +68,7 @@ def run_case(
     base = read_spec(ROOT / "configs/compare-quick.toml", flags)
     spec = replace(
         base,
-        shared={**base.shared, "data.dataset": dataset},
+        shared={**base.shared, "data.dataset": dataset, "seed": seed},
         overrides={
             m: {
                 **base.overrides.get(m, {}),
@@ -92,6 +99,7 @@ def run_case(
             {
                 "dataset": name,
                 "method": method,
+                "seed": seed,
                 "probe": probe,
                 "lr": probes[method]["lr"] if probes[method] else configured,
                 "tried": probes[method]["tried"] if probes[method] else [],
@@ -104,21 +112,24 @@ def run_case(
     return {"rows": out_rows}
 
 
-def _job(args: tuple[str, bool, tuple[str, ...], int, str]) -> dict[str, Any]:
+def _job(args: tuple[str, bool, tuple[str, ...], int, str, int]) -> dict[str, Any]:
     return run_case(*args)
 
 
 def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``<dataset>_<method>_probe_on`` / ``_off`` (mean tier accuracy), ``..._lr`` (the rate
-    the probe kept) and ``..._near_chance_on`` / ``_off`` (tiers within 1.5x chance)."""
-    out: dict[str, Any] = {}
+    """``<dataset>_<method>_probe_on`` / ``_off`` (mean tier accuracy, over the seeds),
+    ``..._lr`` (the smallest rate the probe kept) and ``..._near_chance_on`` / ``_off``
+    (tiers within 1.5x chance, summed over the seeds)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
-        key = f"{row['dataset']}_{row['method']}"
         side = "on" if row["probe"] else "off"
-        out[f"{key}_probe_{side}"] = round(row["mean"], 4)
-        out[f"{key}_near_chance_{side}"] = row["near_chance"]
-        if row["probe"]:
-            out[f"{key}_lr"] = row["lr"]
+        groups.setdefault((f"{row['dataset']}_{row['method']}", side), []).append(row)
+    out: dict[str, Any] = {}
+    for (key, side), group in groups.items():
+        out[f"{key}_probe_{side}"] = round(statistics.fmean(r["mean"] for r in group), 4)
+        out[f"{key}_near_chance_{side}"] = sum(r["near_chance"] for r in group)
+        if side == "on":
+            out[f"{key}_lr"] = min(r["lr"] for r in group)
     return out
 
 
@@ -128,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--methods", default=",".join(METHODS), help="heterofl, fjord, fedoras")
     parser.add_argument("--reduction", default="", help="FedorAS's space.reduction")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--datasets", nargs="+", choices=("mnist5k", "shapes"), default=["mnist5k", "shapes"]
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -137,32 +152,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.reduction and "fedoras" not in methods:
         raise SystemExit("--reduction sets FedorAS's space: add fedoras to --methods")
     if args.quick:
-        datasets, methods, args.rounds = ["mnist5k"], ("heterofl",), 1
+        datasets, methods, args.rounds, args.seeds = ["mnist5k"], ("heterofl",), 1, [0]
     else:
-        datasets = ["mnist5k", shapes_folder(300)]
+        datasets = [shapes_folder(300) if d == "shapes" else d for d in args.datasets]
     from lr_stability import _data
 
     for dataset in datasets:  # fill the data cache once, before the workers race for it
         _data(dataset)
     jobs = [
-        (d, probe, methods, args.rounds, args.reduction)
+        (d, probe, methods, args.rounds, args.reduction, seed)
+        for seed in args.seeds
         for d in datasets
         for probe in (False, True)
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         rows = [row for case in pool.map(_job, jobs) for row in case["rows"]]
-    print(f"{'dataset':<20} {'method':<9} {'probe':<5} {'lr':>9} mean  tiers")
+    print(f"{'dataset':<20} {'method':<9} seed {'probe':<5} {'lr':>9} mean  tiers")
     for row in rows:
         tiers = " ".join(f"{a:.3f}" for a in row["tiers"].values())
         print(
-            f"{row['dataset']:<20} {row['method']:<9} {str(row['probe']):<5} {row['lr']:>9.6f} "
-            f"{row['mean']:.3f} {tiers}"
+            f"{row['dataset']:<20} {row['method']:<9} {row['seed']:>4} {str(row['probe']):<5} "
+            f"{row['lr']:>9.6f} {row['mean']:.3f} {tiers}"
         )
     name = "lr_probe" + (f".rounds-{args.rounds}" if args.rounds and not args.quick else "")
     if methods != METHODS and not args.quick:
         name += "." + "-".join(methods) + (f".{args.reduction}" if args.reduction else "")
+    if not args.quick and args.datasets != ["mnist5k", "shapes"]:
+        name += "." + "-".join(args.datasets)
+    if args.seeds != [0]:
+        name += ".seeds-" + "-".join(str(seed) for seed in args.seeds)
     summary = {
         "rounds": args.rounds or "presets'",
+        "seeds": " ".join(str(seed) for seed in args.seeds),
         **({"reduction": args.reduction} if args.reduction else {}),
         **headline(rows),
     }

@@ -55,3 +55,23 @@ def test_bad_methods_or_a_reduction_without_fedoras_are_refused_before_any_run(a
     bench = load_benchmark("lr_probe")
     with pytest.raises(SystemExit, match=named):
         bench.main(argv)
+
+
+def test_headline_over_seeds_by_hand():
+    """Two seeds: the mean of the seeds' tier means, the near-chance tiers summed, the
+    smallest rate the probe kept."""
+    bench = load_benchmark("lr_probe")
+    row = {"dataset": "d", "method": "m"}
+    rows = [
+        {**row, "seed": 0, "probe": False, "lr": 0.1, "mean": 0.2, "near_chance": 4},
+        {**row, "seed": 0, "probe": True, "lr": 0.0125, "mean": 0.4, "near_chance": 0},
+        {**row, "seed": 1, "probe": False, "lr": 0.1, "mean": 0.1, "near_chance": 3},
+        {**row, "seed": 1, "probe": True, "lr": 0.025, "mean": 0.3, "near_chance": 1},
+    ]
+    assert bench.headline(rows) == {
+        "d_m_probe_off": 0.15,
+        "d_m_near_chance_off": 7,
+        "d_m_probe_on": 0.35,
+        "d_m_near_chance_on": 1,
+        "d_m_lr": 0.0125,
+    }
