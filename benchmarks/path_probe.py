@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import tomllib
 from typing import Any
 
 from common import ROOT, dataset_label, report
@@ -83,18 +82,6 @@ def probe_paths(dataset: str, reduction: str, paths: int) -> list[dict[str, Any]
     return rows
 
 
-def preset(name: str) -> dict[str, Any]:
-    """``configs/<name>.toml`` as Flower flattens a run config (tables as dotted keys)."""
-    table = tomllib.loads((ROOT / "configs" / f"{name}.toml").read_text())
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            flat.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            flat[key] = value
-    return flat
-
-
 def probe_supernet(dataset: str, reduction: str) -> dict[str, Any]:
     """What FedorAS's Stage-1 probe keeps for the quick preset's supernet on ``dataset``
     with ``reduction`` (the product's function, seed 0)."""
@@ -103,12 +90,14 @@ def probe_supernet(dataset: str, reduction: str) -> dict[str, Any]:
 
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.data import load_server_data
+    from fedorasflwr.launch.cli import read_run_config
     from fedorasflwr.methods.fedoras.runner import probed_supernet_recipe
     from fedorasflwr.runs import build_supernet
 
     torch.set_num_threads(1)
     overrides = {"data.dataset": dataset, "space.reduction": reduction, "seed": 0}
-    settings = parse_run_config(run_config({**preset("quick-fedoras"), **overrides}))
+    preset = read_run_config([str(ROOT / "configs" / "quick-fedoras.toml")])
+    settings = parse_run_config(run_config({**preset, **overrides}))
     started = time.monotonic()
     probed, probe = probed_supernet_recipe(settings, build_supernet(settings))
     assert probe is not None and probed.method_settings.train.lr == probe.lr
