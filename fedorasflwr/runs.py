@@ -157,16 +157,18 @@ def probed_recipe(
     net: nn.Module,
     stage: str,
     grad_clip: float = 0.0,
+    server: TensorDataset | None = None,
 ) -> tuple[TrainingRecipe, LrProbe | None]:
     """``recipe`` with its ``lr`` lowered by `training.probe_lr` where the first SGD steps
     of ``net`` (the stage's initial model; left untouched) at it throw the loss far above
     an untrained net's on the server's slice, and what the probe found; ``recipe`` as it
     is and ``None`` where the server holds no slice (``data.server-fraction`` 0).
-    ``grad_clip``: the stage's max gradient norm (0: off), applied to the probe's steps.
+    ``grad_clip``: the stage's max gradient norm (0: off), applied to the probe's steps;
+    ``server``: the server's slice where the caller has loaded it (default: loaded here).
 
     The probe runs on the server, on its own slice: no client data is read. Same seed,
     same choice; a resumed run probes again and finds the same rate."""
-    server = load_server_data(settings.data)
+    server = load_server_data(settings.data) if server is None else server
     if len(server) == 0:
         log(INFO, "[%s] lr %g unprobed: no server slice (data.server-fraction 0)", stage, recipe.lr)
         return recipe, None

@@ -80,3 +80,19 @@ def test_the_probe_off_binds_a_checkpoint_as_before_the_key_existed():
     on = parse_run_config(pyproject_run_config())
     assert "fedoras.lr-probe" not in bound_settings("fedoras", off.values)
     assert bound_settings("fedoras", on.values)["fedoras.lr-probe"] is True
+
+
+def test_a_server_slice_the_caller_loaded_is_the_one_probed(data_cache):
+    """``run_fedoras`` loads the server's slice once and hands it to the probe: the same
+    choice as the probe's own load, and a different slice is what it steps on."""
+    from fedorasflwr.data import load_server_data
+
+    settings = parse_run_config(tiny_fedoras(data_cache, **{"fedoras.lr": 3.2}))
+    space = build_supernet(settings)
+    server = load_server_data(settings.data)
+    assert probed_supernet_recipe(settings, space, server) == probed_supernet_recipe(
+        settings, space
+    )
+    half = torch.utils.data.TensorDataset(*(t[: len(server) // 2] for t in server.tensors))
+    other = probed_supernet_recipe(settings, space, half)[1]
+    assert other is not None and other.tried != probed_supernet_recipe(settings, space)[1].tried

@@ -60,13 +60,13 @@ def run_fedoras(
     """FedorAS, all three stages (or from a checkpoint, run config ``resume-from``);
     returns the result document and writes checkpoints and plots to ``out_dir``."""
     space = build_supernet(settings)
-    settings, probe = probed_supernet_recipe(settings, space)
+    # Stage 1 is validated on the server's slice by the strategy's default evaluate_fn
+    server_data = load_server_data(settings.data)
+    settings, probe = probed_supernet_recipe(settings, space, server_data)
     # Stage 1 is counted in rounds; the search and fine-tuning in tiers and models
     stages = {"supernet": settings.method_settings.train.rounds, "search": None, "finetune": None}
     resume = resume_checkpoint(settings, space, stages)
     trained = resume is not None and not resume.within("supernet")
-    # Stage 1 is validated on the server's slice by the strategy's default evaluate_fn
-    server_data = load_server_data(settings.data)
     strategy = build_fedoras(settings, space=space, server_data=server_data, resume=resume)
     run = RunFiles(out_dir, settings, space.spec, progress)
     initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.train.rounds
@@ -106,20 +106,23 @@ def run_fedoras(
 
 
 def probed_supernet_recipe(
-    settings: RunSettings, space: SearchSpace
+    settings: RunSettings, space: SearchSpace, server_data: TensorDataset | None = None
 ) -> tuple[RunSettings, LrProbe | None]:
     """``settings`` with Stage 1's ``lr`` lowered by the server's lr probe
     (``runs.probed_recipe``) where ``fedoras.lr-probe`` is on, and what the probe found
     (``None``: off, or no server slice). The probe steps the initial supernet ``space``
     (left untouched) on a fresh uniformly drawn path per step (``search_spaces.SampledPaths``,
     stream ``lr-probe-paths``), as a Stage-1 client steps a path per batch, with Stage 1's
-    batch, momentum, weight decay and gradient clipping. Call it before any training: a
-    resumed run probes the same initial net again and finds the same rate."""
+    batch, momentum, weight decay and gradient clipping, on ``server_data`` (the server's
+    slice; default: loaded here). Call it before any training: a resumed run probes the
+    same initial net again and finds the same rate."""
     method = settings.method_settings
     if not method.lr_probe:
         return settings, None
     net = SampledPaths(space, numpy_generator(stream_words(settings.seed, "lr-probe-paths")))
-    train, probe = probed_recipe(settings, method.train, net, "supernet", method.grad_clip)
+    train, probe = probed_recipe(
+        settings, method.train, net, "supernet", method.grad_clip, server_data
+    )
     return replace(settings, method_settings=replace(method, train=train)), probe
 
 
