@@ -98,8 +98,9 @@ def probe_supernet(dataset: str, reduction: str) -> dict[str, Any]:
     overrides = {"data.dataset": dataset, "space.reduction": reduction, "seed": 0}
     preset = read_run_config([str(ROOT / "configs" / "quick-fedoras.toml")])
     settings = parse_run_config(run_config({**preset, **overrides}))
+    server = load_server_data(settings.data)
     started = time.monotonic()
-    probed, probe = probed_supernet_recipe(settings, build_supernet(settings))
+    probed, probe = probed_supernet_recipe(settings, build_supernet(settings), server)
     assert probe is not None and probed.method_settings.train.lr == probe.lr
     return {
         "dataset": dataset_label(dataset),
@@ -111,7 +112,7 @@ def probe_supernet(dataset: str, reduction: str) -> dict[str, Any]:
         "kept": probe.lr,
         "bound": probe.bound,
         "tried": [[lr, loss] for lr, loss in probe.tried],
-        "server_slice": len(load_server_data(settings.data)),
+        "server_slice": len(server),
         "seconds": round(time.monotonic() - started, 1),
     }
 
