@@ -16,8 +16,10 @@ recurrent cells' time loop is unrolled); only the batch dimension is dynamic.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,7 +115,48 @@ def example_inputs(spec: DataSpec, count: int = SAMPLES) -> tuple[Tensor, str]:
     return torch.randn(shape, generator=generator), "synthetic"
 
 
+#: per process, the exporter's table of torchlib ops for each opset (see `_registry_once`)
+_REGISTRIES: dict[int, Any] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _registry_once() -> Iterator[None]:
+    """``torch.onnx.export`` builds its registry of torchlib ops afresh on every call: 1.5
+    to 3.5 CPU-s of each export of a small net, and a run exports a model per tier. With no
+    custom translation table (this module passes none) nothing changes the registry during
+    an export, so within this block the one built for an opset is handed out again; the
+    files are byte for byte those of a fresh registry (tests/test_export.py). Where torch
+    moved that internal, exports build it as before."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+
+        registry_class = _registration.ONNXRegistry
+        own = registry_class.__dict__["from_torchlib"]  # the classmethod itself
+        build = registry_class.from_torchlib
+    except (ImportError, AttributeError, KeyError):
+        yield
+        return
+
+    def cached(opset_version: int = OPSET) -> Any:
+        if opset_version not in _REGISTRIES:
+            _REGISTRIES[opset_version] = build(opset_version=opset_version)
+        return _REGISTRIES[opset_version]
+
+    with _REGISTRY_LOCK:
+        registry_class.from_torchlib = staticmethod(cached)
+        try:
+            yield
+        finally:
+            registry_class.from_torchlib = own
+
+
 def _export(model: nn.Module, path: Path, inputs: Tensor) -> None:
+    with _registry_once():
+        _export_uncached(model, path, inputs)
+
+
+def _export_uncached(model: nn.Module, path: Path, inputs: Tensor) -> None:
     batch = torch.export.Dim("batch", min=1)
     torch.onnx.export(
         model,

@@ -261,19 +261,46 @@ def recalibrate_batchnorm(
     BNs on the path see data; the others keep their reset values (reload the weights
     before training again).
     """
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    norms = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
     sums: dict[nn.Module, list[Tensor | int]] = {}
 
-    def pool(module: nn.Module, args: tuple[Tensor, ...]) -> None:
-        x = args[0].detach().double().transpose(0, 1).reshape(args[0].shape[1], -1)
+    def add(module: nn.Module, count: int, mean: Tensor, biased_var: Tensor) -> None:
+        # per batch: count * mean and count * (var + mean^2), summed in float64
+        mean = mean.detach().double()
         total = sums.setdefault(module, [0.0, 0.0, 0])
-        total[0] = total[0] + x.sum(dim=1)
-        total[1] = total[1] + (x * x).sum(dim=1)
-        total[2] += x.shape[1]
+        total[0] = total[0] + mean * count
+        total[1] = total[1] + (biased_var.detach().double() + mean * mean) * count
+        total[2] += count
 
+    def batch_figures(module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> None:
+        # a stock BatchNorm at momentum 1 leaves in its running buffers exactly its batch's
+        # mean and unbiased variance, which its forward computed anyway: no second pass
+        count = args[0].numel() // args[0].shape[1]
+        unbiased = module.running_var
+        add(module, count, module.running_mean, unbiased * ((count - 1) / count))
+
+    def batch_pass(module: nn.Module, args: tuple[Tensor, ...]) -> None:
+        # a BatchNorm with its own forward: the batch's figures from its input
+        x = args[0].detach().reshape(args[0].shape[0], args[0].shape[1], -1)
+        count = x.shape[0] * x.shape[2]
+        mean = x.sum(dim=(0, 2), dtype=torch.float64) / count
+        squares = (x * x).sum(dim=(0, 2), dtype=torch.float64) / count
+        add(module, count, mean, squares - mean * mean)
+
+    stock = nn.modules.batchnorm._BatchNorm.forward
+    momenta = {m: m.momentum for m in norms}
+    hooks = []
     for m in norms:
         m.reset_running_stats()
-    hooks = [m.register_forward_pre_hook(pool) for m in norms]
+        if type(m).forward is stock:
+            m.momentum = 1.0
+            hooks.append(m.register_forward_hook(batch_figures))
+        else:
+            hooks.append(m.register_forward_pre_hook(batch_pass))
     model.train()
     try:
         for inputs in batches:
@@ -281,6 +308,8 @@ def recalibrate_batchnorm(
     finally:
         for hook in hooks:
             hook.remove()
+        for m, momentum in momenta.items():
+            m.momentum = momentum
         model.eval()
     for m, (total, squares, count) in sums.items():
         mean = total / count

@@ -30,8 +30,8 @@ def pyproject_run_config() -> dict[str, Any]:
 
 
 def tiny_fedoras(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
-    """MNIST-5k, a quarter-width cnn_s: Stage 1 with 2 rounds of 6 clients, a search of
-    8 paths per tier, 1 fine-tuning round of 3 clients, no rand-init comparison."""
+    """MNIST-5k, a quarter-width cnn_s: Stage 1 with 2 rounds of 6 clients (no lr probe), a
+    search of 8 paths per tier, 1 fine-tuning round of 3 clients, no rand-init comparison."""
     config = pyproject_run_config()
     config.update(
         {
@@ -51,6 +51,10 @@ def tiny_fedoras(cache_dir: Path | str, **overrides: Any) -> dict[str, Any]:
             "fedoras.finetune-rounds": 1,
             "fedoras.finetune-clients-per-round": 3,
             "fedoras.compare-rand-init": False,
+            # Stage 1's lr probe (48 server-side steps per rate, before round 1) has its own
+            # tests (test_fedoras_lr_probe.py, test_checkpoints.py's resume); the README run
+            # and the presets run it by default
+            "fedoras.lr-probe": False,
         }
     )
     config.update(overrides)

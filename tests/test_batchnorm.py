@@ -276,6 +276,26 @@ def test_recalibrated_statistics_are_pooled_over_batches_of_any_size():
     assert not bn.training
 
 
+class _OwnForward(nn.BatchNorm2d):
+    """A BatchNorm whose forward is its own: its figures come from its input, not from the
+    running buffers a stock BatchNorm at momentum 1 leaves."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2.0
+
+
+@pytest.mark.parametrize("norm", [nn.BatchNorm2d, _OwnForward])
+def test_recalibration_pools_any_batchnorm_and_restores_its_momentum(norm):
+    torch.manual_seed(1)
+    bn = norm(3, momentum=None)  # cumulative averaging: left as it was after the pass
+    x = torch.randn(70, 3, 5, 5) * torch.tensor([1.0, 3.0, 0.5]).view(1, 3, 1, 1) + 4.0
+    recalibrate_batchnorm(bn, bn, list(x.split(32)), CPU)  # batches of 32, 32 and 6
+    pooled = x.double().transpose(0, 1).reshape(3, -1)
+    torch.testing.assert_close(bn.running_mean, pooled.mean(dim=1).float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(bn.running_var, pooled.var(dim=1).float(), rtol=1e-5, atol=1e-6)
+    assert bn.momentum is None and not bn._forward_hooks and not bn._forward_pre_hooks
+
+
 def test_the_global_test_set_scores_with_statistics_of_the_server_slice():
     from fedorasflwr.runs import GlobalTest
 

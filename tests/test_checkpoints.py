@@ -94,7 +94,12 @@ def fedoras_runs(data_cache, tmp_path_factory):
     every round); and that one resumed from its checkpoint."""
     base = tiny_fedoras(
         data_cache,
-        **{"fedoras.rounds": 3, "fedoras.stop-after": "supernet", "checkpoint-every": 1},
+        **{
+            "fedoras.rounds": 3,
+            "fedoras.stop-after": "supernet",
+            "checkpoint-every": 1,
+            "fedoras.lr-probe": True,  # a resumed run keeps the rate the probe chose
+        },
         **FEW_ROWS,  # a resume equals the run never stopped at any data size
     )
     root = tmp_path_factory.mktemp("fedoras")

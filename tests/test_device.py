@@ -401,7 +401,9 @@ def darts():
 )
 def test_dpfnas_private_exchanges_put_batches_and_noise_on_the_device(darts, secure, order):
     config = {
-        "sample-rate": 0.5,
+        # Poisson sampling: at 0.5 the OS-drawn batch of 8 was empty 1 time in 256 (nothing
+        # computed, the guard failed in CI); at 0.99 that is 1e-16
+        "sample-rate": 0.99,
         "clip": 0.5,
         "noise-multiplier": 1.0,
         "order": order,

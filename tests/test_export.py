@@ -139,6 +139,38 @@ def test_final_model_exports_and_matches_in_onnxruntime(kind, tmp_path):
     assert np.abs(logits - expected).max() < TOLERANCE
 
 
+def test_the_exporters_op_table_is_built_once_and_the_files_are_the_same(tmp_path, monkeypatch):
+    """``export._registry_once``: the second export reuses the first's table of torchlib ops
+    (a call to build it counted), the files equal an export with a table of its own byte
+    for byte, and the exporter's class is left as it was."""
+    from torch.onnx._internal.exporter import _registration
+
+    from fedorasflwr import export
+
+    own = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    built: list[int] = []
+    build = _registration.ONNXRegistry.from_torchlib
+
+    def counted(opset_version: int = OPSET):
+        built.append(opset_version)
+        return build(opset_version=opset_version)
+
+    monkeypatch.setattr(export, "_REGISTRIES", {})
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", staticmethod(counted))
+    model, inputs = _cnn_s()
+    model = _trained_bn(model, inputs)
+    for name in ("first", "second"):
+        assert export_onnx(model, tmp_path / f"{name}.onnx", inputs).valid
+    assert built == [OPSET]  # the second export built no table
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is not own  # ours, restored
+    monkeypatch.undo()
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is own
+    export._export_uncached(model.eval(), tmp_path / "fresh.onnx", inputs[:2])
+    fresh = (tmp_path / "fresh.onnx").read_bytes()
+    assert (tmp_path / "first.onnx").read_bytes() == fresh
+    assert (tmp_path / "second.onnx").read_bytes() == fresh
+
+
 def test_a_mismatch_marks_the_file_invalid(tmp_path):
     model, inputs = _cnn_s()
     record = export_onnx(model, tmp_path / "m.onnx", inputs, tolerance=-1.0)

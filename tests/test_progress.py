@@ -736,7 +736,7 @@ def test_the_width_baselines_round_lines_carry_a_loss_and_an_eta(
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
     from fedorasflwr.strategies import FjORD, HeteroFL
-    from tests.runconfig import pyproject_run_config
+    from tests.runconfig import FEW_ROWS, pyproject_run_config
 
     config = pyproject_run_config()
     config.update(
@@ -746,6 +746,7 @@ def test_the_width_baselines_round_lines_carry_a_loss_and_an_eta(
             "onnx": False,
             f"{method}.rounds": 2,
             f"{method}.batch-size": 64,
+            **FEW_ROWS,  # the lines' form holds at any data size
         }
     )
     settings = parse_run_config(config)

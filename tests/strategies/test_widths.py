@@ -35,6 +35,9 @@ def tiny(cache, method: str, **overrides):
             "onnx": False,
             f"{method}.rounds": 1,
             f"{method}.batch-size": 64,
+            # the server's lr probe (48 steps per rate on the full-width net, before round 1:
+            # a third of a tiny run) has its own tests here, the resume's among them
+            f"{method}.lr-probe": False,
             **overrides,
         }
     )
@@ -256,7 +259,9 @@ def test_a_resumed_run_equals_the_uninterrupted_one(data_cache, tmp_path) -> Non
         stage_totals,
     )
 
-    base = pyproject_run_config() | tiny(data_cache, "fjord", **{"fjord.rounds": 2})
+    base = pyproject_run_config() | tiny(
+        data_cache, "fjord", **{"fjord.rounds": 2, "fjord.lr-probe": True}
+    )
 
     def config(name: str, **extra):
         return {**base, "output-dir": str(tmp_path / name), "checkpoint-every": 1, **extra}
