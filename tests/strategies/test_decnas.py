@@ -16,7 +16,7 @@ from fedorasflwr.methods.decnas.runner import build_decnas_net
 from fedorasflwr.methods.decnas.strategy import DecNAS
 from fedorasflwr.nonce import echo
 from fedorasflwr.protocol import ARRAYS, METRICS, REPLY_BYTES
-from tests.runconfig import tiny_decnas
+from tests.runconfig import FEW_ROWS, tiny_decnas
 
 NUM_NODES = 6
 
@@ -103,7 +103,7 @@ def test_a_failed_upload_is_dropped_and_the_search_goes_on(data_cache):
 
 
 def test_same_seed_same_frontier(data_cache):
-    config = tiny_decnas(data_cache)
+    config = tiny_decnas(data_cache, **FEW_ROWS)  # same seed, same frontier at any data size
     runs = [
         start(make_strategy(config), InProcessGrid(client_app, config, NUM_NODES)) for _ in range(2)
     ]
@@ -124,6 +124,7 @@ def test_uploads_of_weights_larger_than_the_reply_margin_are_accepted(data_cache
             "decnas.num-groups": 6,
             "decnas.gm0-rounds": 0,
             "decnas.final-rounds": 0,
+            **FEW_ROWS,  # the weights' size, not the data's, is the point
         },
     )
     strategy = make_strategy(config)
