@@ -180,10 +180,17 @@ def pytest_rows(cases: list[tuple[str, str]], only_cases: bool = False) -> list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="FedorAS only, no engine test")
+    parser.add_argument(
+        "--quick", action="store_true", help="FedorAS only, on 64 rows per client; no engine test"
+    )
     args = parser.parse_args()
 
     from tests.reliability.trials import METHODS, config_trial, profile_trial, reply_trial
+    from tests.runconfig import FEW_ROWS
+
+    # the smoke run's FedorAS trials as tests/reliability/test_replies.py runs them: every
+    # client on 64 rows, fewer and larger local steps (what each case shows holds at any size)
+    smaller = {**FEW_ROWS, "fedoras.batch-size": 128} if args.quick else None
 
     started = time.perf_counter()
     table: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -192,7 +199,7 @@ def main() -> None:
         replies = []
         excess = []
         for method in ("fedoras",) if args.quick else METHODS:
-            trial = reply_trial(method, cache, out / method)
+            trial = reply_trial(method, cache, out / method, smaller)
             replies += trial["rows"]
             excess.append(trial["honest-excess"])
         for row in replies:
@@ -208,7 +215,7 @@ def main() -> None:
                 cell["corrupted nothing"] += row["corrupted-nothing"]
         profiles, lost_runs = [], 0
         for method in ("fedoras",) if args.quick else METHODS:
-            trial = profile_trial(method, cache, out / ("profiles-" + method))
+            trial = profile_trial(method, cache, out / ("profiles-" + method), smaller)
             profiles += trial["rows"]
             lost_runs += bool(trial["lost"])
         for row in profiles:

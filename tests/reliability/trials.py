@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,15 +156,18 @@ def same_weights(first: Path, second: Path) -> bool:
     return True
 
 
-def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]:
+def reply_trial(
+    method: str, cache: Path | str, out_dir: Path, smaller: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """One run of ``method`` in which node i sends the i-th kind of bad reply, and one in
     which those replies are never sent.  Per kind: whether a WARNING named the node and
     whether its replies were booked as rejected or failed; plus whether the two runs'
     results and every weight file they wrote are identical to the bit (the bad replies
     corrupted nothing), and how many replies of the honest nodes were dropped (none may be:
     e.g. the size bound, ``REPLY_MARGIN``, must leave every honest reply through) and the
-    most bytes an honest reply carried beyond what its node was sent (``honest-excess``)."""
-    config = run_config_for(method, cache)
+    most bytes an honest reply carried beyond what its node was sent (``honest-excess``).
+    ``smaller``: run-config overrides over ``run_config_for``'s (a smoke run's)."""
+    config = {**run_config_for(method, cache), **(smaller or {})}
     handler = _Records()
     flwr_logger = logging.getLogger("flwr")
     flwr_logger.addHandler(handler)
@@ -221,7 +225,9 @@ def reply_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]
     }
 
 
-def profile_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, Any]:
+def profile_trial(
+    method: str, cache: Path | str, out_dir: Path, smaller: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """One run of ``method`` in which node i sends the i-th kind of bad profile
     (``PROFILE_FAULTS``), and one in which those nodes send no profile at all. Per kind:
     whether a WARNING named the node, whether it was booked as rejected, and whether the
@@ -229,7 +235,7 @@ def profile_trial(method: str, cache: Path | str, out_dir: Path) -> dict[str, An
     identical to the bit (the bad profiles reshaped nothing)."""
     kinds = list(PROFILE_FAULTS)
     nodes = len(kinds) + 3  # three honest nodes besides
-    config = run_config_for(method, cache)
+    config = {**run_config_for(method, cache), **(smaller or {})}
     handler = _Records()
     flwr_logger = logging.getLogger("flwr")
     flwr_logger.addHandler(handler)
