@@ -16,6 +16,9 @@ from fedorasflwr.search_spaces import SampledPaths, build_space
 from fedorasflwr.seeding import numpy_generator
 from tests.runconfig import pyproject_run_config, tiny_fedoras
 
+#: tests.runconfig.tiny_fedoras leaves the probe off
+ON = {"fedoras.lr-probe": True}
+
 WORDS = (3, 4)
 
 
@@ -48,7 +51,7 @@ def test_a_stage1_rate_that_blows_up_is_halved_and_only_the_rate_changes(data_ca
     """lr 3.2 with momentum 0.9 throws the supernet's loss far above 2 ln 10 on MNIST-5k's
     server slice: the probe halves it; the settings it returns differ in Stage 1's lr only,
     and the supernet it probed is left as it was."""
-    settings = parse_run_config(tiny_fedoras(data_cache, **{"fedoras.lr": 3.2}))
+    settings = parse_run_config(tiny_fedoras(data_cache, **{**ON, "fedoras.lr": 3.2}))
     space = build_supernet(settings)
     before = copy.deepcopy(space.state_dict())
     probed, probe = probed_supernet_recipe(settings, space)
@@ -67,7 +70,7 @@ def test_a_stage1_rate_that_blows_up_is_halved_and_only_the_rate_changes(data_ca
 def test_off_or_without_a_server_slice_the_settings_are_as_given(data_cache):
     off = parse_run_config(tiny_fedoras(data_cache, **{"fedoras.lr-probe": False}))
     assert probed_supernet_recipe(off, build_supernet(off)) == (off, None)
-    no_slice = parse_run_config(tiny_fedoras(data_cache, **{"data.server-fraction": 0.0}))
+    no_slice = parse_run_config(tiny_fedoras(data_cache, **{**ON, "data.server-fraction": 0.0}))
     probed, probe = probed_supernet_recipe(no_slice, build_supernet(no_slice))
     assert probe is None and probed.method_settings.train == no_slice.method_settings.train
 
@@ -87,7 +90,7 @@ def test_a_server_slice_the_caller_loaded_is_the_one_probed(data_cache):
     choice as the probe's own load, and a different slice is what it steps on."""
     from fedorasflwr.data import load_server_data
 
-    settings = parse_run_config(tiny_fedoras(data_cache, **{"fedoras.lr": 3.2}))
+    settings = parse_run_config(tiny_fedoras(data_cache, **{**ON, "fedoras.lr": 3.2}))
     space = build_supernet(settings)
     server = load_server_data(settings.data)
     assert probed_supernet_recipe(settings, space, server) == probed_supernet_recipe(
