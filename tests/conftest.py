@@ -47,6 +47,27 @@ _LONGEST_RUNS = ("readme_run",)
 #: and how it was measured are in the file.
 SLOW_MODULES_FILE = Path(__file__).with_name("slow_modules.txt")
 
+#: benchmarks' ``--quick`` smoke runs left out of the default run (pyproject's addopts:
+#: ``-m 'not benchmark'``; ``python -m pytest -m benchmark`` runs them): what they run, the
+#: suite runs anyway (issue 44 item 5: "move benchmark smoke runs that duplicate a test's
+#: assertions out"). faults.py re-runs the suite's own fault tests and its FedorAS reply and
+#: profile trials; engines.py runs Stage 1 in process, on the simulation engine and deployed
+#: (tests/engines/test_engines.py, test_every_method_deployed.py); fedoras_tiers.py,
+#: fdnas_clusters.py and baselines.py run their methods as the quick presets and the
+#: strategies' tests do. Together about 1,000 s of a CI worker's 14,400 (2026-12-03). Their
+#: modules' other tests (the scripts' own logic, by hand) stay in the default run.
+BENCHMARK_SMOKE_TESTS = frozenset(
+    {
+        "tests/test_benchmark_faults.py::test_faults_quick_tries_every_kind_and_handles_all",
+        "tests/test_benchmark_engines.py::"
+        "test_engines_quick_reports_every_engine_and_the_breakdown",
+        "tests/test_benchmark_fedoras_tiers.py::test_fedoras_tiers_quick_reports_every_comparison",
+        "tests/test_benchmark_fdnas_clusters.py::"
+        "test_fdnas_clusters_quick_reports_every_comparison",
+        "tests/test_benchmark_baselines.py::test_baselines_quick_matches_tiers_macs_and_compute",
+    }
+)
+
 
 def slow_modules() -> frozenset[str]:
     """The module paths of `SLOW_MODULES_FILE` (``tests/...py``, as node ids begin)."""
@@ -59,8 +80,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # before pytest's own hook deselects by marker (-m): this one runs first (tryfirst)
     slow = slow_modules()
     for item in items:
-        if item.nodeid.split("::")[0] in slow:
+        module = item.nodeid.split("::")[0]
+        if module in slow:
             item.add_marker(pytest.mark.slow)
+        if item.nodeid in BENCHMARK_SMOKE_TESTS:
+            item.add_marker(pytest.mark.benchmark)
     module_cost: dict[str, int] = {}
     for item in items:
         if any(fixture in item.fixturenames for fixture in _LONGEST_RUNS):

@@ -162,6 +162,7 @@ def test_a_resumed_stage1_sends_only_the_rounds_left(data_cache, fedoras_runs, t
         **{
             "fedoras.rounds": 3,
             "fedoras.stop-after": "supernet",
+            "fedoras.lr-probe": True,  # as the stopped run (fedoras_runs)
             "output-dir": str(tmp_path / "out"),
             "resume-from": str(stopped / "checkpoint.pt"),
         },
@@ -357,6 +358,7 @@ def test_a_resume_with_other_tiers_is_refused_before_training(data_cache, fedora
             "fedoras.rounds": 3,
             "fedoras.num-tiers": 3,
             "fedoras.lr": 0.5,
+            "fedoras.lr-probe": True,  # as the stopped run (fedoras_runs)
             "output-dir": str(tmp_path / "out"),
             "resume-from": str(stopped / "checkpoint.pt"),
         },

@@ -27,3 +27,27 @@ def test_a_listed_modules_tests_are_marked_slow(request: pytest.FixtureRequest) 
     assert all(i.get_closest_marker("slow") for i in marked)
     here = [i for i in session_items if i.nodeid.split("::")[0] == "tests/test_slow_modules.py"]
     assert here and not any(i.get_closest_marker("slow") for i in here)
+
+
+def test_every_benchmark_smoke_test_exists_and_is_left_out_of_the_default_run(
+    request: pytest.FixtureRequest,
+) -> None:
+    """tests/conftest.py's BENCHMARK_SMOKE_TESTS name real tests, and pyproject's addopts
+    leaves them out unless asked for (``python -m pytest -m benchmark``)."""
+    import importlib
+    import tomllib
+
+    from tests.conftest import BENCHMARK_SMOKE_TESTS
+
+    assert len(BENCHMARK_SMOKE_TESTS) >= 5
+    for node_id in BENCHMARK_SMOKE_TESTS:
+        path, name = node_id.split("::")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        assert callable(getattr(module, name, None)), node_id
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"][
+        "addopts"
+    ]
+    assert addopts.endswith("-m 'not benchmark'")
+    if request.config.getoption("markexpr") == "not benchmark":  # the default run
+        ids = {item.nodeid for item in request.session.items}
+        assert not ids & BENCHMARK_SMOKE_TESTS

@@ -30,6 +30,7 @@ from fedorasflwr.launch import Deployment, warm_compat
 from fedorasflwr.launch.deployment import SUPEREXEC_POLL_ENV, threads_per_node
 from fedorasflwr.launch.warm import (
     DEFAULT_POLL_INTERVAL,
+    IDLE_POLL_INTERVAL,
     TaskSlots,
     WarmExecutor,
     _alive,
@@ -56,6 +57,18 @@ def test_bad_poll_interval_names_the_key_and_the_range(bad: object) -> None:
         check_poll_interval(bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="poll-interval"):
         WarmExecutor("127.0.0.1:1", poll_interval=bad)  # type: ignore[arg-type]
+
+
+def test_an_idle_executor_polls_less_and_less_often_down_to_once_a_second() -> None:
+    """Each poll that finds no task doubles the wait, up to IDLE_POLL_INTERVAL (1 s, Flower's
+    own SuperExec's interval); a longer configured interval is kept as it is."""
+    executor = WarmExecutor("127.0.0.1:1")
+    waits = [executor.poll_interval]
+    for _ in range(6):
+        waits.append(executor.next_wait(waits[-1]))
+    assert waits == pytest.approx([0.1, 0.2, 0.4, 0.8, IDLE_POLL_INTERVAL, 1.0, 1.0])
+    slow = WarmExecutor("127.0.0.1:1", poll_interval=2.5)
+    assert slow.next_wait(2.5) == 2.5
 
 
 def test_poll_interval_bounds_are_kept() -> None:
@@ -507,11 +520,11 @@ def test_no_task_is_asked_for_while_every_slot_is_busy(
     dispatched: list[str] = []
     monkeypatch.setattr(executor, "_dispatch", lambda token, task, tracing: dispatched.append(task))
     held = executor.slots.take()  # another node's task runs
-    assert not executor._acquire(Client(), "request", None)
+    assert executor._acquire(Client(), "request", None) is None  # not asked: no back-off
     assert asked == []  # the SuperNode keeps the task queued
     os.close(held)
-    assert not executor._acquire(Client(), "request", None)  # asked, none came
-    assert executor._acquire(Client(), "request", None) and dispatched == ["task"]
+    assert executor._acquire(Client(), "request", None) is False  # asked, none came
+    assert executor._acquire(Client(), "request", None) is True and dispatched == ["task"]
     assert len(asked) == 2
     free = executor.slots.take()  # the parent gave its copy back each time (here no child)
     assert free is not None

@@ -58,14 +58,20 @@ from .warm_compat import (
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
     "DEFAULT_PRELOAD",
+    "IDLE_POLL_INTERVAL",
     "TaskSlots",
     "WarmExecutor",
     "check_poll_interval",
     "main",
 ]
 
-#: Seconds between two ``AcquireTask`` polls (Flower's ``flower-superexec``: 1.0).
+#: Seconds between two ``AcquireTask`` polls (Flower's ``flower-superexec``: 1.0), right after
+#: a task; each poll that finds none doubles the wait, up to `IDLE_POLL_INTERVAL`.
 DEFAULT_POLL_INTERVAL = 0.1
+#: The longest wait between two polls of an idle executor (Flower's ``flower-superexec``
+#: polls every 1.0 s): every poll costs CPU here and in the SuperNode that answers it, and a
+#: deployment is idle most of its life (``python benchmarks/idle_cpu.py``).
+IDLE_POLL_INTERVAL = 1.0
 #: What the server imports once: torch and Flower's ClientApp runtime (the heavy part of
 #: a ClientApp's start), not the app, which each task imports from its FAB; and
 #: ``torch._dynamo``, which ``torch.optim.Optimizer.__init__`` imports the first time it runs
@@ -178,7 +184,8 @@ class WarmExecutor:
         Exit when this process (the SuperNode) is gone; default: run until SIGTERM /
         SIGINT.
     poll_interval : float, default 0.1
-        Seconds between two polls for a task.
+        Seconds between two polls for a task right after one came; each poll that finds
+        none doubles the wait, up to `IDLE_POLL_INTERVAL` (or ``poll_interval`` if longer).
     preload : Sequence[str]
         Modules imported once, before the first fork.
     slots : TaskSlots, optional
@@ -269,6 +276,7 @@ class WarmExecutor:
             supported_task_types=[flower["TaskType.CLIENT_APP"].value]
         )
         previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        wait = self.poll_interval
         try:
             while not self._stopping:
                 self._reap()  # what flower-superexec's `executor.reconcile()` is for
@@ -276,11 +284,15 @@ class WarmExecutor:
                     break
                 if self.parent_pid is not None and not _alive(self.parent_pid):
                     break
-                if (max_tasks is None or self.served < max_tasks) and self._acquire(
-                    client, request, tracing
-                ):
-                    continue  # another task may be waiting already
-                self._interruptible(time.sleep, self.poll_interval)
+                if max_tasks is None or self.served < max_tasks:
+                    polled = self._acquire(client, request, tracing)
+                    if polled is True:
+                        wait = self.poll_interval
+                        continue  # another task may be waiting already
+                    if polled is None:  # every slot busy: one may free any moment
+                        wait = self.poll_interval
+                self._interruptible(time.sleep, wait)
+                wait = self.next_wait(wait)
         except _Stopped:
             pass
         finally:
@@ -291,13 +303,19 @@ class WarmExecutor:
                 signal.signal(signum, handler)
         return self.served
 
-    def _acquire(self, client: Any, request: Any, tracing: Any) -> bool:
-        """Ask the SuperNode for a task and fork its child; whether one came. With
-        `slots`, only while holding a free slot, which the child keeps (the parent's copy
-        of the locked file is closed either way)."""
+    def next_wait(self, wait: float) -> float:
+        """The wait after a poll that found no task: twice ``wait``, at most
+        `IDLE_POLL_INTERVAL` (or ``poll_interval``, where that is longer)."""
+        return min(2 * wait, max(IDLE_POLL_INTERVAL, self.poll_interval))
+
+    def _acquire(self, client: Any, request: Any, tracing: Any) -> bool | None:
+        """Ask the SuperNode for a task and fork its child; whether one came (None: every
+        slot was busy, the SuperNode not asked). With `slots`, only while holding a free
+        slot, which the child keeps (the parent's copy of the locked file is closed either
+        way)."""
         slot = None if self.slots is None else self.slots.take()
         if self.slots is not None and slot is None:
-            return False  # every slot busy: the task waits at the SuperNode
+            return None  # every slot busy: the task waits at the SuperNode
         try:
             answer = self._interruptible(client.AcquireTask, request)
             if answer.HasField("task") and answer.token:
