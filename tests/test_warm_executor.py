@@ -27,7 +27,11 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from fedorasflwr.launch import Deployment, warm_compat
-from fedorasflwr.launch.deployment import SUPEREXEC_POLL_ENV, threads_per_node
+from fedorasflwr.launch.deployment import (
+    SUPEREXEC_POLL_ENV,
+    SUPERLINK_POLL_INTERVAL,
+    threads_per_node,
+)
 from fedorasflwr.launch.warm import (
     DEFAULT_POLL_INTERVAL,
     IDLE_POLL_INTERVAL,
@@ -126,8 +130,14 @@ def test_flower_superexec_polls_faster_unless_told(monkeypatch: pytest.MonkeyPat
     assert Deployment(num_supernodes=1)._env(Path("/x"))[SUPEREXEC_POLL_ENV] == repr(
         DEFAULT_POLL_INTERVAL
     )
-    given = Deployment(num_supernodes=1, env={SUPEREXEC_POLL_ENV: "0.5"})
-    assert given._env(Path("/x"))[SUPEREXEC_POLL_ENV] == "0.5"
+    # the SuperLink's SuperExec starts one ServerApp per run: it polls less often
+    assert Deployment(num_supernodes=1)._env(Path("/x"), superlink=True)[
+        SUPEREXEC_POLL_ENV
+    ] == repr(SUPERLINK_POLL_INTERVAL)
+    assert SUPERLINK_POLL_INTERVAL > DEFAULT_POLL_INTERVAL
+    given = Deployment(num_supernodes=1, env={SUPEREXEC_POLL_ENV: "0.3"})
+    assert given._env(Path("/x"))[SUPEREXEC_POLL_ENV] == "0.3"
+    assert given._env(Path("/x"), superlink=True)[SUPEREXEC_POLL_ENV] == "0.3"
     assert Deployment(num_supernodes=1).warm_clientapps is True
     assert Deployment(num_supernodes=1, warm_clientapps=False).warm_clientapps is False
 

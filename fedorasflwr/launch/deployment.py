@@ -51,6 +51,11 @@ __all__ = ["Deployment"]
 #: read by Flower's ``flower-superexec`` (``flwr/supercore/superexec/run_superexec.py``)
 SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 
+#: how often the SuperLink's own SuperExec asks for a ServerApp to start, in seconds. It
+#: starts one process per run, so a slower poll costs at most this once per run; at the
+#: nodes' 0.1 s its polls were most of an idle deployment's CPU (`benchmarks/idle_cpu.py`)
+SUPERLINK_POLL_INTERVAL = 0.5
+
 
 class Deployment:
     """A real deployment engine on localhost: one SuperLink and N SuperNodes.
@@ -240,27 +245,31 @@ class Deployment:
                 shutil.rmtree(self.flwr_home, ignore_errors=True)
             self.port = 0
 
-    def _env(self, flwr_home: Path) -> dict[str, str]:
+    def _env(self, flwr_home: Path, *, superlink: bool = False) -> dict[str, str]:
         env = _flower_env(flwr_home, self._extra_env)
         # N SuperNodes on one host share its cores.  Each ClientApp is a fresh process
         # whose torch would otherwise start one thread per core: oversubscribed OpenMP
         # threads spin against each other and every training step gets many times slower.
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self._extra_env:
             env["OMP_NUM_THREADS"] = str(threads_per_node(self.num_supernodes))
-        # Flower's SuperExecs (the SuperLink's; each node's unless warm) poll for a task
-        # every second: up to a second before a message's process starts
+        # Flower's SuperExecs poll for a task every second by default: up to a second before
+        # a message's process starts on a node that is not warm, so the nodes' poll faster;
+        # the SuperLink's starts one ServerApp per run and polls at SUPERLINK_POLL_INTERVAL
         # (imported here: `python -m fedorasflwr.launch.warm` must find it not yet imported)
         from .warm import DEFAULT_POLL_INTERVAL
 
-        env.setdefault(SUPEREXEC_POLL_ENV, repr(DEFAULT_POLL_INTERVAL))
+        interval = SUPERLINK_POLL_INTERVAL if superlink else DEFAULT_POLL_INTERVAL
+        env.setdefault(SUPEREXEC_POLL_ENV, repr(interval))
         return env
 
-    def _spawn(self, command: list[str], name: str, flwr_home: Path) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, command: list[str], name: str, flwr_home: Path, *, superlink: bool = False
+    ) -> subprocess.Popen[bytes]:
         log_file = self.flwr_home / "logs" / f"{name}.log"
         with log_file.open("wb") as sink:
             process = subprocess.Popen(
                 command,
-                env=self._env(flwr_home),
+                env=self._env(flwr_home, superlink=superlink),
                 stdin=subprocess.DEVNULL,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
@@ -366,7 +375,7 @@ class Deployment:
             command += ["--enable-supernode-auth"]
         command += ["--disable-runtime-dependency-installation"]
         command += ["--host", LOOPBACK, "--port", str(self.port)]
-        self._spawn(command, "superlink", self.flwr_home)
+        self._spawn(command, "superlink", self.flwr_home, superlink=True)
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.startup_timeout
