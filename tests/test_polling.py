@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterable
 from types import SimpleNamespace
 
@@ -111,3 +113,12 @@ def test_only_flowers_http_grid_is_wrapped(monkeypatch):
     assert prompt(http) is http
     with pytest.raises(ValueError, match="need 0 < first <= longest"):
         PromptGrid(http, first=2.0, longest=1.0)
+
+
+def test_the_server_app_does_not_import_flowers_http_grid():
+    # a simulation's or an in-process ServerApp never meets an HttpGrid: importing its module
+    # (fastapi, httpx) would cost each of those processes about a CPU-second for nothing
+    code = f"import sys, fedorasflwr.server_app; print({polling.HTTP_GRID_MODULE!r} in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -16,14 +16,17 @@ user's ServerApp gets this too.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
-from flwr.superlink.grid.http_grid import HttpGrid
 
 __all__ = ["POLLING_ENV", "PromptGrid", "WrappedGrid", "prompt"]
+
+#: where Flower 1.41 defines ``HttpGrid``, the deployment ServerApp's grid
+HTTP_GRID_MODULE = "flwr.superlink.grid.http_grid"
 
 #: ``FEDORASFLWR_GRID_POLLING=flower`` in the ServerApp's environment keeps Flower's own
 #: polling (``benchmarks/engines.py`` compares the two side by side)
@@ -108,4 +111,9 @@ def prompt(grid: Grid) -> Grid:
     when ``$FEDORASFLWR_GRID_POLLING`` is ``flower``."""
     if os.environ.get(POLLING_ENV, "") == "flower":
         return grid
-    return PromptGrid(grid) if isinstance(grid, HttpGrid) else grid
+    # An HttpGrid exists only once its module is imported; importing it here (fastapi,
+    # httpx: about 1 CPU-s) would cost every process that never meets one
+    http_grid = sys.modules.get(HTTP_GRID_MODULE)
+    if http_grid is not None and isinstance(grid, http_grid.HttpGrid):
+        return PromptGrid(grid)
+    return grid
