@@ -16,6 +16,10 @@ One run, same seed, same data cache, 3 clients (2 in the ``--quick`` smoke run):
 - (full run only) **deployment-all-at-once**: the warm deployment without the host's
   ClientApp slots (``Deployment(clientapp_slots=0)``: every node's message at once, the
   behaviour before stop 48), headline ``*_deployment_all_at_once_over_slots``;
+- (full run only) **deployment-flower-supernode**: the deployment with Flower's own
+  ``flower-supernode`` timing (3 s after a pull that found nothing, 0.5 s between reply
+  checks) instead of ``fedorasflwr.launch.supernode``'s (``Deployment(prompt_supernodes=False)``),
+  headline ``*_deployment_flower_supernode_over_prompt``;
 - (full run only) **deployment-flower-polling**: the deployment with Flower's own reply
   polling (the ServerApp's ``HttpGrid`` pulls every 3 s) instead of ``PromptGrid``
   (``fedorasflwr/federation/polling.py``), headline ``*_flower_polling_over_prompt``.
@@ -42,6 +46,7 @@ carries.  It is compared with a bare ``python -c "import torch"`` timed here.
 
     python benchmarks/engines.py            # tiny and default, 4 rounds each (medians of 3)
     python benchmarks/engines.py --quick    # tiny, 2 nodes, 2 rounds, one bare import (CI smoke)
+    python benchmarks/engines.py --extra deployment-flower-supernode   # only that variant
 
 The machine's load is recorded while each engine runs (issue 44 item 3: the goals hold
 only on an idle machine): a thread of this process samples every 0.5 s the 1-minute load
@@ -314,6 +319,7 @@ def run_deployment(
     env: Mapping[str, str] | None = None,
     warm: bool = True,
     slots: int | None = None,
+    prompt: bool = True,
 ) -> float:
     from fedorasflwr.launch import Deployment
 
@@ -325,6 +331,7 @@ def run_deployment(
         startup_timeout=180,
         warm_clientapps=warm,
         clientapp_slots=slots,
+        prompt_supernodes=prompt,
     ) as deployment:
         result = deployment.run(ROOT, run_config=overrides, timeout=3600)
     return result.wall_time
@@ -347,17 +354,31 @@ def run_deployment_flower_polling(overrides: dict[str, Any], timing_log: Path) -
     return run_deployment(overrides, timing_log, {"FEDORASFLWR_GRID_POLLING": "flower"})
 
 
+def run_deployment_flower_supernode(overrides: dict[str, Any], timing_log: Path) -> float:
+    """The deployment with Flower's own SuperNode timing (``flower-supernode``: 3 s after
+    an empty pull, 0.5 s between reply checks) instead of
+    ``fedorasflwr.launch.supernode``'s prompt one."""
+    return run_deployment(overrides, timing_log, prompt=False)
+
+
 RUNNERS = {
     "inprocess": run_inprocess,
     "simulation": run_simulation_engine,
     "deployment": run_deployment,
     "deployment-flower-polling": run_deployment_flower_polling,
+    "deployment-flower-supernode": run_deployment_flower_supernode,
     "deployment-cold": run_deployment_cold,
     "deployment-all-at-once": run_deployment_all_at_once,
 }
 #: the full run also measures the deployment with Flower's 3-s reply polling, with
-#: Flower's per-message ClientApp processes and with every ClientApp at once (no slots)
-FULL_ONLY = ("deployment-flower-polling", "deployment-cold", "deployment-all-at-once")
+#: Flower's own SuperNode timing, with Flower's per-message ClientApp processes and with
+#: every ClientApp at once (no slots)
+FULL_ONLY = (
+    "deployment-flower-polling",
+    "deployment-flower-supernode",
+    "deployment-cold",
+    "deployment-all-at-once",
+)
 DEPLOYMENTS = ("deployment",) + FULL_ONLY
 
 
@@ -434,13 +455,18 @@ def transport_seconds(records: Sequence[Mapping[str, Any]], rounds: Sequence[flo
     ]
 
 
-def measure_config(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
-    """Run one config on every engine; rounds, walls and the ClientApp timings."""
+def measure_config(
+    name: str, quick: bool, tmp: Path, extra: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Run one config on every engine; rounds, walls and the ClientApp timings. ``extra``:
+    which of `FULL_ONLY` (default: all of them; none in the quick run)."""
     cache = tmp / "cache"
     warm_data_cache([run_config(settings(name, quick, tmp, cache))], num_clients(quick))
     warm_cost_cache(run_config(settings(name, quick, tmp, cache)))
     measured: dict[str, Any] = {}
-    for engine in ENGINES + (() if quick else FULL_ONLY):
+    if extra is None:
+        extra = () if quick else FULL_ONLY
+    for engine in ENGINES + tuple(extra):
         output = tmp / f"{name}-{engine}"
         timing_log = tmp / f"{name}-{engine}.timing.jsonl"
         print(f"[{name}] {engine} ...", flush=True)
@@ -532,6 +558,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--configs", default="tiny,default", help="comma-separated: tiny, default (full run)"
     )
+    parser.add_argument(
+        "--extra",
+        nargs="*",
+        choices=FULL_ONLY,
+        default=None,
+        help="which deployment variants besides the three engines (default: all; quick: none)",
+    )
     args = parser.parse_args(argv)
     configs = ["tiny"] if args.quick else args.configs.split(",")
     unknown = set(configs) - {"tiny", "default"}
@@ -544,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="engines-") as tmp:
         for name in configs:
-            results[name] = measure_config(name, args.quick, Path(tmp) / name)
+            results[name] = measure_config(name, args.quick, Path(tmp) / name, args.extra)
     print_table(results)
     summary: dict[str, Any] = {}
     for name, measured in results.items():
@@ -576,6 +609,11 @@ def main(argv: list[str] | None = None) -> int:
             summary[f"{name}_deployment_all_at_once_over_slots"] = round(
                 at_once / measured["deployment"]["median_round_after_first"], 3
             )
+        if "deployment-flower-supernode" in measured:
+            flower = measured["deployment-flower-supernode"]["median_round_after_first"]
+            summary[f"{name}_deployment_flower_supernode_over_prompt"] = round(
+                flower / measured["deployment"]["median_round_after_first"], 3
+            )
         if "deployment-flower-polling" in measured:
             flower = measured["deployment-flower-polling"]["median_round_after_first"]
             summary[f"{name}_deployment_flower_polling_over_prompt"] = round(
@@ -584,8 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     summary["bare_torch_import_s"] = round(bare, 3)
     if bare_at_once is not None:
         summary["bare_torch_import_3_at_once_s"] = round(bare_at_once, 3)
+    # a run of some configs or variants does not overwrite the whole run's record
+    name = "engines"
+    if not args.quick and (configs != ["tiny", "default"] or args.extra is not None):
+        name += "." + "-".join(configs) + "".join(f".{extra}" for extra in args.extra or ())
     report(
-        "engines",
+        name,
         args.quick,
         summary,
         {

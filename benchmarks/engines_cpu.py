@@ -54,6 +54,7 @@ def role_of(cmdline: str, pid: int, trainers: set[int]) -> str:
         return "clientapp (training message)"
     for marker, role in (
         ("flower-superlink", "superlink"),
+        ("fedorasflwr.launch.supernode", "supernode"),
         ("flower-supernode", "supernode"),
         ("fedorasflwr.launch.warm", "warm executor / other clientapp"),
         ("flwr-clientapp", "warm executor / other clientapp"),

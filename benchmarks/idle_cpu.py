@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:  # this checkout's package, not another installed 
 #: what a process is, by what its command line holds (first match)
 ROLES = (
     ("fedorasflwr.launch.warm", "clientapp executor"),
+    ("fedorasflwr.launch.supernode", "supernode"),
     ("flower-supernode", "supernode"),
     ("flower-superexec", "superlink superexec"),
     ("flower-superlink", "superlink"),

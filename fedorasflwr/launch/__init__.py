@@ -28,6 +28,8 @@ The package's parts: `processes` (free ports, finding and stopping processes, SI
 SIGHUP turned into Ctrl-C's clean-up: `stop_on_signals`),
 `flwr_cli` (run configs, the Flower environment, ``flwr run`` / ``flwr ls``), `heartbeat`
 (the SuperLink's task heartbeat timeout) and `superlink` (``flower-superlink`` with it set),
+`supernode` (``flower-supernode`` pulling a round's messages promptly), `warm` (the warm
+ClientApp executor),
 `fab` (the copy of the app ``flwr run`` packs: `packable_app`),
 `simulation` (`run_simulation`), `deployment` (`Deployment`), `security` (TLS
 certificates and SuperNode keys: `TlsFiles`, `make_tls_files`, `make_node_key`) and

@@ -112,6 +112,11 @@ class Deployment:
         Seconds the SuperLink waits for the ServerApp's heartbeat before it fails the
         run (at least 60; default: Flower's 60): the SuperLink then runs as
         ``python -m fedorasflwr.launch.superlink`` (`fedorasflwr.launch.heartbeat`).
+    prompt_supernodes : bool, default True
+        Each SuperNode runs as ``python -m fedorasflwr.launch.supernode``: Flower's
+        ``flower-supernode`` whose wait after an empty pull starts at 0.1 s once a reply
+        has gone out and grows back to Flower's 3 s (`fedorasflwr.launch.supernode`), so a
+        round's messages are pulled promptly. ``False``: ``flower-supernode`` itself.
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class Deployment:
         heartbeat_timeout: float | None = None,
         warm_clientapps: bool = True,
         clientapp_slots: int | None = None,
+        prompt_supernodes: bool = True,
     ) -> None:
         _check_positive_int("num_supernodes", num_supernodes)
         if clientapp_slots is None:
@@ -161,6 +167,7 @@ class Deployment:
             self._extra_env[HEARTBEAT_TIMEOUT_ENV] = repr(heartbeat_timeout)
         self.startup_timeout = startup_timeout
         self.warm_clientapps = warm_clientapps
+        self.prompt_supernodes = prompt_supernodes
         self.flwr_home = Path()
         self.port = 0
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -311,7 +318,10 @@ class Deployment:
         ``<flwr_home>/logs/<name>.log``) signing in with ``private_key`` if given."""
         node_home = self.flwr_home / name
         node_home.mkdir(exist_ok=True)
-        command = [_flower_tool("flower-supernode"), "--superlink", f"{LOOPBACK}:{self.port}"]
+        command = [_flower_tool("flower-supernode")]
+        if self.prompt_supernodes:  # the same SuperNode, its waits shortened
+            command = [sys.executable, "-m", "fedorasflwr.launch.supernode"]
+        command += ["--superlink", f"{LOOPBACK}:{self.port}"]
         if self.tls is None:
             command += ["--insecure"]
         else:

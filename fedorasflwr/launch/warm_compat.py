@@ -139,8 +139,12 @@ def flower_version_warning() -> str | None:
 
 def load_flower_internals(
     internals: Sequence[FlowerInternal] = FLOWER_INTERNALS,
+    *,
+    who: str = "the warm ClientApp executor",
+    instead: str = "run Flower's own flower-superexec next to the SuperNode instead",
 ) -> dict[str, Any]:
-    """Import every one of ``internals``; returns them keyed by ``attribute``.
+    """Import every one of ``internals``; returns them keyed by ``attribute``. ``who``
+    needs them and ``instead`` is what to do without them, as the error says.
 
     Raises
     ------
@@ -165,11 +169,11 @@ def load_flower_internals(
         found[internal.attribute] = value
     if missing:
         raise FlowerInternalsError(
-            f"the warm ClientApp executor needs Flower internals that Flower "
+            f"{who} needs Flower internals that Flower "
             f"{flower_version()} does not have (it was written for flwr{SUPPORTED_FLOWER}):\n"
             + "\n".join(missing)
             + f'\nInstall a Flower in that range (pip install "flwr{SUPPORTED_FLOWER}"), or '
-            "run Flower's own flower-superexec next to the SuperNode instead."
+            f"{instead}."
         )
     return found
 

@@ -1,0 +1,125 @@
+"""`fedorasflwr.launch.supernode`: Flower's SuperNode loop with its waits shortened (issue 44:
+a deployment round waited 0-3 s per node before its message was pulled).
+
+The clock's arithmetic by hand, the patch on a stand-in of Flower's module (a reply pushed
+resets the back-off, even when the push raises), the patch on Flower's real module in a
+fresh process, and the deployment's choice of program. The deployment engine tests run
+every SuperNode this way (`Deployment`'s default)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from fedorasflwr.launch import Deployment
+from fedorasflwr.launch import supernode as prompt
+from fedorasflwr.launch.warm_compat import FlowerInternal, FlowerInternalsError
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+    def monotonic(self) -> float:
+        return 42.0
+
+
+def test_idle_waits_grow_from_the_first_to_flowers_own_and_reply_checks_are_short():
+    fake = FakeClock()
+    clock = prompt.PromptClock(fake)
+    for _ in range(10):
+        clock.sleep(3)  # Flower's wait after a pull that found nothing
+    # 0.1, then x1.5 each time, never above Flower's 3 s
+    expected = [0.1, 0.15, 0.225, 0.3375, 0.50625, 0.759375, 1.1390625, 1.70859375, 2.562890625]
+    assert fake.slept[:9] == pytest.approx(expected)
+    assert fake.slept[9] == 3
+    clock.sleep(0.5)  # Flower's wait between two checks for the ClientApp's reply
+    clock.sleep(0.05)
+    assert fake.slept[10:] == [prompt.REPLY_CHECK, 0.05]
+    clock.message_handled()
+    clock.sleep(3)
+    assert fake.slept[-1] == prompt.FIRST_IDLE_WAIT
+    assert clock.monotonic() == 42.0  # everything else is the real clock's
+
+
+def test_the_patch_resets_the_back_off_after_every_push_even_a_failed_one():
+    pushed: list[tuple] = []
+
+    def push(*args, **kwargs):
+        pushed.append((args, kwargs))
+        if kwargs.get("fail"):
+            raise ConnectionError("SuperLink gone")
+
+    module = SimpleNamespace(time=None, _push_messages=push)
+    clock = prompt.PromptClock(FakeClock())
+    prompt.make_prompt(module, clock)
+    assert module.time is clock and module._push_messages.__wrapped__ is push
+    clock.sleep(3), clock.sleep(3)
+    assert clock.idle_wait > prompt.FIRST_IDLE_WAIT
+    module._push_messages(1, state="s")
+    assert pushed == [((1,), {"state": "s"})] and clock.idle_wait == prompt.FIRST_IDLE_WAIT
+    clock.sleep(3)
+    with pytest.raises(ConnectionError):
+        module._push_messages(fail=True)
+    assert clock.idle_wait == prompt.FIRST_IDLE_WAIT
+
+
+def test_flowers_supernode_module_takes_the_patch():
+    # Flower's own module, in a fresh process: the names exist and the loop's waits go
+    # through the clock (its source still calls time.sleep(3) and time.sleep(0.5))
+    code = """
+import inspect, sys
+from fedorasflwr.launch import supernode as prompt
+from fedorasflwr.launch.warm_compat import load_flower_internals
+load_flower_internals(prompt.SUPERNODE_INTERNALS)
+module = sys.modules["flwr.supernode.start_client_internal"]
+source = inspect.getsource(module)
+assert "time.sleep(3)" in source and "time.sleep(0.5)" in source
+prompt.make_prompt(module, prompt.PromptClock())
+assert isinstance(module.time, prompt.PromptClock)
+print(module._push_messages.__wrapped__.__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "_push_messages"
+
+
+def test_moved_internals_are_named_with_the_flower_version():
+    moved = (FlowerInternal("flwr.supernode.start_client_internal", "_no_such_loop"),)
+    with pytest.raises(FlowerInternalsError, match="the prompt SuperNode needs") as error:
+        prompt.load_flower_internals(moved, who="the prompt SuperNode", instead="x")
+    assert "_no_such_loop" in str(error.value) and "flwr>=1.41,<1.42" in str(error.value)
+
+
+def test_the_deployment_starts_prompt_supernodes_unless_told(monkeypatch, tmp_path):
+    started: list[list[str]] = []
+
+    def spawn(self, command, name, flwr_home, **_):
+        started.append(command)
+        return SimpleNamespace(pid=1)
+
+    monkeypatch.setattr(Deployment, "_spawn", spawn)
+    for prompt_supernodes in (True, False):
+        deployment = Deployment(
+            num_supernodes=1,
+            insecure=True,
+            warm_clientapps=False,
+            prompt_supernodes=prompt_supernodes,
+        )
+        deployment.flwr_home = tmp_path
+        deployment.start_supernode("supernode-0", {})
+    prompt_command, flower_command = started
+    assert prompt_command[1:3] == ["-m", "fedorasflwr.launch.supernode"]
+    assert flower_command[0].endswith("flower-supernode")
+
+    def without_port(arguments: list[str]) -> list[str]:  # each start takes a free port
+        at = arguments.index("--port")
+        return arguments[:at] + arguments[at + 2 :]
+
+    assert without_port(prompt_command[3:]) == without_port(flower_command[1:])
