@@ -123,3 +123,31 @@ def test_the_deployment_starts_prompt_supernodes_unless_told(monkeypatch, tmp_pa
         return arguments[:at] + arguments[at + 2 :]
 
     assert without_port(prompt_command[3:]) == without_port(flower_command[1:])
+
+
+@pytest.mark.parametrize("polling", ["", "flower"])
+def test_main_patches_flowers_loop_unless_told_then_runs_flowers_supernode(monkeypatch, polling):
+    import flwr.supernode.start_client_internal as loop
+
+    # restored after the test, whatever main does to them
+    monkeypatch.setattr(loop, "time", loop.time)
+    monkeypatch.setattr(loop, "_push_messages", loop._push_messages)
+    monkeypatch.setenv(prompt.POLLING_ENV, polling)
+    seen = []
+
+    def flower_supernode():
+        seen.append((sys.argv[0], type(loop.time).__name__))
+        return 0
+
+    real_load = prompt.load_flower_internals
+
+    def load(internals, **kwargs):
+        return {**real_load(internals, **kwargs), "flower_supernode": flower_supernode}
+
+    monkeypatch.setattr(prompt, "load_flower_internals", load)
+    monkeypatch.setattr(sys, "argv", ["x"])
+    with pytest.raises(SystemExit) as done:
+        prompt.main()
+    assert done.value.code == 0
+    clock = "module" if polling == "flower" else "PromptClock"
+    assert seen == [("flower-supernode", clock)]
