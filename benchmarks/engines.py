@@ -48,6 +48,10 @@ carries.  It is compared with a bare ``python -c "import torch"`` timed here.
     python benchmarks/engines.py --quick    # tiny, 2 nodes, 2 rounds, one bare import (CI smoke)
     python benchmarks/engines.py --extra deployment-flower-supernode   # only that variant
 
+Writes ``benchmarks/results/engines.json`` (``.quick.json``); a run of some configs or
+variants writes ``engines.<configs>[.<variant>...].json`` instead, e.g.
+``engines.default.deployment-flower-supernode.json``.
+
 The machine's load is recorded while each engine runs (issue 44 item 3: the goals hold
 only on an idle machine): a thread of this process samples every 0.5 s the 1-minute load
 average (``os.getloadavg``) and the CPU busy fraction since the previous sample (all
