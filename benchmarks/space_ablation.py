@@ -144,6 +144,14 @@ ROWS: dict[str, list[Row]] = {
         Row("cnn_s maxpool-conv1x1, alpha 0.1", reduction="maxpool-conv1x1"),
         Row("cnn_s maxpool-conv1x1, alpha 1.0", reduction="maxpool-conv1x1", alpha=1.0),
     ],
+    # the width baselines' budget (issue 40: FedorAS's fine-tuning plateaus within its 30
+    # rounds, while baselines.py gives FjORD 122 rounds at alpha 0.1 and 151 at 1.0): does
+    # the cnn_s net keep up with the ConvNet when both get 120 rounds?
+    "rounds": [
+        Row(f"{name} flatten, {label}, 120 rounds", net=net, alpha=alpha, rounds=120)
+        for alpha, label in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
+        for net, name in (("cnn_s", "cnn_s"), ("convnet", "ConvNet"))
+    ],
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
