@@ -112,7 +112,8 @@ def prompt(grid: Grid) -> Grid:
     if os.environ.get(POLLING_ENV, "") == "flower":
         return grid
     # An HttpGrid exists only once its module is imported; importing it here (fastapi,
-    # httpx: about 1 CPU-s) would cost every process that never meets one
+    # httpx) cost every process that never meets one 1.3 s: `python -X importtime -c
+    # "import fedorasflwr.server_app"` took 4.9 s with it, 3.6 s without
     http_grid = sys.modules.get(HTTP_GRID_MODULE)
     if http_grid is not None and isinstance(grid, http_grid.HttpGrid):
         return PromptGrid(grid)
