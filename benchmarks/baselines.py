@@ -29,6 +29,9 @@ each; every finished case is saved at once to ``baselines.partial.json``
                                     # the baselines' 2 local epochs, 5x the rounds (same compute)
     python benchmarks/baselines.py --baseline-rounds 30   # the paper's rule: the baselines
                                     # get FedorAS's Stage-1 rounds, FedorAS from baselines.json
+    python benchmarks/baselines.py --seeds 0 --finetune-rounds 120 \
+        --cases-from benchmarks/results/baselines.flatten-seed-0.json   # FedorAS alone, its
+                                    # Stage 3 at 120 rounds; the baselines copied
 
 Prints one table per tier and ``headline: ...``; writes ``benchmarks/results/baselines.json``
 (``.quick.json``) with ``headline`` keys ``fedoras_minus_fjord_pp`` and
@@ -38,7 +41,12 @@ Prints one table per tier and ``headline: ...``; writes ``benchmarks/results/bas
 rounds, so its client compute stays put, written to ``baselines.stage1-epochs-<E>.json``;
 ``--baseline-rounds N`` reruns only the baselines, at N rounds each, on the cases (tiers,
 clients, FedorAS's models) of ``--cases-from`` (default ``results/baselines.json``), written
-to ``baselines.rounds-<N>.json``.
+to ``baselines.rounds-<N>.json``. ``--finetune-rounds N`` is its mirror: FedorAS alone,
+with N fine-tuning rounds per tier (Stage 1 and the search as in the cases, so the same seed
+finds the same models), the baselines copied from ``--cases-from``; written to
+``baselines.finetune-rounds-<N>.json``. FedorAS then spends more client compute than the
+baselines (the printed ``client_flops_ratio`` says how much): it asks whether Stage 3's
+budget is where FedorAS loses its points.
 """
 
 from __future__ import annotations
@@ -229,6 +237,47 @@ def run_baselines_only(
     return redone
 
 
+def run_fedoras_only(
+    config: dict[str, Any], clients: int, out_dir: str, case: dict[str, Any]
+) -> dict[str, Any]:
+    """``--finetune-rounds``: FedorAS alone as ``config`` says, on an earlier case's seed and
+    alpha; the baselines are copied from that case. Its tiers and clients must come out as
+    the case's (same seed, same split), or the copied baselines would answer another
+    question."""
+    import torch
+
+    torch.set_num_threads(1)
+    from fedorasflwr.client_app import app
+    from fedorasflwr.config import parse_run_config
+    from fedorasflwr.inprocess import InProcessGrid
+    from fedorasflwr.methods.fedoras.runner import run_fedoras
+    from fedorasflwr.progress import setup_logging
+
+    setup_logging(False)
+    started = time.perf_counter()
+    out = Path(out_dir)
+    (out / "fedoras").mkdir(parents=True, exist_ok=True)
+    fedoras = run_fedoras(
+        InProcessGrid(app, config, clients), parse_run_config(config), out / "fedoras"
+    )
+    tier_of = {str(p): t for p, t in fedoras["tier-of-partition"].items()}
+    if tier_of != {str(p): t for p, t in case["tier-of-partition"].items()}:
+        raise RuntimeError("FedorAS dealt the clients to other tiers than --cases-from's case")
+    redone = {key: case[key] for key in ("tiers", "widths", "tier-of-partition", *BASELINES)}
+    redone["fedoras"] = {
+        "models": [m for m in fedoras["models"] if m["init"] == "supernet"],
+        "client-flops": client_flops(fedoras),
+        "copied-from-case": {
+            "client-flops": case["fedoras"]["client-flops"],
+            "global-test-accuracy": {
+                str(m["tier"]): m.get("global-test-accuracy") for m in case["fedoras"]["models"]
+            },
+        },
+    }
+    redone["seconds"] = round(time.perf_counter() - started, 1)
+    return redone
+
+
 def fedoras_accuracy(case: dict[str, Any], tier: int) -> float | None:
     """FedorAS's tier ``tier`` (1-based) model on the global test set."""
     for model in case["fedoras"]["models"]:
@@ -273,6 +322,13 @@ def summarise(cases: list[dict[str, Any]], num_tiers: int) -> tuple[dict[str, An
                 f"| FedorAS | {alpha} | {_spread(fed)} | {_mega(fed_macs)} | "
                 f"{_giga([c['fedoras']['client-flops'] for c in at])} | - |"
             )
+            earlier = [e for c in at if (e := c["fedoras"].get("copied-from-case"))]
+            if earlier:  # --finetune-rounds: FedorAS as --cases-from had it, beside
+                accs = [a for e in earlier if (a := e["global-test-accuracy"].get(str(tier)))]
+                lines.append(
+                    f"| FedorAS (--cases-from) | {alpha} | {_spread(accs)} | {_mega(fed_macs)} | "
+                    f"{_giga([e['client-flops'] for e in earlier])} | - |"
+                )
             for method in BASELINES:
                 accs = [a for c in at if (a := baseline_accuracy(c, method, tier)) is not None]
                 macs = [m for c in at if (m := baseline_macs(c, method, tier)) is not None]
@@ -372,10 +428,18 @@ def main(argv: list[str] | None = None) -> int:
         help="the baselines alone at N rounds on the cases of --cases-from (FedorAS copied)",
     )
     parser.add_argument(
+        "--finetune-rounds",
+        type=int,
+        default=None,
+        help="ablation: FedorAS alone with N fine-tuning rounds on the cases of --cases-from "
+        "(baselines copied)",
+    )
+    parser.add_argument(
         "--cases-from",
         type=Path,
         default=RESULTS / "baselines.json",
-        help="with --baseline-rounds: the run whose tiers, clients and FedorAS models to use",
+        help="with --baseline-rounds (--finetune-rounds): the run whose tiers, clients and "
+        "FedorAS models (baselines) to use",
     )
     args = parser.parse_args(argv)
     clients = args.clients or (8 if args.quick else 40)
@@ -386,17 +450,27 @@ def main(argv: list[str] | None = None) -> int:
     name = "baselines" + (f".stage1-epochs-{args.stage1_epochs}" if args.stage1_epochs else "")
     identity = dict(measured)  # what a saved file was measured with (checked by --merge)
     earlier: dict[tuple, dict] = {}
+    if args.baseline_rounds is not None and args.finetune_rounds is not None:
+        raise SystemExit("--baseline-rounds and --finetune-rounds: give one of them")
     if args.baseline_rounds is not None:
         if args.baseline_rounds < 1:
             raise SystemExit(f"--baseline-rounds {args.baseline_rounds}: must be at least 1")
         earlier = merged([args.cases_from], measured, clients)
         name += f".rounds-{args.baseline_rounds}"
         identity["baseline-rounds"] = args.baseline_rounds
+    if args.finetune_rounds is not None:
+        if args.finetune_rounds < 1:
+            raise SystemExit(f"--finetune-rounds {args.finetune_rounds}: must be at least 1")
+        earlier = merged([args.cases_from], measured, clients)
+        name += f".finetune-rounds-{args.finetune_rounds}"
+        measured = {**measured, "fedoras.finetune-rounds": args.finetune_rounds}
+        identity = dict(measured)
+    copying = args.baseline_rounds is not None or args.finetune_rounds is not None
     started = time.perf_counter()
     done = merged(args.merge, identity, clients)
     wanted = [(seed, alpha) for seed in seeds for alpha in alphas]
     todo = [key for key in wanted if key not in done]
-    if missing := [key for key in todo if args.baseline_rounds is not None and key not in earlier]:
+    if missing := [key for key in todo if copying and key not in earlier]:
         raise SystemExit(f"--cases-from {args.cases_from}: no case for (seed, alpha) {missing}")
     partial = RESULTS / f"{name}{'.quick' if args.quick else ''}.partial.json"
     save = saver(partial, identity, clients)
@@ -408,23 +482,25 @@ def main(argv: list[str] | None = None) -> int:
         warm_data_cache(list(configs.values()), clients)
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=max(jobs, 1), mp_context=context) as pool:
-            futures = {
-                (
-                    pool.submit(
-                        run_case, configs[key], clients, str(Path(tmp) / f"{key[0]}-{key[1]}")
-                    )
-                    if args.baseline_rounds is None
-                    else pool.submit(
+            futures = {}
+            for key in todo:
+                where = str(Path(tmp) / f"{key[0]}-{key[1]}")
+                if args.baseline_rounds is not None:
+                    future = pool.submit(
                         run_baselines_only,
                         configs[key],
                         clients,
-                        str(Path(tmp) / f"{key[0]}-{key[1]}"),
+                        where,
                         earlier[key],
                         args.baseline_rounds,
                     )
-                ): key
-                for key in todo
-            }
+                elif args.finetune_rounds is not None:
+                    future = pool.submit(
+                        run_fedoras_only, configs[key], clients, where, earlier[key]
+                    )
+                else:
+                    future = pool.submit(run_case, configs[key], clients, where)
+                futures[future] = key
             for future in as_completed(futures):
                 seed, alpha = futures[future]
                 done[(seed, alpha)] = {"seed": seed, "alpha": alpha, **future.result()}

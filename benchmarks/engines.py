@@ -144,11 +144,14 @@ def read_history(output_dir: Path) -> list[float]:
     return [float(h["seconds"]) for h in document["history"][1:]]
 
 
-def read_timings(path: Path) -> list[dict[str, Any]]:
-    """The ClientApp's timing lines (none if it logged nothing)."""
+def read_timings(path: Path, role: str = "clientapp") -> list[dict[str, Any]]:
+    """The timing lines of the ClientApp (``role="clientapp"``, the default) or of the
+    deployment ServerApp's ``PromptGrid`` (``"grid"``: one per ``send_and_receive``);
+    none if nothing logged."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in lines if r.get("role", "clientapp") == role]
 
 
 #: seconds between two load samples
@@ -459,6 +462,52 @@ def transport_seconds(records: Sequence[Mapping[str, Any]], rounds: Sequence[flo
     ]
 
 
+#: the parts of the time from one round's last reply built to the next round's first
+#: process start, in order (`round_gaps`)
+GAP_PARTS = ("reply_to_grid", "server", "push", "to_process_start")
+
+
+def round_gaps(
+    records: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Where a deployment's time goes between rounds: per round after the first, the
+    seconds from the previous round's last reply built (ClientApp) to the next round's
+    first process start, in four parts: ``reply_to_grid`` (until the ServerApp's grid
+    pulled that reply: SuperNode reply check, push, SuperLink, the grid's poll),
+    ``server`` (grid returned to the next step sent: aggregation, evaluation, configure),
+    ``push`` (the next messages to the SuperLink) and ``to_process_start`` (until the
+    first message's process started: SuperNode pull, executor poll, fork). Each part's
+    mean over the rounds, ``total`` and ``rounds`` (how many were split); empty without
+    grid records (the simulation engine has none)."""
+    training = sorted(
+        (s for s in steps if str(s["message-type"]).endswith("fedoras_supernet")),
+        key=lambda s: s["sent"],
+    )
+    built: dict[int, float] = {}
+    started: dict[int, float] = {}
+    for r in records:
+        if r["message-type"].endswith("fedoras_supernet"):
+            i = r["server-round"]
+            built[i] = max(built.get(i, r["reply-built"]), r["reply-built"])
+            started[i] = min(started.get(i, r["process-start"]), r["process-start"])
+    parts: dict[str, list[float]] = {part: [] for part in (*GAP_PARTS, "total")}
+    for i in range(2, len(training) + 1):
+        before, step = training[i - 2], training[i - 1]
+        if i - 1 not in built or i not in started or not before["arrivals"]:
+            continue
+        parts["reply_to_grid"].append(max(before["arrivals"]) - built[i - 1])
+        parts["server"].append(step["sent"] - before["returned"])
+        parts["push"].append(step["pushed"] - step["sent"])
+        parts["to_process_start"].append(started[i] - step["pushed"])
+        parts["total"].append(started[i] - built[i - 1])
+    if not parts["total"]:
+        return {}
+    return {
+        **{part: round(statistics.fmean(v), 3) for part, v in parts.items()},
+        "rounds": len(parts["total"]),
+    }
+
+
 def measure_config(
     name: str, quick: bool, tmp: Path, extra: Sequence[str] | None = None
 ) -> dict[str, Any]:
@@ -494,6 +543,7 @@ def measure_config(
         }
         if engine in DEPLOYMENTS:
             measured[engine]["transport_seconds"] = transport_seconds(records, rounds)
+            measured[engine]["round_gaps"] = round_gaps(records, read_timings(timing_log, "grid"))
             measured[engine]["timings"] = records
     sim = measured["simulation"]["median_round_after_first"]
     measured["deployment_over_simulation"] = round(
@@ -553,6 +603,15 @@ def print_table(results: Mapping[str, Any]) -> None:
             f"{measured['deployment_over_simulation_mean']} | "
             f"{'-' if top is None else f'{top:.2f}'} |"
         )
+    print()
+    print("Between rounds on a deployment (s, mean over rounds after the first; round_gaps):")
+    print(f"| config | engine | {' | '.join(GAP_PARTS)} | total |")
+    print("|" + " --- |" * (len(GAP_PARTS) + 3))
+    for config, measured in results.items():
+        for engine in [e for e in DEPLOYMENTS if e in measured]:
+            gaps = measured[engine].get("round_gaps") or {}
+            shown = " | ".join(str(gaps.get(part, "-")) for part in (*GAP_PARTS, "total"))
+            print(f"| {config} | {engine} | {shown} |")
     print()
 
 

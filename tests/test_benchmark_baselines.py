@@ -52,6 +52,28 @@ def test_baselines_quick_matches_tiers_macs_and_compute():
         if case[method]["rounds"] < 3:  # more rounds of the same clients: more client FLOPs
             assert redone[method]["client-flops"] > case[method]["client-flops"]
 
+    # --finetune-rounds: FedorAS alone, Stage 3 longer, on the same case; baselines copied
+    longer = run_quick(
+        "baselines",
+        "--finetune-rounds",
+        "3",
+        "--cases-from",
+        quick,
+        saved_as="baselines.finetune-rounds-3",
+    )
+    (tuned,) = longer["cases"]
+    assert longer["settings"] == {**saved["settings"], "fedoras.finetune-rounds": 3}
+    for key in ("tiers", "widths", "tier-of-partition", "heterofl", "fjord"):
+        assert tuned[key] == case[key], key
+    # same seed, same Stage 1 and search: the same nets, fine-tuned for 3 rounds, not 1
+    before = {m["tier"]: m for m in case["fedoras"]["models"]}
+    for model in tuned["fedoras"]["models"]:
+        assert model["arch"] == before[model["tier"]]["arch"]
+        assert len(model["history"]) == 3 and len(before[model["tier"]]["history"]) == 1
+    copied = tuned["fedoras"]["copied-from-case"]
+    assert copied["client-flops"] == case["fedoras"]["client-flops"]
+    assert tuned["fedoras"]["client-flops"] > case["fedoras"]["client-flops"]
+
 
 def test_stage1_epochs_ablation_keeps_stage1_steps_and_rejects_a_non_divisor(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))

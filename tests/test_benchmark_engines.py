@@ -74,6 +74,12 @@ def test_engines_quick_reports_every_engine_and_the_breakdown():
         if e["samples"]
     ]
     assert loads and headline["tiny_max_round_load"] == tiny["max_round_load"] == max(loads)
+    # the time between rounds, split by the ServerApp's grid records (deployments only)
+    gaps = deployment["round_gaps"]
+    assert gaps["rounds"] == 1 and gaps["server"] >= 0 and gaps["push"] >= 0
+    parts = sum(gaps[part] for part in ("reply_to_grid", "server", "push", "to_process_start"))
+    assert parts == pytest.approx(gaps["total"], abs=0.01)
+    assert "round_gaps" not in tiny["simulation"]
 
 
 def _record(kind: str, arrays: int, start: float, entry: float) -> dict:
@@ -116,6 +122,45 @@ def _timed(kind: str, server_round: int, start: float, entry: float, built: floa
         "handler-entry": entry,
         "reply-built": built,
     }
+
+
+def test_round_gaps_split_the_time_between_two_rounds():
+    """Hand-made ClientApp and grid records: round 1's last reply is built at 14.0, the
+    grid pulls it at 14.5 and returns, the server sends round 2 at 16.0 (pushed 16.25),
+    and round 2's first process starts at 17.0: 0.5 + 1.5 + 0.25 + 0.75 = 3.0 s."""
+    engines = load_benchmark("engines")
+    records = [
+        _timed("query.profile", -1, 1.0, 2.0, 3.0),
+        _timed("train.fedoras_supernet", 1, 10.0, 11.0, 14.0),
+        _timed("train.fedoras_supernet", 1, 10.5, 12.0, 13.0),
+        _timed("train.fedoras_supernet", 2, 17.5, 18.0, 22.0),
+        _timed("train.fedoras_supernet", 2, 17.0, 18.5, 21.0),
+    ]
+
+    def step(kind: str, sent: float, arrivals: list[float]) -> dict:
+        return {
+            "message-type": kind,
+            "sent": sent,
+            "pushed": sent + 0.25,
+            "arrivals": arrivals,
+            "returned": max(arrivals),
+        }
+
+    steps = [
+        step("train.fedoras_supernet", 16.0, [21.5, 22.5]),  # out of order: sorted by sent
+        step("query.profile", 0.5, [3.5]),
+        step("train.fedoras_supernet", 9.0, [13.5, 14.5]),
+    ]
+    gaps = engines.round_gaps(records, steps)
+    assert gaps == {
+        "reply_to_grid": 0.5,
+        "server": 1.5,
+        "push": 0.25,
+        "to_process_start": 0.75,
+        "total": 3.0,
+        "rounds": 1,
+    }
+    assert engines.round_gaps(records, []) == {}  # the simulation engine logs no steps
 
 
 def test_round_windows_and_the_load_inside_them():

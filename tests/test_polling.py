@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -88,9 +89,28 @@ def test_a_step_ends_soon_after_its_last_reply_not_on_a_three_second_beat(clock)
     nodes = SlowNodes(clock, ready=[0.0, 1.2, 4.0])
     replies = PromptGrid(nodes, first=0.05, longest=1.0).send_and_receive(messages(3))
     assert sorted(m.metadata.reply_to_message_id for m in replies) == ["m0", "m1", "m2"]
-    assert 4.0 <= clock.now <= 5.0  # Flower's grid: 6.0, the next multiple of 3 s
-    assert max(clock.sleeps) <= 1.0 and clock.sleeps[0] == 0.05
-    assert nodes.pulls <= 20  # about one pull a second once nothing arrives
+    assert 4.0 <= clock.now <= 4.25  # Flower's grid: 6.0, the next multiple of 3 s
+    # held at most 0.25 s apart within 10 s of the push or a reply
+    assert max(clock.sleeps) <= 0.25 and clock.sleeps[0] == 0.05
+
+
+def test_a_long_step_costs_about_one_pull_a_second_after_the_hold(clock):
+    nodes = SlowNodes(clock, ready=[0.0, 100.0])
+    PromptGrid(nodes, first=0.05, longest=1.0, held=0.25, hold=10.0).send_and_receive(messages(2))
+    assert 100.0 <= clock.now <= 101.0
+    held = [s for s, at in zip(clock.sleeps, _stamps(clock.sleeps), strict=True) if at < 10.0]
+    assert max(held) == 0.25
+    assert max(clock.sleeps) == 1.0
+    assert nodes.pulls <= 45 + 95  # about 4 a second for 10 s, then about 1 a second
+
+
+def _stamps(sleeps: list[float]) -> list[float]:
+    """The virtual time at which each sleep began."""
+    stamps, now = [], 0.0
+    for seconds in sleeps:
+        stamps.append(now)
+        now += seconds
+    return stamps
 
 
 def test_the_timeout_returns_what_arrived(clock):
@@ -98,6 +118,31 @@ def test_the_timeout_returns_what_arrived(clock):
     replies = PromptGrid(nodes).send_and_receive(messages(2), timeout=10.0)
     assert [m.metadata.reply_to_message_id for m in replies] == ["m0"]
     assert clock.now == pytest.approx(10.0)
+
+
+def test_a_step_logs_when_it_sent_pushed_pulled_each_reply_and_returned(
+    clock, monkeypatch, tmp_path
+):
+    """With the timing log set, one line per step beside the ClientApp's, which
+    ``benchmarks/engines.py`` splits a deployment's time between rounds with."""
+    log = tmp_path / "timing.jsonl"
+    monkeypatch.setenv(polling.TIMING_LOG_ENV, str(log))
+    monkeypatch.setattr(polling.time, "time", clock.monotonic)
+    nodes = SlowNodes(clock, ready=[0.0, 1.2])
+    meta = SimpleNamespace(message_type="train.fedoras_supernet", group_id="3")
+    sent = [SimpleNamespace(metadata=meta), SimpleNamespace(metadata=meta)]
+    PromptGrid(nodes, first=0.05, longest=1.0).send_and_receive(sent)  # type: ignore[arg-type]
+    (line,) = log.read_text().splitlines()
+    record = json.loads(line)
+    assert record["role"] == "grid" and record["messages"] == 2
+    assert (record["message-type"], record["group-id"]) == ("train.fedoras_supernet", "3")
+    assert record["sent"] == record["pushed"] == 0.0  # the fake push takes no time
+    first, second = record["arrivals"]
+    assert first == 0.0 and 1.2 <= second <= 2.2  # pulled within a pause of being ready
+    assert record["returned"] == second
+    monkeypatch.delenv(polling.TIMING_LOG_ENV)
+    PromptGrid(nodes).send_and_receive(sent)  # type: ignore[arg-type]
+    assert len(log.read_text().splitlines()) == 1  # nothing logged without it
 
 
 def test_only_flowers_http_grid_is_wrapped(monkeypatch):

@@ -1,10 +1,11 @@
 """`fedorasflwr.launch.supernode`: Flower's SuperNode loop with its waits shortened (issue 44:
 a deployment round waited 0-3 s per node before its message was pulled).
 
-The clock's arithmetic by hand, the patch on a stand-in of Flower's module (a reply pushed
-resets the back-off, even when the push raises), the patch on Flower's real module in a
-fresh process, and the deployment's choice of program. The deployment engine tests run
-every SuperNode this way (`Deployment`'s default)."""
+The clock's arithmetic by hand (held short for `ACTIVE_HOLD` s after a reply), the patch on
+a stand-in of Flower's module (a reply pushed resets the back-off, even when the push
+raises), the patch on Flower's real module in a fresh process, and the deployment's choice
+of program. The deployment engine tests run every SuperNode this way (`Deployment`'s
+default)."""
 
 from __future__ import annotations
 
@@ -20,32 +21,45 @@ from fedorasflwr.launch.warm_compat import FlowerInternal, FlowerInternalsError
 
 
 class FakeClock:
+    """Virtual time: ``sleep`` moves it on."""
+
     def __init__(self) -> None:
         self.slept: list[float] = []
+        self.now = 1000.0
 
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
+        self.now += seconds
 
     def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
         return 42.0
 
 
-def test_idle_waits_grow_from_the_first_to_flowers_own_and_reply_checks_are_short():
+def test_idle_waits_are_held_short_after_a_reply_then_grow_to_flowers_own():
     fake = FakeClock()
     clock = prompt.PromptClock(fake)
-    for _ in range(10):
+    while fake.now < 1000.0 + prompt.ACTIVE_HOLD:
         clock.sleep(3)  # Flower's wait after a pull that found nothing
-    # 0.1, then x1.5 each time, never above Flower's 3 s
-    expected = [0.1, 0.15, 0.225, 0.3375, 0.50625, 0.759375, 1.1390625, 1.70859375, 2.562890625]
-    assert fake.slept[:9] == pytest.approx(expected)
-    assert fake.slept[9] == 3
+    # within the hold: 0.1, then x1.5 each time, never above HELD_IDLE_WAIT (0.25)
+    assert fake.slept[:5] == pytest.approx([0.1, 0.15, 0.225, 0.25, 0.25])
+    assert max(fake.slept) == prompt.HELD_IDLE_WAIT == 0.25
+    held = len(fake.slept)
+    for _ in range(8):
+        clock.sleep(3)
+    # then x1.5 from there on, never above Flower's 3 s
+    expected = [0.25 * 1.5**k for k in range(1, 7)]
+    assert fake.slept[held : held + 6] == pytest.approx(expected)
+    assert fake.slept[-1] == 3
     clock.sleep(0.5)  # Flower's wait between two checks for the ClientApp's reply
     clock.sleep(0.05)
-    assert fake.slept[10:] == [prompt.REPLY_CHECK, 0.05]
+    assert fake.slept[-2:] == [prompt.REPLY_CHECK, 0.05]
     clock.message_handled()
-    clock.sleep(3)
-    assert fake.slept[-1] == prompt.FIRST_IDLE_WAIT
-    assert clock.monotonic() == 42.0  # everything else is the real clock's
+    clock.sleep(3), clock.sleep(3), clock.sleep(3), clock.sleep(3)
+    assert fake.slept[-4:] == pytest.approx([0.1, 0.15, 0.225, 0.25])  # held again
+    assert clock.time() == 42.0  # everything else is the real clock's
 
 
 def test_the_patch_resets_the_back_off_after_every_push_even_a_failed_one():
@@ -57,17 +71,21 @@ def test_the_patch_resets_the_back_off_after_every_push_even_a_failed_one():
             raise ConnectionError("SuperLink gone")
 
     module = SimpleNamespace(time=None, _push_messages=push)
-    clock = prompt.PromptClock(FakeClock())
+    fake = FakeClock()
+    clock = prompt.PromptClock(fake)
     prompt.make_prompt(module, clock)
     assert module.time is clock and module._push_messages.__wrapped__ is push
     clock.sleep(3), clock.sleep(3)
-    assert clock.idle_wait > prompt.FIRST_IDLE_WAIT
+    assert fake.slept[-1] > prompt.FIRST_IDLE_WAIT
     module._push_messages(1, state="s")
-    assert pushed == [((1,), {"state": "s"})] and clock.idle_wait == prompt.FIRST_IDLE_WAIT
+    assert pushed == [((1,), {"state": "s"})]
+    clock.sleep(3)
+    assert fake.slept[-1] == prompt.FIRST_IDLE_WAIT
     clock.sleep(3)
     with pytest.raises(ConnectionError):
         module._push_messages(fail=True)
-    assert clock.idle_wait == prompt.FIRST_IDLE_WAIT
+    clock.sleep(3)
+    assert fake.slept[-1] == prompt.FIRST_IDLE_WAIT
 
 
 def test_flowers_supernode_module_takes_the_patch():

@@ -33,7 +33,9 @@ from fedorasflwr.launch.deployment import (
     threads_per_node,
 )
 from fedorasflwr.launch.warm import (
+    ACTIVE_HOLD,
     DEFAULT_POLL_INTERVAL,
+    HELD_POLL_INTERVAL,
     IDLE_POLL_INTERVAL,
     TaskSlots,
     WarmExecutor,
@@ -64,15 +66,31 @@ def test_bad_poll_interval_names_the_key_and_the_range(bad: object) -> None:
 
 
 def test_an_idle_executor_polls_less_and_less_often_down_to_once_a_second() -> None:
-    """Each poll that finds no task doubles the wait, up to IDLE_POLL_INTERVAL (1 s, Flower's
-    own SuperExec's interval); a longer configured interval is kept as it is."""
+    """Each poll that finds no task doubles the wait: up to HELD_POLL_INTERVAL (0.2 s) for
+    ACTIVE_HOLD seconds after a task came or ended, then up to IDLE_POLL_INTERVAL (1 s,
+    Flower's own SuperExec's interval); a longer configured interval is kept as it is."""
+    now = [0.0]
     executor = WarmExecutor("127.0.0.1:1")
-    waits = [executor.poll_interval]
-    for _ in range(6):
-        waits.append(executor.next_wait(waits[-1]))
-    assert waits == pytest.approx([0.1, 0.2, 0.4, 0.8, IDLE_POLL_INTERVAL, 1.0, 1.0])
+    backoff = executor.backoff
+    assert (backoff.first, backoff.growth, backoff.held, backoff.longest, backoff.hold) == (
+        0.1,
+        2.0,
+        HELD_POLL_INTERVAL,
+        IDLE_POLL_INTERVAL,
+        ACTIVE_HOLD,
+    )
+    backoff._clock = lambda: now[0]
+    backoff.activity()
+    held = [backoff.next_wait() for _ in range(4)]
+    assert held == pytest.approx([0.1, 0.2, 0.2, 0.2])
+    now[0] = ACTIVE_HOLD  # no task for the whole hold
+    assert [backoff.next_wait() for _ in range(4)] == pytest.approx([0.4, 0.8, 1.0, 1.0])
+    backoff.activity()
+    assert backoff.next_wait() == 0.1
     slow = WarmExecutor("127.0.0.1:1", poll_interval=2.5)
-    assert slow.next_wait(2.5) == 2.5
+    assert slow.backoff.next_wait() == slow.backoff.next_wait() == 2.5
+    with pytest.deprecated_call():  # the old unheld sequence keeps its name a while
+        assert executor.next_wait(0.4) == 0.8
 
 
 def test_poll_interval_bounds_are_kept() -> None:

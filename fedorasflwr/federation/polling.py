@@ -7,14 +7,17 @@ again: every step whose replies are not there at the first pull waits for the ne
 multiple of 3 s (a tiny FedorAS deployment round: 22.4 s with it, 20.2 s with this
 module; ``python benchmarks/engines.py --configs tiny``). ``PromptGrid`` wraps any grid
 and polls at a short interval that grows while nothing arrives (``first`` s, x1.5 per
-empty pull, at most ``longest`` s), so a step ends soon after its last reply while a
-long one costs the SuperLink about one pull a second. Everything else is the wrapped
+empty pull, at most ``held`` s for ``hold`` s after the push or a reply, then at most
+``longest`` s; `fedorasflwr.backoff.HeldBackoff`), so a step ends soon after its last
+reply while a long one costs the SuperLink about one pull a second. Everything else is the wrapped
 grid's. Every strategy here wraps the grid it is started on (``prompt``), so a library
 user's ServerApp gets this too.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
 import time
@@ -22,6 +25,8 @@ from collections.abc import Iterable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+
+from ..backoff import HeldBackoff
 
 __all__ = ["POLLING_ENV", "PromptGrid", "WrappedGrid", "prompt"]
 
@@ -31,6 +36,9 @@ HTTP_GRID_MODULE = "flwr.superlink.grid.http_grid"
 #: ``FEDORASFLWR_GRID_POLLING=flower`` in the ServerApp's environment keeps Flower's own
 #: polling (``benchmarks/engines.py`` compares the two side by side)
 POLLING_ENV = "FEDORASFLWR_GRID_POLLING"
+#: with it set, each ``PromptGrid.send_and_receive`` appends a line to that file, beside
+#: the ClientApp's (``fedorasflwr.client_app.TIMING_LOG_ENV``; ``benchmarks/engines.py``)
+TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"
 
 
 class WrappedGrid(Grid):
@@ -71,12 +79,23 @@ class WrappedGrid(Grid):
 class PromptGrid(WrappedGrid):
     """``grid`` with ``send_and_receive`` polling every ``first`` .. ``longest`` seconds."""
 
-    def __init__(self, grid: Grid, *, first: float = 0.05, longest: float = 1.0) -> None:
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        first: float = 0.05,
+        longest: float = 1.0,
+        held: float = 0.25,
+        hold: float = 10.0,
+    ) -> None:
         if not 0 < first <= longest:
             raise ValueError(f"need 0 < first <= longest, got {first!r}, {longest!r}")
         super().__init__(grid)
         self.first = first
         self.longest = longest
+        # at most `held` s between pulls for `hold` s after the push or a reply
+        self.held = min(max(held, first), longest)
+        self.hold = hold
 
     # --- prompt collection ------------------------------------------------------------
 
@@ -85,24 +104,54 @@ class PromptGrid(WrappedGrid):
     ) -> Iterable[Message]:
         """As ``Grid.send_and_receive``: push ``messages``, then pull their replies until
         every one has arrived or ``timeout`` seconds have passed (``None``: no limit)."""
+        messages = list(messages)
+        sent = time.time()
         waiting = set(self.push_messages(messages))
+        pushed = time.time()
         end = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
-        pause = self.first
+        arrivals: list[float] = []
+        backoff = HeldBackoff(
+            self.first, 1.5, self.held, self.longest, self.hold, clock=time.monotonic
+        )
         while waiting:
             arrived = list(self.pull_messages(waiting))
             replies.extend(arrived)
+            arrivals.extend(time.time() for _ in arrived)
             waiting.difference_update(m.metadata.reply_to_message_id for m in arrived)
             if not waiting:
                 break
-            pause = self.first if arrived else min(pause * 1.5, self.longest)
-            if end is not None:
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                pause = min(pause, left)
-            time.sleep(pause)
+            if arrived:
+                backoff.activity()
+            left = math.inf if end is None else end - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(backoff.next_wait(at_most=left))
+        if path := os.environ.get(TIMING_LOG_ENV):
+            _log_step(path, messages, sent, pushed, arrivals)
         return replies
+
+
+def _log_step(
+    path: str, messages: list[Message], sent: float, pushed: float, arrivals: list[float]
+) -> None:
+    """One line of the timing log for a ``send_and_receive`` step: when it began pushing,
+    when the push returned, when each reply was pulled and when it returned (epoch
+    seconds); its messages' type and group (Flower's strategies: the server round)."""
+    first = messages[0].metadata if messages else None
+    record = {
+        "role": "grid",
+        "pid": os.getpid(),
+        "message-type": first.message_type if first else None,
+        "group-id": first.group_id if first else None,
+        "messages": len(messages),
+        "sent": sent,
+        "pushed": pushed,
+        "arrivals": arrivals,
+        "returned": time.time(),
+    }
+    with open(path, "a", encoding="utf-8") as sink:
+        sink.write(json.dumps(record) + "\n")
 
 
 def prompt(grid: Grid) -> Grid:

@@ -8,9 +8,11 @@ ServerApp is still aggregating), so each message waited 0-3 s on its node before
 pulled, and a round waits for its slowest node.
 
 Here the wait after a pull that found nothing starts at `FIRST_IDLE_WAIT` once a reply has
-gone out and grows by `IDLE_GROWTH` per empty pull up to Flower's own wait, so an idle node
-polls as Flower's does; the reply check runs every `REPLY_CHECK` seconds (it reads the
-node's own state, no request). Everything else is Flower's: the loop, its connection, auth
+gone out and grows by `IDLE_GROWTH` per empty pull, at most `HELD_IDLE_WAIT` for
+`ACTIVE_HOLD` seconds after the reply (the next round's message usually comes within
+that), then up to Flower's own wait, so an idle node polls as Flower's does
+(`fedorasflwr.backoff.HeldBackoff`); the reply check runs every `REPLY_CHECK` seconds (it
+reads the node's own state, no request). Everything else is Flower's: the loop, its connection, auth
 and retries. ``$FEDORASFLWR_SUPERNODE_POLLING=flower`` keeps Flower's timing
 (``benchmarks/engines.py`` can compare the two). A module of its own, which the package does
 not import, so that ``-m`` runs it once. The two Flower internals it changes are looked up
@@ -20,15 +22,19 @@ at start; if a Flower release moved them it exits 1 naming them and the installe
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from typing import Any
 
+from ..backoff import HeldBackoff
 from .warm_compat import FlowerInternal, FlowerInternalsError, load_flower_internals
 
 __all__ = [
+    "ACTIVE_HOLD",
     "FIRST_IDLE_WAIT",
+    "HELD_IDLE_WAIT",
     "IDLE_GROWTH",
     "POLLING_ENV",
     "REPLY_CHECK",
@@ -46,6 +52,12 @@ FIRST_IDLE_WAIT = 0.1
 #: each pull that finds nothing makes the next wait this much longer, up to Flower's own
 #: (the ServerApp's `fedorasflwr.federation.polling.PromptGrid` grows its own waits alike)
 IDLE_GROWTH = 1.5
+#: the longest idle wait for `ACTIVE_HOLD` seconds after a reply went out: in a run the
+#: next round's message usually comes within a round, and a node whose wait had grown to
+#: 3 s pulled it 1.5 s late on average (a pull is one small request to the SuperLink)
+HELD_IDLE_WAIT = 0.25
+#: seconds after a reply during which idle waits stay at most `HELD_IDLE_WAIT`
+ACTIVE_HOLD = 30.0
 #: seconds between the checks for the ClientApp's reply (Flower's: 0.5)
 REPLY_CHECK = 0.1
 #: Flower's waits from this length on are the idle wait after an empty pull (Flower 1.41:
@@ -72,24 +84,32 @@ class PromptClock:
 
     def __init__(self, clock: Any = time) -> None:
         self._clock = clock
-        self.idle_wait = FIRST_IDLE_WAIT
+        # Flower's idle wait (3 s) bounds every wait through `sleep`'s `seconds`
+        self.backoff = HeldBackoff(
+            FIRST_IDLE_WAIT,
+            IDLE_GROWTH,
+            HELD_IDLE_WAIT,
+            math.inf,
+            ACTIVE_HOLD,
+            clock=clock.monotonic,
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._clock, name)
 
     def sleep(self, seconds: float) -> None:
         """Flower's ``time.sleep(seconds)``, shortened: an idle wait (``seconds`` >= 1) is
-        the current back-off, which then grows; a shorter one is at most `REPLY_CHECK`."""
+        the current back-off (at most ``seconds``), which then grows; a shorter one is at
+        most `REPLY_CHECK`."""
         if seconds >= _IDLE_FROM:
-            wait = min(self.idle_wait, seconds)
-            self.idle_wait = min(self.idle_wait * IDLE_GROWTH, seconds)
+            wait = self.backoff.next_wait(at_most=seconds)
         else:
             wait = min(seconds, REPLY_CHECK)
         self._clock.sleep(wait)
 
     def message_handled(self) -> None:
         """A message was pulled and its reply pushed: the next round's may come soon."""
-        self.idle_wait = FIRST_IDLE_WAIT
+        self.backoff.activity()
 
 
 def make_prompt(module: Any, clock: PromptClock) -> None:

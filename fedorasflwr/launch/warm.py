@@ -41,11 +41,13 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ..backoff import HeldBackoff
 from .warm_compat import (
     FlowerInternalsError,
     flower_version,
@@ -56,8 +58,10 @@ from .warm_compat import (
 )
 
 __all__ = [
+    "ACTIVE_HOLD",
     "DEFAULT_POLL_INTERVAL",
     "DEFAULT_PRELOAD",
+    "HELD_POLL_INTERVAL",
     "IDLE_POLL_INTERVAL",
     "TaskSlots",
     "WarmExecutor",
@@ -66,8 +70,15 @@ __all__ = [
 ]
 
 #: Seconds between two ``AcquireTask`` polls (Flower's ``flower-superexec``: 1.0), right after
-#: a task; each poll that finds none doubles the wait, up to `IDLE_POLL_INTERVAL`.
+#: a task; each poll that finds none doubles the wait, up to `HELD_POLL_INTERVAL` for
+#: `ACTIVE_HOLD` seconds after a task came or ended, then up to `IDLE_POLL_INTERVAL`.
 DEFAULT_POLL_INTERVAL = 0.1
+#: The longest wait within `ACTIVE_HOLD` seconds of a task (or ``poll_interval`` if longer):
+#: the next round's message usually comes within a round, and a wait grown to 1 s started
+#: it 0.5 s late on average
+HELD_POLL_INTERVAL = 0.2
+#: Seconds after a task came or ended during which waits stay at most `HELD_POLL_INTERVAL`
+ACTIVE_HOLD = 30.0
 #: The longest wait between two polls of an idle executor (Flower's ``flower-superexec``
 #: polls every 1.0 s): every poll costs CPU here and in the SuperNode that answers it, and a
 #: deployment is idle most of its life (``python benchmarks/idle_cpu.py``).
@@ -184,8 +195,10 @@ class WarmExecutor:
         Exit when this process (the SuperNode) is gone; default: run until SIGTERM /
         SIGINT.
     poll_interval : float, default 0.1
-        Seconds between two polls for a task right after one came; each poll that finds
-        none doubles the wait, up to `IDLE_POLL_INTERVAL` (or ``poll_interval`` if longer).
+        Seconds between two polls for a task right after one came or ended; each poll that
+        finds none doubles the wait, up to `HELD_POLL_INTERVAL` for `ACTIVE_HOLD` seconds,
+        then up to `IDLE_POLL_INTERVAL` (each at least ``poll_interval``;
+        `fedorasflwr.backoff.HeldBackoff`, in ``backoff``).
     preload : Sequence[str]
         Modules imported once, before the first fork.
     slots : TaskSlots, optional
@@ -225,6 +238,13 @@ class WarmExecutor:
         self.superexec_auth_secret = superexec_auth_secret
         self.parent_pid = parent_pid
         self.poll_interval = check_poll_interval(poll_interval)
+        self.backoff = HeldBackoff(
+            self.poll_interval,
+            2.0,
+            max(HELD_POLL_INTERVAL, self.poll_interval),
+            max(IDLE_POLL_INTERVAL, self.poll_interval),
+            ACTIVE_HOLD,
+        )
         self.preload = tuple(preload)
         self.slots = slots
         self.flower = load_flower_internals()
@@ -276,10 +296,10 @@ class WarmExecutor:
             supported_task_types=[flower["TaskType.CLIENT_APP"].value]
         )
         previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        wait = self.poll_interval
         try:
             while not self._stopping:
-                self._reap()  # what flower-superexec's `executor.reconcile()` is for
+                if self._reap():  # what flower-superexec's `executor.reconcile()` is for
+                    self.backoff.activity()  # a task ended: the next may come soon
                 if max_tasks is not None and self.served >= max_tasks and not self.children:
                     break
                 if self.parent_pid is not None and not _alive(self.parent_pid):
@@ -287,12 +307,11 @@ class WarmExecutor:
                 if max_tasks is None or self.served < max_tasks:
                     polled = self._acquire(client, request, tracing)
                     if polled is True:
-                        wait = self.poll_interval
+                        self.backoff.activity()
                         continue  # another task may be waiting already
                     if polled is None:  # every slot busy: one may free any moment
-                        wait = self.poll_interval
-                self._interruptible(time.sleep, wait)
-                wait = self.next_wait(wait)
+                        self.backoff.activity()
+                self._interruptible(time.sleep, self.backoff.next_wait())
         except _Stopped:
             pass
         finally:
@@ -304,8 +323,15 @@ class WarmExecutor:
         return self.served
 
     def next_wait(self, wait: float) -> float:
-        """The wait after a poll that found no task: twice ``wait``, at most
-        `IDLE_POLL_INTERVAL` (or ``poll_interval``, where that is longer)."""
+        """Deprecated (0.4): ``serve`` holds its waits short after a task (``backoff``).
+        The wait after a poll that found no task, without the hold: twice ``wait``, at
+        most `IDLE_POLL_INTERVAL` (or ``poll_interval``, where that is longer)."""
+        warnings.warn(
+            "WarmExecutor.next_wait is deprecated: serve() waits as WarmExecutor.backoff "
+            "(fedorasflwr.backoff.HeldBackoff) says",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return min(2 * wait, max(IDLE_POLL_INTERVAL, self.poll_interval))
 
     def _acquire(self, client: Any, request: Any, tracing: Any) -> bool | None:
@@ -388,14 +414,18 @@ class WarmExecutor:
             return ended.code if isinstance(ended.code, int) else int(ended.code is not None)
         return 0
 
-    def _reap(self) -> None:
+    def _reap(self) -> int:
+        """Collect the children that ended; how many did."""
+        ended = 0
         for pid in list(self.children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
+                ended += 1
                 self.children.discard(pid)
                 code = os.waitstatus_to_exitcode(status)
                 if code != 0:
                     print(f"[warm] ClientApp task process {pid} exited with {code}", flush=True)
+        return ended
 
     def _exit_with_parent(self) -> None:
         """(A thread) once the parent is gone: end the running tasks (they cannot reach
