@@ -106,6 +106,7 @@ QUICK_CLIENTS = 2  # the smoke run: 2 nodes, 6 deployment messages instead of 9
 
 ENGINES = ("inprocess", "simulation", "deployment")
 TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"  # fedorasflwr.client_app.TIMING_LOG_ENV
+GRID_TIMING_LOG_ENV = "FEDORASFLWR_GRID_TIMING_LOG"  # fedorasflwr.federation.polling's
 
 
 def num_clients(quick: bool) -> int:
@@ -144,14 +145,18 @@ def read_history(output_dir: Path) -> list[float]:
     return [float(h["seconds"]) for h in document["history"][1:]]
 
 
-def read_timings(path: Path, role: str = "clientapp") -> list[dict[str, Any]]:
-    """The timing lines of the ClientApp (``role="clientapp"``, the default) or of the
-    deployment ServerApp's ``PromptGrid`` (``"grid"``: one per ``send_and_receive``);
-    none if nothing logged."""
+def read_timings(path: Path) -> list[dict[str, Any]]:
+    """The lines of a timing log: the ClientApp's (one per message) or, from
+    `grid_log_of` the same path, the deployment ServerApp's ``PromptGrid`` (one per
+    ``send_and_receive``); none if nothing logged."""
     if not path.exists():
         return []
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in lines if r.get("role", "clientapp") == role]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def grid_log_of(timing_log: Path) -> Path:
+    """Where the ServerApp's grid logs its steps beside the ClientApps' ``timing_log``."""
+    return timing_log.with_name(timing_log.stem + ".grid.jsonl")
 
 
 #: seconds between two load samples
@@ -330,7 +335,11 @@ def run_deployment(
 ) -> float:
     from fedorasflwr.launch import Deployment
 
-    env = {TIMING_LOG_ENV: str(timing_log), **(env or {})}
+    env = {
+        TIMING_LOG_ENV: str(timing_log),
+        GRID_TIMING_LOG_ENV: str(grid_log_of(timing_log)),
+        **(env or {}),
+    }
     nodes = nodes_of(overrides)
     with Deployment(
         num_supernodes=nodes,
@@ -543,8 +552,10 @@ def measure_config(
         }
         if engine in DEPLOYMENTS:
             measured[engine]["transport_seconds"] = transport_seconds(records, rounds)
-            measured[engine]["round_gaps"] = round_gaps(records, read_timings(timing_log, "grid"))
+            steps = read_timings(grid_log_of(timing_log))
+            measured[engine]["round_gaps"] = round_gaps(records, steps)
             measured[engine]["timings"] = records
+            measured[engine]["grid_timings"] = steps
     sim = measured["simulation"]["median_round_after_first"]
     measured["deployment_over_simulation"] = round(
         measured["deployment"]["median_round_after_first"] / sim, 3

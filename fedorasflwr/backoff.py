@@ -7,17 +7,60 @@ seconds after its last activity (a reply, a message, a task) the waits stop grow
 ``held``: in a run the next message usually comes within a round, and a wait near
 ``longest`` then delayed it by half that on average. After ``hold`` seconds without
 activity they grow on to ``longest``, so an idle deployment polls as rarely as before
-(``python benchmarks/idle_cpu.py``). Dependency-free: the prompt SuperNode loads it before
-Flower.
+(``python benchmarks/idle_cpu.py``). Flower's own pulls of a message's objects retry a
+missing one after 1 s, doubling: `prompt_object_pulls` starts them at 0.05 s.
+Dependency-free: the prompt SuperNode loads it before Flower.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["HeldBackoff"]
+__all__ = [
+    "OBJECT_PULL_FIRST_WAIT",
+    "OBJECT_PULL_LONGEST_WAIT",
+    "PROMPT_MARK",
+    "HeldBackoff",
+    "prompt_object_pulls",
+]
+
+#: Seconds before the first retry of a message object that is not there yet, doubling up to
+#: `OBJECT_PULL_LONGEST_WAIT` (Flower 1.41: 1 s up to 10 s). A SuperLink offers a message
+#: before the ServerApp has pushed its objects, and a SuperNode offers its task before it
+#: has pulled them (``flwr/supernode/start_client_internal.py``, ``_pull_and_store_message``):
+#: a warm task asks within milliseconds, and 3 of 12 training messages of the engines
+#: benchmark took 1.56-1.66 s from their fork to their app imported instead of 0.33-0.51 s
+#: (``python benchmarks/engines.py``; with these waits 0.34-0.61 s, benchmarks/README.md
+#: "Object pulls"). The ServerApp's
+#: grid pulling a reply's objects, the SuperNode pulling a message's and the task pulling
+#: them from its SuperNode each retry so (`fedorasflwr.federation.polling.prompt`,
+#: `fedorasflwr.launch.supernode`, `fedorasflwr.launch.warm`).
+OBJECT_PULL_FIRST_WAIT = 0.05
+#: The longest wait between two tries of a missing object (`OBJECT_PULL_FIRST_WAIT`).
+OBJECT_PULL_LONGEST_WAIT = 1.0
+#: The attribute `prompt_object_pulls` sets on what it returns
+PROMPT_MARK = "_fedorasflwr_prompt"
+
+
+def prompt_object_pulls(pull: Any) -> Any:
+    """Flower's object pull ``pull`` (``pull_objects`` or
+    ``pull_and_inflate_object_from_tree``) retrying a missing object after
+    `OBJECT_PULL_FIRST_WAIT` s, then up to `OBJECT_PULL_LONGEST_WAIT` s, within Flower's time
+    limit (its default ``max_time``, 2 hours) and without its count of tries (500, which at
+    1-s waits would end a slow pull after about 8 minutes instead). The result carries
+    `PROMPT_MARK` (true), so a caller can tell it from Flower's own."""
+    prompt = functools.partial(
+        pull,
+        initial_backoff=OBJECT_PULL_FIRST_WAIT,
+        backoff_cap=OBJECT_PULL_LONGEST_WAIT,
+        max_tries_per_object=None,
+    )
+    setattr(prompt, PROMPT_MARK, True)
+    return prompt
 
 
 class HeldBackoff:

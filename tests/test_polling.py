@@ -13,6 +13,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 import fedorasflwr.federation.polling as polling
+from fedorasflwr.backoff import OBJECT_PULL_FIRST_WAIT
 from fedorasflwr.federation.polling import PromptGrid, prompt
 from fedorasflwr.inprocess import InProcessGrid
 
@@ -123,10 +124,12 @@ def test_the_timeout_returns_what_arrived(clock):
 def test_a_step_logs_when_it_sent_pushed_pulled_each_reply_and_returned(
     clock, monkeypatch, tmp_path
 ):
-    """With the timing log set, one line per step beside the ClientApp's, which
-    ``benchmarks/engines.py`` splits a deployment's time between rounds with."""
-    log = tmp_path / "timing.jsonl"
-    monkeypatch.setenv(polling.TIMING_LOG_ENV, str(log))
+    """With the grid's timing log set, one line per step (in a file of its own: the
+    ClientApp's log keeps one line per message), which ``benchmarks/engines.py`` splits a
+    deployment's time between rounds with."""
+    log = tmp_path / "grid-timing.jsonl"
+    monkeypatch.setenv("FEDORASFLWR_TIMING_LOG", str(tmp_path / "clientapp-timing.jsonl"))
+    monkeypatch.setenv(polling.GRID_TIMING_LOG_ENV, str(log))
     monkeypatch.setattr(polling.time, "time", clock.monotonic)
     nodes = SlowNodes(clock, ready=[0.0, 1.2])
     meta = SimpleNamespace(message_type="train.fedoras_supernet", group_id="3")
@@ -140,18 +143,27 @@ def test_a_step_logs_when_it_sent_pushed_pulled_each_reply_and_returned(
     first, second = record["arrivals"]
     assert first == 0.0 and 1.2 <= second <= 2.2  # pulled within a pause of being ready
     assert record["returned"] == second
-    monkeypatch.delenv(polling.TIMING_LOG_ENV)
+    monkeypatch.delenv(polling.GRID_TIMING_LOG_ENV)
     PromptGrid(nodes).send_and_receive(sent)  # type: ignore[arg-type]
     assert len(log.read_text().splitlines()) == 1  # nothing logged without it
+    assert not (tmp_path / "clientapp-timing.jsonl").exists()  # nor in the ClientApp's
 
 
 def test_only_flowers_http_grid_is_wrapped(monkeypatch):
+    from flwr.superlink.grid import http_grid
     from flwr.superlink.grid.http_grid import HttpGrid
 
+    flowers_pull = http_grid.pull_objects
+    monkeypatch.setattr(http_grid, "pull_objects", flowers_pull)  # restored afterwards
     http = HttpGrid.__new__(HttpGrid)  # no connection needed to check the wrapping
     wrapped = prompt(http)
     assert isinstance(wrapped, PromptGrid) and wrapped.grid is http
     assert prompt(wrapped) is wrapped
+    # a reply's objects still on their way are asked for again after 0.05 s, not 1 s
+    assert http_grid.pull_objects.func is flowers_pull
+    assert http_grid.pull_objects.keywords["initial_backoff"] == OBJECT_PULL_FIRST_WAIT
+    prompt(HttpGrid.__new__(HttpGrid))
+    assert http_grid.pull_objects.func is flowers_pull  # once per process, not nested
     grid = InProcessGrid(lambda *_: None, {}, 1)  # type: ignore[arg-type]
     assert prompt(grid) is grid
     monkeypatch.setenv(polling.POLLING_ENV, "flower")

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fedorasflwr.backoff import OBJECT_PULL_FIRST_WAIT, PROMPT_MARK
 from fedorasflwr.launch import Deployment
 from fedorasflwr.launch import supernode as prompt
 from fedorasflwr.launch.warm_compat import FlowerInternal, FlowerInternalsError
@@ -70,11 +71,17 @@ def test_the_patch_resets_the_back_off_after_every_push_even_a_failed_one():
         if kwargs.get("fail"):
             raise ConnectionError("SuperLink gone")
 
-    module = SimpleNamespace(time=None, _push_messages=push)
+    def pull_objects(*args, **kwargs):
+        return args, kwargs
+
+    module = SimpleNamespace(time=None, _push_messages=push, pull_objects=pull_objects)
     fake = FakeClock()
     clock = prompt.PromptClock(fake)
     prompt.make_prompt(module, clock)
     assert module.time is clock and module._push_messages.__wrapped__ is push
+    # a message's objects missing on the SuperLink are asked for again after 0.05 s
+    assert module.pull_objects.func is pull_objects and getattr(module.pull_objects, PROMPT_MARK)
+    assert module.pull_objects(["id"])[1]["initial_backoff"] == OBJECT_PULL_FIRST_WAIT
     clock.sleep(3), clock.sleep(3)
     assert fake.slept[-1] > prompt.FIRST_IDLE_WAIT
     module._push_messages(1, state="s")
@@ -101,6 +108,7 @@ source = inspect.getsource(module)
 assert "time.sleep(3)" in source and "time.sleep(0.5)" in source
 prompt.make_prompt(module, prompt.PromptClock())
 assert isinstance(module.time, prompt.PromptClock)
+assert module.pull_objects.func.__name__ == "pull_objects"
 print(module._push_messages.__wrapped__.__name__)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

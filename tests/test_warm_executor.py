@@ -26,6 +26,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
+from fedorasflwr.backoff import OBJECT_PULL_FIRST_WAIT, PROMPT_MARK
 from fedorasflwr.launch import Deployment, warm_compat
 from fedorasflwr.launch.deployment import (
     SUPEREXEC_POLL_ENV,
@@ -43,6 +44,7 @@ from fedorasflwr.launch.warm import (
     check_poll_interval,
     forget_package,
     main,
+    prompt_task_pulls,
 )
 from fedorasflwr.launch.warm_compat import (
     REFUSED_OPTIONS,
@@ -651,3 +653,19 @@ def test_a_deployment_hands_its_slots_to_every_warm_executor(
             ]
         else:
             assert "--task-slots" not in command
+
+
+def test_a_task_retries_its_messages_missing_objects_after_a_twentieth_of_a_second(
+    monkeypatch,
+) -> None:
+    """The SuperNode offers a task before it holds the message's objects: the task's
+    ``run_clientapp`` pulls them with Flower's own function, retrying sooner."""
+    from flwr.supernode.runtime import run_clientapp
+
+    flower = load_flower_internals()
+    original = flower["pull_and_inflate_object_from_tree"]
+    monkeypatch.setattr(run_clientapp, "pull_and_inflate_object_from_tree", original)
+    prompt_task_pulls(flower)
+    pull = run_clientapp.pull_and_inflate_object_from_tree  # what pull_task_input calls
+    assert pull.func is original and getattr(pull, PROMPT_MARK)
+    assert pull.keywords["initial_backoff"] == OBJECT_PULL_FIRST_WAIT

@@ -10,8 +10,10 @@ and polls at a short interval that grows while nothing arrives (``first`` s, x1.
 empty pull, at most ``held`` s for ``hold`` s after the push or a reply, then at most
 ``longest`` s; `fedorasflwr.backoff.HeldBackoff`), so a step ends soon after its last
 reply while a long one costs the SuperLink about one pull a second. Everything else is the wrapped
-grid's. Every strategy here wraps the grid it is started on (``prompt``), so a library
-user's ServerApp gets this too.
+grid's, except that ``prompt`` also has Flower's ``HttpGrid`` retry a reply's object that
+is not on the SuperLink yet after 0.05 s instead of 1 s
+(`fedorasflwr.backoff.prompt_object_pulls`). Every strategy here wraps the grid it is
+started on (``prompt``), so a library user's ServerApp gets this too.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from ..backoff import HeldBackoff
+from ..backoff import PROMPT_MARK, HeldBackoff, prompt_object_pulls
 
 __all__ = ["POLLING_ENV", "PromptGrid", "WrappedGrid", "prompt"]
 
@@ -36,9 +38,10 @@ HTTP_GRID_MODULE = "flwr.superlink.grid.http_grid"
 #: ``FEDORASFLWR_GRID_POLLING=flower`` in the ServerApp's environment keeps Flower's own
 #: polling (``benchmarks/engines.py`` compares the two side by side)
 POLLING_ENV = "FEDORASFLWR_GRID_POLLING"
-#: with it set, each ``PromptGrid.send_and_receive`` appends a line to that file, beside
-#: the ClientApp's (``fedorasflwr.client_app.TIMING_LOG_ENV``; ``benchmarks/engines.py``)
-TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"
+#: with it set, each ``PromptGrid.send_and_receive`` appends a line to that file (a file
+#: of its own: the ClientApp's ``$FEDORASFLWR_TIMING_LOG`` holds one line per message and
+#: nothing else; ``benchmarks/engines.py`` reads both)
+GRID_TIMING_LOG_ENV = "FEDORASFLWR_GRID_TIMING_LOG"
 
 
 class WrappedGrid(Grid):
@@ -127,7 +130,7 @@ class PromptGrid(WrappedGrid):
             if left <= 0:
                 break
             time.sleep(backoff.next_wait(at_most=left))
-        if path := os.environ.get(TIMING_LOG_ENV):
+        if path := os.environ.get(GRID_TIMING_LOG_ENV):
             _log_step(path, messages, sent, pushed, arrivals)
         return replies
 
@@ -135,7 +138,7 @@ class PromptGrid(WrappedGrid):
 def _log_step(
     path: str, messages: list[Message], sent: float, pushed: float, arrivals: list[float]
 ) -> None:
-    """One line of the timing log for a ``send_and_receive`` step: when it began pushing,
+    """One line of the grid's timing log for a ``send_and_receive`` step: when it began pushing,
     when the push returned, when each reply was pulled and when it returned (epoch
     seconds); its messages' type and group (Flower's strategies: the server round)."""
     first = messages[0].metadata if messages else None
@@ -165,5 +168,10 @@ def prompt(grid: Grid) -> Grid:
     # "import fedorasflwr.server_app"` took 4.9 s with it, 3.6 s without
     http_grid = sys.modules.get(HTTP_GRID_MODULE)
     if http_grid is not None and isinstance(grid, http_grid.HttpGrid):
+        # its pull of a reply's objects, which may still be on their way to the SuperLink,
+        # retried after 0.05 s instead of 1 s (once per process: HttpGrid calls it by the
+        # module's name; Flower's own timing with the environment variable above)
+        if not getattr(http_grid.pull_objects, PROMPT_MARK, False):
+            http_grid.pull_objects = prompt_object_pulls(http_grid.pull_objects)
         return PromptGrid(grid)
     return grid

@@ -12,10 +12,12 @@ gone out and grows by `IDLE_GROWTH` per empty pull, at most `HELD_IDLE_WAIT` for
 `ACTIVE_HOLD` seconds after the reply (the next round's message usually comes within
 that), then up to Flower's own wait, so an idle node polls as Flower's does
 (`fedorasflwr.backoff.HeldBackoff`); the reply check runs every `REPLY_CHECK` seconds (it
-reads the node's own state, no request). Everything else is Flower's: the loop, its connection, auth
-and retries. ``$FEDORASFLWR_SUPERNODE_POLLING=flower`` keeps Flower's timing
+reads the node's own state, no request), and a message's object that the SuperLink does not
+hold yet is asked for again after 0.05 s instead of Flower's 1 s
+(`fedorasflwr.backoff.prompt_object_pulls`). Everything else is Flower's: the loop, its
+connection, auth and retries. ``$FEDORASFLWR_SUPERNODE_POLLING=flower`` keeps Flower's timing
 (``benchmarks/engines.py`` can compare the two). A module of its own, which the package does
-not import, so that ``-m`` runs it once. The two Flower internals it changes are looked up
+not import, so that ``-m`` runs it once. The Flower internals it changes are looked up
 at start; if a Flower release moved them it exits 1 naming them and the installed Flower
 (`fedorasflwr.launch.warm_compat`).
 """
@@ -28,8 +30,12 @@ import sys
 import time
 from typing import Any
 
-from ..backoff import HeldBackoff
-from .warm_compat import FlowerInternal, FlowerInternalsError, load_flower_internals
+from ..backoff import HeldBackoff, prompt_object_pulls
+from .warm_compat import (
+    FlowerInternal,
+    FlowerInternalsError,
+    load_flower_internals,
+)
 
 __all__ = [
     "ACTIVE_HOLD",
@@ -68,6 +74,11 @@ _IDLE_FROM = 1.0
 SUPERNODE_INTERNALS: tuple[FlowerInternal, ...] = (
     FlowerInternal("flwr.supernode.start_client_internal", "time"),
     FlowerInternal("flwr.supernode.start_client_internal", "_push_messages"),
+    FlowerInternal(
+        "flwr.supernode.start_client_internal",
+        "pull_objects",
+        ("initial_backoff", "backoff_cap", "max_tries_per_object"),
+    ),
     FlowerInternal("flwr.supernode.cli", "flower_supernode"),
 )
 
@@ -113,8 +124,10 @@ class PromptClock:
 
 
 def make_prompt(module: Any, clock: PromptClock) -> None:
-    """Point ``module`` (Flower's ``start_client_internal``) at ``clock`` for its waits and
-    have its ``_push_messages`` reset the back-off after each reply it pushes."""
+    """Point ``module`` (Flower's ``start_client_internal``) at ``clock`` for its waits,
+    have its ``_push_messages`` reset the back-off after each reply it pushes, and its
+    ``pull_objects`` retry a message's missing object sooner than Flower's 1 s
+    (`fedorasflwr.backoff.prompt_object_pulls`)."""
     push = module._push_messages
 
     def push_then_reset(*args: Any, **kwargs: Any) -> None:
@@ -125,6 +138,7 @@ def make_prompt(module: Any, clock: PromptClock) -> None:
 
     push_then_reset.__wrapped__ = push  # type: ignore[attr-defined]
     module._push_messages = push_then_reset
+    module.pull_objects = prompt_object_pulls(module.pull_objects)
     module.time = clock
 
 

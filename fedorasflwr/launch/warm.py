@@ -47,7 +47,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..backoff import HeldBackoff
+from ..backoff import HeldBackoff, prompt_object_pulls
 from .warm_compat import (
     FlowerInternalsError,
     flower_version,
@@ -401,6 +401,7 @@ class WarmExecutor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
         forget_package(APP_PACKAGE)
+        prompt_task_pulls(self.flower)
         try:
             self.flower["run_clientapp"](
                 runtime_api_address=self.runtime_api_address,
@@ -461,6 +462,17 @@ class WarmExecutor:
         for pid in list(self.children):
             os.waitpid(pid, 0)
             self.children.discard(pid)
+
+
+def prompt_task_pulls(flower: dict[str, Any]) -> None:
+    """Have ``run_clientapp`` (of ``flower``, `load_flower_internals`'s) pull its message's
+    objects retrying a missing one after 0.05 s instead of Flower's 1 s: the SuperNode
+    offers the task before it holds them (`fedorasflwr.backoff.prompt_object_pulls`). In a
+    task's process (the executor's own is left as it is)."""
+    module = importlib.import_module(flower["run_clientapp"].__module__)
+    module.pull_and_inflate_object_from_tree = prompt_object_pulls(
+        flower["pull_and_inflate_object_from_tree"]
+    )
 
 
 def forget_package(package: str) -> list[str]:

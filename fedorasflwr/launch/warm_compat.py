@@ -106,6 +106,13 @@ FLOWER_INTERNALS: tuple[FlowerInternal, ...] = (
             "runtime_dependency_install",
         ),
     ),
+    # what `run_clientapp` pulls the message's objects with (`pull_task_input` calls it by
+    # this module-level name); the task calls it with a first retry sooner than Flower's
+    FlowerInternal(
+        "flwr.supernode.runtime.run_clientapp",
+        "pull_and_inflate_object_from_tree",
+        ("initial_backoff", "backoff_cap", "max_tries_per_object"),
+    ),
 )
 
 
