@@ -158,9 +158,10 @@ def _log_step(
 
 
 def prompt(grid: Grid) -> Grid:
-    """Flower's ``HttpGrid`` wrapped in a :class:`PromptGrid`; any other grid as it is (a
-    wrapped one, the in-process grid of the tests, a user's grid with its own timing), or
-    when ``$FEDORASFLWR_GRID_POLLING`` is ``flower``."""
+    """Flower's ``HttpGrid`` wrapped in a :class:`PromptGrid` (and its module's pull of a
+    reply's objects retrying a missing one after 0.05 s, for the whole process); any other
+    grid as it is (a wrapped one, the in-process grid of the tests, a user's grid with its
+    own timing), or when ``$FEDORASFLWR_GRID_POLLING`` is ``flower``."""
     if os.environ.get(POLLING_ENV, "") == "flower":
         return grid
     # An HttpGrid exists only once its module is imported; importing it here (fastapi,
