@@ -107,6 +107,7 @@ QUICK_CLIENTS = 2  # the smoke run: 2 nodes, 6 deployment messages instead of 9
 ENGINES = ("inprocess", "simulation", "deployment")
 TIMING_LOG_ENV = "FEDORASFLWR_TIMING_LOG"  # fedorasflwr.client_app.TIMING_LOG_ENV
 GRID_TIMING_LOG_ENV = "FEDORASFLWR_GRID_TIMING_LOG"  # fedorasflwr.federation.polling's
+TASK_TIMING_LOG_ENV = "FEDORASFLWR_TASK_TIMING_LOG"  # fedorasflwr.launch.warm's
 
 
 def num_clients(quick: bool) -> int:
@@ -157,6 +158,11 @@ def read_timings(path: Path) -> list[dict[str, Any]]:
 def grid_log_of(timing_log: Path) -> Path:
     """Where the ServerApp's grid logs its steps beside the ClientApps' ``timing_log``."""
     return timing_log.with_name(timing_log.stem + ".grid.jsonl")
+
+
+def task_log_of(timing_log: Path) -> Path:
+    """Where the warm executor's tasks log their steps beside the ClientApps' ``timing_log``."""
+    return timing_log.with_name(timing_log.stem + ".task.jsonl")
 
 
 #: seconds between two load samples
@@ -338,6 +344,7 @@ def run_deployment(
     env = {
         TIMING_LOG_ENV: str(timing_log),
         GRID_TIMING_LOG_ENV: str(grid_log_of(timing_log)),
+        TASK_TIMING_LOG_ENV: str(task_log_of(timing_log)),
         **(env or {}),
     }
     nodes = nodes_of(overrides)
@@ -377,6 +384,13 @@ def run_deployment_flower_supernode(overrides: dict[str, Any], timing_log: Path)
     return run_deployment(overrides, timing_log, prompt=False)
 
 
+def run_deployment_fresh_imports(overrides: dict[str, Any], timing_log: Path) -> float:
+    """The warm deployment with every task installing the FAB and importing the app itself
+    (``FEDORASFLWR_WARM_APPS=fresh``) instead of keeping them between tasks
+    (``fedorasflwr.launch.warm_apps``)."""
+    return run_deployment(overrides, timing_log, {"FEDORASFLWR_WARM_APPS": "fresh"})
+
+
 RUNNERS = {
     "inprocess": run_inprocess,
     "simulation": run_simulation_engine,
@@ -385,15 +399,17 @@ RUNNERS = {
     "deployment-flower-supernode": run_deployment_flower_supernode,
     "deployment-cold": run_deployment_cold,
     "deployment-all-at-once": run_deployment_all_at_once,
+    "deployment-fresh-imports": run_deployment_fresh_imports,
 }
 #: the full run also measures the deployment with Flower's 3-s reply polling, with
-#: Flower's own SuperNode timing, with Flower's per-message ClientApp processes and with
-#: every ClientApp at once (no slots)
+#: Flower's own SuperNode timing, with Flower's per-message ClientApp processes, with
+#: every ClientApp at once (no slots) and with every task importing its app itself
 FULL_ONLY = (
     "deployment-flower-polling",
     "deployment-flower-supernode",
     "deployment-cold",
     "deployment-all-at-once",
+    "deployment-fresh-imports",
 )
 DEPLOYMENTS = ("deployment",) + FULL_ONLY
 
@@ -456,6 +472,56 @@ def breakdown(records: Sequence[Mapping[str, Any]], engine: str) -> dict[str, fl
         phases["app_imported_to_handler"] = [r["handler-entry"] - r["module-loaded"] for r in train]
         phases["fixed_start_to_handler"] = [r["handler-entry"] - r["process-start"] for r in train]
     return {name: _median(values) for name, values in phases.items()}
+
+
+#: a warm task's steps in order (`task_phases`): each from the previous mark to its own
+TASK_PHASES = (
+    ("fork", "forked", "child"),
+    ("client", "child", "pull_task_input-start"),
+    ("pull", "pull_task_input-start", "pull_task_input-end"),
+    ("install_fab", "install_from_fab-start", "install_from_fab-end"),
+    ("to_load", "install_from_fab-end", "load_client_app-start"),
+    ("import_app", "load_client_app-start", "load_client_app-end"),
+    ("to_handler", "load_client_app-end", "handler-entry"),
+    ("handler", "handler-entry", "reply-built"),
+    ("to_push", "reply-built", "push_message-start"),
+    ("push", "push_message-start", "push_message-end"),
+    ("exit", "push_message-end", "end"),
+)
+
+
+def task_phases(
+    records: Sequence[Mapping[str, Any]], tasks: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[str, float | None]]:
+    """Median seconds per step of the warm executor's tasks (``fedorasflwr.launch.warm``'s
+    task timing joined by pid to the ClientApp's record), for the messages without arrays
+    (``bare``: what every message pays) and the training messages (``train``); each step
+    from the previous mark to its own (`TASK_PHASES`), ``fork_to_handler`` the sum up to
+    the handler. Empty without task records (Flower's cold processes, other engines)."""
+    by_pid = {r["pid"]: r for r in records}
+    groups: dict[str, list[dict[str, Any]]] = {"bare": [], "train": []}
+    for task in tasks:
+        app = by_pid.get(task["pid"])
+        if app is None:
+            continue
+        marks = {**task, **app}
+        kind = "train" if app["message-type"].endswith("fedoras_supernet") else None
+        if app.get("arrays", 0) == 0:
+            kind = "bare"
+        if kind is not None:
+            groups[kind].append(marks)
+    result: dict[str, dict[str, float | None]] = {}
+    for kind, group in groups.items():
+        if not group:
+            continue
+        phases = {
+            name: _median([m[end] - m[start] for m in group if start in m and end in m])
+            for name, start, end in TASK_PHASES
+        }
+        phases["fork_to_handler"] = _median([m["handler-entry"] - m["forked"] for m in group])
+        phases["messages"] = len(group)
+        result[kind] = phases
+    return result
 
 
 def transport_seconds(records: Sequence[Mapping[str, Any]], rounds: Sequence[float]) -> list[float]:
@@ -554,8 +620,11 @@ def measure_config(
             measured[engine]["transport_seconds"] = transport_seconds(records, rounds)
             steps = read_timings(grid_log_of(timing_log))
             measured[engine]["round_gaps"] = round_gaps(records, steps)
+            tasks = read_timings(task_log_of(timing_log))
+            measured[engine]["task_phases"] = task_phases(records, tasks)
             measured[engine]["timings"] = records
             measured[engine]["grid_timings"] = steps
+            measured[engine]["task_timings"] = tasks
     sim = measured["simulation"]["median_round_after_first"]
     measured["deployment_over_simulation"] = round(
         measured["deployment"]["median_round_after_first"] / sim, 3
@@ -623,6 +692,19 @@ def print_table(results: Mapping[str, Any]) -> None:
             gaps = measured[engine].get("round_gaps") or {}
             shown = " | ".join(str(gaps.get(part, "-")) for part in (*GAP_PARTS, "total"))
             print(f"| {config} | {engine} | {shown} |")
+    print()
+    names = [name for name, _, _ in TASK_PHASES]
+    print("A warm task's steps (s, medians; task_phases; bare: messages without arrays):")
+    print(f"| config | engine | messages | {' | '.join(names)} | fork to handler |")
+    print("|" + " --- |" * (len(names) + 4))
+    for config, measured in results.items():
+        for engine in [e for e in DEPLOYMENTS if e in measured]:
+            for kind, phases in (measured[engine].get("task_phases") or {}).items():
+                shown = " | ".join(str(phases.get(name, "-")) for name in names)
+                print(
+                    f"| {config} | {engine} ({kind}) | {phases['messages']} | {shown} | "
+                    f"{phases['fork_to_handler']} |"
+                )
     print()
 
 

@@ -80,6 +80,15 @@ def test_engines_quick_reports_every_engine_and_the_breakdown():
     parts = sum(gaps[part] for part in ("reply_to_grid", "server", "push", "to_process_start"))
     assert parts == pytest.approx(gaps["total"], abs=0.01)
     assert "round_gaps" not in tiny["simulation"]
+    # a warm task's steps, joined to the ClientApp's record by pid (deployments only)
+    tasks = deployment["task_timings"]
+    assert sorted(t["pid"] for t in tasks) == sorted(r["pid"] for r in deployment["timings"])
+    phases = deployment["task_phases"]
+    assert phases["bare"]["messages"] == 2 and phases["train"]["messages"] == 4
+    for kind in ("bare", "train"):
+        assert all(phases[kind][name] >= 0 for name in ("fork", "pull", "install_fab", "push"))
+        assert phases[kind]["fork_to_handler"] > 0
+    assert "task_phases" not in tiny["simulation"]
 
 
 def _record(kind: str, arrays: int, start: float, entry: float) -> dict:
@@ -161,6 +170,38 @@ def test_round_gaps_split_the_time_between_two_rounds():
         "rounds": 1,
     }
     assert engines.round_gaps(records, []) == {}  # the simulation engine logs no steps
+
+
+def test_task_phases_join_a_tasks_steps_to_its_message_by_pid():
+    engines = load_benchmark("engines")
+    records = [
+        {**_record("query.profile", 0, 10.0, 10.5), "pid": 1},
+        {**_record("train.fedoras_supernet", 240, 20.0, 20.25), "pid": 2},
+        {**_record("train.fedoras_supernet", 240, 30.0, 30.75), "pid": 3},
+    ]
+
+    def task(pid: int, forked: float, install: float) -> dict:
+        marks = {"pid": pid, "forked": forked, "child": forked + 0.01}
+        at = forked + 0.01
+        for step, took in (
+            ("pull_task_input", 0.04),
+            ("install_from_fab", install),
+            ("load_client_app", 0.01),
+        ):
+            marks[f"{step}-start"], marks[f"{step}-end"] = at, at + took
+            at += took
+        return marks
+
+    tasks = [task(1, 10.0, 0.25), task(2, 20.0, 0.0), task(3, 30.0, 0.5), task(9, 1.0, 1.0)]
+    phases = engines.task_phases(records, tasks)  # pid 9 has no ClientApp record: left out
+    assert phases["bare"]["messages"] == 1 and phases["train"]["messages"] == 2
+    assert phases["bare"]["install_fab"] == 0.25 and phases["bare"]["fork_to_handler"] == 0.5
+    assert phases["train"]["install_fab"] == 0.25  # median of 0.0 and 0.5
+    assert phases["train"]["fork"] == pytest.approx(0.01)
+    assert phases["train"]["pull"] == pytest.approx(0.04)
+    assert phases["train"]["fork_to_handler"] == 0.5  # median of 0.25 and 0.75
+    assert phases["train"]["push"] is None  # no push stamped
+    assert engines.task_phases(records, []) == {}
 
 
 def test_round_windows_and_the_load_inside_them():

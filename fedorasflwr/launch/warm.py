@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib
+import json
 import math
 import os
 import signal
@@ -43,11 +44,13 @@ import time
 import traceback
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from ..backoff import HeldBackoff, prompt_object_pulls
+from .warm_apps import KeptApps, forget_package
 from .warm_compat import (
     FlowerInternalsError,
     flower_version,
@@ -66,6 +69,7 @@ __all__ = [
     "TaskSlots",
     "WarmExecutor",
     "check_poll_interval",
+    "forget_package",
     "main",
 ]
 
@@ -97,6 +101,16 @@ APP_PACKAGE = (__package__ or "fedorasflwr").split(".", 1)[0]
 ORPHAN_GRACE = 2.0
 #: What a SuperNode answers an ``AcquireTask`` whose SuperExec auth it refuses.
 HTTP_UNAUTHORIZED = 401
+#: When set, every task appends one JSON line of epoch stamps to this file: the fork and
+#: the phases of Flower's ``run_clientapp`` (``benchmarks/engines.py`` reads it); unset,
+#: nothing is wrapped.
+TASK_TIMING_LOG_ENV = "FEDORASFLWR_TASK_TIMING_LOG"
+#: Set to ``fresh``: the executor keeps no app between tasks, each task installs the FAB
+#: and imports the app as a fresh ``flwr-clientapp`` does (``--fresh-app-imports``; the
+#: engines benchmark's ``deployment-fresh-imports``)
+WARM_APPS_ENV = "FEDORASFLWR_WARM_APPS"
+#: ``run_clientapp``'s module-level steps the task timing wraps, in the order they run.
+TIMED_STEPS = ("pull_task_input", "install_from_fab", "get_load_client_app_fn", "push_message")
 
 
 def check_poll_interval(value: float) -> float:
@@ -204,6 +218,10 @@ class WarmExecutor:
     slots : TaskSlots, optional
         Run a task only while holding one of these slots (shared with the host's other
         executors); default: no limit.
+    keep_apps : bool, default True
+        Install each FAB once and keep its ClientApp imported between tasks
+        (`fedorasflwr.launch.warm_apps`); False: every task installs the FAB and imports
+        the app, as a fresh ``flwr-clientapp`` does.
 
     Raises
     ------
@@ -223,6 +241,7 @@ class WarmExecutor:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         preload: Sequence[str] = DEFAULT_PRELOAD,
         slots: TaskSlots | None = None,
+        keep_apps: bool = True,
     ) -> None:
         if not runtime_api_address.strip():
             raise ValueError("runtime-api-address: empty; expected host:port")
@@ -248,7 +267,12 @@ class WarmExecutor:
         self.preload = tuple(preload)
         self.slots = slots
         self.flower = load_flower_internals()
+        self.apps = KeptApps(APP_PACKAGE, log=lambda line: print(line, flush=True))
+        self.apps.enabled = keep_apps
         self.children: set[int] = set()
+        self._reports: dict[int, int] = {}  # child pid -> read end of its report pipe
+        self._report_fd: int | None = None  # (in a task) the write end of its own
+        self._marks: dict[str, Any] = {}  # (in a task) its timing (`time_task_steps`)
         self.served = 0
         self.refusals = _RefusalWatch()
         self._stopping = False
@@ -381,17 +405,28 @@ class WarmExecutor:
     def _fork(self, token: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
+        read, write = os.pipe() if self.apps.enabled else (None, None)
+        forked = time.time()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             code = 1
+            self._marks = {"forked": forked, "child": time.time()}
             try:
+                if read is not None:
+                    os.close(read)
+                self._report_fd = write
                 code = self._run_task(token)
             except BaseException:  # noqa: BLE001 (the child must end here, whatever it raised)
                 traceback.print_exc()
             finally:
+                if os.environ.get(TASK_TIMING_LOG_ENV):
+                    write_task_timing({**self._marks, **self.apps.task})
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
+        if write is not None:
+            os.close(write)
+            self._reports[pid] = read
         self.children.add(pid)
         self.served += 1
         return pid
@@ -400,8 +435,9 @@ class WarmExecutor:
         """In the child: Flower's ``run_clientapp`` for one token; its exit code."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
-        forget_package(APP_PACKAGE)
+        self.apps.enter_task(self.flower, self._report_fd)
         prompt_task_pulls(self.flower)
+        time_task_steps(self.flower, self._marks)
         try:
             self.flower["run_clientapp"](
                 runtime_api_address=self.runtime_api_address,
@@ -424,9 +460,26 @@ class WarmExecutor:
                 ended += 1
                 self.children.discard(pid)
                 code = os.waitstatus_to_exitcode(status)
+                report = self._read_report(pid)
                 if code != 0:
                     print(f"[warm] ClientApp task process {pid} exited with {code}", flush=True)
+                elif report:
+                    self.apps.learn(report)
         return ended
+
+    def _read_report(self, pid: int) -> bytes:
+        """What the ended task ``pid`` reported (`fedorasflwr.launch.warm_apps`); empty if
+        nothing (its pipe's write end closed with the task, so this does not block)."""
+        fd = self._reports.pop(pid, None)
+        if fd is None:
+            return b""
+        chunks = []
+        try:
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        return b"".join(chunks)
 
     def _exit_with_parent(self) -> None:
         """(A thread) once the parent is gone: end the running tasks (they cannot reach
@@ -475,13 +528,43 @@ def prompt_task_pulls(flower: dict[str, Any]) -> None:
     )
 
 
-def forget_package(package: str) -> list[str]:
-    """Drop ``package`` and its submodules from ``sys.modules`` (the next import reads
-    them again, from wherever ``sys.path`` then points); returns the names dropped."""
-    names = [n for n in sys.modules if n == package or n.startswith(package + ".")]
-    for name in names:
-        del sys.modules[name]
-    return names
+def time_task_steps(flower: dict[str, Any], marks: dict[str, Any]) -> None:
+    """With ``$FEDORASFLWR_TASK_TIMING_LOG`` set, in a task's process: wrap the steps of
+    ``run_clientapp`` named in `TIMED_STEPS` (``get_load_client_app_fn``: the loader it
+    returns) so that each stamps its start and end (``time.time()``) into ``marks``;
+    unset, nothing is wrapped. A step Flower no longer has is left out (the timing is a
+    measurement, not a dependency)."""
+    if not os.environ.get(TASK_TIMING_LOG_ENV):
+        return
+    module = importlib.import_module(flower["run_clientapp"].__module__)
+
+    def stamped(name: str, step: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            marks[f"{name}-start"] = time.time()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                marks[f"{name}-end"] = time.time()
+
+        return run
+
+    def stamped_loader(get_loader: Any) -> Any:
+        return lambda *args, **kwargs: stamped("load_client_app", get_loader(*args, **kwargs))
+
+    for name in TIMED_STEPS:
+        step = getattr(module, name, None)
+        if step is not None:
+            wrap = stamped_loader if name == "get_load_client_app_fn" else partial(stamped, name)
+            setattr(module, name, wrap(step))
+
+
+def write_task_timing(marks: dict[str, Any]) -> None:
+    """Append ``marks`` (`time_task_steps`'s, with what `KeptApps` did: ``fab_reused``,
+    ``app_kept``) with this process's pid and the end as one JSON line to
+    ``$FEDORASFLWR_TASK_TIMING_LOG``."""
+    record = {"pid": os.getpid(), **marks, "end": time.time()}
+    with open(os.environ[TASK_TIMING_LOG_ENV], "a", encoding="utf-8") as sink:
+        sink.write(json.dumps(record) + "\n")
 
 
 def _alive(pid: int) -> bool:
@@ -518,6 +601,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--preload",
         default=",".join(DEFAULT_PRELOAD),
         help="comma-separated modules imported once before the first task",
+    )
+    parser.add_argument(
+        "--fresh-app-imports",
+        action="store_true",
+        default=os.environ.get(WARM_APPS_ENV) == "fresh",
+        help="every task installs the FAB and imports the app itself (default: once per FAB, "
+        f"kept between tasks; also ${WARM_APPS_ENV}=fresh)",
     )
     parser.add_argument(
         "--task-slots",
@@ -563,13 +653,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             poll_interval=args.poll_interval,
             preload=[m for m in args.preload.split(",") if m.strip()],
             slots=TaskSlots(args.task_slots_dir, args.task_slots) if args.task_slots else None,
+            keep_apps=not args.fresh_app_imports,
         )
     except (ValueError, OSError) as error:
         parser.error(str(error))
     auth = "signed" if secret else "unsigned"
-    limit = ""
+    limit = "; each task imports its app" if args.fresh_app_imports else ""
     if args.task_slots:
-        limit = f"; {args.task_slots} task(s) at once in {args.task_slots_dir}"
+        limit += f"; {args.task_slots} task(s) at once in {args.task_slots_dir}"
     print(
         f"[warm] serving ClientApp tasks of {args.runtime_api_address} "
         f"(Flower {flower_version()}, {auth} AcquireTask{limit})",

@@ -113,6 +113,19 @@ FLOWER_INTERNALS: tuple[FlowerInternal, ...] = (
         "pull_and_inflate_object_from_tree",
         ("initial_backoff", "backoff_cap", "max_tries_per_object"),
     ),
+    # what `run_clientapp` installs the FAB and loads the ClientApp with (module-level
+    # names); a task wraps them to reuse an installed FAB and the app imported by the
+    # executor (`fedorasflwr.launch.warm_apps`)
+    FlowerInternal(
+        "flwr.supernode.runtime.run_clientapp",
+        "install_from_fab",
+        ("fab_file", "install_dir", "skip_prompt"),
+    ),
+    FlowerInternal(
+        "flwr.supernode.runtime.run_clientapp",
+        "get_load_client_app_fn",
+        ("default_app_ref", "app_path", "multi_app"),
+    ),
 )
 
 

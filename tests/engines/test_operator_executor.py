@@ -40,6 +40,7 @@ from fedorasflwr.launch.flwr_cli import (
     _flwr_run,
     _run_command,
 )
+from fedorasflwr.launch.warm import TASK_TIMING_LOG_ENV
 from tests.engines.conftest import PROJECT_ROOT
 from tests.runconfig import tiny_fedoras
 
@@ -59,6 +60,7 @@ class OperatorNodes:
     home: Path
     secret: Path
     timing_log: Path
+    task_log: Path
     runtime_addresses: list[str] = field(default_factory=list)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -66,6 +68,7 @@ class OperatorNodes:
         extra = {
             "OMP_NUM_THREADS": "1",
             TIMING_LOG_ENV: str(self.timing_log),
+            TASK_TIMING_LOG_ENV: str(self.task_log),
             SUPEREXEC_POLL_ENV: "0.1",  # the SuperLink's own SuperExec (the ServerApp)
         }
         return _flower_env(home, extra)
@@ -159,7 +162,12 @@ def operator_nodes(tmp_path: Path) -> Iterator[OperatorNodes]:
     (home / "logs").mkdir(parents=True)
     secret = tmp_path / "superexec.secret"
     secret.write_bytes(os.urandom(32))
-    nodes = OperatorNodes(home=home, secret=secret, timing_log=tmp_path / "timing.jsonl")
+    nodes = OperatorNodes(
+        home=home,
+        secret=secret,
+        timing_log=tmp_path / "timing.jsonl",
+        task_log=tmp_path / "tasks.jsonl",
+    )
     try:
         port = free_port()
         superlink = [_flower_tool("flower-superlink"), "--insecure"]
@@ -218,6 +226,25 @@ def test_operator_started_executors_serve_every_clientapp_task(
     assert sorted(int(pid) for pid in forked) == sorted(record["pid"] for record in records)
     for index in range(NODES):
         assert "signed AcquireTask" in nodes.log(f"executor-{index}")
+
+    # each executor installed the FAB and imported the app in its first task only: its
+    # later tasks forked with the app imported from that FAB's directory under the node's
+    # FLWR_HOME (the next round's message waits for every node's reply, so the first task
+    # has ended by then), and every task's app is the FAB's copy, never the executor's own
+    tasks = {t["pid"]: t for t in map(json.loads, nodes.task_log.read_text().splitlines())}
+    assert set(tasks) == {record["pid"] for record in records}
+    for index in range(NODES):
+        executor = nodes.processes[f"executor-{index}"].pid
+        mine = [r for r in records if r["ppid"] == executor]
+        mine.sort(key=lambda r: tasks[r["pid"]]["forked"])
+        steps = [tasks[r["pid"]] for r in mine]
+        assert [(t["fab_reused"], t["app_kept"]) for t in steps] == [(False, False)] + [
+            (True, True)
+        ] * (len(steps) - 1), steps
+        assert "imported for the next tasks" in nodes.log(f"executor-{index}")
+        for record in mine:
+            where = Path(record["app-file"]).relative_to(nodes.home / f"supernode-{index}")
+            assert where.parts[0] == "apps", record["app-file"]
 
     # the SuperNode refuses an executor without its secret, which stops and says why
     wrong = tmp_path / "wrong.secret"
