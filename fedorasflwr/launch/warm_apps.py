@@ -28,6 +28,11 @@ the same FAB (the same full SHA-256 of its bytes):
   fresh process's import runs, and each task gets the state right after import (fork). An
   import that fails or that starts a thread is given up (forking beside a thread is
   unsafe), and tasks import the app themselves again.
+
+The app's import-time code so runs in the executor, which later tasks of every run are forked
+from: a node whose runs come from parties that must not affect each other's tasks runs the
+executor with ``--fresh-app-imports`` (docs/deployment.md, "What changes against Flower's
+SuperExec").
 """
 
 from __future__ import annotations
