@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -191,6 +193,44 @@ def test_an_installed_directory_that_is_gone_is_installed_again(
     kept.enter_task(load_flower_internals(), None)
     steps["module"].install_from_fab(fab, skip_prompt=True)
     assert steps["installs"] == [fab] and kept.task["fab_reused"] is False
+
+
+def test_a_task_whose_own_child_holds_the_report_pipe_does_not_stall_the_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The task reports and exits, but a process it forked lives on with the pipe's write
+    end: the executor still reaps the task and takes the report at once."""
+    from fedorasflwr.launch.warm import WarmExecutor
+
+    executor = WarmExecutor("127.0.0.1:1")
+    learned: list[bytes] = []
+    monkeypatch.setattr(executor.apps, "learn", learned.append)
+    release_read, release_write = os.pipe()
+
+    def task(token: str) -> int:
+        os.write(executor._report_fd, report_line("e" * 64, "/somewhere"))
+        if os.fork() == 0:  # the task's own child: keeps the report pipe until released
+            os.read(release_read, 1)
+            os._exit(0)
+        return 0
+
+    monkeypatch.setattr(executor, "_run_task", task)
+    (pid,) = [executor._fork("token")]
+    try:
+        deadline = 600  # polls of 0.05 s: the task itself ends at once
+        while pid in executor.children and deadline:
+            reaper = threading.Thread(target=executor._reap, daemon=True)
+            reaper.start()
+            reaper.join(timeout=30)
+            assert not reaper.is_alive(), "reaping blocked on the report pipe"
+            deadline -= 1
+            time.sleep(0.05)
+        assert pid not in executor.children
+        assert learned == [report_line("e" * 64, "/somewhere")]
+    finally:
+        os.write(release_write, b"x")
+        os.close(release_write)
+        os.close(release_read)
 
 
 def test_without_a_kept_app_a_task_forgets_the_executors_copy(

@@ -426,6 +426,7 @@ class WarmExecutor:
                 os._exit(code)
         if write is not None:
             os.close(write)
+            os.set_blocking(read, False)  # a process the task started may hold the write end
             self._reports[pid] = read
         self.children.add(pid)
         self.served += 1
@@ -469,7 +470,8 @@ class WarmExecutor:
 
     def _read_report(self, pid: int) -> bytes:
         """What the ended task ``pid`` reported (`fedorasflwr.launch.warm_apps`); empty if
-        nothing (its pipe's write end closed with the task, so this does not block)."""
+        nothing. Never blocks: the task wrote it before it ended, and a process the task
+        started that still holds the pipe's write end must not stall the executor."""
         fd = self._reports.pop(pid, None)
         if fd is None:
             return b""
@@ -477,6 +479,8 @@ class WarmExecutor:
         try:
             while chunk := os.read(fd, 65536):
                 chunks.append(chunk)
+        except BlockingIOError:
+            pass  # no end of file yet: something the task started holds the write end
         finally:
             os.close(fd)
         return b"".join(chunks)
