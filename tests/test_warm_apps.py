@@ -32,9 +32,16 @@ def make_app(root: Path, package: str, body: str = "app = 'the app'\n", version:
     return root
 
 
+def fab_dir(sha256: str) -> Path:
+    """Where Flower installs a FAB of this hash under ``$FLWR_HOME`` (the fixture's)."""
+    return Path(os.environ["FLWR_HOME"]) / "apps" / f"flwr.keptprobe.1.0.0.{sha256[:8]}"
+
+
 @pytest.fixture
-def kept(monkeypatch: pytest.MonkeyPatch) -> KeptApps:
-    """A `KeptApps` logging into ``kept.lines``; ``sys.path`` and ``sys.modules`` restored."""
+def kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> KeptApps:
+    """A `KeptApps` logging into ``kept.lines``; ``sys.path`` and ``sys.modules`` restored;
+    ``$FLWR_HOME`` in ``tmp_path``."""
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(sys, "path", list(sys.path))
     names = set(sys.modules)
     apps = KeptApps("keptprobe_self")
@@ -56,7 +63,7 @@ def test_the_clientapp_module_is_the_pyprojects(tmp_path: Path) -> None:
 def test_a_reported_fab_is_remembered_and_its_app_imported_from_its_directory(
     kept: KeptApps, tmp_path: Path
 ) -> None:
-    first = make_app(tmp_path / "a", "keptprobe", version=1)
+    first = make_app(fab_dir("a" * 64), "keptprobe", version=1)
     kept.learn(report_line("a" * 64, str(first)))
     assert kept.installed == {"a" * 64: first}
     assert kept.app is not None and kept.app.package == "keptprobe"
@@ -71,7 +78,7 @@ def test_a_reported_fab_is_remembered_and_its_app_imported_from_its_directory(
     assert sys.modules["keptprobe.client"] is module
 
     # another FAB of the same package: the first is forgotten, path and modules
-    second = make_app(tmp_path / "b", "keptprobe", version=2)
+    second = make_app(fab_dir("b" * 64), "keptprobe", version=2)
     kept.learn(report_line("b" * 64, str(second)))
     assert sys.modules["keptprobe"].VERSION == 2
     assert str(first) not in sys.path and sys.path[0] == str(second)
@@ -114,6 +121,20 @@ def test_an_app_that_fails_or_starts_a_thread_is_not_kept(
     assert kept.enabled is (said == "failed")
 
 
+def test_a_report_of_a_directory_flower_would_not_install_that_fab_in_is_ignored(
+    kept: KeptApps, tmp_path: Path
+) -> None:
+    """A task runs app code, which can write to its report pipe: only the directory where
+    Flower installs the reported FAB is taken."""
+    elsewhere = make_app(tmp_path / "elsewhere", "keptprobe")
+    wrong_hash = make_app(fab_dir("c" * 64), "keptprobe")
+    for sha, directory in (("a" * 64, elsewhere), ("a" * 64, wrong_hash), ("A" * 64, elsewhere)):
+        kept.learn(report_line(sha, str(directory)))
+    assert kept.installed == {} and kept.app is None
+    assert len([line for line in kept.lines if "not where Flower installs it" in line]) == 3
+    assert "keptprobe" not in sys.modules
+
+
 def test_a_malformed_report_is_logged_and_changes_nothing(kept: KeptApps) -> None:
     for report in (b"not json", b'{"sha256": "a"}', b"[1, 2]"):
         kept.learn(report)
@@ -148,7 +169,7 @@ def test_a_task_extracts_a_fab_only_once_and_reports_what_it_loaded(
     module = steps["module"]
     fab, other = b"the fab's bytes", b"another fab"
     sha = hashlib.sha256(fab).hexdigest()
-    steps["directory"] = make_app(tmp_path / "installed", "keptprobe")
+    steps["directory"] = make_app(fab_dir(sha), "keptprobe")
     read, write = os.pipe()
     try:
         kept.enter_task(flower, write)

@@ -41,6 +41,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import sys
 import threading
 import tomllib
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KeptApp", "KeptApps", "clientapp_module"]
+__all__ = ["KeptApp", "KeptApps", "clientapp_module", "installed_by_flower"]
 
 
 def clientapp_module(app_dir: Path) -> str:
@@ -112,6 +113,14 @@ class KeptApps:
             sha256, directory = str(fields["sha256"]), Path(fields["directory"])
         except (ValueError, KeyError, TypeError):
             self.log(f"[warm] a task's report is malformed, ignored: {report[:200]!r}")
+            return
+        if not installed_by_flower(sha256, directory):
+            # the task runs app code, which could write to the pipe: only a directory where
+            # Flower installs that FAB is taken (no worse than Flower, which trusts it)
+            self.log(
+                f"[warm] a task reported {directory} for a FAB {sha256[:8]!r}: not where "
+                "Flower installs it, ignored"
+            )
             return
         self.installed[sha256] = directory
         if self.enabled and (self.app is None or self.app.sha256 != sha256):
@@ -196,6 +205,21 @@ class KeptApps:
 
         module.install_from_fab = install_from_fab
         module.get_load_client_app_fn = get_load_client_app_fn
+
+
+def installed_by_flower(sha256: str, directory: Path) -> bool:
+    """Whether ``directory`` is where Flower's ``install_from_fab`` puts a FAB whose SHA-256
+    is ``sha256``: directly in ``$FLWR_HOME/apps``, its name ending in the hash's first
+    digits (``flwr/cli/install.py``, ``validate_and_install``)."""
+    from flwr.common.constant import APP_DIR, FAB_HASH_TRUNCATION
+    from flwr.supercore.utils import get_flwr_home
+
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        return False
+    apps = (get_flwr_home() / APP_DIR).resolve()
+    return directory.resolve().parent == apps and directory.name.endswith(
+        "." + sha256[:FAB_HASH_TRUNCATION]
+    )
 
 
 def _threads() -> int:

@@ -126,6 +126,10 @@ FLOWER_INTERNALS: tuple[FlowerInternal, ...] = (
         "get_load_client_app_fn",
         ("default_app_ref", "app_path", "multi_app"),
     ),
+    # where Flower installs a FAB: a task's report of another directory is refused
+    FlowerInternal("flwr.supercore.utils", "get_flwr_home"),
+    FlowerInternal("flwr.common.constant", "APP_DIR"),
+    FlowerInternal("flwr.common.constant", "FAB_HASH_TRUNCATION"),
 )
 
 
