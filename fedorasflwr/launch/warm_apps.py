@@ -26,8 +26,10 @@ the same FAB (the same full SHA-256 of its bytes):
   from it. The executor's own copy of the app package (where the executor is the app's, as
   ``fedorasflwr``'s is) is forgotten first. The import runs no app code beyond what a
   fresh process's import runs, and each task gets the state right after import (fork). An
-  import that fails or that starts a thread is given up (forking beside a thread is
-  unsafe), and tasks import the app themselves again.
+  import that fails is given up, and tasks import the app themselves again. One that starts
+  a thread is given up too, and no app is kept after it; the thread itself cannot be undone
+  and keeps running in the executor that later tasks fork from, so the executor logs that it
+  should be restarted with ``--fresh-app-imports``.
 
 The app's import-time code so runs in the executor, which later tasks of every run are forked
 from: a node whose runs come from parties that must not affect each other's tasks runs the
@@ -156,7 +158,8 @@ class KeptApps:
             self.enabled = False
             self.log(
                 f"[warm] importing {module} started a thread: forking beside it is "
-                "unsafe, so each task imports the app itself from now on"
+                "unsafe, so no app is kept from now on; the thread still runs here, so "
+                "restart this executor with --fresh-app-imports"
             )
             return False
         self.app = app
