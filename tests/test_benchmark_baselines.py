@@ -80,9 +80,18 @@ def test_stage1_epochs_ablation_keeps_stage1_steps_and_rejects_a_non_divisor(mon
     import baselines
 
     full = baselines.settings(False)
-    ablation = baselines.settings(False, 2)
-    assert (full["fedoras.rounds"], full["fedoras.local-epochs"]) == (30, 10)
-    assert (ablation["fedoras.rounds"], ablation["fedoras.local-epochs"]) == (150, 2)
+    ablation = baselines.settings(False, 10)
+    assert (full["fedoras.rounds"], full["fedoras.local-epochs"]) == (150, 2)
+    assert full == baselines.settings(False, baselines.STAGE1_EPOCHS)
+    assert (ablation["fedoras.rounds"], ablation["fedoras.local-epochs"]) == (30, 10)
+    # the quick run keeps fedoras_tiers.py's one round of one epoch
+    quick = baselines.settings(True)
+    assert (quick["fedoras.rounds"], quick["fedoras.local-epochs"]) == (1, 1)
+    # a result file's name says a Stage 1 other than its run's default
+    assert baselines.stage1_suffix(False, None) == baselines.stage1_suffix(False, 2) == ""
+    assert baselines.stage1_suffix(False, 10) == ".stage1-epochs-10"
+    assert baselines.stage1_suffix(True, None) == ""
+    assert baselines.stage1_suffix(True, 1) == ".stage1-epochs-1"
     # only Stage 1 moves: fine-tuning and the baselines' recipe stay as they were
     assert {
         k: v for k, v in ablation.items() if k not in ("fedoras.rounds", "fedoras.local-epochs")
@@ -124,3 +133,11 @@ def test_merge_reads_a_file_without_the_reduction_or_stage1_probe_as_before_them
     for other in ({"space.reduction": "maxpool-conv1x1"}, {"fedoras.lr-probe": True}):
         with pytest.raises(SystemExit, match="other settings"):
             baselines.merged([before], {**measured, **other}, 8)
+
+
+def test_stage1_rounds_only_with_finetune_rounds():
+    baselines = load_benchmark("baselines")
+    with pytest.raises(SystemExit, match="--stage1-rounds: only with --finetune-rounds"):
+        baselines.main(["--stage1-rounds", "100"])
+    with pytest.raises(SystemExit, match="--stage1-rounds 0: must be at least 1"):
+        baselines.main(["--stage1-rounds", "0", "--finetune-rounds", "90"])
