@@ -385,7 +385,10 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
     """``gap_pp_<setting>``: the ``cnn_s`` flatten path's mean accuracy minus the ConvNet's
     at the same MACs, in percentage points, for each setting of :data:`GAPS` both ran;
     ``paths_<setting>_best_pp`` / ``_median_pp``: the same for the best and median of the
-    5 sampled paths (path 0 and the ``paths`` rows) where all 5 ran."""
+    5 sampled paths (path 0 and the ``paths`` rows) where all 5 ran, each mean (the
+    ConvNet's too) over the seeds all six rows ran where the entries say which
+    (``by_seed``), ``paths_<setting>_seeds`` how many: a path run at one seed is not set
+    against another seed's ConvNet."""
     out: dict[str, float] = {}
     for setting, (ours, hand_made) in GAPS.items():
         if ours not in table or hand_made not in table:
@@ -394,10 +397,27 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
         out[f"gap_pp_{setting}"] = round(100 * (table[ours]["mean"] - reference), 1)
         suffix = ours.split(", ", 1)[1]
         sampled = [ours] + [f"cnn_s flatten path {k}, {suffix}" for k in range(1, 5)]
-        if all(label in table for label in sampled):
-            means = sorted(table[label]["mean"] for label in sampled)
-            out[f"paths_{setting}_best_pp"] = round(100 * (means[-1] - reference), 1)
-            out[f"paths_{setting}_median_pp"] = round(100 * (means[2] - reference), 1)
+        if not all(label in table for label in sampled):
+            continue
+        rows = [table[label] for label in (*sampled, hand_made)]
+        if all("by_seed" in row for row in rows):
+            seeds = set.intersection(*(set(row["by_seed"]) for row in rows))
+            if not seeds:
+                continue
+
+            def mean(row: dict[str, Any], seeds: set = seeds) -> float:
+                return statistics.fmean(row["by_seed"][seed] for seed in seeds)
+
+            out[f"paths_{setting}_seeds"] = len(seeds)
+        else:
+
+            def mean(row: dict[str, Any]) -> float:
+                return row["mean"]
+
+        reference = mean(table[hand_made])
+        means = sorted(mean(table[label]) for label in sampled)
+        out[f"paths_{setting}_best_pp"] = round(100 * (means[-1] - reference), 1)
+        out[f"paths_{setting}_median_pp"] = round(100 * (means[2] - reference), 1)
     return out
 
 
@@ -450,8 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     results = merge_runs(recorded, results)  # the rows and seeds not rerun now are kept
     table: dict[str, dict[str, Any]] = {}
     for result in results:
-        entry = table.setdefault(result["row"], {"macs": result["macs"], "accuracy": []})
+        entry = table.setdefault(
+            result["row"], {"macs": result["macs"], "accuracy": [], "by_seed": {}}
+        )
         entry["accuracy"].append(result["accuracy"])
+        entry["by_seed"][result["seed"]] = result["accuracy"]
     print(f"{'row':<44} {'MACs':>9} {'accuracy (mean, per seed)':>30}")
     for label, entry in table.items():
         accs = entry["accuracy"]

@@ -88,6 +88,27 @@ def test_gaps_to_the_convnet_hand_computed():
     }
 
 
+def test_paths_against_the_convnet_over_the_seeds_all_ran():
+    """A path run at seed 0 only is set against the ConvNet's seed 0, not its 3-seed mean."""
+    ablation = load_benchmark("space_ablation")
+    table = {
+        "cnn_s flatten, alpha 0.1": {"mean": 0.90, "by_seed": {0: 0.92, 1: 0.86, 2: 0.92}},
+        "ConvNet flatten, alpha 0.1": {"mean": 0.93, "by_seed": {0: 0.95, 1: 0.88, 2: 0.96}},
+    }
+    for k, accuracy in enumerate((0.80, 0.96, 0.85, 0.91), start=1):
+        table[f"cnn_s flatten path {k}, alpha 0.1"] = {
+            "mean": accuracy,
+            "by_seed": {0: accuracy},
+        }
+    # seed 0: 0.80 0.85 0.91 0.92 0.96 -> best 0.96, median 0.91; minus the ConvNet's 0.95
+    assert ablation.gaps_pp(table) == {
+        "gap_pp_alpha_0.1": -3.0,
+        "paths_alpha_0.1_seeds": 1,
+        "paths_alpha_0.1_best_pp": 1.0,
+        "paths_alpha_0.1_median_pp": -4.0,
+    }
+
+
 def test_every_gap_names_rows_of_the_table():
     ablation = load_benchmark("space_ablation")
     labels = {row.label for rows in ablation.ROWS.values() for row in rows}
