@@ -29,7 +29,7 @@ each; every finished case is saved at once to ``baselines.partial.json``
                                     # 10 local epochs and 30 rounds (same local steps)
     python benchmarks/baselines.py --baseline-rounds 30   # the paper's rule: the baselines
                                     # get FedorAS's Stage-1 rounds, FedorAS from baselines.json
-    python benchmarks/baselines.py --seeds 0 --finetune-rounds 120 \
+    python benchmarks/baselines.py --seeds 0 --stage1-epochs 10 --finetune-rounds 120 \
         --cases-from benchmarks/results/baselines.flatten-seed-0.json   # FedorAS alone, its
                                     # Stage 3 at 120 rounds; the baselines copied
 
@@ -49,8 +49,9 @@ finds the same models), the baselines copied from ``--cases-from``; written to
 ``baselines.finetune-rounds-<N>.json``. FedorAS then spends more client compute than the
 baselines (the printed ``client_flops_ratio`` says how much): it asks whether Stage 3's
 budget is where FedorAS loses its points. With ``--stage1-rounds R`` too, Stage 1 runs R
-rounds (``baselines.stage1-rounds-<R>.finetune-rounds-<N>.json``): the same client compute
-split otherwise between the stages.
+rounds (``baselines.stage1-rounds-<R>.finetune-rounds-<N>.json``): another split of
+FedorAS's client compute between the stages (the printed ratio says whether the total
+moved; fine-tuning's 30 rounds are about half of it, benchmarks/README.md).
 """
 
 from __future__ import annotations
