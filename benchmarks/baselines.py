@@ -52,6 +52,16 @@ budget is where FedorAS loses its points. With ``--stage1-rounds R`` too, Stage 
 rounds (``baselines.stage1-rounds-<R>.finetune-rounds-<N>.json``): another split of
 FedorAS's client compute between the stages (the printed ratio says whether the total
 moved; fine-tuning's 30 rounds are about half of it, benchmarks/README.md).
+``--rand-init`` is the control that splits what is left: FedorAS alone on the cases of
+``--cases-from`` (its supernet-init nets as there, to the digit), each tier's searched net
+also trained from scratch on the tier's eligible clients for as many rounds as the case's
+FjORD ran, at the baselines' clients per round and local recipe (FedorAS's rand-init:
+``finetune-lr`` with its cosine decay); written to ``baselines.rand-init.json``. The net
+from scratch against FjORD is what the space, the search and the tier rule cost; FedorAS
+against it, what weight sharing and the stages' split of the compute cost. (The printed
+FedorAS client FLOPs then include the rand-init runs.)
+
+    python benchmarks/baselines.py --seeds 0 1 2 --alphas 0.1 --rand-init
 """
 
 from __future__ import annotations
@@ -291,6 +301,8 @@ def run_fedoras_only(
     redone["fedoras"] = {
         "models": [m for m in fedoras["models"] if m["init"] == "supernet"],
         "client-flops": client_flops(fedoras),
+        # --rand-init: each tier's searched net trained from scratch, beside
+        "rand-init": [m for m in fedoras["models"] if m["init"] == "random"],
         "copied-from-case": {
             "client-flops": case["fedoras"]["client-flops"],
             "global-test-accuracy": {
@@ -305,6 +317,15 @@ def run_fedoras_only(
 def fedoras_accuracy(case: dict[str, Any], tier: int) -> float | None:
     """FedorAS's tier ``tier`` (1-based) model on the global test set."""
     for model in case["fedoras"]["models"]:
+        if model["tier"] == tier:
+            return model.get("global-test-accuracy")
+    return None
+
+
+def rand_init_accuracy(case: dict[str, Any], tier: int) -> float | None:
+    """``--rand-init``: FedorAS's tier ``tier`` net trained from scratch, on the global test
+    set (None when the case has no such run)."""
+    for model in case["fedoras"].get("rand-init", []):
         if model["tier"] == tier:
             return model.get("global-test-accuracy")
     return None
@@ -334,6 +355,10 @@ def summarise(cases: list[dict[str, Any]], num_tiers: int) -> tuple[dict[str, An
     lines: list[str] = []
     summary: dict[str, Any] = {}
     gaps: dict[str, list[float]] = {method: [] for method in BASELINES}
+    scratch_gaps: dict[str, list[float]] = {
+        "randinit_minus_fjord": [],
+        "fedoras_minus_randinit": [],
+    }
     for tier in range(1, num_tiers + 1):
         lines.append(f"\nTier {tier} (global test accuracy, mean over seeds and alphas)\n")
         lines.append("| method | alpha | accuracy (mean +- sd) | MMACs | client GFLOPs | rounds |")
@@ -353,6 +378,13 @@ def summarise(cases: list[dict[str, Any]], num_tiers: int) -> tuple[dict[str, An
                     f"| FedorAS (--cases-from) | {alpha} | {_spread(accs)} | {_mega(fed_macs)} | "
                     f"{_giga([e['client-flops'] for e in earlier])} | - |"
                 )
+            scratch = [a for c in at if (a := rand_init_accuracy(c, tier)) is not None]
+            if scratch:  # --rand-init: the same nets from scratch, at FjORD's rounds
+                lines.append(
+                    f"| FedorAS's net, rand-init | {alpha} | {_spread(scratch)} | "
+                    f"{_mega(fed_macs)} | - | "
+                    f"{'/'.join(str(c['fjord']['rounds']) for c in at)} |"
+                )
             for method in BASELINES:
                 accs = [a for c in at if (a := baseline_accuracy(c, method, tier)) is not None]
                 macs = [m for c in at if (m := baseline_macs(c, method, tier)) is not None]
@@ -370,8 +402,25 @@ def summarise(cases: list[dict[str, Any]], num_tiers: int) -> tuple[dict[str, An
             ]
             summary[f"t{tier}_fedoras_minus_{method}_pp"] = mean(tier_gaps)
             gaps[method].extend(tier_gaps)
+        pairs = [
+            (f, r, b)
+            for c in cases
+            if (f := fedoras_accuracy(c, tier)) is not None
+            and (r := rand_init_accuracy(c, tier)) is not None
+            and (b := baseline_accuracy(c, "fjord", tier)) is not None
+        ]
+        if pairs:
+            summary[f"t{tier}_randinit_minus_fjord_pp"] = mean([100 * (r - b) for _, r, b in pairs])
+            summary[f"t{tier}_fedoras_minus_randinit_pp"] = mean(
+                [100 * (f - r) for f, r, _ in pairs]
+            )
+            scratch_gaps["randinit_minus_fjord"].extend(100 * (r - b) for _, r, b in pairs)
+            scratch_gaps["fedoras_minus_randinit"].extend(100 * (f - r) for f, r, _ in pairs)
     for method in BASELINES:
         summary[f"fedoras_minus_{method}_pp"] = mean(gaps[method])
+    for key, values in scratch_gaps.items():
+        if values:
+            summary[f"{key}_pp"] = mean(values)
     ratios = [c[m]["client-flops"] / c["fedoras"]["client-flops"] for c in cases for m in BASELINES]
     summary["client_flops_ratio_min"] = min(ratios) if ratios else None
     summary["client_flops_ratio_max"] = max(ratios) if ratios else None
@@ -467,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
         "client compute between Stage 1 and fine-tuning)",
     )
     parser.add_argument(
+        "--rand-init",
+        action="store_true",
+        help="control: FedorAS alone on the cases of --cases-from, each tier's searched net "
+        "also trained from scratch for as many rounds as the case's FjORD (baselines copied)",
+    )
+    parser.add_argument(
         "--cases-from",
         type=Path,
         default=RESULTS / "baselines.json",
@@ -504,7 +559,20 @@ def main(argv: list[str] | None = None) -> int:
         identity = dict(measured)
     elif args.stage1_rounds is not None:
         raise SystemExit("--stage1-rounds: only with --finetune-rounds")
-    copying = args.baseline_rounds is not None or args.finetune_rounds is not None
+    if args.rand_init:
+        if args.baseline_rounds is not None or args.finetune_rounds is not None:
+            raise SystemExit("--rand-init: not with --baseline-rounds or --finetune-rounds")
+        earlier = merged([args.cases_from], measured, clients)
+        name += ".rand-init"
+        per_round = measured[f"{BASELINES[-1]}.clients-per-round"]
+        measured = {
+            **measured,
+            "fedoras.compare-rand-init": True,
+            "fedoras.rand-init-clients-per-round": per_round,
+        }
+        # each case's rounds are its FjORD's (set below): the file's identity says so
+        identity = {**measured, "fedoras.rand-init-rounds": "fjord"}
+    copying = args.rand_init or args.baseline_rounds is not None or args.finetune_rounds is not None
     started = time.perf_counter()
     done = merged(args.merge, identity, clients)
     wanted = [(seed, alpha) for seed in seeds for alpha in alphas]
@@ -518,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
         configs = {
             key: {**base, "seed": key[0], "data.alpha": key[1], "method": "fedoras"} for key in todo
         }
+        if args.rand_init:  # the searched nets from scratch for the case's FjORD rounds
+            for key in todo:
+                configs[key]["fedoras.rand-init-rounds"] = earlier[key]["fjord"]["rounds"]
         warm_data_cache(list(configs.values()), clients)
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=max(jobs, 1), mp_context=context) as pool:
@@ -533,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
                         earlier[key],
                         args.baseline_rounds,
                     )
-                elif args.finetune_rounds is not None:
+                elif args.finetune_rounds is not None or args.rand_init:
                     future = pool.submit(
                         run_fedoras_only, configs[key], clients, where, earlier[key]
                     )

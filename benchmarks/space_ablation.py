@@ -10,6 +10,9 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   (``flatten``: the project's default since issue 40; ``gap``: the paper's global average
   pooling), each normalisation (``bn``; ``gn``: GroupNorm, 2 groups, the DP-safe choice;
   ``none``) and width;
+- ``mbconv``: 5 seeded paths of FDNAS / CFDNAS's space (its 12 searchable layers, its GAP
+  head) at width 0.25, of the same MACs (row group ``mbconv``; headline
+  ``mbconv_<setting>_best_pp`` / ``_median_pp`` against the ConvNet);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
@@ -56,12 +59,12 @@ class Row:
     """One trained network: which net, its head, normalisation and width, and the recipe."""
 
     label: str
-    net: str = "cnn_s"  # cnn_s | convnet
+    net: str = "cnn_s"  # cnn_s | mbconv (FDNAS's space, its 12 searchable layers) | convnet
     head: str = "flatten"  # flatten | gap
     reduction: str = PAPER_REDUCTION  # cnn_s: what every row before the choice ran
     norm: str = "bn"  # bn | gn | none (cnn_s only)
-    width: float = 0.5  # cnn_s space width
-    path: int = 0  # cnn_s: 0 = the path nearest TARGET_MACS, k = the k-th next within 10%
+    width: float = 0.5  # the space's width (cnn_s, mbconv)
+    path: int = 0  # a space's: 0 = the path nearest TARGET_MACS, k = the k-th next within 10%
     alpha: float = 0.1  # Dirichlet concentration; 0: IID
     lr: float = 0.05
     central: bool = False  # pooled training data, same SGD steps per epoch budget
@@ -105,7 +108,12 @@ ROWS: dict[str, list[Row]] = {
     "norm": [
         Row("cnn_s flatten, GroupNorm, alpha 0.1", norm="gn"),
         Row("cnn_s flatten, no norm, alpha 0.1", norm="none"),
-        Row("cnn_s flatten, GroupNorm, lr 0.01, alpha 0.1", norm="gn", lr=0.01),
+    ],
+    # GroupNorm's rate (issue 40 item 2: GroupNorm, needed for DP, must train well above
+    # chance): the norm group's GroupNorm row at lower rates, the same recipe otherwise
+    "norm-lr": [
+        Row(f"cnn_s flatten, GroupNorm, lr {lr}, alpha 0.1", norm="gn", lr=lr)
+        for lr in (0.025, 0.01)
     ],
     "width": [
         Row("cnn_s flatten, width 1.0, alpha 0.1", width=1.0),
@@ -152,6 +160,14 @@ ROWS: dict[str, list[Row]] = {
         for alpha, label in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
         for net, name in (("cnn_s", "cnn_s"), ("convnet", "ConvNet"))
     ],
+    # issue 40 item 2 for FDNAS / CFDNAS's space: 5 sampled mbconv nets of the tier's MACs
+    # (width 0.25: 40% of 500 paths within 10% of 0.56 MMACs; the space's own GAP head)
+    # against the ConvNet rows of the same MACs and data
+    "mbconv": [
+        Row(f"mbconv path {k}, {name}", net="mbconv", width=0.25, path=k, alpha=alpha)
+        for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
+        for k in range(5)
+    ],
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
@@ -197,16 +213,26 @@ def _data(
     return clients, load_server_data(spec), load_global_test(spec), image_spec(settings)
 
 
+#: mbconv rows: FDNAS's default depth (``space.layers-per-block`` 4: 12 searchable layers)
+MBCONV_LAYERS_PER_STAGE = 4
+
+
 def cnn_s_path(image: dict[str, int], width: float, k: int = 0) -> tuple[int, ...]:
     """A seeded path of ``cnn_s`` (GAP head: the paper's costs): ``k = 0`` the one nearest
     TARGET_MACS, ``k >= 1`` the k-th of the others within 10% of it, in sampling order
     (distinct architectures of one tier's MACs, as FedorAS's tier sampling draws them)."""
-    import numpy as np
-
     from fedorasflwr.search_spaces import build_space
 
     # the paper's reduction and head: the paths (and MACs) recorded before either was a choice
     space = build_space("cnn_s", **image, width=width, head="gap", reduction=PAPER_REDUCTION)
+    return space_path(space, k)
+
+
+def space_path(space: Any, k: int = 0) -> tuple[int, ...]:
+    """``cnn_s_path`` for any space: of 500 seeded paths, ``k = 0`` the one nearest
+    TARGET_MACS, ``k >= 1`` the k-th of the others within 10% of it."""
+    import numpy as np
+
     rng = np.random.default_rng(0)
     paths = [tuple(int(rng.integers(len(c.options))) for c in space.choices) for _ in range(500)]
     nearest = min(paths, key=lambda arch: abs(space.cost(arch).flops / 2 - TARGET_MACS))
@@ -252,6 +278,14 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         if row.norm != "bn":
             _swap_norm(net, row.norm)
         return net, _count_flops(net, x) // 2
+    if row.net == "mbconv":
+        space = build_space(
+            "mbconv", **image, width=row.width, layers_per_stage=MBCONV_LAYERS_PER_STAGE
+        )
+        net = space.subnet(space_path(space, row.path))
+        return net, _count_flops(net, x) // 2
+    if row.net != "convnet":
+        raise ValueError(f"Row.net {row.net!r}: cnn_s, mbconv or convnet")
     # the ConvNet width whose MACs are nearest the cnn_s path's (default width)
     paper = build_space("cnn_s", **image, width=0.5, reduction=PAPER_REDUCTION)
     reference = paper.subnet(cnn_s_path(image, 0.5))
@@ -388,36 +422,50 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
     5 sampled paths (path 0 and the ``paths`` rows) where all 5 ran, each mean (the
     ConvNet's too) over the seeds all six rows ran where the entries say which
     (``by_seed``), ``paths_<setting>_seeds`` how many: a path run at one seed is not set
-    against another seed's ConvNet."""
+    against another seed's ConvNet. ``mbconv_<setting>_best_pp`` / ``_median_pp`` /
+    ``_seeds``: the same for the 5 ``mbconv`` rows."""
     out: dict[str, float] = {}
     for setting, (ours, hand_made) in GAPS.items():
-        if ours not in table or hand_made not in table:
+        if hand_made not in table:
             continue
-        reference = table[hand_made]["mean"]
-        out[f"gap_pp_{setting}"] = round(100 * (table[ours]["mean"] - reference), 1)
+        if ours in table:
+            gap = table[ours]["mean"] - table[hand_made]["mean"]
+            out[f"gap_pp_{setting}"] = round(100 * gap, 1)
         suffix = ours.split(", ", 1)[1]
         sampled = [ours] + [f"cnn_s flatten path {k}, {suffix}" for k in range(1, 5)]
-        if not all(label in table for label in sampled):
-            continue
-        rows = [table[label] for label in (*sampled, hand_made)]
-        if all("by_seed" in row for row in rows):
-            seeds = set.intersection(*(set(row["by_seed"]) for row in rows))
-            if not seeds:
-                continue
+        out.update(_best_and_median(table, sampled, hand_made, f"paths_{setting}"))
+        mbconv = [f"mbconv path {k}, {suffix}" for k in range(5)]
+        out.update(_best_and_median(table, mbconv, hand_made, f"mbconv_{setting}"))
+    return out
 
-            def mean(row: dict[str, Any], seeds: set = seeds) -> float:
-                return statistics.fmean(row["by_seed"][seed] for seed in seeds)
 
-            out[f"paths_{setting}_seeds"] = len(seeds)
-        else:
+def _best_and_median(
+    table: dict[str, dict[str, Any]], sampled: list[str], hand_made: str, prefix: str
+) -> dict[str, float]:
+    """The best and the median of the ``sampled`` rows minus the ``hand_made`` row, in pp,
+    each a mean over the seeds all of them ran (where the entries say, ``by_seed``)."""
+    if not all(label in table for label in (*sampled, hand_made)):
+        return {}
+    rows = [table[label] for label in (*sampled, hand_made)]
+    out: dict[str, float] = {}
+    if all("by_seed" in row for row in rows):
+        seeds = set.intersection(*(set(row["by_seed"]) for row in rows))
+        if not seeds:
+            return {}
 
-            def mean(row: dict[str, Any]) -> float:
-                return row["mean"]
+        def mean(row: dict[str, Any], seeds: set = seeds) -> float:
+            return statistics.fmean(row["by_seed"][seed] for seed in seeds)
 
-        reference = mean(table[hand_made])
-        means = sorted(mean(table[label]) for label in sampled)
-        out[f"paths_{setting}_best_pp"] = round(100 * (means[-1] - reference), 1)
-        out[f"paths_{setting}_median_pp"] = round(100 * (means[2] - reference), 1)
+        out[f"{prefix}_seeds"] = len(seeds)
+    else:
+
+        def mean(row: dict[str, Any]) -> float:
+            return row["mean"]
+
+    reference = mean(table[hand_made])
+    means = sorted(mean(table[label]) for label in sampled)
+    out[f"{prefix}_best_pp"] = round(100 * (means[-1] - reference), 1)
+    out[f"{prefix}_median_pp"] = round(100 * (means[len(means) // 2] - reference), 1)
     return out
 
 

@@ -74,6 +74,32 @@ def test_baselines_quick_matches_tiers_macs_and_compute():
     assert copied["client-flops"] == case["fedoras"]["client-flops"]
     assert tuned["fedoras"]["client-flops"] > case["fedoras"]["client-flops"]
 
+    # --rand-init: the same searched nets, also trained from scratch for FjORD's rounds
+    control = run_quick(
+        "baselines", "--rand-init", "--cases-from", quick, saved_as="baselines.rand-init"
+    )
+    (scratch,) = control["cases"]
+    assert control["settings"] == {
+        **saved["settings"],
+        "fedoras.compare-rand-init": True,
+        "fedoras.rand-init-clients-per-round": saved["settings"]["fjord.clients-per-round"],
+        "fedoras.rand-init-rounds": "fjord",
+    }
+    for key in ("tiers", "widths", "tier-of-partition", "heterofl", "fjord"):
+        assert scratch[key] == case[key], key
+    # the supernet-init nets as the case had them, to the digit: the control changes nothing
+    assert scratch["fedoras"]["models"] == case["fedoras"]["models"]
+    random = scratch["fedoras"]["rand-init"]
+    assert [m["arch"] for m in random] == [m["arch"] for m in case["fedoras"]["models"]]
+    assert all(len(m["history"]) == case["fjord"]["rounds"] for m in random)
+    assert all(0.0 <= m["global-test-accuracy"] <= 1.0 for m in random)
+    for key in (
+        "randinit_minus_fjord_pp",
+        "fedoras_minus_randinit_pp",
+        "t1_randinit_minus_fjord_pp",
+    ):
+        assert key in control["headline"]
+
 
 def test_stage1_epochs_ablation_keeps_stage1_steps_and_rejects_a_non_divisor(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
@@ -137,6 +163,8 @@ def test_merge_reads_a_file_without_the_reduction_or_stage1_probe_as_before_them
 
 def test_stage1_rounds_only_with_finetune_rounds():
     baselines = load_benchmark("baselines")
+    with pytest.raises(SystemExit, match="--rand-init: not with --baseline-rounds"):
+        baselines.main(["--rand-init", "--finetune-rounds", "90"])
     with pytest.raises(SystemExit, match="--stage1-rounds: only with --finetune-rounds"):
         baselines.main(["--stage1-rounds", "100"])
     with pytest.raises(SystemExit, match="--stage1-rounds 0: must be at least 1"):

@@ -43,6 +43,21 @@ def test_sampled_paths_are_distinct_nets_of_one_tiers_macs():
         ablation.cnn_s_path(MNIST, 0.5, 500)
 
 
+def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth():
+    from torch import nn
+
+    ablation = load_benchmark("space_ablation")
+    rows = [r for r in ablation.ROWS["mbconv"] if r.alpha == 0.1]
+    built = [ablation.build_net(row, MNIST) for row in rows]
+    assert len({net.arch for net, _ in built}) == 5
+    for net, macs in built:
+        assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.1)
+        assert len(net.arch) == 3 * ablation.MBCONV_LAYERS_PER_STAGE  # FDNAS's 12 layers
+        assert any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
+    with pytest.raises(ValueError, match="cnn_s, mbconv or convnet"):
+        ablation.build_net(ablation.Row("x", net="cnn_l"), MNIST)
+
+
 def test_a_rows_reduction_builds_the_same_path_with_its_reduction():
     from torch import nn
 
@@ -86,6 +101,23 @@ def test_gaps_to_the_convnet_hand_computed():
         "paths_alpha_0.1_best_pp": 3.0,
         "paths_alpha_0.1_median_pp": -3.0,
     }
+
+
+def test_mbconv_gaps_to_the_convnet_hand_computed():
+    ablation = load_benchmark("space_ablation")
+    table = {"ConvNet flatten, alpha 1.0": {"mean": 0.97, "by_seed": {0: 0.96, 1: 0.98}}}
+    for k, (a, b) in enumerate(
+        ((0.90, 0.92), (0.95, 0.97), (0.80, 0.90), (0.93, 0.93), (0.99, 0.97))
+    ):
+        table[f"mbconv path {k}, alpha 1.0"] = {"mean": (a + b) / 2, "by_seed": {0: a, 1: b}}
+    # means 0.91 0.96 0.85 0.93 0.98 -> best 0.98, median 0.93; minus 0.97
+    assert ablation.gaps_pp(table) == {
+        "mbconv_alpha_1.0_seeds": 2,
+        "mbconv_alpha_1.0_best_pp": 1.0,
+        "mbconv_alpha_1.0_median_pp": -4.0,
+    }
+    del table["mbconv path 4, alpha 1.0"]  # not all five: no figure
+    assert ablation.gaps_pp(table) == {}
 
 
 def test_paths_against_the_convnet_over_the_seeds_all_ran():
