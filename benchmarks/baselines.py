@@ -314,21 +314,17 @@ def run_fedoras_only(
     return redone
 
 
-def fedoras_accuracy(case: dict[str, Any], tier: int) -> float | None:
-    """FedorAS's tier ``tier`` (1-based) model on the global test set."""
-    for model in case["fedoras"]["models"]:
+def fedoras_accuracy(case: dict[str, Any], tier: int, models: str = "models") -> float | None:
+    """FedorAS's tier ``tier`` (1-based) model on the global test set; ``models="rand-init"``:
+    its net trained from scratch (``--rand-init``; None when the case has no such run)."""
+    for model in case["fedoras"].get(models, []):
         if model["tier"] == tier:
             return model.get("global-test-accuracy")
     return None
 
 
 def rand_init_accuracy(case: dict[str, Any], tier: int) -> float | None:
-    """``--rand-init``: FedorAS's tier ``tier`` net trained from scratch, on the global test
-    set (None when the case has no such run)."""
-    for model in case["fedoras"].get("rand-init", []):
-        if model["tier"] == tier:
-            return model.get("global-test-accuracy")
-    return None
+    return fedoras_accuracy(case, tier, "rand-init")
 
 
 def baseline_accuracy(case: dict[str, Any], method: str, tier: int) -> float | None:
@@ -564,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--rand-init: not with --baseline-rounds or --finetune-rounds")
         earlier = merged([args.cases_from], measured, clients)
         name += ".rand-init"
-        per_round = measured[f"{BASELINES[-1]}.clients-per-round"]
+        per_round = measured["fjord.clients-per-round"]  # the rounds are FjORD's too
         measured = {
             **measured,
             "fedoras.compare-rand-init": True,

@@ -161,10 +161,10 @@ ROWS: dict[str, list[Row]] = {
         for net, name in (("cnn_s", "cnn_s"), ("convnet", "ConvNet"))
     ],
     # issue 40 item 2 for FDNAS / CFDNAS's space: 5 sampled mbconv nets of the tier's MACs
-    # (width 0.25: 40% of 500 paths within 10% of 0.56 MMACs; the space's own GAP head)
+    # (width 0.25, where sampled paths of 0.56 MMACs are found; the space's own GAP head)
     # against the ConvNet rows of the same MACs and data
     "mbconv": [
-        Row(f"mbconv path {k}, {name}", net="mbconv", width=0.25, path=k, alpha=alpha)
+        Row(f"mbconv path {k}, {name}", net="mbconv", head="gap", width=0.25, path=k, alpha=alpha)
         for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
         for k in range(5)
     ],
@@ -278,7 +278,9 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         if row.norm != "bn":
             _swap_norm(net, row.norm)
         return net, _count_flops(net, x) // 2
-    if row.net == "mbconv":
+    if row.net == "mbconv":  # the space's own head and BatchNorm: a row says nothing else
+        if (row.head, row.norm, row.reduction) != ("gap", "bn", PAPER_REDUCTION):
+            raise ValueError(f"mbconv rows: head 'gap', norm 'bn', no reduction; got {row}")
         space = build_space(
             "mbconv", **image, width=row.width, layers_per_stage=MBCONV_LAYERS_PER_STAGE
         )

@@ -54,6 +54,9 @@ def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth()
         assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.1)
         assert len(net.arch) == 3 * ablation.MBCONV_LAYERS_PER_STAGE  # FDNAS's 12 layers
         assert any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
+    # the space's own GAP head and BatchNorm: a row asking for another is refused, not ignored
+    with pytest.raises(ValueError, match="mbconv rows: head 'gap'"):
+        ablation.build_net(ablation.Row("x", net="mbconv", width=0.25), MNIST)  # flatten
     with pytest.raises(ValueError, match="cnn_s, mbconv or convnet"):
         ablation.build_net(ablation.Row("x", net="cnn_l"), MNIST)
 
