@@ -106,7 +106,7 @@ def settings(quick: bool, stage1_epochs: int | None = None) -> dict[str, Any]:
 
     shared = {**fedoras_settings(quick), "fedoras.compare-rand-init": False}
     # The space's head decides FedorAS's figures (issue 40): a file's identity names it.
-    shared["space.head"] = SpaceSettings().head
+    shared["space.head"] = SpaceSettings(name="cnn_s").resolved_head()
     shared["space.reduction"] = SpaceSettings().reduction
     # Stage 1 at lr as given, as every recorded case was (fedoras.lr-probe came later)
     shared["fedoras.lr-probe"] = False

@@ -10,9 +10,10 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   (``flatten``: the project's default since issue 40; ``gap``: the paper's global average
   pooling), each normalisation (``bn``; ``gn``: GroupNorm, 2 groups, the DP-safe choice;
   ``none``) and width;
-- ``mbconv``: 5 seeded paths of FDNAS / CFDNAS's space (its 12 searchable layers, its GAP
-  head) at width 0.25, of the same MACs (row group ``mbconv``; headline
-  ``mbconv_<setting>_best_pp`` / ``_median_pp`` against the ConvNet);
+- ``mbconv``: 5 seeded paths of FDNAS / CFDNAS's space (its 12 searchable layers) at
+  width 0.25, of the same MACs, with the paper's GAP head (row group ``mbconv``; headline
+  ``mbconv_<setting>_best_pp`` / ``_median_pp`` against the ConvNet) and the same paths
+  with the space's flatten head (``mbconv-flatten``; ``mbconv_flatten_<setting>_...``);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
@@ -168,6 +169,12 @@ ROWS: dict[str, list[Row]] = {
         for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
         for k in range(5)
     ],
+    # the same 5 paths with the flatten head (space.head = "flatten"; the default stays GAP)
+    "mbconv-flatten": [
+        Row(f"mbconv flatten path {k}, {name}", net="mbconv", width=0.25, path=k, alpha=alpha)
+        for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
+        for k in range(5)
+    ],
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
@@ -278,13 +285,15 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         if row.norm != "bn":
             _swap_norm(net, row.norm)
         return net, _count_flops(net, x) // 2
-    if row.net == "mbconv":  # the space's own head and BatchNorm: a row says nothing else
-        if (row.head, row.norm, row.reduction) != ("gap", "bn", PAPER_REDUCTION):
-            raise ValueError(f"mbconv rows: head 'gap', norm 'bn', no reduction; got {row}")
-        space = build_space(
-            "mbconv", **image, width=row.width, layers_per_stage=MBCONV_LAYERS_PER_STAGE
+    if row.net == "mbconv":  # a head, the space's BatchNorm: a row says nothing else
+        if row.norm != "bn" or row.reduction != PAPER_REDUCTION:
+            raise ValueError(f"mbconv rows: norm 'bn', no reduction; got {row}")
+        kwargs = {"width": row.width, "layers_per_stage": MBCONV_LAYERS_PER_STAGE}
+        # the paths are drawn by the paper's (GAP) costs, so both heads train the same paths
+        paths = build_space("mbconv", **image, **kwargs, head="gap")
+        net = build_space("mbconv", **image, **kwargs, head=row.head).subnet(
+            space_path(paths, row.path)
         )
-        net = space.subnet(space_path(space, row.path))
         return net, _count_flops(net, x) // 2
     if row.net != "convnet":
         raise ValueError(f"Row.net {row.net!r}: cnn_s, mbconv or convnet")
@@ -425,7 +434,8 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
     ConvNet's too) over the seeds all six rows ran where the entries say which
     (``by_seed``), ``paths_<setting>_seeds`` how many: a path run at one seed is not set
     against another seed's ConvNet. ``mbconv_<setting>_best_pp`` / ``_median_pp`` /
-    ``_seeds``: the same for the 5 ``mbconv`` rows."""
+    ``_seeds``: the same for the 5 ``mbconv`` rows (GAP head), ``mbconv_flatten_...`` for
+    the 5 ``mbconv-flatten`` rows."""
     out: dict[str, float] = {}
     for setting, (ours, hand_made) in GAPS.items():
         if hand_made not in table:
@@ -438,6 +448,8 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
         out.update(_best_and_median(table, sampled, hand_made, f"paths_{setting}"))
         mbconv = [f"mbconv path {k}, {suffix}" for k in range(5)]
         out.update(_best_and_median(table, mbconv, hand_made, f"mbconv_{setting}"))
+        flat = [f"mbconv flatten path {k}, {suffix}" for k in range(5)]
+        out.update(_best_and_median(table, flat, hand_made, f"mbconv_flatten_{setting}"))
     return out
 
 

@@ -47,6 +47,13 @@ __all__ = [
 ]
 
 SPACE_NAMES = ("cnn_l", "cnn_s", "rnn", "mbconv", "darts")
+DEFAULT_HEADS = {"cnn_s": "flatten", "cnn_l": "flatten", "mbconv": "gap"}
+"""The spaces with a ``space.head`` choice, and the head ``space.head = "auto"`` (the
+default) gives each: ``cnn_s`` / ``cnn_l`` flatten (issue 40: the paper's GAP trains far
+slower under FedAvg), ``mbconv`` the paper's GAP (its flatten head trains faster at Dirichlet
+0.1 but diverged in CFDNAS's class-group search: benchmarks/README.md, space_ablation.py)."""
+HEAD_SPACES = tuple(DEFAULT_HEADS)
+"""The spaces with a ``space.head`` choice."""
 #: how an aggregation combines one key's updates (``federation.aggregation.Aggregation``)
 AGGREGATION_RULES = ("mean", "median", "trimmed-mean")
 
@@ -197,8 +204,15 @@ class SpaceSettings:
     width: float = 0.5
     layers_per_block: int = 4
     blocks: int = 3  # cnn_l only
-    head: str = "flatten"  # cnn_s and cnn_l: flatten | gap (the paper's)
+    head: str = "auto"  # cnn_s, cnn_l, mbconv: auto (DEFAULT_HEADS) | flatten | gap (the papers')
     reduction: str = PAPER_REDUCTION  # cnn_s: conv1x1-avgpool (the paper's) | maxpool-conv1x1
+
+    def resolved_head(self) -> str:
+        """The head this space is built with: ``head``, or for ``"auto"`` the space's
+        :data:`DEFAULT_HEADS` entry (``"flatten"`` for a space without a head choice)."""
+        if self.head != "auto":
+            return self.head
+        return DEFAULT_HEADS.get(self.name, "flatten")
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> SpaceSettings:
@@ -219,12 +233,18 @@ class SpaceSettings:
                 f"'space.name' = {name!r} (leave space.blocks at {cls.blocks})"
             )
         head = read_key(
-            cfg, "space.head", cls.head, str, lambda v: v in HEADS, "one of " + ", ".join(HEADS)
+            cfg,
+            "space.head",
+            cls.head,
+            str,
+            lambda v: v in ("auto", *HEADS),
+            "one of auto, " + ", ".join(HEADS),
         )
-        if head != cls.head and name not in ("cnn_s", "cnn_l"):
+        if head != cls.head and name not in HEAD_SPACES:
             raise ValueError(
-                f"run config 'space.head' = {head!r}: only the cnn_s and cnn_l spaces have a "
-                f"head choice; 'space.name' = {name!r} (leave space.head at {cls.head!r})"
+                f"run config 'space.head' = {head!r}: only the {', '.join(HEAD_SPACES)} "
+                f"spaces have a head choice; 'space.name' = {name!r} "
+                f"(leave space.head at {cls.head!r})"
             )
         reduction = read_key(
             cfg,
@@ -290,8 +310,8 @@ def space_kwargs(space: SpaceSettings, info: DatasetInfo) -> dict[str, Any]:
     if space.name == "cnn_l":
         kwargs["layers_per_block"] = space.layers_per_block
         kwargs["blocks"] = space.blocks
-    if space.name in ("cnn_s", "cnn_l"):
-        kwargs["head"] = space.head
+    if space.name in HEAD_SPACES:
+        kwargs["head"] = space.resolved_head()
     if space.name == "cnn_s":
         kwargs["reduction"] = space.reduction
     if space.name == "mbconv":

@@ -54,9 +54,18 @@ def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth()
         assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.1)
         assert len(net.arch) == 3 * ablation.MBCONV_LAYERS_PER_STAGE  # FDNAS's 12 layers
         assert any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
-    # the space's own GAP head and BatchNorm: a row asking for another is refused, not ignored
-    with pytest.raises(ValueError, match="mbconv rows: head 'gap'"):
-        ablation.build_net(ablation.Row("x", net="mbconv", width=0.25), MNIST)  # flatten
+    # the flatten rows train the same 5 paths with the flatten head: 32 channels x 4 x 4
+    # into the classifier instead of 32, (512 - 32) x 10 more MACs
+    flat_rows = [r for r in ablation.ROWS["mbconv-flatten"] if r.alpha == 0.1]
+    assert [r.path for r in flat_rows] == [r.path for r in rows]
+    for (gap, gap_macs), row in zip(built, flat_rows, strict=True):
+        flat, flat_macs = ablation.build_net(row, MNIST)
+        assert flat.arch == gap.arch
+        assert flat_macs - gap_macs == (512 - 32) * 10
+        assert [m.in_features for m in flat.modules() if isinstance(m, nn.Linear)] == [512]
+    # the space's BatchNorm: a row asking for another norm is refused, not ignored
+    with pytest.raises(ValueError, match="mbconv rows: norm 'bn'"):
+        ablation.build_net(ablation.Row("x", net="mbconv", width=0.25, norm="gn"), MNIST)
     with pytest.raises(ValueError, match="cnn_s, mbconv or convnet"):
         ablation.build_net(ablation.Row("x", net="cnn_l"), MNIST)
 
@@ -119,7 +128,19 @@ def test_mbconv_gaps_to_the_convnet_hand_computed():
         "mbconv_alpha_1.0_best_pp": 1.0,
         "mbconv_alpha_1.0_median_pp": -4.0,
     }
+    # the flatten rows give their own keys from their own five
+    for k, accuracy in enumerate((0.97, 0.96, 0.95, 0.94, 0.93)):
+        table[f"mbconv flatten path {k}, alpha 1.0"] = {"mean": accuracy, "by_seed": {1: accuracy}}
+    assert ablation.gaps_pp(table) == {
+        "mbconv_alpha_1.0_seeds": 2,
+        "mbconv_alpha_1.0_best_pp": 1.0,
+        "mbconv_alpha_1.0_median_pp": -4.0,
+        "mbconv_flatten_alpha_1.0_seeds": 1,  # seed 1 only: against the ConvNet's 0.98
+        "mbconv_flatten_alpha_1.0_best_pp": -1.0,
+        "mbconv_flatten_alpha_1.0_median_pp": -3.0,
+    }
     del table["mbconv path 4, alpha 1.0"]  # not all five: no figure
+    del table["mbconv flatten path 0, alpha 1.0"]
     assert ablation.gaps_pp(table) == {}
 
 

@@ -4,9 +4,19 @@ ProxylessNAS (Cai et al., ICLR 2019) and FDNAS (Zhang et al., arXiv:2011.03372):
 a fixed stem and first MBConv (expansion 1), then stages of searchable
 layers, each choosing among MBConv with kernel 3/5/7 and expansion 3/6, plus
 ``identity`` (skip the layer) where input and output shapes agree; a fixed
-1x1 head, global average pooling and a linear classifier.  The paper's space
-has 19 searchable layers on 32x32 / 224x224 inputs; here depth and width
-scale so a 2-core CPU can search on 28x28 MNIST.
+1x1 head, then global average pooling (the paper's) or a flatten of the head's
+feature map, and a linear classifier.  The paper's space has 19 searchable layers
+on 32x32 / 224x224 inputs; here depth and width scale so a 2-core CPU can search
+on 28x28 MNIST.
+
+The ``head`` is a choice as in ``cnn_s`` / ``cnn_l`` (``fedorasflwr.search_spaces.cnn``),
+but here the paper's ``"gap"`` stays the default: trained by FedAvg at Dirichlet 0.1 this
+space's sampled nets gain 16.6 pp (median of 5) with the flatten head, at alpha 1.0 they
+lose 1.0 pp, and in CFDNAS's quick class-group search at lr 0.1 the flatten head diverged
+in the first round and left the FDNAS net at chance (issue 40; docs/fdnas.md,
+``benchmarks/space_ablation.py`` row groups ``mbconv`` and ``mbconv-flatten``).  Files written
+before the choice hold GAP nets (:func:`fedorasflwr.search_spaces.cnn.as_written` reads
+them so).
 
 Each searchable layer carries its architecture parameters ``alpha`` (one
 logit per option) as an ``nn.Parameter``, so they are in ``state_dict`` and
@@ -26,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import image_spec, positive_float, positive_int, register_space
+from .cnn import head_name
 from .differentiable import DifferentiableSpace, GatedMixedOp
 
 __all__ = ["MBCONV_OPTIONS", "GatedMixedOp", "MBConv", "MBConvSpace", "mbconv"]
@@ -84,11 +95,23 @@ def _layer(in_channels: int, out_channels: int, stride: int) -> GatedMixedOp:
     return GatedMixedOp(options)
 
 
+def _strided(size: int, stride: int) -> int:
+    """The output size of an odd k x k window with padding k // 2 at ``stride`` (the stem
+    and every depthwise convolution of this space)."""
+    return (size - 1) // stride + 1
+
+
 class MBConvSupernet(nn.Module):
-    """Stem -> MBConv e1 -> searchable layers -> 1x1 head -> GAP -> linear."""
+    """Stem -> MBConv e1 -> searchable layers -> 1x1 head -> GAP or flatten -> linear."""
 
     def __init__(
-        self, in_channels: int, num_classes: int, width: float, layers_per_stage: int
+        self,
+        in_channels: int,
+        num_classes: int,
+        width: float,
+        layers_per_stage: int,
+        head: str = "gap",
+        input_size: tuple[int, int] = (28, 28),
     ) -> None:
         super().__init__()
         stem = _channels(16 * width)
@@ -106,17 +129,24 @@ class MBConvSupernet(nn.Module):
                 layers.append(_layer(channels, out, stride if index == 0 else 1))
                 channels = out
         self.layers = nn.ModuleList(layers)
-        head = _channels(128 * width)
+        features = _channels(128 * width)
         self.head = nn.Sequential(
-            nn.Conv2d(channels, head, 1, bias=False), nn.BatchNorm2d(head), nn.ReLU6()
+            nn.Conv2d(channels, features, 1, bias=False), nn.BatchNorm2d(features), nn.ReLU6()
         )
-        self.classifier = nn.Linear(head, num_classes)
+        self.flatten_head = head == "flatten"
+        if self.flatten_head:  # the stem and each stage's first layer stride
+            height, width_px = (_strided(size, 2) for size in input_size)
+            for _, stride in STAGES:
+                height, width_px = _strided(height, stride), _strided(width_px, stride)
+            features *= height * width_px
+        self.classifier = nn.Linear(features, num_classes)
 
     def forward(self, x: Tensor, arch: Sequence[int]) -> Tensor:
         x = self.stem(x)
         for layer, option in zip(self.layers, arch, strict=True):
             x = layer(x, option)
-        return self.classifier(self.head(x).mean((2, 3)))
+        x = self.head(x)
+        return self.classifier(torch.flatten(x, 1) if self.flatten_head else x.mean((2, 3)))
 
 
 @register_space
@@ -127,7 +157,8 @@ class MBConvSpace(DifferentiableSpace):
     three stages (24, 40, 64 x width channels; strides 2, 2, 1) of
     ``layers_per_stage`` searchable layers with options :data:`MBCONV_OPTIONS`
     (+ ``identity`` in every layer but a stage's first); a 1x1 head (128 x width),
-    GAP, linear.  Paper: 19 searchable layers in 6 stages.
+    then ``head``: ``"gap"`` (the paper's global average pooling, the default) or
+    ``"flatten"``; linear.  Paper: 19 searchable layers in 6 stages.
     """
 
     name = "mbconv"
@@ -140,14 +171,21 @@ class MBConvSpace(DifferentiableSpace):
         input_width: int = 28,
         width: float = 1.0,
         layers_per_stage: int = 2,
+        head: str = "gap",
     ) -> None:
         spec = {
             **image_spec(num_classes, in_channels, input_height, input_width),
             "width": positive_float("width", width),
             "layers_per_stage": positive_int("layers_per_stage", layers_per_stage),
+            "head": head_name(head),
         }
         net = MBConvSupernet(
-            spec["in_channels"], spec["num_classes"], spec["width"], spec["layers_per_stage"]
+            spec["in_channels"],
+            spec["num_classes"],
+            spec["width"],
+            spec["layers_per_stage"],
+            head=spec["head"],
+            input_size=(spec["input_height"], spec["input_width"]),
         )
         super().__init__(
             net,

@@ -1,4 +1,7 @@
-"""The ``cnn_s`` / ``cnn_l`` head (issue 40): flatten (default) or the paper's GAP, by hand."""
+"""The ``cnn_s`` / ``cnn_l`` / ``mbconv`` head (issue 40): flatten (default) or the papers'
+GAP, by hand."""
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -55,10 +58,48 @@ def test_the_run_config_key_reaches_the_space_and_is_checked():
     assert space_kwargs(settings.space, dataset_info(settings.data))["head"] == "gap"
     default = parse_run_config(pyproject_run_config())
     assert space_kwargs(default.space, dataset_info(default.data))["head"] == "flatten"
-    with pytest.raises(ValueError, match=r"'space.head' = 'avg'.*one of flatten, gap"):
+    with pytest.raises(ValueError, match=r"'space.head' = 'avg'.*one of auto, flatten, gap"):
         parse_run_config({**pyproject_run_config(), "space.head": "avg"})
-    with pytest.raises(ValueError, match=r"'space.head' = 'gap'.*only the cnn_s and cnn_l"):
+    with pytest.raises(ValueError, match=r"'space.head' = 'gap'.*only the cnn_s, cnn_l, mbconv"):
         parse_run_config({**pyproject_run_config(), "space.name": "rnn", "space.head": "gap"})
+    # "auto" (the default): flatten for cnn_s / cnn_l, the paper's GAP for mbconv, also when
+    # FDNAS's runner sets the name after parsing
+    assert default.space.head == "auto"
+    mbconv = parse_run_config({**pyproject_run_config(), "space.name": "mbconv"})
+    assert space_kwargs(mbconv.space, dataset_info(mbconv.data))["head"] == "gap"
+    fdnas = replace(default.space, name="mbconv")
+    assert space_kwargs(fdnas, dataset_info(default.data))["head"] == "gap"
+    flat = parse_run_config({**pyproject_run_config(), "space.head": "flatten"})
+    assert space_kwargs(replace(flat.space, name="mbconv"), dataset_info(flat.data)) == {
+        **space_kwargs(fdnas, dataset_info(default.data)),
+        "head": "flatten",
+    }
+    cnn_l = parse_run_config({**pyproject_run_config(), "space.name": "cnn_l"})
+    assert space_kwargs(cnn_l.space, dataset_info(cnn_l.data))["head"] == "flatten"
+    assert replace(default.space, name="rnn").resolved_head() == "flatten"  # unused there
+
+
+@pytest.mark.parametrize(
+    # width 0.25: the 1x1 head has 128 x 0.25 = 32 channels; the stem and the stages' first
+    # layers stride 2, 2, 2, 1: 28 -> 14 -> 7 -> 4 -> 4, 32x32 -> 4x4, 40x51 -> 5x7
+    ("image", "side"),
+    [(MNIST, (4, 4)), ({**MNIST, "input_height": 32, "input_width": 32}, (4, 4)), (SPEECH, (5, 7))],
+)
+def test_mbconv_flatten_head_reads_the_head_feature_map(image, side):
+    space = build_space("mbconv", **image, width=0.25, layers_per_stage=1, head="flatten")
+    features = 32 * side[0] * side[1]
+    assert space.net.classifier.in_features == features
+    gap = build_space("mbconv", **image, width=0.25, layers_per_stage=1)
+    assert gap.spec["head"] == "gap"  # the paper's, the space's default
+    assert gap.net.classifier.in_features == 32
+    extra = (features - 32) * image["num_classes"]
+    assert space.fixed_cost.params - gap.fixed_cost.params == extra
+    assert space.fixed_cost.flops - gap.fixed_cost.flops == 2 * extra
+    x = torch.randn(3, 1, image["input_height"], image["input_width"])
+    for arch in ((0,) * 3, tuple(n - 1 for n in space.num_options())):
+        assert space.subnet(arch).eval()(x).shape == (3, image["num_classes"])
+    with pytest.raises(ValueError, match="head must be one of flatten, gap, got 'max'"):
+        build_space("mbconv", **image, head="max")
 
 
 def test_a_file_written_before_the_head_was_a_choice_loads_as_gap(tmp_path):
@@ -69,6 +110,22 @@ def test_a_file_written_before_the_head_was_a_choice_loads_as_gap(tmp_path):
     old_spec = {k: v for k, v in space.spec.items() if k not in ("head", "reduction")}
     path = save_checkpoint(
         tmp_path / "tier-1.pt",
+        space_spec=old_spec,
+        arrays=ArrayRecord(subnet.state_dict()),
+        stage="finetune",
+        arch=list(arch),
+    )
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(load_model(path)(x), subnet(x))
+
+
+def test_an_mbconv_file_written_before_the_head_was_a_choice_loads_as_gap(tmp_path):
+    space = build_space("mbconv", **MNIST, width=0.25, layers_per_stage=1, head="gap")
+    arch = tuple(n - 1 for n in space.num_options())
+    subnet = space.subnet(arch).eval()
+    old_spec = {k: v for k, v in space.spec.items() if k != "head"}  # fedorasflwr 0.4.0
+    path = save_checkpoint(
+        tmp_path / "fdnas.pt",
         space_spec=old_spec,
         arrays=ArrayRecord(subnet.state_dict()),
         stage="finetune",
