@@ -620,11 +620,17 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
         safe = safe | {f"{own}lr-probe"}
     if values.get("space.reduction") == PAPER_REDUCTION:  # likewise: cnn_s as before the key
         safe = safe | {"space.reduction"}
-    return {
+    bound = {
         str(k): v
         for k, v in sorted(values.items())
         if k not in safe and not str(k).startswith(others)
     }
+    # "auto" is bound as "flatten", what every checkpoint written before "auto" names (the
+    # default then: cnn_s / cnn_l flatten, mbconv GAP, the head it could not change). The
+    # space spec, checked beside the settings, tells an mbconv with "flatten" from "auto".
+    if bound.get("space.head") == "auto":
+        bound["space.head"] = "flatten"
+    return bound
 
 
 class _RecordingConfig(Mapping[str, Any]):

@@ -133,3 +133,22 @@ def test_an_mbconv_file_written_before_the_head_was_a_choice_loads_as_gap(tmp_pa
     )
     x = torch.randn(2, 1, 28, 28)
     torch.testing.assert_close(load_model(path)(x), subnet(x))
+
+
+def test_checkpoints_written_before_auto_bind_the_same_head_settings():
+    """0.4.0 bound ``space.head = "flatten"`` (its default) into every checkpoint; "auto",
+    today's default, is bound so, so those resume; an explicit GAP stays apart."""
+    from fedorasflwr.checkpoints import check_bound_settings
+    from fedorasflwr.config import bound_settings
+
+    def bound(method: str, **overrides) -> dict:
+        settings = parse_run_config({**pyproject_run_config(), "method": method, **overrides})
+        return bound_settings(method, settings.values)
+
+    for method in ("fedoras", "fdnas"):
+        current = bound(method)
+        assert current["space.head"] == "flatten"
+        old = {**current, "space.head": "flatten"}  # as 0.4.0 wrote it
+        check_bound_settings("here", old, current, method)
+        with pytest.raises(ValueError, match="'space.head' = 'flatten' there, 'gap' here"):
+            check_bound_settings("here", old, bound(method, **{"space.head": "gap"}), method)
