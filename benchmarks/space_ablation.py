@@ -13,7 +13,8 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
 - ``mbconv``: 5 seeded paths of FDNAS / CFDNAS's space (its 12 searchable layers) at
   width 0.25, of the same MACs, with the paper's GAP head (row group ``mbconv``; headline
   ``mbconv_<setting>_best_pp`` / ``_median_pp`` against the ConvNet) and the same paths
-  with the space's flatten head (``mbconv-flatten``; ``mbconv_flatten_<setting>_...``);
+  with the space's flatten head (``mbconv-flatten``; ``mbconv_flatten_<setting>_...``) and
+  with that head's input divided by sqrt(H x W) (``mbconv-scaled``; ``mbconv_scaled_...``);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
@@ -61,7 +62,7 @@ class Row:
 
     label: str
     net: str = "cnn_s"  # cnn_s | mbconv (FDNAS's space, its 12 searchable layers) | convnet
-    head: str = "flatten"  # flatten | gap
+    head: str = "flatten"  # flatten | gap | flatten-scaled (mbconv: flatten / sqrt(H x W))
     reduction: str = PAPER_REDUCTION  # cnn_s: what every row before the choice ran
     norm: str = "bn"  # bn | gn | none (cnn_s only)
     width: float = 0.5  # the space's width (cnn_s, mbconv)
@@ -172,6 +173,20 @@ ROWS: dict[str, list[Row]] = {
     # the same 5 paths with the flatten head (space.head = "flatten"; the default stays GAP)
     "mbconv-flatten": [
         Row(f"mbconv flatten path {k}, {name}", net="mbconv", width=0.25, path=k, alpha=alpha)
+        for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
+        for k in range(5)
+    ],
+    # the same 5 paths with the flatten head's input divided by sqrt(H x W) (4 here): the
+    # classifier's logit steps at about GAP's size, the map's layout kept (benchmark only)
+    "mbconv-scaled": [
+        Row(
+            f"mbconv flatten-scaled path {k}, {name}",
+            net="mbconv",
+            head="flatten-scaled",
+            width=0.25,
+            path=k,
+            alpha=alpha,
+        )
         for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
         for k in range(5)
     ],
@@ -289,14 +304,19 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         if row.norm != "bn" or row.reduction != PAPER_REDUCTION:
             raise ValueError(f"mbconv rows: norm 'bn', no reduction; got {row}")
         kwargs = {"width": row.width, "layers_per_stage": MBCONV_LAYERS_PER_STAGE}
-        # the paths are drawn by the paper's (GAP) costs, so both heads train the same paths
+        # the paths are drawn by the paper's (GAP) costs, so every head trains the same paths
         paths = build_space("mbconv", **image, **kwargs, head="gap")
-        net = build_space("mbconv", **image, **kwargs, head=row.head).subnet(
+        head = "flatten" if row.head == "flatten-scaled" else row.head
+        net = build_space("mbconv", **image, **kwargs, head=head).subnet(
             space_path(paths, row.path)
         )
+        if row.head == "flatten-scaled":
+            _scale_flatten(net.net)
         return net, _count_flops(net, x) // 2
     if row.net != "convnet":
         raise ValueError(f"Row.net {row.net!r}: cnn_s, mbconv or convnet")
+    if row.head not in ("flatten", "gap"):
+        raise ValueError(f"ConvNet rows: head 'flatten' or 'gap'; got {row}")
     # the ConvNet width whose MACs are nearest the cnn_s path's (default width)
     paper = build_space("cnn_s", **image, width=0.5, reduction=PAPER_REDUCTION)
     reference = paper.subnet(cnn_s_path(image, 0.5))
@@ -307,6 +327,29 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
     if row.head == "gap":
         net = _gap_convnet(net, image["num_classes"])
     return net, _count_flops(net, x) // 2
+
+
+def _scale_flatten(net: Any) -> None:
+    """Divide the input of ``net``'s flatten classifier by sqrt(H x W) of the map it reads
+    (an ``MBConvSupernet`` built with ``head="flatten"``): its squared norm is then about the
+    positions' mean, as GAP's input's, so an SGD step moves the logits about as far."""
+    import math
+
+    from torch import nn
+
+    linear = net.classifier
+    positions = linear.in_features // net.head[0].out_channels
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = 1 / math.sqrt(positions)
+            self.linear = linear
+
+        def forward(self, x: Any) -> Any:
+            return self.linear(x * self.scale)
+
+    net.classifier = Scaled()
 
 
 def _gap_convnet(convnet: Any, num_classes: int) -> Any:
@@ -435,7 +478,7 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
     (``by_seed``), ``paths_<setting>_seeds`` how many: a path run at one seed is not set
     against another seed's ConvNet. ``mbconv_<setting>_best_pp`` / ``_median_pp`` /
     ``_seeds``: the same for the 5 ``mbconv`` rows (GAP head), ``mbconv_flatten_...`` for
-    the 5 ``mbconv-flatten`` rows."""
+    the 5 ``mbconv-flatten`` rows, ``mbconv_scaled_...`` for the 5 ``mbconv-scaled`` rows."""
     out: dict[str, float] = {}
     for setting, (ours, hand_made) in GAPS.items():
         if hand_made not in table:
@@ -450,6 +493,8 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
         out.update(_best_and_median(table, mbconv, hand_made, f"mbconv_{setting}"))
         flat = [f"mbconv flatten path {k}, {suffix}" for k in range(5)]
         out.update(_best_and_median(table, flat, hand_made, f"mbconv_flatten_{setting}"))
+        scaled = [f"mbconv flatten-scaled path {k}, {suffix}" for k in range(5)]
+        out.update(_best_and_median(table, scaled, hand_made, f"mbconv_scaled_{setting}"))
     return out
 
 

@@ -63,6 +63,22 @@ def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth()
         assert flat.arch == gap.arch
         assert flat_macs - gap_macs == (512 - 32) * 10
         assert [m.in_features for m in flat.modules() if isinstance(m, nn.Linear)] == [512]
+    # the scaled rows: the flatten net with the classifier's input divided by sqrt(4 x 4)
+    import torch
+
+    scaled_row = next(r for r in ablation.ROWS["mbconv-scaled"] if r.alpha == 0.1)
+    flat, _ = ablation.build_net(flat_rows[0], MNIST)
+    scaled, scaled_macs = ablation.build_net(scaled_row, MNIST)
+    assert scaled.arch == flat.arch and scaled_macs >= built[0][1]
+    scaled.load_state_dict(flat.state_dict(), strict=False)  # its Linear under another name
+    scaled.net.classifier.linear.load_state_dict(flat.net.classifier.state_dict())
+    x = torch.randn(2, 1, 28, 28)
+    features = []
+    flat.net.classifier.register_forward_pre_hook(lambda m, i: features.append(i[0]))
+    flat.eval()(x)
+    torch.testing.assert_close(scaled.eval()(x), flat.net.classifier(features[0] / 4))
+    with pytest.raises(ValueError, match="ConvNet rows: head"):
+        ablation.build_net(ablation.Row("x", net="convnet", head="flatten-scaled"), MNIST)
     # the space's BatchNorm: a row asking for another norm is refused, not ignored
     with pytest.raises(ValueError, match="mbconv rows: norm 'bn'"):
         ablation.build_net(ablation.Row("x", net="mbconv", width=0.25, norm="gn"), MNIST)
