@@ -28,7 +28,9 @@ def by_tier(document, init):
 def test_supernet_init_reaches_the_bar_in_every_tier(preset) -> None:
     models = by_tier(preset.document, "supernet")
     assert sorted(models) == [1, 2, 3, 4]
-    assert preset.document["settings"]["space"]["head"] == "flatten"  # the default space
+    # the default space: space.head "auto" builds cnn_s with the flatten head
+    assert preset.document["settings"]["space"]["head"] == "auto"
+    assert preset.document["space"]["spec"]["head"] == "flatten"
     for tier, model in models.items():
         assert model["test"]["accuracy"] >= TIER_ACCURACY, (tier, model["test"])
         assert model["global_test_accuracy"] >= TIER_ACCURACY, (tier, model)
