@@ -39,7 +39,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from common import report, run_config
+from common import ROOT, report, run_config
+
+sys.path.insert(0, str(ROOT))
+
+from fedorasflwr.search_spaces.cnn import HEADS  # noqa: E402
 
 NUM_CLIENTS = 10
 
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--head",
-        choices=("auto", "flatten", "gap"),
+        choices=("auto", *HEADS),
         default=DEFAULTS["head"],
         help="the space's classifier head (space.head; auto: mbconv's GAP)",
     )

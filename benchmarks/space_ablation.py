@@ -86,6 +86,16 @@ _CENTRAL_SHAPES = {
 }
 _FEDERATED_SHAPES = {"dataset": "shapes", "lr": _SHAPES_LR, "alpha": 1.0}
 
+#: the mbconv row groups: row label, Row.head and headline prefix of each. ``mbconv``: the
+#: paper's GAP head (the space's default); ``mbconv-flatten``: ``space.head = "flatten"``;
+#: ``mbconv-scaled``: that head's input divided by sqrt(H x W) (4 here), so the classifier's
+#: logit steps are about GAP's size with the map's layout kept (benchmark only)
+MBCONV_HEADS = {
+    "mbconv": ("mbconv", "gap", "mbconv"),
+    "mbconv-flatten": ("mbconv flatten", "flatten", "mbconv_flatten"),
+    "mbconv-scaled": ("mbconv flatten-scaled", "flatten-scaled", "mbconv_scaled"),
+}
+
 #: the table: each group of rows changes one factor from its group's first row
 ROWS: dict[str, list[Row]] = {
     "head": [
@@ -163,33 +173,16 @@ ROWS: dict[str, list[Row]] = {
         for net, name in (("cnn_s", "cnn_s"), ("convnet", "ConvNet"))
     ],
     # issue 40 item 2 for FDNAS / CFDNAS's space: 5 sampled mbconv nets of the tier's MACs
-    # (width 0.25, where sampled paths of 0.56 MMACs are found; the space's own GAP head)
-    # against the ConvNet rows of the same MACs and data
-    "mbconv": [
-        Row(f"mbconv path {k}, {name}", net="mbconv", head="gap", width=0.25, path=k, alpha=alpha)
-        for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
-        for k in range(5)
-    ],
-    # the same 5 paths with the flatten head (space.head = "flatten"; the default stays GAP)
-    "mbconv-flatten": [
-        Row(f"mbconv flatten path {k}, {name}", net="mbconv", width=0.25, path=k, alpha=alpha)
-        for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
-        for k in range(5)
-    ],
-    # the same 5 paths with the flatten head's input divided by sqrt(H x W) (4 here): the
-    # classifier's logit steps at about GAP's size, the map's layout kept (benchmark only)
-    "mbconv-scaled": [
-        Row(
-            f"mbconv flatten-scaled path {k}, {name}",
-            net="mbconv",
-            head="flatten-scaled",
-            width=0.25,
-            path=k,
-            alpha=alpha,
-        )
-        for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
-        for k in range(5)
-    ],
+    # (width 0.25, where sampled paths of 0.56 MMACs are found) against the ConvNet rows of
+    # the same MACs and data, with each head of MBCONV_HEADS
+    **{
+        group: [
+            Row(f"{label} path {k}, {name}", net="mbconv", head=head, width=0.25, path=k, alpha=a)
+            for a, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
+            for k in range(5)
+        ]
+        for group, (label, head, _) in MBCONV_HEADS.items()
+    },
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
@@ -489,12 +482,9 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
         suffix = ours.split(", ", 1)[1]
         sampled = [ours] + [f"cnn_s flatten path {k}, {suffix}" for k in range(1, 5)]
         out.update(_best_and_median(table, sampled, hand_made, f"paths_{setting}"))
-        mbconv = [f"mbconv path {k}, {suffix}" for k in range(5)]
-        out.update(_best_and_median(table, mbconv, hand_made, f"mbconv_{setting}"))
-        flat = [f"mbconv flatten path {k}, {suffix}" for k in range(5)]
-        out.update(_best_and_median(table, flat, hand_made, f"mbconv_flatten_{setting}"))
-        scaled = [f"mbconv flatten-scaled path {k}, {suffix}" for k in range(5)]
-        out.update(_best_and_median(table, scaled, hand_made, f"mbconv_scaled_{setting}"))
+        for label, _, prefix in MBCONV_HEADS.values():
+            rows = [f"{label} path {k}, {suffix}" for k in range(5)]
+            out.update(_best_and_median(table, rows, hand_made, f"{prefix}_{setting}"))
     return out
 
 

@@ -93,8 +93,8 @@ def _channels(value: float) -> int:
 
 
 def _strided(size: int, stride: int) -> int:
-    """The output size of a 3x3 window with padding 1 at ``stride`` (every stem and
-    reduction of these spaces)."""
+    """The output size of an odd k x k window with padding k // 2 at ``stride`` (every stem
+    and reduction of these spaces, and ``mbconv``'s stem and depthwise convolutions)."""
     return (size - 1) // stride + 1
 
 

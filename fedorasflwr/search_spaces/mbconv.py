@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import image_spec, positive_float, positive_int, register_space
-from .cnn import head_name
+from .cnn import _strided, head_name
 from .differentiable import DifferentiableSpace, GatedMixedOp
 
 __all__ = ["MBCONV_OPTIONS", "GatedMixedOp", "MBConv", "MBConvSpace", "mbconv"]
@@ -95,12 +95,6 @@ def _layer(in_channels: int, out_channels: int, stride: int) -> GatedMixedOp:
     return GatedMixedOp(options)
 
 
-def _strided(size: int, stride: int) -> int:
-    """The output size of an odd k x k window with padding k // 2 at ``stride`` (the stem
-    and every depthwise convolution of this space)."""
-    return (size - 1) // stride + 1
-
-
 class MBConvSupernet(nn.Module):
     """Stem -> MBConv e1 -> searchable layers -> 1x1 head -> GAP or flatten -> linear."""
 
@@ -134,7 +128,7 @@ class MBConvSupernet(nn.Module):
             nn.Conv2d(channels, features, 1, bias=False), nn.BatchNorm2d(features), nn.ReLU6()
         )
         self.flatten_head = head == "flatten"
-        if self.flatten_head:  # the stem and each stage's first layer stride
+        if self.flatten_head:  # the stem and each stage's first layer stride (odd k, pad k // 2)
             height, width_px = (_strided(size, 2) for size in input_size)
             for _, stride in STAGES:
                 height, width_px = _strided(height, stride), _strided(width_px, stride)

@@ -102,31 +102,25 @@ def test_mbconv_flatten_head_reads_the_head_feature_map(image, side):
         build_space("mbconv", **image, head="max")
 
 
-def test_a_file_written_before_the_head_was_a_choice_loads_as_gap(tmp_path):
-    space = build_space("cnn_s", **MNIST, width=0.25, head="gap", reduction=PAPER_REDUCTION)
+@pytest.mark.parametrize(
+    ("name", "options", "dropped"),
+    [
+        # fedorasflwr 0.2 named neither the head nor the reduction: GAP and the paper's
+        ("cnn_s", {"head": "gap", "reduction": PAPER_REDUCTION}, ("head", "reduction")),
+        # 0.4.0's mbconv had no head choice: GAP
+        ("mbconv", {"head": "gap", "layers_per_stage": 1}, ("head",)),
+        # today's file names its flatten head
+        ("mbconv", {"head": "flatten", "layers_per_stage": 1}, ()),
+    ],
+)
+def test_a_model_file_loads_with_the_head_it_was_written_with(tmp_path, name, options, dropped):
+    space = build_space(name, **MNIST, width=0.25, **options)
     arch = tuple(n - 2 for n in space.num_options())
     subnet = space.subnet(arch).eval()
-    # fedorasflwr 0.2 named neither the head nor the reduction
-    old_spec = {k: v for k, v in space.spec.items() if k not in ("head", "reduction")}
+    spec = {k: v for k, v in space.spec.items() if k not in dropped}
     path = save_checkpoint(
-        tmp_path / "tier-1.pt",
-        space_spec=old_spec,
-        arrays=ArrayRecord(subnet.state_dict()),
-        stage="finetune",
-        arch=list(arch),
-    )
-    x = torch.randn(2, 1, 28, 28)
-    torch.testing.assert_close(load_model(path)(x), subnet(x))
-
-
-def test_an_mbconv_file_written_before_the_head_was_a_choice_loads_as_gap(tmp_path):
-    space = build_space("mbconv", **MNIST, width=0.25, layers_per_stage=1, head="gap")
-    arch = tuple(n - 1 for n in space.num_options())
-    subnet = space.subnet(arch).eval()
-    old_spec = {k: v for k, v in space.spec.items() if k != "head"}  # fedorasflwr 0.4.0
-    path = save_checkpoint(
-        tmp_path / "fdnas.pt",
-        space_spec=old_spec,
+        tmp_path / "model.pt",
+        space_spec=spec,
         arrays=ArrayRecord(subnet.state_dict()),
         stage="finetune",
         arch=list(arch),
