@@ -10,11 +10,18 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   (``flatten``: the project's default since issue 40; ``gap``: the paper's global average
   pooling), each normalisation (``bn``; ``gn``: GroupNorm, 2 groups, the DP-safe choice;
   ``none``) and width;
-- ``mbconv``: 5 seeded paths of FDNAS / CFDNAS's space (its 12 searchable layers) at
+- ``mbconv``: 5 seeded paths of FDNAS / CFDNAS's space (12 searchable layers, 0.4.0's default) at
   width 0.25, of the same MACs, with the paper's GAP head (row group ``mbconv``; headline
   ``mbconv_<setting>_best_pp`` / ``_median_pp`` against the ConvNet) and the same paths
   with the space's flatten head (``mbconv-flatten``; ``mbconv_flatten_<setting>_...``) and
   with that head's input divided by sqrt(H x W) (``mbconv-scaled``; ``mbconv_scaled_...``);
+  the flatten head on shallower, wider spaces of the same MACs (``mbconv-6-layers``: 2
+  layers a stage at width 0.5; ``mbconv-3-layers``: 1 at width 0.75) and each with the
+  GAP head (``mbconv-6-layers-gap``, ``mbconv-3-layers-gap``); and the default depth's
+  paths with either head trained on the pooled data (``mbconv-central``);
+- ``cnn_l``: 5 seeded paths of FedorAS's CIFAR space at its default depth (3 blocks of 4
+  layers) and flatten head, at width 0.1, where its paths reach the tier's MACs on MNIST
+  (row group ``cnn_l``, headline ``cnn_l_<setting>_...``);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
@@ -31,6 +38,7 @@ the table prints the mean and the spread.
     python benchmarks/space_ablation.py                 # every row, seed 0 (not yet timed)
     python benchmarks/space_ablation.py --rows head --seeds 0 1 2   # 12 runs: 30 min on 2 cores
     python benchmarks/space_ablation.py --rows head     # only some rows (see ROWS)
+    python benchmarks/space_ablation.py --rows mbconv-3-layers --alphas 0.1 --seeds 0 1 2
     python benchmarks/space_ablation.py --quick         # smoke: 2 rounds, two rows, one seed
 
 Writes ``benchmarks/results/space_ablation.json`` (``.quick.json``).
@@ -50,10 +58,13 @@ from common import ROOT, report, warm_data_cache
 
 sys.path.insert(0, str(ROOT))
 
-from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION, REDUCTIONS  # noqa: E402
+from fedorasflwr.search_spaces.cnn import HEADS, PAPER_REDUCTION, REDUCTIONS  # noqa: E402
 
 NUM_CLIENTS = 20
 TARGET_MACS = 0.56e6  # the issue's T1 net
+#: mbconv rows: 0.4.0's default depth (``space.layers-per-block`` 4: 12 searchable layers;
+#: "auto", the default since, gives 2: the ``mbconv-6-layers`` groups' space)
+MBCONV_LAYERS_PER_STAGE = 4
 
 
 @dataclass(frozen=True)
@@ -61,11 +72,12 @@ class Row:
     """One trained network: which net, its head, normalisation and width, and the recipe."""
 
     label: str
-    net: str = "cnn_s"  # cnn_s | mbconv (FDNAS's space, its 12 searchable layers) | convnet
+    net: str = "cnn_s"  # cnn_s | mbconv (FDNAS's space) | cnn_l (FedorAS's CIFAR one) | convnet
     head: str = "flatten"  # flatten | gap | flatten-scaled (mbconv: flatten / sqrt(H x W))
     reduction: str = PAPER_REDUCTION  # cnn_s: what every row before the choice ran
     norm: str = "bn"  # bn | gn | none (cnn_s only)
-    width: float = 0.5  # the space's width (cnn_s, mbconv)
+    width: float = 0.5  # the space's width (cnn_s, mbconv, cnn_l)
+    layers_per_stage: int = MBCONV_LAYERS_PER_STAGE  # mbconv: 3 x this searchable layers
     path: int = 0  # a space's: 0 = the path nearest TARGET_MACS, k = the k-th next within 10%
     alpha: float = 0.1  # Dirichlet concentration; 0: IID
     lr: float = 0.05
@@ -86,14 +98,41 @@ _CENTRAL_SHAPES = {
 }
 _FEDERATED_SHAPES = {"dataset": "shapes", "lr": _SHAPES_LR, "alpha": 1.0}
 
-#: the mbconv row groups: row label, Row.head and headline prefix of each. ``mbconv``: the
-#: paper's GAP head (the space's default); ``mbconv-flatten``: ``space.head = "flatten"``;
-#: ``mbconv-scaled``: that head's input divided by sqrt(H x W) (4 here), so the classifier's
-#: logit steps are about GAP's size with the map's layout kept (benchmark only)
-MBCONV_HEADS = {
-    "mbconv": ("mbconv", "gap", "mbconv"),
-    "mbconv-flatten": ("mbconv flatten", "flatten", "mbconv_flatten"),
-    "mbconv-scaled": ("mbconv flatten-scaled", "flatten-scaled", "mbconv_scaled"),
+
+@dataclass(frozen=True)
+class SpaceGroup:
+    """A row group of 5 seeded paths of the tier's MACs of one space (``net``: ``mbconv`` or
+    ``cnn_l``): the rows' label, head, headline prefix, depth (mbconv's ``layers_per_stage``:
+    3 x this searchable layers) and width (the one at that depth whose seeded paths are near
+    TARGET_MACS)."""
+
+    label: str
+    head: str
+    prefix: str
+    layers_per_stage: int = MBCONV_LAYERS_PER_STAGE
+    width: float = 0.25
+    net: str = "mbconv"
+
+
+#: the row groups of 5 sampled paths. ``mbconv``: the paper's GAP head (the space's default);
+#: ``mbconv-flatten``: ``space.head = "flatten"``; ``mbconv-scaled``: that head's input
+#: divided by sqrt(H x W) (4 here), so the classifier's logit steps are about GAP's size
+#: with the map's layout kept (benchmark only); ``mbconv-6-layers`` / ``mbconv-3-layers``:
+#: the flatten head on a shallower, wider space of the same MACs (``space.layers-per-block``
+#: 2 at width 0.5, 1 at width 0.75: is FDNAS's depth what trains slowly under FedAvg?) and
+#: each depth with the paper's GAP head (``mbconv-6-layers-gap``, ``mbconv-3-layers-gap``);
+#: ``cnn_l``: below
+SPACE_GROUPS = {
+    "mbconv": SpaceGroup("mbconv", "gap", "mbconv"),
+    "mbconv-flatten": SpaceGroup("mbconv flatten", "flatten", "mbconv_flatten"),
+    "mbconv-scaled": SpaceGroup("mbconv flatten-scaled", "flatten-scaled", "mbconv_scaled"),
+    "mbconv-6-layers": SpaceGroup("mbconv flatten 6 layers", "flatten", "mbconv_6_layers", 2, 0.5),
+    "mbconv-6-layers-gap": SpaceGroup("mbconv 6 layers", "gap", "mbconv_6_layers_gap", 2, 0.5),
+    "mbconv-3-layers": SpaceGroup("mbconv flatten 3 layers", "flatten", "mbconv_3_layers", 1, 0.75),
+    "mbconv-3-layers-gap": SpaceGroup("mbconv 3 layers", "gap", "mbconv_3_layers_gap", 1, 0.75),
+    # cnn_l (FedorAS's CIFAR space) at its default depth (3 blocks of 4 layers) and the
+    # width (0.1) where its seeded paths reach the tier's MACs on MNIST, its default head
+    "cnn_l": SpaceGroup("cnn_l flatten", "flatten", "cnn_l", width=0.1, net="cnn_l"),
 }
 
 #: the table: each group of rows changes one factor from its group's first row
@@ -172,28 +211,50 @@ ROWS: dict[str, list[Row]] = {
         for alpha, label in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
         for net, name in (("cnn_s", "cnn_s"), ("convnet", "ConvNet"))
     ],
-    # issue 40 item 2 for FDNAS / CFDNAS's space: 5 sampled mbconv nets of the tier's MACs
-    # (width 0.25, where sampled paths of 0.56 MMACs are found) against the ConvNet rows of
-    # the same MACs and data, with each head of MBCONV_HEADS
+    # issue 40 item 2 for FDNAS / CFDNAS's space and cnn_l: 5 sampled nets of the tier's MACs
+    # against the ConvNet rows of the same MACs and data, for each group of SPACE_GROUPS
     **{
-        group: [
-            Row(f"{label} path {k}, {name}", net="mbconv", head=head, width=0.25, path=k, alpha=a)
-            for a, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
+        name: [
+            Row(
+                f"{group.label} path {k}, {setting}",
+                net=group.net,
+                head=group.head,
+                width=group.width,
+                layers_per_stage=group.layers_per_stage,
+                path=k,
+                alpha=a,
+            )
+            for a, setting in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
             for k in range(5)
         ]
-        for group, (label, head, _) in MBCONV_HEADS.items()
+        for name, group in SPACE_GROUPS.items()
     },
+    # the control: the same 5 paths (default depth) with each head trained on the pooled data
+    "mbconv-central": [
+        Row(
+            f"{group.label} path {k}, centralised",
+            net="mbconv",
+            head=group.head,
+            width=group.width,
+            path=k,
+            central=True,
+        )
+        for group in (SPACE_GROUPS["mbconv-flatten"], SPACE_GROUPS["mbconv"])
+        for k in range(5)
+    ],
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
     ],
 }
 
-#: cnn_s (flatten) against the ConvNet at the same MACs, per data setting
+#: cnn_s (flatten) against the ConvNet at the same MACs, per data setting (the mbconv rows
+#: of a setting too: ``mbconv-central``'s against the ConvNet trained centrally)
 GAPS = {
     "alpha_0.1": ("cnn_s flatten, alpha 0.1", "ConvNet flatten, alpha 0.1"),
     "alpha_1.0": ("cnn_s flatten, alpha 1.0", "ConvNet flatten, alpha 1.0"),
     "iid": ("cnn_s flatten, IID", "ConvNet flatten, IID"),
+    "central": ("cnn_s flatten, centralised", "ConvNet flatten, centralised"),
 }
 
 
@@ -226,10 +287,6 @@ def _data(
     spec = settings.data
     clients = [load_client_data(spec, i, NUM_CLIENTS).train for i in range(NUM_CLIENTS)]
     return clients, load_server_data(spec), load_global_test(spec), image_spec(settings)
-
-
-#: mbconv rows: FDNAS's default depth (``space.layers-per-block`` 4: 12 searchable layers)
-MBCONV_LAYERS_PER_STAGE = 4
 
 
 def cnn_s_path(image: dict[str, int], width: float, k: int = 0) -> tuple[int, ...]:
@@ -296,7 +353,7 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
     if row.net == "mbconv":  # a head, the space's BatchNorm: a row says nothing else
         if row.norm != "bn" or row.reduction != PAPER_REDUCTION:
             raise ValueError(f"mbconv rows: norm 'bn', no reduction; got {row}")
-        kwargs = {"width": row.width, "layers_per_stage": MBCONV_LAYERS_PER_STAGE}
+        kwargs = {"width": row.width, "layers_per_stage": row.layers_per_stage}
         # the paths are drawn by the paper's (GAP) costs, so every head trains the same paths
         paths = build_space("mbconv", **image, **kwargs, head="gap")
         head = "flatten" if row.head == "flatten-scaled" else row.head
@@ -306,8 +363,16 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         if row.head == "flatten-scaled":
             _scale_flatten(net.net)
         return net, _count_flops(net, x) // 2
+    if row.net == "cnn_l":  # the space's default depth and BatchNorm, a head
+        if row.norm != "bn" or row.reduction != PAPER_REDUCTION or row.head not in HEADS:
+            raise ValueError(f"cnn_l rows: norm 'bn', no reduction, head of {HEADS}; got {row}")
+        paths = build_space("cnn_l", **image, width=row.width, head="gap")  # the paper's costs
+        net = build_space("cnn_l", **image, width=row.width, head=row.head).subnet(
+            space_path(paths, row.path)
+        )
+        return net, _count_flops(net, x) // 2
     if row.net != "convnet":
-        raise ValueError(f"Row.net {row.net!r}: cnn_s, mbconv or convnet")
+        raise ValueError(f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv or convnet")
     if row.head not in ("flatten", "gap"):
         raise ValueError(f"ConvNet rows: head 'flatten' or 'gap'; got {row}")
     # the ConvNet width whose MACs are nearest the cnn_s path's (default width)
@@ -482,9 +547,9 @@ def gaps_pp(table: dict[str, dict[str, Any]]) -> dict[str, float]:
         suffix = ours.split(", ", 1)[1]
         sampled = [ours] + [f"cnn_s flatten path {k}, {suffix}" for k in range(1, 5)]
         out.update(_best_and_median(table, sampled, hand_made, f"paths_{setting}"))
-        for label, _, prefix in MBCONV_HEADS.values():
-            rows = [f"{label} path {k}, {suffix}" for k in range(5)]
-            out.update(_best_and_median(table, rows, hand_made, f"{prefix}_{setting}"))
+        for group in SPACE_GROUPS.values():
+            rows = [f"{group.label} path {k}, {suffix}" for k in range(5)]
+            out.update(_best_and_median(table, rows, hand_made, f"{group.prefix}_{setting}"))
     return out
 
 
@@ -551,10 +616,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=sorted(ROWS))
+    parser.add_argument(
+        "--alphas", type=float, nargs="+", help="only the rows of these settings (0: IID)"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     rows = [row for group in args.rows for row in ROWS[group]]
+    if args.alphas is not None:
+        rows = [row for row in rows if row.alpha in args.alphas]
+        if not rows:
+            parser.error(f"--alphas {args.alphas}: none of the rows of {args.rows} has them")
     if args.quick:
         rows = [replace(r, rounds=2, clients_per_round=4) for r in ROWS["head"][:2]]
         args.seeds = [0]

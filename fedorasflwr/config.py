@@ -54,6 +54,13 @@ slower under FedAvg), ``mbconv`` the paper's GAP (its flatten head trains faster
 0.1 but diverged in CFDNAS's class-group search: benchmarks/README.md, space_ablation.py)."""
 HEAD_SPACES = tuple(DEFAULT_HEADS)
 """The spaces with a ``space.head`` choice."""
+DEFAULT_LAYERS_PER_BLOCK = {"cnn_l": 4, "mbconv": 2, "darts": 4}
+"""The spaces with a depth (``space.layers-per-block``: ``cnn_l``'s layers a block,
+``mbconv``'s layers a stage, ``darts``' cells) and the depth ``space.layers-per-block =
+"auto"`` (the default) gives each: ``cnn_l`` 4 (the paper's App. E.3), ``darts`` 4 cells,
+``mbconv`` 2 (6 searchable layers: at the same MACs 12 train far slower under FedAvg on
+skewed clients with either head, and 6 with the flatten head about as fast as the width
+baselines' ConvNet; benchmarks/README.md, space_ablation.py)."""
 #: how an aggregation combines one key's updates (``federation.aggregation.Aggregation``)
 AGGREGATION_RULES = ("mean", "median", "trimmed-mean")
 
@@ -202,7 +209,7 @@ class SpaceSettings:
 
     name: str = "cnn_s"
     width: float = 0.5
-    layers_per_block: int = 4
+    layers_per_block: int | str = "auto"  # auto: DEFAULT_LAYERS_PER_BLOCK
     blocks: int = 3  # cnn_l only
     head: str = "auto"  # cnn_s, cnn_l, mbconv: auto (DEFAULT_HEADS) | flatten | gap (the papers')
     reduction: str = PAPER_REDUCTION  # cnn_s: conv1x1-avgpool (the paper's) | maxpool-conv1x1
@@ -213,6 +220,13 @@ class SpaceSettings:
         if self.head != "auto":
             return self.head
         return DEFAULT_HEADS.get(self.name, "flatten")
+
+    def resolved_layers_per_block(self) -> int:
+        """The depth this space is built with: ``layers_per_block``, or for ``"auto"`` the
+        space's :data:`DEFAULT_LAYERS_PER_BLOCK` entry (4 for a space without a depth)."""
+        if self.layers_per_block != "auto":
+            return int(self.layers_per_block)
+        return DEFAULT_LAYERS_PER_BLOCK.get(self.name, 4)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> SpaceSettings:
@@ -272,9 +286,9 @@ class SpaceSettings:
                 cfg,
                 "space.layers-per-block",
                 cls.layers_per_block,
-                int,
-                lambda v: 1 <= v <= 8,
-                "1..8 (cnn_l blocks, mbconv stages, darts cells)",
+                str if cfg.get("space.layers-per-block", "auto") == "auto" else int,
+                lambda v: v == "auto" or 1 <= v <= 8,
+                "auto or 1..8 (cnn_l blocks, mbconv stages, darts cells)",
             ),
         )
 
@@ -308,20 +322,20 @@ def space_kwargs(space: SpaceSettings, info: DatasetInfo) -> dict[str, Any]:
         "width": space.width,
     }
     if space.name == "cnn_l":
-        kwargs["layers_per_block"] = space.layers_per_block
+        kwargs["layers_per_block"] = space.resolved_layers_per_block()
         kwargs["blocks"] = space.blocks
     if space.name in HEAD_SPACES:
         kwargs["head"] = space.resolved_head()
     if space.name == "cnn_s":
         kwargs["reduction"] = space.reduction
     if space.name == "mbconv":
-        kwargs["layers_per_stage"] = space.layers_per_block
+        kwargs["layers_per_stage"] = space.resolved_layers_per_block()
     if space.name == "darts":
         # C = 8 x width (DARTS: 16); inputs above 16 px are halved by the stem (CPU-sized).
         del kwargs["width"]
         kwargs.update(
             channels=max(2, round(8 * space.width)),
-            cells=space.layers_per_block,
+            cells=space.resolved_layers_per_block(),
             stem_stride=2 if height > 16 else 1,
         )
     return kwargs
@@ -630,6 +644,10 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
     # space spec, checked beside the settings, tells an mbconv with "flatten" from "auto".
     if bound.get("space.head") == "auto":
         bound["space.head"] = "flatten"
+    # likewise "auto" depth as 4, the default before "auto" (cnn_l / darts: the depth it
+    # gives them); the space spec tells an mbconv of 2 layers a stage from one of 4
+    if bound.get("space.layers-per-block") == "auto":
+        bound["space.layers-per-block"] = 4
     return bound
 
 

@@ -82,8 +82,63 @@ def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth()
     # the space's BatchNorm: a row asking for another norm is refused, not ignored
     with pytest.raises(ValueError, match="mbconv rows: norm 'bn'"):
         ablation.build_net(ablation.Row("x", net="mbconv", width=0.25, norm="gn"), MNIST)
-    with pytest.raises(ValueError, match="cnn_s, mbconv or convnet"):
-        ablation.build_net(ablation.Row("x", net="cnn_l"), MNIST)
+    with pytest.raises(ValueError, match="cnn_s, cnn_l, mbconv or convnet"):
+        ablation.build_net(ablation.Row("x", net="rnn"), MNIST)
+
+
+@pytest.mark.parametrize(
+    ("group", "layers"), [("mbconv-6-layers", 6), ("mbconv-3-layers", 3), ("cnn_l", 12)]
+)
+def test_space_groups_rows_are_five_flatten_nets_of_the_tiers_macs(group, layers):
+    from torch import nn
+
+    ablation = load_benchmark("space_ablation")
+    rows = [r for r in ablation.ROWS[group] if r.alpha == 0.1]
+    assert [r.path for r in rows] == list(range(5))
+    built = [ablation.build_net(row, MNIST) for row in rows]
+    assert len({net.arch for net, _ in built}) == 5
+    for net, macs in built:
+        assert len(net.arch) == layers
+        assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.12)  # + the flatten head's
+        (linear,) = [m for m in net.modules() if isinstance(m, nn.Linear)]
+        assert linear.in_features > 100  # the head's whole map, not GAP's channels
+    if group == "cnn_l":  # the space's own norm and head choice only
+        with pytest.raises(ValueError, match="cnn_l rows: norm 'bn'"):
+            ablation.build_net(ablation.Row("x", net="cnn_l", width=0.1, norm="gn"), MNIST)
+        with pytest.raises(ValueError, match="cnn_l rows: .* head of"):
+            ablation.build_net(ablation.Row("x", net="cnn_l", head="flatten-scaled"), MNIST)
+
+
+@pytest.mark.parametrize("depth", [6, 3])
+def test_gap_depth_groups_train_the_flatten_groups_paths_with_the_gap_head(depth):
+    from torch import nn
+
+    ablation = load_benchmark("space_ablation")
+    gap, flatten = (ablation.ROWS[f"mbconv-{depth}-layers{s}"] for s in ("-gap", ""))
+    assert [r.alpha for r in gap] == [r.alpha for r in flatten]
+    for g, f in zip(gap, flatten, strict=True):
+        (gap_net, _), (flatten_net, _) = ablation.build_net(g, MNIST), ablation.build_net(f, MNIST)
+        assert gap_net.arch == flatten_net.arch and len(gap_net.arch) == depth
+        (linear,) = [m for m in gap_net.modules() if isinstance(m, nn.Linear)]
+        assert linear.in_features < 100  # GAP's channels, not the whole map
+
+
+def test_mbconv_central_rows_train_the_flatten_and_gap_rows_paths_on_pooled_data():
+    ablation = load_benchmark("space_ablation")
+    rows = ablation.ROWS["mbconv-central"]
+    assert all(r.central and r.net == "mbconv" for r in rows)
+    for head, group in (("flatten", "mbconv-flatten"), ("gap", "mbconv")):
+        central = [ablation.build_net(r, MNIST)[0].arch for r in rows if r.head == head]
+        federated = [r for r in ablation.ROWS[group] if r.alpha == 0.1]
+        assert central == [ablation.build_net(r, MNIST)[0].arch for r in federated]
+
+
+def test_alphas_picks_rows_and_refuses_a_choice_that_leaves_none(capsys):
+    ablation = load_benchmark("space_ablation")
+    with pytest.raises(SystemExit) as refused:  # before any data or training
+        ablation.main(["--rows", "mbconv-central", "--alphas", "1.0"])
+    assert refused.value.code == 2
+    assert "--alphas [1.0]: none of the rows of ['mbconv-central']" in capsys.readouterr().err
 
 
 def test_a_rows_reduction_builds_the_same_path_with_its_reduction():
@@ -155,6 +210,20 @@ def test_mbconv_gaps_to_the_convnet_hand_computed():
         "mbconv_flatten_alpha_1.0_best_pp": -1.0,
         "mbconv_flatten_alpha_1.0_median_pp": -3.0,
     }
+    # the central rows against the ConvNet trained centrally, under their own setting
+    table["ConvNet flatten, centralised"] = {"mean": 0.98, "by_seed": {0: 0.98}}
+    for k, accuracy in enumerate((0.97, 0.99, 0.95, 0.90, 0.96)):
+        table[f"mbconv flatten path {k}, centralised"] = {
+            "mean": accuracy,
+            "by_seed": {0: accuracy},
+        }
+    central = ablation.gaps_pp(table)
+    assert {k: v for k, v in central.items() if "central" in k} == {
+        "mbconv_flatten_central_seeds": 1,
+        "mbconv_flatten_central_best_pp": 1.0,
+        "mbconv_flatten_central_median_pp": -2.0,
+    }
+    del table["ConvNet flatten, centralised"]
     del table["mbconv path 4, alpha 1.0"]  # not all five: no figure
     del table["mbconv flatten path 0, alpha 1.0"]
     assert ablation.gaps_pp(table) == {}

@@ -1,9 +1,11 @@
 """Run config parsing: defaults from pyproject, clear errors before any training."""
 
+import re
+
 import pytest
 
 from fedorasflwr.artifacts import plain
-from fedorasflwr.config import RunSettings, parse_run_config
+from fedorasflwr.config import RunSettings, bound_settings, parse_run_config
 from tests.runconfig import pyproject_run_config
 
 
@@ -14,6 +16,32 @@ def test_pyproject_defaults_parse():
     assert settings.data.seed == settings.seed
     assert settings.method_settings.num_tiers == 4
     assert settings.output_path.is_absolute()
+
+
+@pytest.mark.parametrize(
+    ("name", "kwarg", "depth"),
+    [("cnn_l", "layers_per_block", 4), ("mbconv", "layers_per_stage", 2), ("darts", "cells", 4)],
+)
+def test_layers_per_block_auto_gives_each_space_its_own_depth(name, kwarg, depth):
+    from dataclasses import replace
+
+    from fedorasflwr.config import space_kwargs
+    from fedorasflwr.data import dataset_info
+
+    default = parse_run_config(pyproject_run_config())
+    assert default.space.layers_per_block == "auto"
+    info = dataset_info(default.data)
+    # "auto" also when FDNAS's runner sets the name after parsing
+    assert space_kwargs(replace(default.space, name=name), info)[kwarg] == depth
+    chosen = parse_run_config({**pyproject_run_config(), "space.layers-per-block": 3})
+    assert space_kwargs(replace(chosen.space, name=name), info)[kwarg] == 3
+    # a checkpoint binds "auto" as 4, the default before it (cnn_l / darts checkpoints resume;
+    # an mbconv one of 4 layers a stage is told apart by its space spec)
+    assert bound_settings("fdnas", default.values)["space.layers-per-block"] == 4
+    for bad, fragment in ((0, "allowed: auto or 1..8"), ("deep", "expected a int (auto or 1..8")):
+        message = re.escape(f"'space.layers-per-block' = {bad!r}: {fragment}")
+        with pytest.raises(ValueError, match=message):
+            parse_run_config({**pyproject_run_config(), "space.layers-per-block": bad})
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,15 @@ in the first round and left the FDNAS net at chance (issue 40; docs/fdnas.md,
 before the choice hold GAP nets (:func:`fedorasflwr.search_spaces.cnn.as_written` reads
 them so).
 
+What the head leaves is depth: at the same MACs, the flatten head's nets of 6 or 3
+searchable layers (``layers_per_stage`` 2 or 1, wider) train by FedAvg at Dirichlet 0.1 as
+well as the hand-made ConvNet, where those of 12 (0.4.0's default) fall 9.5 pp short (median);
+with GAP, fewer layers help as much but none closes the gap; centrally the 12-layer nets are
+within 3 pp of the ConvNet (``space_ablation.py`` row groups ``mbconv-6-layers``,
+``mbconv-3-layers``, their ``-gap`` twins, ``mbconv-central``; docs/fdnas.md, "Depth").  The
+run config's ``space.layers-per-block = "auto"`` builds 2 layers a stage, as this class's
+default does.
+
 Each searchable layer carries its architecture parameters ``alpha`` (one
 logit per option) as an ``nn.Parameter``, so they are in ``state_dict`` and
 travel in the ``ArrayRecord`` with the weights (keys ``*.alpha``, listed by

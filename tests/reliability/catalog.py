@@ -454,6 +454,9 @@ class BadConfig(tuple):
 
 #: keys whose value is a path: any string parses (a missing checkpoint is a SEMANTIC case)
 FREE_TEXT = frozenset({"output-dir", "data.cache-dir", "resume-from", "fedoras.resume-from"})
+#: keys whose default, "auto", stands for an int: a number is one of their values, so they
+#: get an int key's mutations besides the unknown word
+AUTO_OR_INT = frozenset({"space.layers-per-block"})
 
 
 def _mutations(default: Any) -> Iterator[tuple[str, Any]]:
@@ -514,7 +517,11 @@ def bad_configs(defaults: Mapping[str, Any]) -> list[BadConfig]:
     them) are found by the suite, not listed."""
     out = [BadConfig(f"{key}: zero rounds", key, {key: 0}) for key in ZERO_ROUNDS]
     for key, default in defaults.items():
-        for label, value in _mutations(default):
+        mutations = list(_mutations(default))
+        if key in AUTO_OR_INT:
+            mutations = [m for m in mutations if m[0] != "int-for-text"]
+            mutations += [m for m in _mutations(1) if m[0] != "text-for-int"]
+        for label, value in mutations:
             if key in FREE_TEXT and isinstance(value, str):
                 continue
             out.append(BadConfig(f"{key}: {label}", key, {key: value}))
