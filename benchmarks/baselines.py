@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from common import RESULTS, report, run_config, warm_data_cache
+from fedoras_tiers import file_defaults as fedoras_file_defaults
 from fedoras_tiers import settings as fedoras_settings
 
 ALPHAS = (0.1, 1.0)
@@ -102,14 +103,9 @@ def settings(quick: bool, stage1_epochs: int | None = None) -> dict[str, Any]:
     ``stage1_epochs``: Stage 1 at that many local epochs and proportionally more rounds
     (the same number of local steps in all); the full run's default `STAGE1_EPOCHS`, the
     quick run's ``fedoras_tiers.py``'s."""
-    from fedorasflwr.config import SpaceSettings
-
+    # fedoras_tiers' settings name the space's head and reduction and Stage 1's lr probe
+    # (off: every recorded case trained at lr as given), which decide FedorAS's figures
     shared = {**fedoras_settings(quick), "fedoras.compare-rand-init": False}
-    # The space's head decides FedorAS's figures (issue 40): a file's identity names it.
-    shared["space.head"] = SpaceSettings(name="cnn_s").resolved_head()
-    shared["space.reduction"] = SpaceSettings().reduction
-    # Stage 1 at lr as given, as every recorded case was (fedoras.lr-probe came later)
-    shared["fedoras.lr-probe"] = False
     if stage1_epochs is None and not quick:
         stage1_epochs = STAGE1_EPOCHS
     if stage1_epochs is not None:
@@ -440,8 +436,6 @@ def _giga(values: list[float]) -> str:
 
 def merged(paths: list[Path], measured: dict[str, Any], clients: int) -> dict[tuple, dict]:
     """Finished cases of earlier result files, by (seed, alpha); other settings: an error."""
-    from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION
-
     done: dict[tuple, dict] = {}
     for path in paths:
         document = json.loads(path.read_text())
@@ -449,9 +443,7 @@ def merged(paths: list[Path], measured: dict[str, Any], clients: int) -> dict[tu
         # from before the reduction option with the paper's reduction. One from before the
         # lr probes trained the baselines and FedorAS's Stage 1 at lr as given.
         saved = {
-            "space.head": "gap",
-            "space.reduction": PAPER_REDUCTION,
-            "fedoras.lr-probe": False,
+            **fedoras_file_defaults(),
             **{f"{method}.lr-probe": False for method in BASELINES},
             **document.get("settings", {}),
         }

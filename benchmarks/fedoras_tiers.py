@@ -68,9 +68,32 @@ from common import RESULTS, report, run_config, warm_data_cache
 SKEWED, MILD = 0.1, 1.0
 
 
+def file_defaults() -> dict[str, Any]:
+    """What a result file written before these keys were recorded was measured with: the
+    paper's GAP head and reduction, Stage 1 at its lr as given (the probe came later).
+    ``merged_cases`` (and ``baselines.py``'s merge) read a file's settings on top of these."""
+    from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION
+
+    return {"space.head": "gap", "space.reduction": PAPER_REDUCTION, "fedoras.lr-probe": False}
+
+
+def identity() -> dict[str, Any]:
+    """The keys that decide FedorAS's figures and that ``pyproject.toml``'s defaults may
+    change (issue 40): every file names them, resolved (``auto`` as the head it builds)."""
+    from fedorasflwr.config import SpaceSettings
+
+    return {
+        "space.head": SpaceSettings(name="cnn_s").resolved_head(),
+        "space.reduction": SpaceSettings().reduction,
+        # Stage 1 at lr as given, as every recorded case was (fedoras.lr-probe came later)
+        "fedoras.lr-probe": False,
+    }
+
+
 def settings(quick: bool) -> dict[str, Any]:
     """The run config shared by every case (on top of ``pyproject.toml``'s defaults)."""
     common: dict[str, Any] = {
+        **identity(),
         "data.partitioner": "dirichlet",
         "fedoras.num-tiers": 4,
         "fedoras.tier-proportions": "",
@@ -179,10 +202,11 @@ def merged_cases(
     done: dict[tuple[str, float, int], dict[str, Any]] = {}
     for path in paths:
         document = json.loads(path.read_text())
-        if document.get("settings") != settings_now or document.get("clients") != clients:
+        saved = {**file_defaults(), **document.get("settings", {})}
+        if saved != settings_now or document.get("clients") != clients:
             raise SystemExit(
                 f"--merge {path}: measured with clients={document.get('clients')} and "
-                f"settings {document.get('settings')}; this run has clients={clients} and "
+                f"settings {saved}; this run has clients={clients} and "
                 f"settings {settings_now}"
             )
         for case in document["cases"]:

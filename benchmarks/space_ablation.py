@@ -47,9 +47,11 @@ Writes ``benchmarks/results/space_ablation.json`` (``.quick.json``).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -101,10 +103,10 @@ _FEDERATED_SHAPES = {"dataset": "shapes", "lr": _SHAPES_LR, "alpha": 1.0}
 
 @dataclass(frozen=True)
 class SpaceGroup:
-    """A row group of 5 seeded paths of the tier's MACs of one space (``net``: ``mbconv`` or
-    ``cnn_l``): the rows' label, head, headline prefix, depth (mbconv's ``layers_per_stage``:
-    3 x this searchable layers) and width (the one at that depth whose seeded paths are near
-    TARGET_MACS)."""
+    """A row group of 5 seeded paths of the tier's MACs of one space (``net``: ``mbconv``,
+    ``cnn_l`` or ``darts``): the rows' label, head, headline prefix, depth (mbconv's
+    ``layers_per_stage``: 3 x this searchable layers), width (the one at that depth whose
+    seeded paths are near TARGET_MACS), normalisation and learning rate."""
 
     label: str
     head: str
@@ -112,6 +114,8 @@ class SpaceGroup:
     layers_per_stage: int = MBCONV_LAYERS_PER_STAGE
     width: float = 0.25
     net: str = "mbconv"
+    norm: str = "bn"
+    lr: float = 0.05
 
 
 #: the row groups of 5 sampled paths. ``mbconv``: the paper's GAP head (the space's default);
@@ -133,6 +137,13 @@ SPACE_GROUPS = {
     # cnn_l (FedorAS's CIFAR space) at its default depth (3 blocks of 4 layers) and the
     # width (0.1) where its seeded paths reach the tier's MACs on MNIST, its default head
     "cnn_l": SpaceGroup("cnn_l flatten", "flatten", "cnn_l", width=0.1, net="cnn_l"),
+    # darts (DP-FNAS, FedNAS): derived nets of random genotypes at the methods' defaults
+    # (space.width 0.5: C = 4, 4 cells; GroupNorm and GAP, as the space builds them; the
+    # methods' final-lr 0.05), and at lr 0.025 (the GroupNorm rows of norm-lr train better)
+    "darts": SpaceGroup("darts derived", "gap", "darts", width=0.5, net="darts", norm="gn"),
+    "darts-lr": SpaceGroup(
+        "darts derived lr 0.025", "gap", "darts_lr", width=0.5, net="darts", norm="gn", lr=0.025
+    ),
 }
 
 #: the table: each group of rows changes one factor from its group's first row
@@ -221,6 +232,8 @@ ROWS: dict[str, list[Row]] = {
                 head=group.head,
                 width=group.width,
                 layers_per_stage=group.layers_per_stage,
+                norm=group.norm,
+                lr=group.lr,
                 path=k,
                 alpha=a,
             )
@@ -307,16 +320,65 @@ def space_path(space: Any, k: int = 0) -> tuple[int, ...]:
 
     rng = np.random.default_rng(0)
     paths = [tuple(int(rng.integers(len(c.options))) for c in space.choices) for _ in range(500)]
-    nearest = min(paths, key=lambda arch: abs(space.cost(arch).flops / 2 - TARGET_MACS))
+    return _near_target(paths, lambda arch: space.cost(arch).flops / 2, k)
+
+
+def _near_target(candidates: list[Any], macs: Callable[[Any], float], k: int) -> Any:
+    """Of ``candidates`` (in draw order), ``k = 0`` the one whose ``macs`` are nearest
+    TARGET_MACS, ``k >= 1`` the k-th of the other distinct ones within 10% of it."""
+    nearest = min(candidates, key=lambda c: abs(macs(c) - TARGET_MACS))
     if k == 0:
         return nearest
-    near = [
-        a for a in dict.fromkeys(paths) if abs(space.cost(a).flops / 2 / TARGET_MACS - 1) <= 0.1
-    ]
-    others = [a for a in near if a != nearest]
+    near = [c for c in dict.fromkeys(candidates) if abs(macs(c) / TARGET_MACS - 1) <= 0.1]
+    others = [c for c in near if c != nearest]
     if k > len(others):
         raise ValueError(f"only {len(others)} other paths within 10% of {TARGET_MACS:g} MACs")
     return others[k - 1]
+
+
+def darts_spec(image: dict[str, int], width: float) -> dict[str, Any]:
+    """The ``darts`` space's spec as DP-FNAS and FedNAS build it from the run config at
+    ``space.width = width`` and the default depth (``config.space_kwargs``)."""
+    from fedorasflwr.config import SpaceSettings, space_kwargs
+    from fedorasflwr.data.catalog import DatasetInfo
+    from fedorasflwr.search_spaces import build_space
+
+    shape = (image["in_channels"], image["input_height"], image["input_width"])
+    info = DatasetInfo("image", "image", image["num_classes"], shape)
+    return dict(build_space(**space_kwargs(SpaceSettings(name="darts", width=width), info)).spec)
+
+
+def darts_genotype(image: dict[str, int], width: float, k: int = 0) -> str:
+    """A derived net of the ``darts`` space (``darts_spec``): the genotype (as text) of 100
+    seeded random alphas, ``k = 0`` the one whose net's MACs are nearest TARGET_MACS,
+    ``k >= 1`` the k-th of the others within 10% of it (what a search that has not moved
+    its alphas yet would derive; DP-FNAS and FedNAS derive theirs from the searched ones)."""
+    texts, macs = _darts_draws(tuple(sorted(image.items())), width)
+    return _near_target(list(texts), dict(macs).__getitem__, k)
+
+
+@functools.cache
+def _darts_draws(
+    image: tuple[tuple[str, int], ...], width: float
+) -> tuple[tuple[str, ...], tuple[tuple[str, float], ...]]:
+    """``darts_genotype``'s 100 drawn genotypes (texts, in draw order) and their nets' MACs."""
+    import torch
+
+    from fedorasflwr.search_spaces.base import _count_flops
+    from fedorasflwr.search_spaces.darts import EDGES, PRIMITIVES, DartsSpace, derive_genotype
+
+    spec = darts_spec(dict(image), width)
+    x = torch.zeros(1, spec["in_channels"], spec["input_height"], spec["input_width"])
+    generator = torch.Generator().manual_seed(0)
+    shape = (EDGES, len(PRIMITIVES))
+    texts = tuple(
+        derive_genotype(
+            torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        ).to_text()
+        for _ in range(100)
+    )
+    macs = {t: _count_flops(DartsSpace.derived_network(t, **spec), x) / 2 for t in set(texts)}
+    return texts, tuple(sorted(macs.items()))
 
 
 def _swap_norm(net: Any, norm: str) -> None:
@@ -371,8 +433,16 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
             space_path(paths, row.path)
         )
         return net, _count_flops(net, x) // 2
+    if row.net == "darts":  # a derived net: GroupNorm and GAP, as the space builds it
+        if row.norm != "gn" or row.head != "gap" or row.reduction != PAPER_REDUCTION:
+            raise ValueError(f"darts rows: norm 'gn', head 'gap', no reduction; got {row}")
+        from fedorasflwr.search_spaces.darts import DartsSpace
+
+        genotype = darts_genotype(image, row.width, row.path)
+        net = DartsSpace.derived_network(genotype, **darts_spec(image, row.width))
+        return net, _count_flops(net, x) // 2
     if row.net != "convnet":
-        raise ValueError(f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv or convnet")
+        raise ValueError(f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv, darts or convnet")
     if row.head not in ("flatten", "gap"):
         raise ValueError(f"ConvNet rows: head 'flatten' or 'gap'; got {row}")
     # the ConvNet width whose MACs are nearest the cnn_s path's (default width)

@@ -5,6 +5,7 @@ the global test set; the table's nets are the ones it says (MACs near 0.56 M).""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth()
     # the space's BatchNorm: a row asking for another norm is refused, not ignored
     with pytest.raises(ValueError, match="mbconv rows: norm 'bn'"):
         ablation.build_net(ablation.Row("x", net="mbconv", width=0.25, norm="gn"), MNIST)
-    with pytest.raises(ValueError, match="cnn_s, cnn_l, mbconv or convnet"):
+    with pytest.raises(ValueError, match="cnn_s, cnn_l, mbconv, darts or convnet"):
         ablation.build_net(ablation.Row("x", net="rnn"), MNIST)
 
 
@@ -131,6 +132,38 @@ def test_mbconv_central_rows_train_the_flatten_and_gap_rows_paths_on_pooled_data
         central = [ablation.build_net(r, MNIST)[0].arch for r in rows if r.head == head]
         federated = [r for r in ablation.ROWS[group] if r.alpha == 0.1]
         assert central == [ablation.build_net(r, MNIST)[0].arch for r in federated]
+
+
+def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_them():
+    """The darts groups train 5 distinct genotypes' derived nets within 10% of the tier's
+    MACs, built as DP-FNAS / FedNAS build theirs at the default width and depth (GroupNorm,
+    no BatchNorm, GAP); the lr group the same nets at its rate; a BatchNorm darts row is
+    refused."""
+    from torch import nn
+
+    from fedorasflwr.config import parse_run_config, space_kwargs
+    from fedorasflwr.data import dataset_info
+    from fedorasflwr.search_spaces import build_space
+    from tests.runconfig import pyproject_run_config
+
+    ablation = load_benchmark("space_ablation")
+    rows = [r for r in ablation.ROWS["darts"] if r.alpha == 0.1]
+    nets = [ablation.build_net(row, MNIST) for row in rows]
+    assert len({net.genotype for net, _ in nets}) == 5
+    settings = parse_run_config({**pyproject_run_config(), "method": "dpfnas"})
+    kwargs = space_kwargs(replace(settings.space, name="darts"), dataset_info(settings.data))
+    assert ablation.darts_spec(MNIST, settings.space.width) == dict(build_space(**kwargs).spec)
+    for net, macs in nets:
+        assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.1)
+        assert any(isinstance(m, nn.GroupNorm) for m in net.modules())
+        assert not any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
+    slower = [r for r in ablation.ROWS["darts-lr"] if r.alpha == 0.1]
+    assert [r.lr for r in slower] == [0.025] * 5 and [r.lr for r in rows] == [0.05] * 5
+    assert [ablation.build_net(r, MNIST)[0].genotype for r in slower] == [
+        n.genotype for n, _ in nets
+    ]
+    with pytest.raises(ValueError, match="darts rows: norm 'gn', head 'gap'"):
+        ablation.build_net(replace(rows[0], norm="bn"), MNIST)
 
 
 def test_alphas_picks_rows_and_refuses_a_choice_that_leaves_none(capsys):

@@ -3,6 +3,7 @@
 import re
 
 import pytest
+import torch
 
 from fedorasflwr.artifacts import plain
 from fedorasflwr.config import RunSettings, bound_settings, parse_run_config
@@ -42,6 +43,54 @@ def test_layers_per_block_auto_gives_each_space_its_own_depth(name, kwarg, depth
         message = re.escape(f"'space.layers-per-block' = {bad!r}: {fragment}")
         with pytest.raises(ValueError, match=message):
             parse_run_config({**pyproject_run_config(), "space.layers-per-block": bad})
+
+
+def test_an_fdnas_checkpoint_of_the_old_default_depth_is_refused_then_resumes_with_it(tmp_path):
+    """0.4.0's FDNAS searched 4 ``mbconv`` layers a stage and bound the depth as 4, as
+    "auto" binds today (settings alike); its checkpoint is refused by today's default space
+    (2 layers a stage), naming both spaces, and resumes with ``space.layers-per-block = 4``."""
+    from dataclasses import replace
+
+    from fedorasflwr.checkpoints import FORMAT
+    from fedorasflwr.config import space_kwargs
+    from fedorasflwr.data import dataset_info
+    from fedorasflwr.runs import resume_checkpoint
+    from fedorasflwr.search_spaces import build_space
+
+    def fdnas(**overrides):
+        settings = parse_run_config({**pyproject_run_config(), "method": "fdnas", **overrides})
+        space = build_space(
+            **space_kwargs(replace(settings.space, name="mbconv"), dataset_info(settings.data))
+        )
+        return settings, space
+
+    old_settings, old_space = fdnas(**{"space.layers-per-block": 4})
+    assert old_space.spec["layers_per_stage"] == 4
+    path = tmp_path / "checkpoint.pt"
+    torch.save(
+        {
+            "format": FORMAT,
+            "method": "fdnas",
+            "seed": old_settings.seed,
+            "space": dict(old_space.spec),
+            "state_dict": {k: v.clone() for k, v in old_space.state_dict().items()},
+            "stage": "search",
+            "step": 1,
+            "stage-done": False,
+            "settings": bound_settings("fdnas", old_settings.values),
+        },
+        path,
+    )
+    stages = {"search": old_settings.method_settings.train.rounds}
+    today, space = fdnas(**{"resume-from": str(path)})
+    assert space.spec["layers_per_stage"] == 2
+    # the settings agree ("auto" binds as 4), so the space spec is what tells them apart
+    assert bound_settings("fdnas", today.values) == bound_settings("fdnas", old_settings.values)
+    with pytest.raises(ValueError, match="holds weights of the space .*'layers_per_stage': 4"):
+        resume_checkpoint(today, space, stages)
+    chosen, four = fdnas(**{"resume-from": str(path), "space.layers-per-block": 4})
+    resumed = resume_checkpoint(chosen, four, stages)
+    assert resumed is not None and resumed.step == 1
 
 
 @pytest.mark.parametrize(
