@@ -22,6 +22,10 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
 - ``cnn_l``: 5 seeded paths of FedorAS's CIFAR space at its default depth (3 blocks of 4
   layers) and flatten head, at width 0.1, where its paths reach the tier's MACs on MNIST
   (row group ``cnn_l``, headline ``cnn_l_<setting>_...``);
+- ``darts``: the derived nets of 5 genotypes of seeded random alphas of DP-FNAS / FedNAS's
+  space at the methods' defaults (width 0.5: C = 4, 4 cells; GroupNorm and GAP as the space
+  has them, so no BatchNorm to re-estimate), of the same MACs, at the methods' final-lr 0.05
+  (row group ``darts``, headline ``darts_<setting>_...``) and at 0.025 (``darts-lr``);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
