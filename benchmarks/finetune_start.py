@@ -32,15 +32,16 @@ dead at the start (zero on every one of 512 training digits) and the global-test
 cause is the supernet's weights, not the federation of the fine-tuning.
 
 ``--weight-decay`` sets ``fedoras.weight-decay`` (Stage 1 and every fine-tuning);
-``--stage1-epochs E`` runs Stage 1 at E local epochs a round, for as many rounds as keep its
-local steps (10 epochs x 30 rounds = E x 300 / E).
+``--stage1-epochs E`` runs Stage 1 at E local epochs a round for 300 / E rounds (the same
+local steps as the 30 rounds of 10 epochs).
 
 Printed per tier and seed: global-test accuracy of each start, and the norms of the path's
 convolutions and classifier relative to a fresh initialisation's (median and largest over
-the convolutions). One torch thread a run, ``--jobs`` runs at once in fresh processes.
+the convolutions; printed when ``rescaled`` is among the starts). One torch thread a run,
+``--jobs`` runs at once in fresh processes.
 
     python benchmarks/finetune_start.py --alpha 1.0 --seeds 0 1 2
-    python benchmarks/finetune_start.py --quick          # CI-sized smoke run
+    python benchmarks/finetune_start.py --quick          # smoke run, about a minute
 """
 
 from __future__ import annotations
@@ -448,12 +449,13 @@ def main(argv: list[str] | None = None) -> int:
                 if acc.get(start) is not None:
                     means[start].append(acc[start])
             cells = " | ".join("-" if acc.get(s) is None else f"{acc[s]:.4f}" for s in starts)
-            print(
-                f"| {seed} | T{tier} | {cells} | "
-                f"{norms.get('conv_norm_ratio_median', float('nan')):.2f}, "
-                f"{norms.get('conv_norm_ratio_max', float('nan')):.2f} | "
-                f"{norms.get('classifier_norm_ratio', float('nan')):.2f} |"
+            ratios = (  # measured as the rescaled start is built
+                f"{norms['conv_norm_ratio_median']:.2f}, {norms['conv_norm_ratio_max']:.2f} | "
+                f"{norms['classifier_norm_ratio']:.2f}"
+                if norms
+                else "- | -"
             )
+            print(f"| {seed} | T{tier} | {cells} | {ratios} |")
     mean = {s: statistics.fmean(v) if v else None for s, v in means.items()}
     print(
         "\nmean over seeds and tiers: "
