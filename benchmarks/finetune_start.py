@@ -66,18 +66,26 @@ VARIANTS = STARTS[2:]
 """The starts this benchmark adds to FedorAS's two."""
 
 
-def conv_norms(subnet: Any, fresh: Any) -> tuple[list[float], float]:
-    """Per convolution that feeds a BatchNorm (``ops.ConvNormAct``), the norm of its weight
-    in ``subnet`` over that in ``fresh`` (same structure); and the classifier's ratio."""
+def bn_convs(net: Any) -> list[tuple[str, Any]]:
+    """``net``'s ``ops.ConvNormAct`` modules whose norm is a BatchNorm, with their names."""
     from torch import nn
 
     from fedorasflwr.search_spaces.ops import ConvNormAct
 
+    return [
+        (name, module)
+        for name, module in net.named_modules()
+        if isinstance(module, ConvNormAct) and isinstance(module.norm, nn.BatchNorm2d)
+    ]
+
+
+def conv_norms(subnet: Any, fresh: Any) -> tuple[list[float], float]:
+    """Per convolution that feeds a BatchNorm (``ops.ConvNormAct``), the norm of its weight
+    in ``subnet`` over that in ``fresh`` (same structure); and the classifier's ratio."""
     fresh_modules = dict(fresh.named_modules())
     ratios = [
         float(module.conv.weight.detach().norm() / fresh_modules[name].conv.weight.detach().norm())
-        for name, module in subnet.named_modules()
-        if isinstance(module, ConvNormAct) and isinstance(module.norm, nn.BatchNorm2d)
+        for name, module in bn_convs(subnet)
     ]
     head, fresh_head = classifier_of(subnet).weight, classifier_of(fresh).weight
     return ratios, float(head.detach().norm() / fresh_head.detach().norm())
@@ -88,24 +96,21 @@ def rescaled(subnet: Any, fresh: Any) -> None:
     of ``fresh``'s same convolution, and that BatchNorm's running mean and variance with it,
     so that the net's function (train and eval mode, up to BatchNorm's eps) is unchanged."""
     import torch
-    from torch import nn
-
-    from fedorasflwr.search_spaces.ops import ConvNormAct
 
     fresh_modules = dict(fresh.named_modules())
     with torch.no_grad():
-        for name, module in subnet.named_modules():
-            if isinstance(module, ConvNormAct) and isinstance(module.norm, nn.BatchNorm2d):
-                scale = fresh_modules[name].conv.weight.norm() / module.conv.weight.norm()
-                module.conv.weight.mul_(scale)
-                module.norm.running_mean.mul_(scale)
-                module.norm.running_var.mul_(scale**2)
+        for name, module in bn_convs(subnet):
+            scale = fresh_modules[name].conv.weight.norm() / module.conv.weight.norm()
+            module.conv.weight.mul_(scale)
+            module.norm.running_mean.mul_(scale)
+            module.norm.running_var.mul_(scale**2)
 
 
 def start_variants(finetune: Any, original: Any, diagnostics: list[dict[str, Any]]) -> Any:
-    """A stand-in for ``finetune.initial_subnet`` that builds the ``rescaled`` and
-    ``fresh-head`` starts from the supernet start (every other init unchanged), recording
-    each path's norm ratios in ``diagnostics`` once per tier."""
+    """A stand-in for ``finetune.initial_subnet`` that builds each start of
+    :data:`VARIANTS` from the supernet start (:func:`transform`; every other init
+    unchanged), recording each path's norm ratios in ``diagnostics`` once per tier (as its
+    ``rescaled`` start is built)."""
     from flwr.app import ArrayRecord
 
     from fedorasflwr.seeding import seed_torch
