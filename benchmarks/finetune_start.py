@@ -21,7 +21,8 @@ same recipe from these starts:
   the fresh classifier's norm: the same predictions (argmax), at a fresh net's temperature;
 - ``mix-0.5``: the mean of the supernet's and the fresh initialisation's weights (every
   weight and buffer; a partial reset: no ReLU stays dead);
-- ``lr-2x``: the supernet start at twice the fine-tuning lr.
+- ``lr-2x``, ``lr-0.5x``, ``lr-0.2x``: the supernet start at twice, half or a fifth of the
+  fine-tuning lr (a fifth: 0.01, the paper's fine-tuning lr against its rand-init's 0.1).
 
 ``--central-epochs N`` adds the centralised control: after the run, each tier's path is
 trained on all clients' training data pooled (N epochs, batch 32, SGD at the fine-tuning lr,
@@ -58,7 +59,10 @@ from typing import Any
 from common import report, run_config, warm_data_cache
 from fedoras_tiers import settings
 
-STARTS = ("supernet", "random", "rescaled", "fresh-head", "cool-head", "mix-0.5", "lr-2x")
+LR_FACTORS = {"lr-2x": 2.0, "lr-0.5x": 0.5, "lr-0.2x": 0.2}
+"""The starts that are the supernet start at another fine-tuning lr: the lr's factor."""
+
+STARTS = ("supernet", "random", "rescaled", "fresh-head", "cool-head", "mix-0.5", *LR_FACTORS)
 """Every start a path can be fine-tuned from, in the printed order (``supernet`` and
 ``random`` always run: they are FedorAS and its rand-init comparison)."""
 
@@ -119,7 +123,7 @@ def start_variants(finetune: Any, original: Any, diagnostics: list[dict[str, Any
         if init not in VARIANTS:
             return original(context, supernet, arch, init, tier, candidate)
         start = original(context, supernet, arch, finetune.SUPERNET_INIT, tier, candidate)
-        if init == "lr-2x":
+        if init in LR_FACTORS:
             return start
         subnet = context.space.subnet(arch)
         subnet.load_state_dict(start.to_torch_state_dict())
@@ -291,10 +295,13 @@ def run_case(
         same = {k: v for k, v in kwargs.items() if k not in ("rounds", "clients_per_round")}
         for variant in variants:
             # the supernet start's recipe (fine-tuning rounds, lr and clients), as FedorAS's;
-            # lr-2x: a start other than "supernet" trains at rand-init-lr, set to twice it
-            s = context.settings
-            doubled = dataclasses.replace(s, rand_init_lr=2 * s.finetune.lr)
-            at = dataclasses.replace(context, settings=doubled) if variant == "lr-2x" else context
+            # LR_FACTORS: a start other than "supernet" trains at rand-init-lr, set to the
+            # factor times the fine-tuning lr
+            at = context
+            if variant in LR_FACTORS:
+                s = context.settings
+                lr = LR_FACTORS[variant] * s.finetune.lr
+                at = dataclasses.replace(context, settings=dataclasses.replace(s, rand_init_lr=lr))
             models.append(plain(at, grid, supernet, tier, arch, accuracy, init=variant, **same))
         return models
 

@@ -26,6 +26,8 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   space at the methods' defaults (width 0.5: C = 4, 4 cells; GroupNorm and GAP as the space
   has them, so no BatchNorm to re-estimate), of the same MACs, at the methods' final-lr 0.05
   (row group ``darts``, headline ``darts_<setting>_...``) and at 0.025 (``darts-lr``);
+  the same nets with a classifier on the last cell's flattened map instead of GAP (built
+  here, not by the space: ``darts-flatten`` at 0.05, ``darts-flatten-lr`` at 0.025);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
@@ -145,6 +147,20 @@ SPACE_GROUPS = {
     # (space.width 0.5: C = 4, 4 cells; GroupNorm and GAP, as the space builds them; the
     # methods' final-lr 0.05), and at lr 0.025 (the GroupNorm rows of norm-lr train better)
     "darts": SpaceGroup("darts derived", "gap", "darts", width=0.5, net="darts", norm="gn"),
+    # the darts nets with a flatten classifier on the last cell's map (benchmark only:
+    # ``_flatten_darts``; issue 40's cnn_s head finding, GroupNorm kept for DP-FNAS)
+    "darts-flatten": SpaceGroup(
+        "darts derived flatten", "flatten", "darts_flatten", width=0.5, net="darts", norm="gn"
+    ),
+    "darts-flatten-lr": SpaceGroup(
+        "darts derived flatten lr 0.025",
+        "flatten",
+        "darts_flatten_lr",
+        width=0.5,
+        net="darts",
+        norm="gn",
+        lr=0.025,
+    ),
     "darts-lr": SpaceGroup(
         "darts derived lr 0.025", "gap", "darts_lr", width=0.5, net="darts", norm="gn", lr=0.025
     ),
@@ -438,12 +454,14 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         )
         return net, _count_flops(net, x) // 2
     if row.net == "darts":  # a derived net: GroupNorm and GAP, as the space builds it
-        if row.norm != "gn" or row.head != "gap" or row.reduction != PAPER_REDUCTION:
-            raise ValueError(f"darts rows: norm 'gn', head 'gap', no reduction; got {row}")
+        if row.norm != "gn" or row.head not in HEADS or row.reduction != PAPER_REDUCTION:
+            raise ValueError(f"darts rows: norm 'gn', head of {HEADS}, no reduction; got {row}")
         from fedorasflwr.search_spaces.darts import DartsSpace
 
         genotype = darts_genotype(image, row.width, row.path)
         net = DartsSpace.derived_network(genotype, **darts_spec(image, row.width))
+        if row.head == "flatten":
+            net = _flatten_darts(net, x)
         return net, _count_flops(net, x) // 2
     if row.net != "convnet":
         raise ValueError(f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv, darts or convnet")
@@ -482,6 +500,33 @@ def _scale_flatten(net: Any) -> None:
             return self.linear(x * self.scale)
 
     net.classifier = Scaled()
+
+
+def _flatten_darts(net: Any, x: Any) -> Any:
+    """A darts derived net (``DerivedNetwork``) whose classifier reads the last cell's map
+    flattened (C x H x W) instead of its global average: benchmark only, the space's cells
+    and stem kept, a fresh classifier (``x``: an input of the task's shape)."""
+    import torch
+    from torch import nn
+
+    class FlattenDerived(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.cells = net.stem, net.cells
+            with torch.no_grad():
+                features = self.features(x).shape[1]
+            self.classifier = nn.Linear(features, net.classifier.out_features)
+
+        def features(self, x: Any) -> Any:
+            s0 = s1 = self.stem(x)
+            for cell in self.cells:
+                s0, s1 = s1, cell(s0, s1)
+            return s1.flatten(1)
+
+        def forward(self, x: Any) -> Any:
+            return self.classifier(self.features(x))
+
+    return FlattenDerived()
 
 
 def _gap_convnet(convnet: Any, num_classes: int) -> Any:

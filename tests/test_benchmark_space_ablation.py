@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 
 import pytest
+import torch
 
 from tests.test_benchmarks import load_benchmark, run_quick
 
@@ -162,8 +163,19 @@ def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_the
     assert [ablation.build_net(r, MNIST)[0].genotype for r in slower] == [
         n.genotype for n, _ in nets
     ]
-    with pytest.raises(ValueError, match="darts rows: norm 'gn', head 'gap'"):
+    with pytest.raises(ValueError, match="darts rows: norm 'gn', head of"):
         ablation.build_net(replace(rows[0], norm="bn"), MNIST)
+    # the flatten groups: the same genotypes, the cells and stem kept, a classifier on the
+    # last cell's flattened map (64 channels x 4 x 4 here), a few more MACs than GAP's
+    for group, lr in (("darts-flatten", 0.05), ("darts-flatten-lr", 0.025)):
+        flat = [r for r in ablation.ROWS[group] if r.alpha == 0.1]
+        assert [r.lr for r in flat] == [lr] * 5 and {r.head for r in flat} == {"flatten"}
+        for row, (gap_net, gap_macs) in zip(flat, nets, strict=True):
+            net, macs = ablation.build_net(row, MNIST)
+            assert net.classifier.in_features == 64 * 4 * 4
+            assert repr(net.cells) == repr(gap_net.cells)  # the genotype's cells
+            assert macs - gap_macs == 64 * 4 * 4 * 10 - 64 * 10  # the classifiers' MACs
+            assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
 
 
 def test_alphas_picks_rows_and_refuses_a_choice_that_leaves_none(capsys):
