@@ -453,7 +453,7 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
             space_path(paths, row.path)
         )
         return net, _count_flops(net, x) // 2
-    if row.net == "darts":  # a derived net: GroupNorm and GAP, as the space builds it
+    if row.net == "darts":  # a derived net (GroupNorm, as the space builds it), GAP or flatten
         if row.norm != "gn" or row.head not in HEADS or row.reduction != PAPER_REDUCTION:
             raise ValueError(f"darts rows: norm 'gn', head of {HEADS}, no reduction; got {row}")
         from fedorasflwr.search_spaces.darts import DartsSpace
