@@ -62,10 +62,11 @@ def test_share(test_counts: list[int], classes: list[int]) -> float:
 
 
 def case_counts(
-    case: dict[str, Any], clients: int, cache: Path
+    case: dict[str, Any], clients: int, cache: Path, recorded: dict[str, Any] | None = None
 ) -> tuple[dict[int, list[int]], list[int]]:
     """Every partition's training label counts and the global test set's, rebuilt for
-    ``case`` with ``baselines.py``'s settings."""
+    ``case`` with ``baselines.py``'s settings and the ``data.*`` keys of ``recorded`` (the
+    result file's settings: the split it was measured on)."""
     import torch
 
     from fedorasflwr.config import parse_run_config
@@ -74,6 +75,8 @@ def case_counts(
     config = run_config(
         {
             **settings(False),
+            # the file's own data keys (its split), where it records them
+            **{k: v for k, v in (recorded or {}).items() if k.startswith("data.")},
             "seed": case["seed"],
             "data.alpha": case["alpha"],
             "data.cache-dir": str(cache),
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in document["cases"]:
-            counts, test = case_counts(case, clients, Path(tmp) / "cache")
+            counts, test = case_counts(case, clients, Path(tmp) / "cache", document.get("settings"))
             rows.extend(rows_of(case, counts, test, args.thin))
     print(
         f"\n{args.cases_from.name}: each tier's fine-tuning pool (its clients and those of "

@@ -64,7 +64,9 @@ def test_rows_carry_each_methods_accuracy_beside_the_pool():
 
 def test_a_cases_split_is_rebuilt_from_mnist_5k(tmp_path):
     pools = load_benchmark("tier_pools")
-    counts, test = pools.case_counts({"seed": 0, "alpha": 0.1}, 8, tmp_path / "cache")
+    counts, test = pools.case_counts(
+        {"seed": 0, "alpha": 0.1}, 8, tmp_path / "cache", {"data.partitioner": "dirichlet"}
+    )
     assert sorted(counts) == list(range(8))
     assert all(len(c) == 10 for c in counts.values()) and len(test) == 10
     assert sum(test) == 450  # MNIST-5k's global test set
