@@ -27,7 +27,8 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   has them, so no BatchNorm to re-estimate), of the same MACs, at the methods' final-lr 0.05
   (row group ``darts``, headline ``darts_<setting>_...``) and at 0.025 (``darts-lr``);
   the same nets with a classifier on the last cell's flattened map instead of GAP (built
-  here, not by the space: ``darts-flatten`` at 0.05, ``darts-flatten-lr`` at 0.025);
+  here, not by the space: ``darts-flatten`` at 0.05, ``darts-flatten-lr`` at 0.025,
+  ``darts-flatten-clip`` at 0.05 with DARTS's gradient clipping, max norm 5);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
@@ -89,6 +90,7 @@ class Row:
     path: int = 0  # a space's: 0 = the path nearest TARGET_MACS, k = the k-th next within 10%
     alpha: float = 0.1  # Dirichlet concentration; 0: IID
     lr: float = 0.05
+    grad_clip: float = 0.0  # each local step's gradient scaled to this L2 norm at most; 0: off
     central: bool = False  # pooled training data, same SGD steps per epoch budget
     rounds: int = 30
     clients_per_round: int = 10
@@ -112,7 +114,8 @@ class SpaceGroup:
     """A row group of 5 seeded paths of the tier's MACs of one space (``net``: ``mbconv``,
     ``cnn_l`` or ``darts``): the rows' label, head, headline prefix, depth (mbconv's
     ``layers_per_stage``: 3 x this searchable layers), width (the one at that depth whose
-    seeded paths are near TARGET_MACS), normalisation and learning rate."""
+    seeded paths are near TARGET_MACS), normalisation, learning rate, gradient clipping
+    (``Row.grad_clip``) and the data settings it has rows of (``alphas``; 0: IID)."""
 
     label: str
     head: str
@@ -122,6 +125,8 @@ class SpaceGroup:
     net: str = "mbconv"
     norm: str = "bn"
     lr: float = 0.05
+    grad_clip: float = 0.0
+    alphas: tuple[float, ...] = (0.1, 1.0)  # the data settings it has rows of (0: IID)
 
 
 #: the row groups of 5 sampled paths. ``mbconv``: the paper's GAP head (the space's default);
@@ -160,6 +165,18 @@ SPACE_GROUPS = {
         net="darts",
         norm="gn",
         lr=0.025,
+    ),
+    # the flatten darts nets at the methods' lr 0.05 with DARTS's (and FedNAS's reference
+    # code's) gradient clipping, max norm 5: at 0.05 without it 9 of 15 runs diverged
+    "darts-flatten-clip": SpaceGroup(
+        "darts derived flatten clip 5",
+        "flatten",
+        "darts_flatten_clip",
+        width=0.5,
+        net="darts",
+        norm="gn",
+        grad_clip=5.0,
+        alphas=(0.1, 1.0, 0.0),
     ),
     "darts-lr": SpaceGroup(
         "darts derived lr 0.025", "gap", "darts_lr", width=0.5, net="darts", norm="gn", lr=0.025
@@ -254,10 +271,12 @@ ROWS: dict[str, list[Row]] = {
                 layers_per_stage=group.layers_per_stage,
                 norm=group.norm,
                 lr=group.lr,
+                grad_clip=group.grad_clip,
                 path=k,
                 alpha=a,
             )
-            for a, setting in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
+            for a in group.alphas
+            for setting in [f"alpha {a}" if a else "IID"]
             for k in range(5)
         ]
         for name, group in SPACE_GROUPS.items()
@@ -573,6 +592,7 @@ def train_row(row: Row, seed: int) -> dict[str, Any]:
         "momentum": 0.9,
         "batch-size": 32,
         "local-epochs": row.local_epochs,
+        "grad-clip": row.grad_clip,
     }
     losses = []
     if row.central:  # the same number of epochs over the pooled data as one client sees

@@ -160,6 +160,7 @@ def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_the
         assert not any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
     slower = [r for r in ablation.ROWS["darts-lr"] if r.alpha == 0.1]
     assert [r.lr for r in slower] == [0.025] * 5 and [r.lr for r in rows] == [0.05] * 5
+    assert {r.grad_clip for r in rows + slower} == {0.0}
     assert [ablation.build_net(r, MNIST)[0].genotype for r in slower] == [
         n.genotype for n, _ in nets
     ]
@@ -167,15 +168,47 @@ def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_the
         ablation.build_net(replace(rows[0], norm="bn"), MNIST)
     # the flatten groups: the same genotypes, the cells and stem kept, a classifier on the
     # last cell's flattened map (64 channels x 4 x 4 here), a few more MACs than GAP's
-    for group, lr in (("darts-flatten", 0.05), ("darts-flatten-lr", 0.025)):
+    # (the clip group: the methods' lr with DARTS's gradient clipping; the others none)
+    for group, lr, clip in (
+        ("darts-flatten", 0.05, 0.0),
+        ("darts-flatten-lr", 0.025, 0.0),
+        ("darts-flatten-clip", 0.05, 5.0),
+    ):
         flat = [r for r in ablation.ROWS[group] if r.alpha == 0.1]
         assert [r.lr for r in flat] == [lr] * 5 and {r.head for r in flat} == {"flatten"}
+        assert {r.grad_clip for r in flat} == {clip}
         for row, (gap_net, gap_macs) in zip(flat, nets, strict=True):
             net, macs = ablation.build_net(row, MNIST)
             assert net.classifier.in_features == 64 * 4 * 4
             assert repr(net.cells) == repr(gap_net.cells)  # the genotype's cells
             assert macs - gap_macs == 64 * 4 * 4 * 10 - 64 * 10  # the classifiers' MACs
             assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    # the clip group has IID rows too, labelled as gaps_pp reads them against the ConvNet's
+    clip_rows = ablation.ROWS["darts-flatten-clip"]
+    assert sorted({r.alpha for r in clip_rows}) == [0.0, 0.1, 1.0]
+    iid = [r.label for r in clip_rows if r.alpha == 0.0]
+    assert iid == [f"darts derived flatten clip 5 path {k}, IID" for k in range(5)]
+    assert ablation.GAPS["iid"][0].endswith(", IID")
+
+
+def test_a_rows_grad_clip_reaches_every_local_step(monkeypatch):
+    """A row's ``grad_clip`` is the ``grad-clip`` of each client's local SGD (the package's
+    clipping, tested on a hand-computed step in tests/test_grad_clip.py)."""
+    from fedorasflwr import training
+
+    ablation = load_benchmark("space_ablation")
+    real, seen = training.local_sgd, []
+
+    def spy(net, dataset, config, words):
+        seen.append(config["grad-clip"])
+        return real(net, dataset, config, words)
+
+    monkeypatch.setattr(training, "local_sgd", spy)
+    row = ablation.ROWS["darts-flatten-clip"][0]
+    short = replace(row, rounds=1, clients_per_round=2, local_epochs=1)
+    run = ablation.train_row(short, 0)
+    assert seen == [5.0, 5.0] and run["settings"]["grad_clip"] == 5.0
+    assert run["finite"]
 
 
 def test_alphas_picks_rows_and_refuses_a_choice_that_leaves_none(capsys):
