@@ -166,8 +166,9 @@ SPACE_GROUPS = {
         norm="gn",
         lr=0.025,
     ),
-    # the flatten darts nets at the methods' lr 0.05 with DARTS's (and FedNAS's reference
-    # code's) gradient clipping, max norm 5: at 0.05 without it 9 of 15 runs diverged
+    # the flatten darts nets at the methods' lr 0.05 with DARTS's gradient clipping (max
+    # norm 5; FedML's FedNAS clips its derived net's training too): at 0.05 without it 9 of
+    # 15 runs diverged
     "darts-flatten-clip": SpaceGroup(
         "darts derived flatten clip 5",
         "flatten",
@@ -182,6 +183,12 @@ SPACE_GROUPS = {
         "darts derived lr 0.025", "gap", "darts_lr", width=0.5, net="darts", norm="gn", lr=0.025
     ),
 }
+
+
+def setting_name(alpha: float) -> str:
+    """A data setting as row labels name it: ``alpha 0.1``, ``alpha 1.0``; ``IID`` for 0."""
+    return f"alpha {alpha}" if alpha else "IID"
+
 
 #: the table: each group of rows changes one factor from its group's first row
 ROWS: dict[str, list[Row]] = {
@@ -219,8 +226,8 @@ ROWS: dict[str, list[Row]] = {
         Row("cnn_s GAP, width 1.0, alpha 0.1", head="gap", width=1.0),
     ],
     "paths": [  # the best and median of 5 sampled nets of the tier's MACs (path 0: above)
-        Row(f"cnn_s flatten path {k}, {name}", path=k, alpha=alpha)
-        for alpha, name in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"), (0.0, "IID"))
+        Row(f"cnn_s flatten path {k}, {setting_name(alpha)}", path=k, alpha=alpha)
+        for alpha in (0.1, 1.0, 0.0)
         for k in range(1, 5)
     ],
     # the reduction (issue 40): the 5 paths of the tier's MACs centrally on the shapes
@@ -255,8 +262,8 @@ ROWS: dict[str, list[Row]] = {
     # rounds, while baselines.py gives FjORD 122 rounds at alpha 0.1 and 151 at 1.0): does
     # the cnn_s net keep up with the ConvNet when both get 120 rounds?
     "rounds": [
-        Row(f"{name} flatten, {label}, 120 rounds", net=net, alpha=alpha, rounds=120)
-        for alpha, label in ((0.1, "alpha 0.1"), (1.0, "alpha 1.0"))
+        Row(f"{name} flatten, {setting_name(alpha)}, 120 rounds", net=net, alpha=alpha, rounds=120)
+        for alpha in (0.1, 1.0)
         for net, name in (("cnn_s", "cnn_s"), ("convnet", "ConvNet"))
     ],
     # issue 40 item 2 for FDNAS / CFDNAS's space and cnn_l: 5 sampled nets of the tier's MACs
@@ -264,7 +271,7 @@ ROWS: dict[str, list[Row]] = {
     **{
         name: [
             Row(
-                f"{group.label} path {k}, {setting}",
+                f"{group.label} path {k}, {setting_name(a)}",
                 net=group.net,
                 head=group.head,
                 width=group.width,
@@ -276,7 +283,6 @@ ROWS: dict[str, list[Row]] = {
                 alpha=a,
             )
             for a in group.alphas
-            for setting in [f"alpha {a}" if a else "IID"]
             for k in range(5)
         ]
         for name, group in SPACE_GROUPS.items()
