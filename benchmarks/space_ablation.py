@@ -383,14 +383,18 @@ def _near_target(candidates: list[Any], macs: Callable[[Any], float], k: int) ->
 
 def darts_spec(image: dict[str, int], width: float) -> dict[str, Any]:
     """The ``darts`` space's spec as DP-FNAS and FedNAS build it from the run config at
-    ``space.width = width`` and the default depth (``config.space_kwargs``)."""
+    ``space.width = width``, the default depth and DARTS's GAP head (``space.head =
+    "gap"``, ``config.space_kwargs``): the rows' genotypes are drawn and matched to
+    TARGET_MACS on it, and the flatten rows swap its classifier (``_flatten_darts``), as
+    recorded before the space took the flatten head by default."""
     from fedorasflwr.config import SpaceSettings, space_kwargs
     from fedorasflwr.data.catalog import DatasetInfo
     from fedorasflwr.search_spaces import build_space
 
     shape = (image["in_channels"], image["input_height"], image["input_width"])
     info = DatasetInfo("image", "image", image["num_classes"], shape)
-    return dict(build_space(**space_kwargs(SpaceSettings(name="darts", width=width), info)).spec)
+    settings = SpaceSettings(name="darts", width=width, head="gap")
+    return dict(build_space(**space_kwargs(settings, info)).spec)
 
 
 def darts_genotype(image: dict[str, int], width: float, k: int = 0) -> str:
@@ -529,8 +533,10 @@ def _scale_flatten(net: Any) -> None:
 
 def _flatten_darts(net: Any, x: Any) -> Any:
     """A darts derived net (``DerivedNetwork``) whose classifier reads the last cell's map
-    flattened (C x H x W) instead of its global average: benchmark only, the space's cells
-    and stem kept, a fresh classifier (``x``: an input of the task's shape)."""
+    flattened (C x H x W) instead of its global average: the space's cells and stem kept, a
+    fresh classifier (``x``: an input of the task's shape). The layout the space's
+    ``head = "flatten"`` builds (its default since issue 40); kept so the recorded rows
+    reproduce: there the classifier is drawn without a GAP one before it."""
     import torch
     from torch import nn
 

@@ -306,7 +306,7 @@ def _build(builder: str, spec: dict[str, Any], content: Mapping[str, Any]) -> nn
     if builder == PRUNABLE:
         return load_prunable(spec, content["state_dict"])
     if builder == DERIVED:
-        return build_derived_network(spec, str(content["genotype"]))
+        return build_derived_network(as_written(spec), str(content["genotype"]))
     if builder == WIDTH:
         image = {k: v for k, v in spec.items() if k not in ("name", "width")}
         return width_net(image, spec.get("width", 1.0))

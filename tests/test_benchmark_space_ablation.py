@@ -145,6 +145,8 @@ def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_the
     from fedorasflwr.config import parse_run_config, space_kwargs
     from fedorasflwr.data import dataset_info
     from fedorasflwr.search_spaces import build_space
+    from fedorasflwr.search_spaces.base import _count_flops
+    from fedorasflwr.search_spaces.darts import DartsSpace
     from tests.runconfig import pyproject_run_config
 
     ablation = load_benchmark("space_ablation")
@@ -152,7 +154,8 @@ def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_the
     nets = [ablation.build_net(row, MNIST) for row in rows]
     assert len({net.genotype for net, _ in nets}) == 5
     settings = parse_run_config({**pyproject_run_config(), "method": "dpfnas"})
-    kwargs = space_kwargs(replace(settings.space, name="darts"), dataset_info(settings.data))
+    gap = replace(settings.space, name="darts", head="gap")  # DARTS's, as the rows were drawn
+    kwargs = space_kwargs(gap, dataset_info(settings.data))
     assert ablation.darts_spec(MNIST, settings.space.width) == dict(build_space(**kwargs).spec)
     for net, macs in nets:
         assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.1)
@@ -183,6 +186,12 @@ def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_the
             assert repr(net.cells) == repr(gap_net.cells)  # the genotype's cells
             assert macs - gap_macs == 64 * 4 * 4 * 10 - 64 * 10  # the classifiers' MACs
             assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+            # the space's own flatten head builds this net: same modules, same weights' shapes
+            spec = {**ablation.darts_spec(MNIST, row.width), "head": "flatten"}
+            library = DartsSpace.derived_network(gap_net.genotype.to_text(), **spec)
+            shapes = {k: v.shape for k, v in library.state_dict().items()}
+            assert {k: v.shape for k, v in net.state_dict().items()} == shapes
+            assert _count_flops(library, torch.zeros(1, 1, 28, 28)) // 2 == macs
     # the clip group has IID rows too, labelled as gaps_pp reads them against the ConvNet's
     clip_rows = ablation.ROWS["darts-flatten-clip"]
     assert sorted({r.alpha for r in clip_rows}) == [0.0, 0.1, 1.0]

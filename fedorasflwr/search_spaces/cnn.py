@@ -74,13 +74,14 @@ choice holds."""
 
 
 def as_written(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``cnn_s`` / ``cnn_l`` / ``mbconv`` space spec read from a file, with the values of
-    the choices added since that file's version: no ``head`` (``cnn_s`` / ``cnn_l``:
-    fedorasflwr < 0.3.0; ``mbconv``: 0.4.0 and earlier): the nets averaged the last feature
-    map (``"gap"``); no ``reduction`` (``cnn_s``, fedorasflwr 0.4.0 and earlier): the paper's
-    conv1x1 then average pooling. Other specs are returned as they are."""
+    """A ``cnn_s`` / ``cnn_l`` / ``mbconv`` / ``darts`` space spec read from a file, with the
+    values of the choices added since that file's version: no ``head`` (``cnn_s`` /
+    ``cnn_l``: fedorasflwr < 0.3.0; ``mbconv``, ``darts``: 0.4.0 and earlier): the nets
+    averaged the last feature map (``"gap"``); no ``reduction`` (``cnn_s``, fedorasflwr
+    0.4.0 and earlier): the paper's conv1x1 then average pooling. Other specs are returned
+    as they are."""
     out = dict(spec)
-    if out.get("name") in ("cnn_s", "cnn_l", "mbconv"):
+    if out.get("name") in ("cnn_s", "cnn_l", "mbconv", "darts"):
         out.setdefault("head", "gap")
     if out.get("name") == "cnn_s":
         out.setdefault("reduction", PAPER_REDUCTION)

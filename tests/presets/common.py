@@ -22,6 +22,10 @@ from tests.runconfig import ROOT, pyproject_run_config
 
 NODES = 20  # the launcher's --num-supernodes default
 MIN_ACCURACY = 0.5  # 5x chance on MNIST-5k's 10 classes
+#: the quick DP-FNAS and FedNAS presets' derived net (one darts cell, the same final
+#: training): 13 pp below the lowest of every cell benchmarks/dpfnas_draws.py measured
+#: there with the space's flatten head (0.878-0.920, the weightless cell included)
+EVERY_CELL_ACCURACY = 0.75
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """configs/quick-fednas.toml shows FedNAS's point: a federated DARTS search whose averaged
 alphas leave uniform (the searched cell's entropy falls), and a derived net that reaches
-5x chance."""
+0.75 (0.91 here at seed 0): the quick DP-FNAS preset's bar, the same final training of the
+same one-cell space, where every cell measured, the weightless one included, reached
+0.878-0.920 (``benchmarks/dpfnas_draws.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import math
 
 import pytest
 
-from tests.presets.common import MIN_ACCURACY, run_preset
+from tests.presets.common import EVERY_CELL_ACCURACY, run_preset
 
 pytestmark = pytest.mark.slow
 
@@ -18,9 +20,9 @@ def preset(tmp_path_factory, data_cache):
     return run_preset("quick-fednas", tmp_path_factory.mktemp("quick-fednas"), data_cache)
 
 
-def test_the_derived_net_reaches_five_times_chance(preset) -> None:
-    assert preset.document["test_accuracy"] >= MIN_ACCURACY, preset.document["test_accuracy"]
-    assert preset.document["global_test_accuracy"] >= MIN_ACCURACY
+def test_the_derived_net_reaches_what_every_cell_reaches(preset) -> None:
+    assert preset.document["test_accuracy"] >= EVERY_CELL_ACCURACY, preset.document
+    assert preset.document["global_test_accuracy"] >= EVERY_CELL_ACCURACY
 
 
 def test_the_alphas_leave_uniform_round_by_round_and_the_summary_says_it(preset) -> None:

@@ -146,3 +146,63 @@ def test_checkpoints_written_before_auto_bind_the_same_head_settings():
         check_bound_settings("here", old, current, method)
         with pytest.raises(ValueError, match="'space.head' = 'flatten' there, 'gap' here"):
             check_bound_settings("here", old, bound(method, **{"space.head": "gap"}), method)
+
+
+@pytest.mark.parametrize(
+    # width 0.5 (C = 4), 4 cells, reductions at cells 1 and 2 (C 4 -> 8 -> 16, the last cell
+    # 4 x 16 = 64 channels); stem stride 2: 28 -> 14 -> 7 -> 4, 32x32 -> 4x4; stride 1 on
+    # 40x51: 40 -> 20 -> 10, 51 -> 26 -> 13 ((n - 1) // 2 + 1 per reduction)
+    ("image", "stem_stride", "side"),
+    [
+        (MNIST, 2, (4, 4)),
+        ({**MNIST, "input_height": 32, "input_width": 32}, 2, (4, 4)),
+        (SPEECH, 1, (10, 13)),
+    ],
+)
+def test_darts_flatten_head_reads_the_last_cells_map(image, stem_stride, side):
+    """The supernet and its derived nets take the head the spec names; GAP (DARTS's) is the
+    class's default (``space.head = "auto"`` gives the darts space flatten)."""
+    options = {"channels": 4, "cells": 4, "stem_stride": stem_stride}
+    space = build_space("darts", **image, **options, head="flatten")
+    assert space.spec["head"] == "flatten"
+    features = 64 * side[0] * side[1]
+    assert space.net.classifier.in_features == features
+    gap = build_space("darts", **image, **options)
+    assert gap.spec["head"] == "gap" and gap.net.classifier.in_features == 64
+    extra = (features - 64) * image["num_classes"]
+    assert space.fixed_cost.params - gap.fixed_cost.params == extra
+    assert space.fixed_cost.flops - gap.fixed_cost.flops == 2 * extra
+    x = torch.randn(3, 1, image["input_height"], image["input_width"])
+    assert space(x).shape == (3, image["num_classes"])
+    spec = {k: v for k, v in space.spec.items() if k != "name"}
+    derived = type(space).derived_network(space.genotype().to_text(), **spec)
+    assert derived.classifier.in_features == features
+    assert derived.eval()(x).shape == (3, image["num_classes"])
+    with pytest.raises(ValueError, match="head must be one of flatten, gap, got 'max'"):
+        build_space("darts", **image, head="max")
+
+
+def test_the_darts_run_config_head_reaches_the_space():
+    darts = {**pyproject_run_config(), "space.name": "darts"}
+    default = parse_run_config(darts)  # "auto": flatten (issue 40)
+    kwargs = space_kwargs(default.space, dataset_info(default.data))
+    assert build_space(**kwargs).spec["head"] == "flatten"
+    gap = parse_run_config({**darts, "space.head": "gap"})
+    assert space_kwargs(gap.space, dataset_info(gap.data))["head"] == "gap"
+
+
+@pytest.mark.parametrize(("head", "dropped"), [("gap", True), ("flatten", False)])
+def test_a_derived_model_file_loads_with_its_head(tmp_path, head, dropped):
+    """A derived net's file written before the darts space had a head (no ``head`` in its
+    spec) loads with GAP, the only head there was; today's files name theirs."""
+    from fedorasflwr import save_model
+
+    space = build_space("darts", **MNIST, channels=2, cells=1, stem_stride=2, head=head)
+    genotype = space.genotype()
+    spec = {k: v for k, v in space.spec.items() if not (dropped and k == "head")}
+    derived = type(space).derived_network(genotype.to_text(), **spec).eval()
+    path = save_model(tmp_path / "derived.pt", derived, space=spec, genotype=genotype)
+    x = torch.randn(2, 1, 28, 28)
+    loaded = load_model(path)
+    assert loaded.head == head
+    torch.testing.assert_close(loaded(x), derived(x))

@@ -144,6 +144,12 @@ def test_settings_name_the_bad_key():
         DPFNASSettings.from_config({"dpfnas.noise-weights": -1.0})
     settings = DPFNASSettings.from_config({"dpfnas.mode": "fnas"})
     assert not settings.noisy and settings.noise_weights == 1.0
+    # the non-private final training clips each step at 5 (DARTS's augmentation) unless set
+    assert settings.final.client_config()["grad-clip"] == 5.0
+    off = DPFNASSettings.from_config({"dpfnas.final-grad-clip": 0.0})
+    assert "grad-clip" not in off.final.client_config()
+    with pytest.raises(ValueError, match=r"'dpfnas\.final-grad-clip' = -1\.0.*>= 0"):
+        DPFNASSettings.from_config({"dpfnas.final-grad-clip": -1.0})
 
 
 def _second_order_setup(seed=0):

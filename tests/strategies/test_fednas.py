@@ -150,6 +150,55 @@ def test_the_client_moves_the_alphas_and_reports_its_training_samples(client_dat
     assert int(reply.metric_records[METRICS]["num-examples"]) == len(client_data.train)
 
 
+@pytest.mark.parametrize("clip", [0.0, 1e-3])
+def test_the_clients_weight_step_is_clipped_at_grad_clip(client_data, clip):
+    """One weight step (a batch above the training split) at lr 0.1 without momentum: with
+    ``grad-clip`` its L2 norm over the weights is exactly lr x clip (DARTS's clip_grad_norm_);
+    without it the step is far larger. The alphas' Adam step is not clipped."""
+    torch.manual_seed(0)
+    space = build_space(
+        "darts", channels=2, cells=1, input_height=28, input_width=28, stem_stride=2
+    )
+    before = {k: v.clone() for k, v in space.state_dict().items()}
+    config = {
+        "seed": 0,
+        "server-round": 1,
+        "local-epochs": 1,
+        "batch-size": 10 * len(client_data.train),
+        "lr": 0.1,
+        "momentum": 0.0,
+        "weight-decay": 0.0,
+        "arch-lr": 0.05,
+        "arch-weight-decay": 0.0,
+        "mixed-flops": 1,
+        **({"grad-clip": clip} if clip else {}),
+        **space_to_config(space.spec),
+    }
+    content = RecordDict({ARRAYS: ArrayRecord(space.state_dict()), CONFIG: ConfigRecord(config)})
+    state = search_supernet(content, client_data, 0).array_records[ARRAYS].to_torch_state_dict()
+    weights = [k for k, p in space.named_parameters() if k not in space.arch_keys]
+    step = math.sqrt(sum(float(((state[k] - before[k]) ** 2).sum()) for k in weights))
+    if clip:
+        assert step == pytest.approx(0.1 * clip, rel=1e-4)
+    else:
+        assert step > 100 * 0.1 * 1e-3
+    assert not torch.equal(state[ALPHA], before[ALPHA])
+
+
+def test_both_stages_clip_at_5_by_default_and_send_it(run_config):
+    settings = FedNASSettings.from_config(run_config)
+    assert settings.search.grad_clip == settings.final.grad_clip == 5.0
+    assert settings.search.client_config()["grad-clip"] == 5.0
+    assert settings.final.client_config()["grad-clip"] == 5.0
+    off = FedNASSettings.from_config(
+        {**run_config, "fednas.grad-clip": 0.0, "fednas.final-grad-clip": 2.5}
+    )
+    assert "grad-clip" not in off.search.client_config()
+    assert off.final.client_config()["grad-clip"] == 2.5
+    _, _, messages = setup(run_config)
+    assert {m.content.config_records[CONFIG]["grad-clip"] for m in messages} == {5.0}
+
+
 def every_op_flops(space):
     """The mixed supernet's per-sample forward FLOPs by hand: the fixed part plus every
     option of every layer (a DARTS edge runs all of its ops)."""
@@ -286,6 +335,8 @@ def test_the_genotypes_cost_is_its_path_in_the_supernet():
         ("fednas.arch-lr", 0.0, "> 0"),
         ("fednas.weight-momentum", 1.0, "0 <= m < 1"),
         ("fednas.final-clients-per-round", -1, ">= 0"),
+        ("fednas.grad-clip", -1.0, ">= 0 (0: no clipping)"),
+        ("fednas.final-grad-clip", -1.0, ">= 0 (0: no clipping)"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_the_key(run_config, key, value, allowed):

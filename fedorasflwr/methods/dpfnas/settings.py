@@ -22,7 +22,9 @@ class DPFNASSettings(MethodSettings):
     alpha: Adam 3e-4), final training 600 epochs.  The defaults here are sized
     for a 2-core CPU and MNIST-5k.  ``mode``: "dpfnas" (noise), "fnas" (no
     noise), "single" (one party, no noise: vanilla DARTS).  ``final-noise`` > 0
-    makes the final FedAvg training DP-SGD (accounted with the search's W steps).
+    makes the final FedAvg training DP-SGD (accounted with the search's W steps; it clips
+    each sample at ``final-clip``); else its local SGD clips each step's gradient at
+    ``final-grad-clip`` (DARTS's augmentation: 5).
     ``insecure_reproducible_noise``: parties seed their noise and Poisson samples from
     the run seed (reproducible runs) - the server can then subtract the noise, so the
     run gives no privacy against it; off by default (the OS CSPRNG, ``secure_random``).
@@ -50,7 +52,7 @@ class DPFNASSettings(MethodSettings):
     min_replies: int = 1
     # The derived net's FedAvg (clients 0: every party).
     final: TrainingRecipe = TrainingRecipe(
-        rounds=5, clients_per_round=0, local_epochs=1, batch_size=32, lr=0.05
+        rounds=5, clients_per_round=0, local_epochs=1, batch_size=32, lr=0.05, grad_clip=5.0
     )
     final_noise: float = 0.0
     final_clip: float = 1.0
@@ -130,6 +132,7 @@ class DPFNASSettings(MethodSettings):
                     "momentum",
                 ),
                 all_clients=True,
+                grad_clip=True,
             ),
             final_noise=number(
                 "final-noise", cls.final_noise, non_negative, ">= 0 (0: not private)"

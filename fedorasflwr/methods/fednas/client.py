@@ -30,7 +30,14 @@ from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces import SearchSpace, build_space
 from ...search_spaces.darts_style import derived_network_of, require_darts_style, weight_keys
 from ...seeding import stream_words, substream
-from ...training import held_out_metrics, local_sgd, seeded_loader, sgd, torch_device
+from ...training import (
+    clip_gradients,
+    held_out_metrics,
+    local_sgd,
+    seeded_loader,
+    sgd,
+    torch_device,
+)
 
 __all__ = ["evaluate_final", "search_supernet", "train_final"]
 
@@ -49,7 +56,8 @@ def _cycle(loader: DataLoader) -> Iterator[tuple[Tensor, Tensor]]:
 
 
 def search_supernet(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
-    """Local first-order DARTS epochs on w (train batches) and alpha (val batches)."""
+    """Local first-order DARTS epochs on w (train batches) and alpha (val batches); each
+    w step's gradient clipped at L2 norm ``grad-clip`` (absent or 0: none)."""
     space, config = _load_space(content)
     device = torch_device()
     space.to(device).train()
@@ -66,6 +74,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     )
     words = stream_words(config["seed"], "fednas-search", config["server-round"], partition_id)
     batch_size = int(config["batch-size"])
+    max_norm = float(config.get("grad-clip", 0.0))
     train_loader = seeded_loader(data.train, batch_size, words)
     val_batches = _cycle(seeded_loader(data.val, batch_size, substream(words, "val")))
     loss_sum, seen, val_sum, val_steps, val_seen = 0.0, 0, 0.0, 0, 0
@@ -85,6 +94,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
             weight_optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(space(inputs.to(device)), targets.to(device))
             loss.backward(inputs=weights)
+            clip_gradients(weights, max_norm)  # DARTS: nn.utils.clip_grad_norm_(w, 5)
             weight_optimizer.step()
             loss_sum += float(loss.detach()) * len(targets)
             seen += len(targets)
