@@ -65,6 +65,9 @@ BENCHMARK_SMOKE_TESTS = frozenset(
         "tests/test_benchmark_fdnas_clusters.py::"
         "test_fdnas_clusters_quick_reports_every_comparison",
         "tests/test_benchmark_baselines.py::test_baselines_quick_matches_tiers_macs_and_compute",
+        # two one-round CFDNAS runs: the preset's own test runs it whole
+        "tests/test_benchmark_preset_variants.py::"
+        "test_preset_variants_quick_runs_two_variants_of_quick_cfdnas",
     }
 )
 

@@ -3,6 +3,8 @@ and both methods end to end on the in-process grid (real client code, real data)
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,7 @@ from fedorasflwr.methods.fdnas.runner import cluster_tagger, run_cfdnas
 from fedorasflwr.nonce import echo
 from fedorasflwr.protocol import ARRAYS, CONFIG, METRICS, space_to_config
 from fedorasflwr.search_spaces import build_space
-from fedorasflwr.strategies import CFDNAS, FDNAS
+from fedorasflwr.strategies import CFDNAS, FDNAS, FDNASSettings
 from tests.runconfig import tiny_fdnas
 
 NUM_NODES = 10
@@ -215,6 +217,50 @@ def test_alphas_stay_frozen_in_the_warm_up_rounds(run_config):
         for key in strategy.space.alpha_keys():
             expected = arrays[key].numpy() if frozen else np.ones(arrays[key].shape)
             np.testing.assert_array_equal(aggregated[key].numpy(), expected)
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])
+def test_a_search_weight_step_is_clipped_at_grad_clip(clip):
+    """One weight step (batch 96: the whole split) at lr 0.1 without momentum or weight
+    decay: with ``grad-clip`` its L2 norm over w is exactly lr x clip; alphas frozen."""
+    torch.manual_seed(0)
+    space = build_space("mbconv", width=0.25, layers_per_stage=1)
+    before = {k: v.detach().clone() for k, v in space.state_dict().items()}
+    config = {
+        "seed": 0,
+        "server-round": 1,
+        "local-epochs": 1,
+        "batch-size": 96,
+        "lr": 0.1,
+        "momentum": 0.0,
+        "weight-decay": 0.0,
+        "alpha-lr": 0.05,
+        "alpha-every": 0,
+        "target-flops": float(space.min_flops()),
+        "hardware-beta": 0.0,
+        **({"grad-clip": clip} if clip else {}),
+        **space_to_config(space.spec),
+    }
+    content = RecordDict({ARRAYS: ArrayRecord(space.state_dict()), CONFIG: ConfigRecord(config)})
+    reply = search_supernet(content, _synthetic_client(), partition_id=0)
+    state = reply.array_records[ARRAYS].to_torch_state_dict()
+    names = {id(p): k for k, p in space.named_parameters()}
+    weights = [names[id(p)] for p in space.weight_parameters()]
+    step = math.sqrt(sum(float(((state[k] - before[k]) ** 2).sum()) for k in weights))
+    if clip:
+        assert step == pytest.approx(0.1 * clip, rel=1e-4)
+    else:
+        assert step > 100 * 0.1 * 1e-3
+
+
+def test_grad_clip_is_every_stages_and_off_by_default(run_config):
+    settings = FDNASSettings.from_config(run_config)
+    assert settings.train.grad_clip == settings.final.grad_clip == 0.0
+    assert "grad-clip" not in settings.train.client_config()
+    on = FDNASSettings.from_config({**run_config, "fdnas.grad-clip": 5.0})
+    assert on.train.client_config()["grad-clip"] == on.final.client_config()["grad-clip"] == 5.0
+    with pytest.raises(ValueError, match=r"'fdnas\.grad-clip' = -1\.0.*>= 0"):
+        FDNASSettings.from_config({**run_config, "fdnas.grad-clip": -1.0})
 
 
 def _synthetic_client(seed: int = 0) -> ClientData:

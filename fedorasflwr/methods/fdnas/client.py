@@ -33,6 +33,7 @@ from ...search_spaces import SearchSpace, Subnet, build_space, build_subnet
 from ...search_spaces.differentiable import require_differentiable
 from ...seeding import numpy_generator, stream_words, substream
 from ...training import (
+    clip_gradients,
     evaluate,
     held_out_metrics,
     local_sgd,
@@ -205,6 +206,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     # 0 (never) also in the warm-up rounds: weights only, alphas frozen
     alpha_every = int(config["alpha-every"])
     batch_size = int(config["batch-size"])
+    max_norm = float(config.get("grad-clip", 0.0))  # absent (an older server) or 0: none
     train_loader = seeded_loader(data.train, batch_size, words)
     val_batches = _cycle(seeded_loader(data.val, batch_size, substream(words, "val")))
     loss_sum, seen, val_sum, val_steps, flops, step = 0.0, 0, 0.0, 0, 0, 0
@@ -215,6 +217,7 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
             weight_optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(space(inputs, path), targets)
             loss.backward()
+            clip_gradients(space.weight_parameters(), max_norm)
             weight_optimizer.step()
             loss_sum += float(loss.detach()) * len(targets)
             seen += len(targets)

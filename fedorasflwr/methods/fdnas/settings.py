@@ -51,7 +51,8 @@ class FDNASSettings(MethodSettings):
     num_clusters: int = 3
     cluster_rounds: int = 3
     cluster_target_flops: tuple[float, ...] = (0.35,)
-    # The derived net's FedAvg: clients, batch, momentum and weight decay are the search's.
+    # The derived net's FedAvg: clients, batch, momentum, weight decay and gradient clipping
+    # are the search's.
     final: TrainingRecipe = TrainingRecipe(
         rounds=5, clients_per_round=10, local_epochs=1, batch_size=32, lr=0.05, weight_decay=3e-4
     )
@@ -66,7 +67,8 @@ class FDNASSettings(MethodSettings):
         p = "fdnas."
         t = Table(cfg, p)
         fraction = (lambda v: 0 < v <= 1, "fraction of the largest path's FLOPs, 0 < f <= 1")
-        train = TrainingRecipe.from_config(cfg, p, cls.train, min_rounds=1)  # the search runs
+        # the search runs; grad-clip: every stage's (search, clusters, final training)
+        train = TrainingRecipe.from_config(cfg, p, cls.train, min_rounds=1, grad_clip=True)
         min_replies = t.min_replies(cls.min_replies, train)
         targets = t.numbers(
             "cluster-target-flops",
