@@ -22,9 +22,10 @@ class FedNASSettings(MethodSettings):
     recipe (``rounds``, ``clients-per-round``, ``local-epochs``, ``batch-size``,
     ``weight-lr``, ``weight-momentum``, ``weight-decay``, ``grad-clip``); ``final``: the
     derived net's FedAvg (``final-*``, as DP-FNAS's).  Both clip each step's weight
-    gradient at L2 norm 5, as DARTS's search and augmentation scripts (``--grad_clip 5``)
-    and FedML's FedNAS do: with the flatten head (issue 40) 9 of 15 unclipped derived nets
-    diverged at lr 0.05.
+    gradient at L2 norm 5, as DARTS's search and augmentation scripts do (``--grad_clip
+    5``); FedML's FedNAS (``--grad_clip`` 5) clips its derived net's training so, and in its
+    search calls the clip on the alphas' gradients, which its weight step does not use.
+    With the flatten head (issue 40) 9 of 15 unclipped derived nets diverged at lr 0.05.
     """
 
     TABLE: ClassVar[str] = "fednas."
