@@ -53,7 +53,7 @@ default) gives each: ``cnn_s`` / ``cnn_l`` flatten (issue 40: the paper's GAP tr
 slower under FedAvg), ``mbconv`` the paper's GAP (its flatten head trains faster at Dirichlet
 0.1 but diverged in CFDNAS's class-group search: benchmarks/README.md, space_ablation.py),
 ``darts`` flatten (its derived nets, with the final training's gradient clipped at norm 5,
-train 14-19 pp better under FedAvg at Dirichlet 0.1 than with DARTS's GAP:
+train 17-19 pp better under FedAvg at Dirichlet 0.1 than with DARTS's GAP:
 space_ablation.py; the quick FedNAS and DP-FNAS presets' nets 0.59 -> 0.89, 0.63 -> 0.90)."""
 HEAD_SPACES = tuple(DEFAULT_HEADS)
 """The spaces with a ``space.head`` choice."""

@@ -4,7 +4,7 @@ A stem, then ``cells`` cells (reduction cells at 1/3 and 2/3 of the depth),
 a head and a linear classifier.  The ``head`` is what the classifier reads: ``"gap"``
 (DARTS's global average pooling, the default of the class) or ``"flatten"`` (the last
 cell's map flattened, C x H x W; ``space.head = "auto"`` gives the darts space this one:
-at Dirichlet 0.1 the derived nets train 14-19 pp better under FedAvg, issue 40,
+at Dirichlet 0.1 the derived nets train 17-19 pp better under FedAvg, issue 40,
 ``benchmarks/space_ablation.py``, with the final training's gradient clipped at norm 5).
 A cell has two inputs (the two previous cells' outputs) and four intermediate nodes; node
 ``i`` sums one edge from every earlier node (14 edges per cell), and the cell outputs the
