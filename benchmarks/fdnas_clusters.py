@@ -26,7 +26,7 @@ FLOPs = 2 x MACs per sample (``torch.utils.flop_counter``).
 
     python benchmarks/fdnas_clusters.py            # full run (numbers: benchmarks/README.md)
     python benchmarks/fdnas_clusters.py --quick    # CI smoke run (< 2 minutes)
-    python benchmarks/fdnas_clusters.py --head flatten   # the flatten head (.head-flatten.json)
+    python benchmarks/fdnas_clusters.py --head gap --grad-clip 0   # the paper's head, no clip
 """
 
 from __future__ import annotations
@@ -58,9 +58,12 @@ DEFAULTS: dict[str, Any] = {
     # ProxylessNAS warms the weights up for 40 epochs before 120 of search: a quarter of
     # the search; here 2 of the 10 search rounds (alpha frozen), then 8 of alpha steps
     "warmup_rounds": 2,
-    # the space's head (space.head): auto = the paper's GAP for mbconv; "flatten" is the
-    # head issue 40 measured faster for cnn_s and, at Dirichlet 0.1, for mbconv
+    # the space's head (space.head): auto = flatten for mbconv since issue 40's switch (with
+    # fdnas.grad-clip 5, the run config's default); "gap" is the paper's
     "head": "auto",
+    # every weight step's gradient clipped at this L2 norm (fdnas.grad-clip); None: the run
+    # config's (5 since issue 40's switch; 0 before it, the figures of the .grad-clip-0.0 files)
+    "grad_clip": None,
 }
 
 
@@ -89,6 +92,7 @@ def settings(quick: bool, cache_dir: Path, knobs: dict[str, Any]) -> dict[str, A
         "fdnas.final-rounds": 1 if quick else knobs["final_rounds"],
         "fdnas.final-local-epochs": 1,
         "fdnas.final-init": knobs["final_init"],  # every net of the table starts the same way
+        **({} if knobs["grad_clip"] is None else {"fdnas.grad-clip": knobs["grad_clip"]}),
     }
 
 
@@ -161,7 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         "--head",
         choices=("auto", *HEADS),
         default=DEFAULTS["head"],
-        help="the space's classifier head (space.head; auto: mbconv's GAP)",
+        help="the space's classifier head (space.head; auto: flatten)",
+    )
+    parser.add_argument(
+        "--grad-clip",
+        type=float,
+        default=DEFAULTS["grad_clip"],
+        help="max L2 norm of each weight step's gradient (fdnas.grad-clip; default: the run "
+        "config's; 0: none)",
     )
     args = parser.parse_args(argv)
     knobs = {k: getattr(args, k) for k in DEFAULTS}

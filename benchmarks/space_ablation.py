@@ -82,6 +82,7 @@ class Row:
 
     label: str
     net: str = "cnn_s"  # cnn_s | mbconv (FDNAS's space) | cnn_l (FedorAS's CIFAR one) | convnet
+    #   | decnas-convnet / decnas-mobilenet (DecNAS's pruned nets of its two built-in models)
     head: str = "flatten"  # flatten | gap | flatten-scaled (mbconv: flatten / sqrt(H x W))
     reduction: str = PAPER_REDUCTION  # cnn_s: what every row before the choice ran
     norm: str = "bn"  # bn | gn | none (cnn_s only)
@@ -135,8 +136,9 @@ class SpaceGroup:
 #: with the map's layout kept (benchmark only); ``mbconv-6-layers`` / ``mbconv-3-layers``:
 #: the flatten head on a shallower, wider space of the same MACs (``space.layers-per-block``
 #: 2 at width 0.5, 1 at width 0.75: is FDNAS's depth what trains slowly under FedAvg?) and
-#: each depth with the paper's GAP head (``mbconv-6-layers-gap``, ``mbconv-3-layers-gap``);
-#: ``cnn_l``: below
+#: each depth with the paper's GAP head (``mbconv-6-layers-gap``, ``mbconv-3-layers-gap``),
+#: and the 6-layer flatten space with gradient clipping (``mbconv-6-layers-clip``, alpha 0.1,
+#: 1.0 and IID); ``cnn_l``: below
 SPACE_GROUPS = {
     "mbconv": SpaceGroup("mbconv", "gap", "mbconv"),
     "mbconv-flatten": SpaceGroup("mbconv flatten", "flatten", "mbconv_flatten"),
@@ -145,6 +147,18 @@ SPACE_GROUPS = {
     "mbconv-6-layers-gap": SpaceGroup("mbconv 6 layers", "gap", "mbconv_6_layers_gap", 2, 0.5),
     "mbconv-3-layers": SpaceGroup("mbconv flatten 3 layers", "flatten", "mbconv_3_layers", 1, 0.75),
     "mbconv-3-layers-gap": SpaceGroup("mbconv 3 layers", "gap", "mbconv_3_layers_gap", 1, 0.75),
+    # the 6-layer flatten space with DARTS's gradient clipping (max norm 5) at FDNAS's lr:
+    # the flatten head diverged in CFDNAS's class-group preset without it, and a clipped
+    # run did not (preset_variants.py); does the clip cost these nets anything?
+    "mbconv-6-layers-clip": SpaceGroup(
+        "mbconv flatten 6 layers clip 5",
+        "flatten",
+        "mbconv_6_layers_clip",
+        2,
+        0.5,
+        grad_clip=5.0,
+        alphas=(0.1, 1.0, 0.0),
+    ),
     # cnn_l (FedorAS's CIFAR space) at its default depth (3 blocks of 4 layers) and the
     # width (0.1) where its seeded paths reach the tier's MACs on MNIST, its default head
     "cnn_l": SpaceGroup("cnn_l flatten", "flatten", "cnn_l", width=0.1, net="cnn_l"),
@@ -181,6 +195,16 @@ SPACE_GROUPS = {
     ),
     "darts-lr": SpaceGroup(
         "darts derived lr 0.025", "gap", "darts_lr", width=0.5, net="darts", norm="gn", lr=0.025
+    ),
+    # DecNAS's nets: its built-in models (decnas.model) at space.width 0.25, pruned layer by
+    # layer to the tier's MACs along seeded random NetAdapt trajectories (decnas_widths),
+    # trained from scratch; each keeps its model's head (the ConvNet's flatten classifier,
+    # MobileNetV1's GAP)
+    "decnas-convnet": SpaceGroup(
+        "decnas ConvNet pruned", "flatten", "decnas_convnet", width=0.25, net="decnas-convnet"
+    ),
+    "decnas-mobilenet": SpaceGroup(
+        "decnas MobileNetV1 pruned", "gap", "decnas_mobilenet", width=0.25, net="decnas-mobilenet"
     ),
 }
 
@@ -430,6 +454,67 @@ def _darts_draws(
     return texts, tuple(sorted(macs.items()))
 
 
+#: a NetAdapt step of decnas_widths: each cuts this share of the current net's MACs
+DECNAS_STEP = 0.1
+
+
+@functools.cache
+def decnas_widths(model: str, image: tuple[tuple[str, int], ...], width: float, k: int) -> tuple:
+    """The per-layer filters of a DecNAS net of the tier's MACs: ``model`` (``convnet`` or
+    ``mobilenet``, DecNAS's built-ins) at ``width`` pruned as NetAdapt does, one layer a
+    step, each step cutting DECNAS_STEP of the current MACs (the fewest filters that do)
+    until the net is within TARGET_MACS; the layer of each step is drawn at random (seed
+    ``k``) where NetAdapt takes the candidate that scores best, and no layer keeps fewer
+    than a quarter of its filters (a candidate that thin loses its score and is not kept).
+    Which filters go does not matter here: the rows train from scratch."""
+    import random
+
+    from fedorasflwr.search_spaces.prunable import build_prunable, resource
+
+    base = build_prunable(model, **dict(image), width=width)
+    spec, floor = base.spec, [max(1, w // 4) for w in base.widths]
+    widths = list(base.widths)
+
+    def macs(ws: list[int]) -> int:
+        return resource({**spec, "widths": ws}, "macs")
+
+    rng, current = random.Random(k), macs(widths)
+    while current > TARGET_MACS:
+        budget = max(TARGET_MACS, (1 - DECNAS_STEP) * current)
+        for layer in rng.sample(range(len(widths)), len(widths)):
+            keep = _most_filters(
+                lambda w, i=layer, b=budget: macs(widths[:i] + [w] + widths[i + 1 :]) <= b,
+                floor[layer],
+                widths[layer] - 1,
+            )
+            if keep is not None:
+                widths[layer] = keep
+                break
+        else:  # no single layer meets the step: take the largest cut one layer allows
+            cuts = [
+                (macs(widths[:i] + [floor[i]] + widths[i + 1 :]), i)
+                for i in range(len(widths))
+                if widths[i] > floor[i]
+            ]
+            if not cuts:
+                raise ValueError(f"{model} at width {width}: cannot reach {TARGET_MACS:g} MACs")
+            _, layer = min(cuts)
+            widths[layer] = floor[layer]
+        current = macs(widths)
+    return tuple(widths)
+
+
+def _most_filters(fits: Callable[[int], bool], low: int, high: int) -> int | None:
+    """The largest ``w`` in ``[low, high]`` with ``fits(w)`` (true for every smaller one:
+    MACs grow with a layer's filters), by bisection; None if not even ``low`` fits."""
+    if high < low or not fits(low):
+        return None
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
 def _swap_norm(net: Any, norm: str) -> None:
     """Replace every BatchNorm2d of ``net`` by GroupNorm (2 groups, affine) or Identity."""
     from torch import nn
@@ -492,8 +577,21 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         if row.head == "flatten":
             net = _flatten_darts(net, x)
         return net, _count_flops(net, x) // 2
+    if row.net.startswith("decnas-"):  # a pruned net of DecNAS's model, its own head
+        from fedorasflwr.search_spaces.prunable import build_prunable
+
+        model = row.net.removeprefix("decnas-")
+        heads = {"convnet": "flatten", "mobilenet": "gap"}
+        if model not in heads or row.head != heads[model] or row.norm != "bn":
+            raise ValueError(f"decnas rows: convnet (flatten) or mobilenet (gap), BN; got {row}")
+        widths = decnas_widths(model, tuple(sorted(image.items())), row.width, row.path)
+        net = build_prunable(model, **image, width=row.width, widths=widths)
+        return net, _count_flops(net, x) // 2
     if row.net != "convnet":
-        raise ValueError(f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv, darts or convnet")
+        raise ValueError(
+            f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv, darts, decnas-convnet, "
+            "decnas-mobilenet or convnet"
+        )
     if row.head not in ("flatten", "gap"):
         raise ValueError(f"ConvNet rows: head 'flatten' or 'gap'; got {row}")
     # the ConvNet width whose MACs are nearest the cnn_s path's (default width)

@@ -47,14 +47,18 @@ __all__ = [
 ]
 
 SPACE_NAMES = ("cnn_l", "cnn_s", "rnn", "mbconv", "darts")
-DEFAULT_HEADS = {"cnn_s": "flatten", "cnn_l": "flatten", "mbconv": "gap", "darts": "flatten"}
+DEFAULT_HEADS = {"cnn_s": "flatten", "cnn_l": "flatten", "mbconv": "flatten", "darts": "flatten"}
 """The spaces with a ``space.head`` choice, and the head ``space.head = "auto"`` (the
-default) gives each: ``cnn_s`` / ``cnn_l`` flatten (issue 40: the paper's GAP trains far
-slower under FedAvg), ``mbconv`` the paper's GAP (its flatten head trains faster at Dirichlet
-0.1 but diverged in CFDNAS's class-group search: benchmarks/README.md, space_ablation.py),
-``darts`` flatten (its derived nets, with the final training's gradient clipped at norm 5,
-train 17-19 pp better under FedAvg at Dirichlet 0.1 than with DARTS's GAP:
-space_ablation.py; the quick FedNAS and DP-FNAS presets' nets 0.59 -> 0.89, 0.63 -> 0.90)."""
+default) gives each: flatten for all four (issue 40: with the papers' global average
+pooling their nets train far slower under FedAvg on skewed clients; benchmarks/README.md,
+space_ablation.py). ``cnn_s`` / ``cnn_l``: FedorAS's spaces. ``darts``: with the final
+training's gradient clipped at norm 5, its derived nets train 17-19 pp better at Dirichlet
+0.1 than with DARTS's GAP, and the quick FedNAS / DP-FNAS presets' nets go 0.59 -> 0.89,
+0.63 -> 0.90. ``mbconv``: with FDNAS's weight steps clipped at norm 5 (``fdnas.grad-clip``,
+default 5 since the head changed; without it the flatten head diverged in CFDNAS's
+class-group preset at lr 0.1) its 6-layer nets are within 1-3 pp of the hand-made ConvNet
+at Dirichlet 0.1 (GAP: 14-16 pp below), and the quick FDNAS preset's net goes 0.60 -> 0.84
+(2 seeds; preset_variants.py)."""
 HEAD_SPACES = tuple(DEFAULT_HEADS)
 """The spaces with a ``space.head`` choice."""
 DEFAULT_LAYERS_PER_BLOCK = {"cnn_l": 4, "mbconv": 2, "darts": 4}

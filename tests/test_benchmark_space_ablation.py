@@ -84,7 +84,7 @@ def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth()
     # the space's BatchNorm: a row asking for another norm is refused, not ignored
     with pytest.raises(ValueError, match="mbconv rows: norm 'bn'"):
         ablation.build_net(ablation.Row("x", net="mbconv", width=0.25, norm="gn"), MNIST)
-    with pytest.raises(ValueError, match="cnn_s, cnn_l, mbconv, darts or convnet"):
+    with pytest.raises(ValueError, match="cnn_s, cnn_l, mbconv, darts, decnas-convnet"):
         ablation.build_net(ablation.Row("x", net="rnn"), MNIST)
 
 
@@ -109,6 +109,59 @@ def test_space_groups_rows_are_five_flatten_nets_of_the_tiers_macs(group, layers
             ablation.build_net(ablation.Row("x", net="cnn_l", width=0.1, norm="gn"), MNIST)
         with pytest.raises(ValueError, match="cnn_l rows: .* head of"):
             ablation.build_net(ablation.Row("x", net="cnn_l", head="flatten-scaled"), MNIST)
+
+
+def test_mbconv_clip_group_is_the_6_layer_flatten_rows_clipped_at_5():
+    ablation = load_benchmark("space_ablation")
+    clipped = ablation.ROWS["mbconv-6-layers-clip"]
+    plain = {
+        r.label.removeprefix("mbconv flatten 6 layers "): r
+        for r in ablation.ROWS["mbconv-6-layers"]
+    }
+    assert sorted({r.alpha for r in clipped}) == [0.0, 0.1, 1.0]
+    for row in clipped:
+        assert row.grad_clip == 5.0 and row.lr == 0.05 and row.head == "flatten"
+        same = plain.get(row.label.removeprefix("mbconv flatten 6 layers clip 5 "))
+        if same is not None:  # alpha 0.1 and 1.0: the unclipped rows' nets and data
+            assert replace(row, label=same.label, grad_clip=0.0) == same
+    iid = [r.label for r in clipped if r.alpha == 0.0]
+    assert iid == [f"mbconv flatten 6 layers clip 5 path {k}, IID" for k in range(5)]
+
+
+def test_most_filters_bisects_to_the_largest_width_that_fits():
+    ablation = load_benchmark("space_ablation")
+    assert ablation._most_filters(lambda w: w <= 7, 1, 16) == 7
+    assert ablation._most_filters(lambda w: w <= 40, 1, 16) == 16
+    assert ablation._most_filters(lambda w: w <= 3, 4, 16) is None
+    assert ablation._most_filters(lambda w: True, 5, 4) is None  # an empty range
+
+
+def test_decnas_rows_are_five_pruned_nets_of_the_tiers_macs_with_their_models_heads():
+    """DecNAS's nets (issue 40 item 2): its ConvNet pruned along 5 seeded NetAdapt
+    trajectories to within the tier's MACs, each layer keeping at least a quarter of its
+    filters; the ConvNet's flatten classifier kept. (MobileNetV1: its first path, GAP.)"""
+    from torch import nn
+
+    from fedorasflwr.search_spaces.prunable import build_prunable
+
+    ablation = load_benchmark("space_ablation")
+    rows = [r for r in ablation.ROWS["decnas-convnet"] if r.alpha == 0.1]
+    assert [r.path for r in rows] == list(range(5)) and {r.width for r in rows} == {0.25}
+    base = build_prunable("convnet", **MNIST, width=0.25).widths
+    built = [ablation.build_net(row, MNIST) for row in rows]
+    assert len({net.widths for net, _ in built}) == 5  # distinct nets
+    for net, macs in built:
+        assert 0.9 * ablation.TARGET_MACS <= macs <= ablation.TARGET_MACS
+        assert all(b // 4 <= w <= b for w, b in zip(net.widths, base, strict=True))
+        assert net.widths != base and isinstance(net.model.classifier, nn.Linear)
+        assert net.model.classifier.in_features > net.widths[-1]  # the flattened map
+        assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    mobile = ablation.ROWS["decnas-mobilenet"][0]
+    net, macs = ablation.build_net(mobile, MNIST)
+    assert 0.9 * ablation.TARGET_MACS <= macs <= ablation.TARGET_MACS
+    assert net.model.classifier.in_features == net.widths[-1]  # GAP: one input a channel
+    with pytest.raises(ValueError, match="decnas rows: convnet"):
+        ablation.build_net(replace(rows[0], head="gap"), MNIST)
 
 
 @pytest.mark.parametrize("depth", [6, 3])

@@ -45,51 +45,84 @@ def test_layers_per_block_auto_gives_each_space_its_own_depth(name, kwarg, depth
             parse_run_config({**pyproject_run_config(), "space.layers-per-block": bad})
 
 
-def test_an_fdnas_checkpoint_of_the_old_default_depth_is_refused_then_resumes_with_it(tmp_path):
-    """0.4.0's FDNAS searched 4 ``mbconv`` layers a stage and bound the depth as 4, as
-    "auto" binds today (settings alike); its checkpoint is refused by today's default space
-    (2 layers a stage), naming both spaces, and resumes with ``space.layers-per-block = 4``."""
+def _fdnas(**overrides):
+    """FDNAS's settings over the pyproject defaults, and the ``mbconv`` space they build."""
     from dataclasses import replace
 
-    from fedorasflwr.checkpoints import FORMAT
     from fedorasflwr.config import space_kwargs
     from fedorasflwr.data import dataset_info
-    from fedorasflwr.runs import resume_checkpoint
     from fedorasflwr.search_spaces import build_space
 
-    def fdnas(**overrides):
-        settings = parse_run_config({**pyproject_run_config(), "method": "fdnas", **overrides})
-        space = build_space(
-            **space_kwargs(replace(settings.space, name="mbconv"), dataset_info(settings.data))
-        )
-        return settings, space
+    settings = parse_run_config({**pyproject_run_config(), "method": "fdnas", **overrides})
+    space = build_space(
+        **space_kwargs(replace(settings.space, name="mbconv"), dataset_info(settings.data))
+    )
+    return settings, space
 
-    old_settings, old_space = fdnas(**{"space.layers-per-block": 4})
-    assert old_space.spec["layers_per_stage"] == 4
+
+def _fdnas_checkpoint(tmp_path, settings, space):
+    """A search-stage checkpoint of an FDNAS run of ``settings`` (one step done)."""
+    from fedorasflwr.checkpoints import FORMAT
+
     path = tmp_path / "checkpoint.pt"
     torch.save(
         {
             "format": FORMAT,
             "method": "fdnas",
-            "seed": old_settings.seed,
-            "space": dict(old_space.spec),
-            "state_dict": {k: v.clone() for k, v in old_space.state_dict().items()},
+            "seed": settings.seed,
+            "space": dict(space.spec),
+            "state_dict": {k: v.clone() for k, v in space.state_dict().items()},
             "stage": "search",
             "step": 1,
             "stage-done": False,
-            "settings": bound_settings("fdnas", old_settings.values),
+            "settings": bound_settings("fdnas", settings.values),
         },
         path,
     )
-    stages = {"search": old_settings.method_settings.train.rounds}
-    today, space = fdnas(**{"resume-from": str(path)})
+    return path, {"search": settings.method_settings.train.rounds}
+
+
+def test_an_fdnas_checkpoint_of_the_old_default_depth_is_refused_then_resumes_with_it(tmp_path):
+    """0.4.0's FDNAS searched 4 ``mbconv`` layers a stage and bound the depth as 4, as
+    "auto" binds today (settings alike); its checkpoint is refused by today's default space
+    (2 layers a stage), naming both spaces, and resumes with ``space.layers-per-block = 4``."""
+    from fedorasflwr.runs import resume_checkpoint
+
+    old_settings, old_space = _fdnas(**{"space.layers-per-block": 4})
+    assert old_space.spec["layers_per_stage"] == 4
+    path, stages = _fdnas_checkpoint(tmp_path, old_settings, old_space)
+    today, space = _fdnas(**{"resume-from": str(path)})
     assert space.spec["layers_per_stage"] == 2
     # the settings agree ("auto" binds as 4), so the space spec is what tells them apart
     assert bound_settings("fdnas", today.values) == bound_settings("fdnas", old_settings.values)
     with pytest.raises(ValueError, match="holds weights of the space .*'layers_per_stage': 4"):
         resume_checkpoint(today, space, stages)
-    chosen, four = fdnas(**{"resume-from": str(path), "space.layers-per-block": 4})
+    chosen, four = _fdnas(**{"resume-from": str(path), "space.layers-per-block": 4})
     resumed = resume_checkpoint(chosen, four, stages)
+    assert resumed is not None and resumed.step == 1
+
+
+def test_an_fdnas_checkpoint_of_the_gap_head_is_refused_then_resumes_with_it(tmp_path):
+    """Before issue 40's switch FDNAS built ``mbconv`` with GAP and clipped nothing; its
+    checkpoint is refused by today's defaults (flatten head, clip 5) and resumes with
+    ``space.head = "gap"`` and ``fdnas.grad-clip = 0``."""
+    from fedorasflwr.runs import resume_checkpoint
+
+    paper = {"space.head": "gap", "fdnas.grad-clip": 0.0}
+    old_settings, old_space = _fdnas(**paper)
+    assert old_space.spec["head"] == "gap"
+    path, stages = _fdnas_checkpoint(tmp_path, old_settings, old_space)
+    today, space = _fdnas(**{"resume-from": str(path)})
+    assert space.spec["head"] == "flatten" and today.method_settings.train.grad_clip == 5.0
+    with pytest.raises(ValueError, match="holds weights of the space .*'head': 'gap'"):
+        resume_checkpoint(today, space, stages)
+    # the clip alone (the GAP space kept) is a setting the checkpoint is bound to
+    assert bound_settings("fdnas", old_settings.values)["fdnas.grad-clip"] == 0.0
+    gap_only, gap_space = _fdnas(**{"resume-from": str(path), "space.head": "gap"})
+    with pytest.raises(ValueError, match="grad-clip"):
+        resume_checkpoint(gap_only, gap_space, stages)
+    chosen, gap = _fdnas(**{"resume-from": str(path), **paper})
+    resumed = resume_checkpoint(chosen, gap, stages)
     assert resumed is not None and resumed.step == 1
 
 

@@ -62,17 +62,17 @@ def test_the_run_config_key_reaches_the_space_and_is_checked():
         parse_run_config({**pyproject_run_config(), "space.head": "avg"})
     with pytest.raises(ValueError, match=r"'space.head' = 'gap'.*only the cnn_s, cnn_l, mbconv"):
         parse_run_config({**pyproject_run_config(), "space.name": "rnn", "space.head": "gap"})
-    # "auto" (the default): flatten for cnn_s / cnn_l, the paper's GAP for mbconv, also when
-    # FDNAS's runner sets the name after parsing
+    # "auto" (the default): flatten for cnn_s / cnn_l / mbconv (since issue 40's FDNAS
+    # check), also when FDNAS's runner sets the name after parsing
     assert default.space.head == "auto"
     mbconv = parse_run_config({**pyproject_run_config(), "space.name": "mbconv"})
-    assert space_kwargs(mbconv.space, dataset_info(mbconv.data))["head"] == "gap"
+    assert space_kwargs(mbconv.space, dataset_info(mbconv.data))["head"] == "flatten"
     fdnas = replace(default.space, name="mbconv")
-    assert space_kwargs(fdnas, dataset_info(default.data))["head"] == "gap"
-    flat = parse_run_config({**pyproject_run_config(), "space.head": "flatten"})
-    assert space_kwargs(replace(flat.space, name="mbconv"), dataset_info(flat.data)) == {
+    assert space_kwargs(fdnas, dataset_info(default.data))["head"] == "flatten"
+    gap = parse_run_config({**pyproject_run_config(), "space.head": "gap"})
+    assert space_kwargs(replace(gap.space, name="mbconv"), dataset_info(gap.data)) == {
         **space_kwargs(fdnas, dataset_info(default.data)),
-        "head": "flatten",
+        "head": "gap",
     }
     cnn_l = parse_run_config({**pyproject_run_config(), "space.name": "cnn_l"})
     assert space_kwargs(cnn_l.space, dataset_info(cnn_l.data))["head"] == "flatten"

@@ -253,12 +253,17 @@ def test_a_search_weight_step_is_clipped_at_grad_clip(clip):
         assert step > 100 * 0.1 * 1e-3
 
 
-def test_grad_clip_is_every_stages_and_off_by_default(run_config):
+def test_grad_clip_is_every_stages_and_5_by_default(run_config):
+    # 5 (DARTS's value) since mbconv's default head became flatten (issue 40); the paper: none
     settings = FDNASSettings.from_config(run_config)
-    assert settings.train.grad_clip == settings.final.grad_clip == 0.0
-    assert "grad-clip" not in settings.train.client_config()
-    on = FDNASSettings.from_config({**run_config, "fdnas.grad-clip": 5.0})
-    assert on.train.client_config()["grad-clip"] == on.final.client_config()["grad-clip"] == 5.0
+    assert settings.train.grad_clip == settings.final.grad_clip == 5.0
+    assert FDNASSettings().train.grad_clip == 5.0  # the class default is the run config's
+    assert settings.train.client_config()["grad-clip"] == 5.0
+    assert settings.final.client_config()["grad-clip"] == 5.0
+    off = FDNASSettings.from_config({**run_config, "fdnas.grad-clip": 0.0})
+    assert off.train.grad_clip == off.final.grad_clip == 0.0
+    assert "grad-clip" not in off.train.client_config()  # the paper's messages, unchanged
+    assert "grad-clip" not in off.final.client_config()
     with pytest.raises(ValueError, match=r"'fdnas\.grad-clip' = -1\.0.*>= 0"):
         FDNASSettings.from_config({**run_config, "fdnas.grad-clip": -1.0})
 

@@ -36,8 +36,16 @@ class FDNASSettings(MethodSettings):
 
     TABLE: ClassVar[str] = "fdnas."
 
+    # grad_clip 5 (DARTS's value; the paper has none): the mbconv space's flatten head
+    # (issue 40) diverged at lr 0.1 on class-group clients without it
     train: TrainingRecipe = TrainingRecipe(
-        rounds=10, clients_per_round=10, local_epochs=1, batch_size=32, lr=0.05, weight_decay=3e-4
+        rounds=10,
+        clients_per_round=10,
+        local_epochs=1,
+        batch_size=32,
+        lr=0.05,
+        weight_decay=3e-4,
+        grad_clip=5.0,
     )
     alpha_lr: float = 6e-3
     alpha_every: int = 1
