@@ -56,9 +56,10 @@ training's gradient clipped at norm 5, its derived nets train 17-19 pp better at
 0.1 than with DARTS's GAP, and the quick FedNAS / DP-FNAS presets' nets go 0.59 -> 0.89,
 0.63 -> 0.90. ``mbconv``: with FDNAS's weight steps clipped at norm 5 (``fdnas.grad-clip``,
 default 5 since the head changed; without it the flatten head diverged in CFDNAS's
-class-group preset at lr 0.1) its 6-layer nets are within 1-3 pp of the hand-made ConvNet
-at Dirichlet 0.1 (GAP: 14-16 pp below), and the quick FDNAS preset's net goes 0.60 -> 0.84
-(2 seeds; preset_variants.py)."""
+class-group preset at lr 0.1) its 6-layer nets are level with the hand-made ConvNet of the
+same MACs at Dirichlet 0.1 (best / median +1.6 / +0.5 pp; GAP -13.9 / -16.2) and within 1.1
+pp of it at 1.0 and IID (3 seeds), and the quick FDNAS preset's net goes 0.60 -> 0.84 (2
+seeds; preset_variants.py)."""
 HEAD_SPACES = tuple(DEFAULT_HEADS)
 """The spaces with a ``space.head`` choice."""
 DEFAULT_LAYERS_PER_BLOCK = {"cnn_l": 4, "mbconv": 2, "darts": 4}
