@@ -17,8 +17,10 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   with that head's input divided by sqrt(H x W) (``mbconv-scaled``; ``mbconv_scaled_...``);
   the flatten head on shallower, wider spaces of the same MACs (``mbconv-6-layers``: 2
   layers a stage at width 0.5; ``mbconv-3-layers``: 1 at width 0.75) and each with the
-  GAP head (``mbconv-6-layers-gap``, ``mbconv-3-layers-gap``); and the default depth's
-  paths with either head trained on the pooled data (``mbconv-central``);
+  GAP head (``mbconv-6-layers-gap``, ``mbconv-3-layers-gap``); the 6-layer flatten paths
+  with each local step's gradient clipped at norm 5 (``mbconv-6-layers-clip``, FDNAS's
+  default since; also IID); and the default depth's paths with either head trained on the
+  pooled data (``mbconv-central``);
 - ``cnn_l``: 5 seeded paths of FedorAS's CIFAR space at its default depth (3 blocks of 4
   layers) and flatten head, at width 0.1, where its paths reach the tier's MACs on MNIST
   (row group ``cnn_l``, headline ``cnn_l_<setting>_...``);
@@ -29,6 +31,10 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   the same nets with a classifier on the last cell's flattened map instead of GAP (built
   here, not by the space: ``darts-flatten`` at 0.05, ``darts-flatten-lr`` at 0.025,
   ``darts-flatten-clip`` at 0.05 with DARTS's gradient clipping, max norm 5);
+- ``decnas-convnet`` / ``decnas-mobilenet``: DecNAS's two built-in models at width 0.25
+  pruned to the same MACs along 5 seeded random NetAdapt trajectories (``decnas_widths``),
+  each with its model's head (the ConvNet's flatten classifier, MobileNetV1's GAP), and the
+  MobileNetV1 nets with a flatten classifier (``decnas-mobilenet-flatten``, benchmark only);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
@@ -205,6 +211,15 @@ SPACE_GROUPS = {
     ),
     "decnas-mobilenet": SpaceGroup(
         "decnas MobileNetV1 pruned", "gap", "decnas_mobilenet", width=0.25, net="decnas-mobilenet"
+    ),
+    # the same MobileNetV1 nets with a classifier on the last block's flattened map
+    # (benchmark only: ``_flatten_mobilenet``): is it their GAP head, as for the spaces?
+    "decnas-mobilenet-flatten": SpaceGroup(
+        "decnas MobileNetV1 pruned flatten",
+        "flatten",
+        "decnas_mobilenet_flatten",
+        width=0.25,
+        net="decnas-mobilenet",
     ),
 }
 
@@ -581,11 +596,15 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         from fedorasflwr.search_spaces.prunable import build_prunable
 
         model = row.net.removeprefix("decnas-")
-        heads = {"convnet": "flatten", "mobilenet": "gap"}
-        if model not in heads or row.head != heads[model] or row.norm != "bn":
-            raise ValueError(f"decnas rows: convnet (flatten) or mobilenet (gap), BN; got {row}")
+        heads = {"convnet": ("flatten",), "mobilenet": ("gap", "flatten")}
+        if model not in heads or row.head not in heads[model] or row.norm != "bn":
+            raise ValueError(
+                f"decnas rows: convnet (flatten) or mobilenet (gap or flatten), BN; got {row}"
+            )
         widths = decnas_widths(model, tuple(sorted(image.items())), row.width, row.path)
         net = build_prunable(model, **image, width=row.width, widths=widths)
+        if model == "mobilenet" and row.head == "flatten":
+            net = _flatten_mobilenet(net.model, x)
         return net, _count_flops(net, x) // 2
     if row.net != "convnet":
         raise ValueError(
@@ -656,6 +675,33 @@ def _flatten_darts(net: Any, x: Any) -> Any:
             return self.classifier(self.features(x))
 
     return FlattenDerived()
+
+
+def _flatten_mobilenet(net: Any, x: Any) -> Any:
+    """A ``MobileNetV1`` (DecNAS's built-in) whose classifier reads the last block's map
+    flattened (C x H x W) instead of its global average: the stem and blocks kept, a fresh
+    classifier (``x``: an input of the task's shape). Benchmark only."""
+    import torch
+    from torch import nn
+
+    class FlattenMobileNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.blocks = net.stem, net.blocks
+            with torch.no_grad():
+                features = self.features(x).shape[1]
+            self.classifier = nn.Linear(features, net.classifier.out_features)
+
+        def features(self, x: Any) -> Any:
+            x = self.stem(x)
+            for block in self.blocks:
+                x = block(x)
+            return x.flatten(1)
+
+        def forward(self, x: Any) -> Any:
+            return self.classifier(self.features(x))
+
+    return FlattenMobileNet()
 
 
 def _gap_convnet(convnet: Any, num_classes: int) -> Any:

@@ -159,7 +159,15 @@ def test_decnas_rows_are_five_pruned_nets_of_the_tiers_macs_with_their_models_he
     mobile = ablation.ROWS["decnas-mobilenet"][0]
     net, macs = ablation.build_net(mobile, MNIST)
     assert 0.9 * ablation.TARGET_MACS <= macs <= ablation.TARGET_MACS
-    assert net.model.classifier.in_features == net.widths[-1]  # GAP: one input a channel
+    channels = net.widths[-1]
+    assert net.model.classifier.in_features == channels  # GAP: one input a channel
+    # the flatten group: the same pruned net, its classifier on the last 2 x 2 map
+    flat = ablation.ROWS["decnas-mobilenet-flatten"][0]
+    assert replace(flat, label=mobile.label, head="gap") == mobile
+    flat_net, flat_macs = ablation.build_net(flat, MNIST)
+    assert flat_net.classifier.in_features == channels * 2 * 2
+    assert flat_macs - macs == (channels * 4 - channels) * 10  # the classifiers' MACs
+    assert flat_net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(ValueError, match="decnas rows: convnet"):
         ablation.build_net(replace(rows[0], head="gap"), MNIST)
 
