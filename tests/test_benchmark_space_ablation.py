@@ -168,6 +168,14 @@ def test_decnas_rows_are_five_pruned_nets_of_the_tiers_macs_with_their_models_he
     assert flat_net.classifier.in_features == channels * 2 * 2
     assert flat_macs - macs == (channels * 4 - channels) * 10  # the classifiers' MACs
     assert flat_net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    # the clip groups: the same rows, each local step's gradient clipped at norm 5
+    for group, plain in (
+        ("decnas-mobilenet-clip", mobile),
+        ("decnas-mobilenet-flatten-clip", flat),
+    ):
+        clipped = ablation.ROWS[group][0]
+        assert clipped.grad_clip == 5.0
+        assert replace(clipped, label=plain.label, grad_clip=0.0) == plain
     with pytest.raises(ValueError, match="decnas rows: convnet"):
         ablation.build_net(replace(rows[0], head="gap"), MNIST)
 
