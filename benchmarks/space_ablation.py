@@ -225,9 +225,9 @@ SPACE_GROUPS = {
         width=0.25,
         net="decnas-mobilenet",
     ),
-    # both heads with DARTS's gradient clipping (max norm 5, each local step): the flatten
-    # rows above end with training losses of 0.6-0.9 where the GAP ones reach 0.2-0.3, as
-    # the unclipped flatten darts and mbconv nets did before the clip
+    # both heads with DARTS's gradient clipping (max norm 5, each local step): at alpha 1.0
+    # the flatten rows' seed-0 nets end with training losses of 0.51-0.88 where the GAP
+    # ones reach 0.23-0.32, as the unclipped flatten darts and mbconv nets did before the clip
     "decnas-mobilenet-clip": SpaceGroup(
         "decnas MobileNetV1 pruned clip 5",
         "gap",
