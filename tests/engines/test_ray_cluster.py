@@ -1,4 +1,5 @@
-"""The simulation engine on a Ray cluster it did not start (docs/scaling.md).
+"""The simulation engine on a Ray cluster it did not start (docs/scaling.md), and the
+suite's DP-FNAS run on the simulation engine (the same run).
 
 A Ray head is started here with ``ray start --head`` on loopback, in a temporary
 directory and a session of its own; the app runs through it with ``ray_address``; the
@@ -8,6 +9,7 @@ checks that nothing of it is left.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +25,6 @@ import pytest
 from fedorasflwr.launch import find_pids, run_simulation
 from fedorasflwr.launch.processes import _free_ports
 from fedorasflwr.launch.simulation import RAY_CLUSTER_ENV, ray_env
-from tests.runconfig import tiny_fedoras
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).parent / "ray"
@@ -78,7 +79,14 @@ def ray_head() -> Iterator[RayHead]:
     # Unix socket paths are limited to 107 bytes: a short directory, not pytest's tmp_path.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     gcs_port, client_port = _free_ports(2)
-    env = {**os.environ, RAY_CLUSTER_ENV: "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    # the actors are the head's workers and inherit its environment, not the run's: the
+    # nodes' cache (their latency tables) in the head's directory, not the user's
+    env = {
+        **os.environ,
+        RAY_CLUSTER_ENV: "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "FEDORASFLWR_CACHE": str(temp_dir / "node-cache"),
+    }
     command = [
         str(RAY), "start", "--head",
         "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
@@ -127,19 +135,44 @@ def _stop_group(pgid: int) -> None:
             return
 
 
+#: the suite's DP-FNAS run on the simulation engine (tiny, but the real app end to end), by
+#: latency: each party times its table; a budget above every genotype
+DPFNAS = {
+    "method": "dpfnas",
+    "onnx": False,
+    "data.partitioner": "iid",
+    "space.width": 0.25,
+    "space.layers-per-block": 2,
+    "dpfnas.iterations": 1,
+    "dpfnas.batch-size": 8,
+    "dpfnas.eval-every": 0,
+    "dpfnas.final-rounds": 1,
+    "dpfnas.resource": "latency",
+    "dpfnas.latency-budget-ms": 1000.0,
+    "latency.repeats": 1,
+    "latency.warmup": 0,
+    "latency.validation-paths": 2,
+}
+
+
 @pytest.mark.slow
 def test_a_simulation_runs_its_clientapps_on_a_running_ray_cluster(
-    ray_head: RayHead, tmp_path: Path
+    ray_head: RayHead, tmp_path: Path, data_cache: Path
 ) -> None:
-    home = tmp_path / "flwr-home"
+    # One engine run serves two claims: the simulation joins a Ray cluster it did not start,
+    # and DP-FNAS runs whole on the simulation engine (this was test_dpfnas_engine.py's
+    # run on a Ray instance of the simulation's own, until issue 44's cut: where Ray runs
+    # its actors is not DP-FNAS's concern, and every other engine test starts its own Ray).
+    home, out = tmp_path / "flwr-home", tmp_path / "out"
+    run_config = {**DPFNAS, "output-dir": str(out), "data.cache-dir": str(data_cache)}
     result = run_simulation(
         PROJECT_ROOT,
-        num_supernodes=4,
-        run_config=tiny_fedoras(tmp_path / "cache", **{"fedoras.stop-after": "supernet"}),
+        num_supernodes=2,
+        run_config=run_config,
         flwr_home=home,
         client_num_cpus=1,
         env={"OMP_NUM_THREADS": "1"},
-        timeout=600,
+        timeout=900,
         ray_address=ray_head.address,
     )
     assert result.status == "finished:completed"
@@ -149,6 +182,33 @@ def test_a_simulation_runs_its_clientapps_on_a_running_ray_cluster(
     assert 1 <= len(actors) <= 2, actors
     # The head outlives the run: the cluster is the user's, not the launcher's.
     assert any("gcs_server" in _cmdline(pid) for pid in _group(ray_head.pgid))
+    assert find_pids(flwr_home=home) == []
+    check_dpfnas_result(out)
+    # each party timed its table on the head's workers, into the head's node cache
+    assert list((ray_head.temp_dir / "node-cache" / "latency").glob("*.json"))
+
+
+def check_dpfnas_result(out: Path) -> None:
+    """What DP-FNAS's engine run wrote: one iteration of the noised search by latency, both
+    parties' privacy, every stage's client FLOPs booked, the derived net trained."""
+    results = list(out.glob("dpfnas-*/result.json"))
+    assert len(results) == 1, results
+    result = json.loads(results[0].read_text())
+    assert result["iterations"] == 1 and result["stopped"] == "completed"
+    assert len(result["privacy"]) == 2
+    assert result["noise"]["private_against_server"] is True  # OS-CSPRNG noise by default
+    assert all(0 < party["epsilon"] < 100 for party in result["privacy"])
+    assert 0.0 <= result["test_accuracy"] <= 1.0
+    assert result["ledger"]["weights"]["totals"]["replies"] == 2
+    # every stage's client training FLOPs crossed the engine and were booked
+    assert all(
+        result["ledger"][s]["totals"]["train_flops"] > 0 for s in ("weights", "arch", "final")
+    )
+    assert {"supernet.pt", "derived.pt"} <= set(result["files"])
+    tables = result["latency_tables"]
+    assert [n["partition_id"] for n in tables["nodes"]] == [0, 1]
+    assert 0 < result["latency"]["predicted_ms"] <= result["latency"]["budget_ms"] == 1000.0
+    assert result["ledger"]["latency"]["totals"]["replies"] == 2
 
 
 def test_ray_addresses_are_checked_and_loopback_kept() -> None:
