@@ -12,6 +12,7 @@ import os
 import platform
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,10 @@ def _cpu_name() -> str:
 def machine() -> dict[str, Any]:
     """Where and under what load a benchmark ran, saved with every result: the device
     PyTorch computes on (``fedorasflwr.training.torch_device``; CUDA's card name), torch's
-    intra-op threads, the CPUs, and the 1/5/15-minute load averages at the start and at
-    the end. A ratio holds only between figures taken under the same conditions."""
+    intra-op threads, the CPUs, the 1/5/15-minute load averages at the start and at the
+    end, and when it finished (``finished``: UTC, ISO 8601 to the second; result files
+    written before 2026-12-07 lack it). A ratio holds only between figures taken under the
+    same conditions."""
     import torch
 
     if str(ROOT) not in sys.path:
@@ -64,6 +67,7 @@ def machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "load_average_start": [round(v, 2) for v in _LOAD_AT_IMPORT],
         "load_average_end": [round(v, 2) for v in os.getloadavg()],
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         "platform": platform.platform(),
         "torch": torch.__version__,
     }

@@ -671,60 +671,61 @@ def _scale_flatten(net: Any) -> None:
     net.classifier = Scaled()
 
 
+def _flattened(parts: dict[str, Any], body: Any, classes: int, x: Any) -> Any:
+    """A net of ``parts`` (modules, kept under their names) whose classifier reads the map
+    ``body(net, x)`` returns flattened (C x H x W): a fresh ``nn.Linear`` sized by one pass of
+    ``x`` (an input of the task's shape), drawn after the parts as before."""
+    import torch
+    from torch import nn
+
+    class Flattened(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name, module in parts.items():
+                self.add_module(name, module)
+            with torch.no_grad():
+                features = self.features(x).shape[1]
+            self.classifier = nn.Linear(features, classes)
+
+        def features(self, x: Any) -> Any:
+            return body(self, x).flatten(1)
+
+        def forward(self, x: Any) -> Any:
+            return self.classifier(self.features(x))
+
+    return Flattened()
+
+
+def _darts_body(net: Any, x: Any) -> Any:
+    s0 = s1 = net.stem(x)
+    for cell in net.cells:
+        s0, s1 = s1, cell(s0, s1)
+    return s1
+
+
+def _mobilenet_body(net: Any, x: Any) -> Any:
+    x = net.stem(x)
+    for block in net.blocks:
+        x = block(x)
+    return x
+
+
 def _flatten_darts(net: Any, x: Any) -> Any:
     """A darts derived net (``DerivedNetwork``) whose classifier reads the last cell's map
     flattened (C x H x W) instead of its global average: the space's cells and stem kept, a
     fresh classifier (``x``: an input of the task's shape). The layout the space's
     ``head = "flatten"`` builds (its default since issue 40); kept so the recorded rows
     reproduce: there the classifier is drawn without a GAP one before it."""
-    import torch
-    from torch import nn
-
-    class FlattenDerived(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stem, self.cells = net.stem, net.cells
-            with torch.no_grad():
-                features = self.features(x).shape[1]
-            self.classifier = nn.Linear(features, net.classifier.out_features)
-
-        def features(self, x: Any) -> Any:
-            s0 = s1 = self.stem(x)
-            for cell in self.cells:
-                s0, s1 = s1, cell(s0, s1)
-            return s1.flatten(1)
-
-        def forward(self, x: Any) -> Any:
-            return self.classifier(self.features(x))
-
-    return FlattenDerived()
+    parts = {"stem": net.stem, "cells": net.cells}
+    return _flattened(parts, _darts_body, net.classifier.out_features, x)
 
 
 def _flatten_mobilenet(net: Any, x: Any) -> Any:
     """A ``MobileNetV1`` (DecNAS's built-in) whose classifier reads the last block's map
     flattened (C x H x W) instead of its global average: the stem and blocks kept, a fresh
     classifier (``x``: an input of the task's shape). Benchmark only."""
-    import torch
-    from torch import nn
-
-    class FlattenMobileNet(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stem, self.blocks = net.stem, net.blocks
-            with torch.no_grad():
-                features = self.features(x).shape[1]
-            self.classifier = nn.Linear(features, net.classifier.out_features)
-
-        def features(self, x: Any) -> Any:
-            x = self.stem(x)
-            for block in self.blocks:
-                x = block(x)
-            return x.flatten(1)
-
-        def forward(self, x: Any) -> Any:
-            return self.classifier(self.features(x))
-
-    return FlattenMobileNet()
+    parts = {"stem": net.stem, "blocks": net.blocks}
+    return _flattened(parts, _mobilenet_body, net.classifier.out_features, x)
 
 
 def _gap_convnet(convnet: Any, num_classes: int) -> Any:

@@ -12,13 +12,39 @@ import pytest
 
 from tests.test_benchmarks import ROOT
 
+#: the reruns written before result files recorded when they finished (``machine``'s
+#: ``finished``, since 2026-12-07), oldest first: the dates of the commits that added them
+UNDATED_RERUNS = (
+    "presets.fedoras.json",  # 2026-12-02 05:21
+    "presets.heterofl-fjord.json",  # 2026-12-02 08:53
+    "presets.fednas-dpfnas.json",  # 2026-12-06 15:14
+    "presets.fdnas-cfdnas.json",  # 2026-12-06 19:14
+    "presets.cfdnas.json",  # 2026-12-06 23:44
+)
+
+
+def reruns() -> list[dict]:
+    """Every later rerun of some presets (``presets.py --only <name>``:
+    ``presets.<name>.json``), oldest first: the undated ones in their commits' order, then
+    the dated by ``machine.finished``."""
+    found = {
+        path.name: json.loads(path.read_text())
+        for path in (ROOT / "benchmarks/results").glob("presets.*.json")
+        if not path.name.endswith(".quick.json")
+    }
+    undated = sorted(name for name, saved in found.items() if "finished" not in saved["machine"])
+    assert undated == sorted(UNDATED_RERUNS), "a new rerun must record when it finished"
+    dated = sorted(
+        (saved for saved in found.values() if "finished" in saved["machine"]),
+        key=lambda saved: saved["machine"]["finished"],
+    )
+    return [found[name] for name in UNDATED_RERUNS] + dated
+
+
 SAVED = json.loads((ROOT / "benchmarks/results/presets.json").read_text())
 ROWS = {row["preset"]: row for row in SAVED["rows"]}
-# a later rerun of some presets (``presets.py --only <name>``: ``presets.<name>.json``)
-# replaces their rows
-for path in sorted((ROOT / "benchmarks/results").glob("presets.*.json")):
-    if not path.name.endswith(".quick.json"):
-        ROWS |= {row["preset"]: row for row in json.loads(path.read_text())["rows"]}
+for rerun in reruns():  # a later rerun replaces its presets' rows
+    ROWS |= {row["preset"]: row for row in rerun["rows"]}
 README = (ROOT / "README.md").read_text()
 
 

@@ -6,6 +6,7 @@ import importlib
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,8 @@ def run_quick(name: str, *extra: str, saved_as: str | None = None) -> dict:
     assert machine["device"] in {"cpu", "cuda", "cuda:0"} and machine["torch_threads"] >= 1
     for key in ("load_average_start", "load_average_end"):
         assert len(machine[key]) == 3 and all(v >= 0 for v in machine[key]), machine
+    finished = datetime.fromisoformat(machine["finished"])  # when: reruns are ordered by it
+    assert finished.tzinfo is not None and finished <= datetime.now(UTC)
     assert printed.keys() == saved["headline"].keys()
     for key, value in saved["headline"].items():
         if isinstance(value, float):
