@@ -362,6 +362,21 @@ ROWS: dict[str, list[Row]] = {
         for group in (SPACE_GROUPS["mbconv-flatten"], SPACE_GROUPS["mbconv"])
         for k in range(5)
     ],
+    # the control for DecNAS's MobileNetV1 nets, which stay far below the ConvNet of their
+    # MACs under FedAvg at every skew, either head, clipped or not: the same 5 pruned nets
+    # with each head trained on the pooled data (against "ConvNet flatten, centralised")
+    "decnas-mobilenet-central": [
+        Row(
+            f"{group.label} path {k}, centralised",
+            net=group.net,
+            head=group.head,
+            width=group.width,
+            path=k,
+            central=True,
+        )
+        for group in (SPACE_GROUPS["decnas-mobilenet"], SPACE_GROUPS["decnas-mobilenet-flatten"])
+        for k in range(5)
+    ],
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),

@@ -204,6 +204,28 @@ def test_mbconv_central_rows_train_the_flatten_and_gap_rows_paths_on_pooled_data
         assert central == [ablation.build_net(r, MNIST)[0].arch for r in federated]
 
 
+def test_decnas_mobilenet_central_rows_train_the_federated_rows_nets_on_pooled_data():
+    ablation = load_benchmark("space_ablation")
+    rows = ablation.ROWS["decnas-mobilenet-central"]
+    assert all(r.central and r.net == "decnas-mobilenet" for r in rows)
+    for head, group in (("gap", "decnas-mobilenet"), ("flatten", "decnas-mobilenet-flatten")):
+        central = [r for r in rows if r.head == head]
+        federated = [r for r in ablation.ROWS[group] if r.alpha == 0.1]
+        assert len(central) == len(federated) == 5
+        for c, f in zip(central, federated, strict=True):  # the nets build_net makes of them
+            assert replace(c, label=f.label, central=False, alpha=f.alpha) == f
+    # the headline sets them against the ConvNet trained centrally, under their own keys
+    table = {"ConvNet flatten, centralised": {"mean": 0.98, "by_seed": {0: 0.98}}}
+    for k, accuracy in enumerate((0.90, 0.95, 0.97, 0.93, 0.99)):
+        label = f"decnas MobileNetV1 pruned path {k}, centralised"
+        table[label] = {"mean": accuracy, "by_seed": {0: accuracy}}
+    assert ablation.gaps_pp(table) == {
+        "decnas_mobilenet_central_seeds": 1,
+        "decnas_mobilenet_central_best_pp": 1.0,
+        "decnas_mobilenet_central_median_pp": -3.0,
+    }
+
+
 def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_them():
     """The darts groups train 5 distinct genotypes' derived nets within 10% of the tier's
     MACs, built as DP-FNAS / FedNAS build theirs at the default width and depth (GroupNorm,
