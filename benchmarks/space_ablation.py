@@ -252,6 +252,23 @@ def setting_name(alpha: float) -> str:
     return f"alpha {alpha}" if alpha else "IID"
 
 
+def _central_rows(*groups: SpaceGroup) -> list[Row]:
+    """The 5 paths of each group's rows (its net, head and width; the default depth) trained
+    on the pooled data: the control for its federated rows."""
+    return [
+        Row(
+            f"{group.label} path {k}, centralised",
+            net=group.net,
+            head=group.head,
+            width=group.width,
+            path=k,
+            central=True,
+        )
+        for group in groups
+        for k in range(5)
+    ]
+
+
 #: the table: each group of rows changes one factor from its group's first row
 ROWS: dict[str, list[Row]] = {
     "head": [
@@ -350,33 +367,13 @@ ROWS: dict[str, list[Row]] = {
         for name, group in SPACE_GROUPS.items()
     },
     # the control: the same 5 paths (default depth) with each head trained on the pooled data
-    "mbconv-central": [
-        Row(
-            f"{group.label} path {k}, centralised",
-            net="mbconv",
-            head=group.head,
-            width=group.width,
-            path=k,
-            central=True,
-        )
-        for group in (SPACE_GROUPS["mbconv-flatten"], SPACE_GROUPS["mbconv"])
-        for k in range(5)
-    ],
+    "mbconv-central": _central_rows(SPACE_GROUPS["mbconv-flatten"], SPACE_GROUPS["mbconv"]),
     # the control for DecNAS's MobileNetV1 nets, which stay far below the ConvNet of their
     # MACs under FedAvg at every skew, either head, clipped or not: the same 5 pruned nets
     # with each head trained on the pooled data (against "ConvNet flatten, centralised")
-    "decnas-mobilenet-central": [
-        Row(
-            f"{group.label} path {k}, centralised",
-            net=group.net,
-            head=group.head,
-            width=group.width,
-            path=k,
-            central=True,
-        )
-        for group in (SPACE_GROUPS["decnas-mobilenet"], SPACE_GROUPS["decnas-mobilenet-flatten"])
-        for k in range(5)
-    ],
+    "decnas-mobilenet-central": _central_rows(
+        SPACE_GROUPS["decnas-mobilenet"], SPACE_GROUPS["decnas-mobilenet-flatten"]
+    ),
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
