@@ -369,17 +369,6 @@ def test_dataset_replaces_the_files_dataset_and_is_checked(tmp_path, monkeypatch
     assert relative.shared["data.dataset"] == f"folder:{folder.resolve()}"
 
 
-def _flat(table: dict, prefix: str = "") -> dict:
-    """A TOML table's keys as the run config has them (sub-tables dotted)."""
-    flat = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            flat |= _flat(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_the_quick_comparison_runs_each_method_as_its_quick_preset(method) -> None:
     """Each method keeps its quick preset's keys (the file's header): they are copied there,
@@ -389,12 +378,14 @@ def test_the_quick_comparison_runs_each_method_as_its_quick_preset(method) -> No
     2026-12-06, while the file kept 4, 3 and 4 until 2026-12-07.)"""
     import tomllib
 
+    from flwr.common.config import flatten_dict  # dotted keys, as a run config has them
+
     compare = tomllib.loads((ROOT / "configs" / "compare-quick.toml").read_text())
     preset = tomllib.loads((ROOT / "configs" / f"quick-{method}.toml").read_text())
-    ours = _flat(compare["methods"][method])
+    ours = flatten_dict(compare["methods"][method])
     theirs = {
         key: value
-        for key, value in _flat(preset).items()
+        for key, value in flatten_dict(preset).items()
         if key != "method" and not key.startswith("data.")
     }
     assert not [key for key in ours if key.startswith("data.")], ours
