@@ -23,7 +23,8 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   pooled data (``mbconv-central``);
 - ``cnn_l``: 5 seeded paths of FedorAS's CIFAR space at its default depth (3 blocks of 4
   layers) and flatten head, at width 0.1, where its paths reach the tier's MACs on MNIST
-  (row group ``cnn_l``, headline ``cnn_l_<setting>_...``);
+  (row group ``cnn_l``, headline ``cnn_l_<setting>_...``), and with 2 layers a block at the
+  same width (``cnn_l-2-layers``: 6 searchable layers);
 - ``darts``: the derived nets of 5 genotypes of seeded random alphas of DP-FNAS / FedNAS's
   space at the methods' defaults (width 0.5: C = 4, 4 cells; GroupNorm and GAP as the space
   has them, so no BatchNorm to re-estimate), of the same MACs, at the methods' final-lr 0.05
@@ -36,7 +37,10 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   each with its model's head (the ConvNet's flatten classifier, MobileNetV1's GAP), and the
   MobileNetV1 nets with a flatten classifier (``decnas-mobilenet-flatten``), and both heads'
   MobileNetV1 nets with each local step's gradient clipped at norm 5
-  (``decnas-mobilenet-clip``, ``decnas-mobilenet-flatten-clip``);
+  (``decnas-mobilenet-clip``, ``decnas-mobilenet-flatten-clip``), with GroupNorm at lr 0.025
+  (``decnas-mobilenet-gn``) and at lr 0.1 (``decnas-mobilenet-lr``); MobileNetV1 unpruned at
+  one narrow width, whole and with 4 of its 13 blocks (``decnas-mobilenet-depth``), and the
+  4 blocks with a flatten classifier (``decnas-mobilenet-depth-flatten``);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
 - ``central``: the same nets trained on all clients' training data pooled (the control that
@@ -172,6 +176,19 @@ SPACE_GROUPS = {
     "cnn_l": SpaceGroup(
         "cnn_l flatten", "flatten", "cnn_l", width=0.1, net="cnn_l", alphas=(0.1, 1.0, 0.0)
     ),
+    # cnn_l with 2 layers a block (6 searchable layers), the same width: at 4 its median path
+    # at alpha 1.0 was 2.3 pp below the ConvNet (goal: 2), and mbconv's 12 layers trained
+    # slower than its 6 at the same MACs; here the seeded paths of the tier's MACs are typical
+    # ones (the median of 500 is 0.62 MMACs; at 4 layers a block, 1.13)
+    "cnn_l-2-layers": SpaceGroup(
+        "cnn_l flatten 2 layers",
+        "flatten",
+        "cnn_l_2_layers",
+        2,
+        0.1,
+        net="cnn_l",
+        alphas=(1.0, 0.1, 0.0),
+    ),
     # darts (DP-FNAS, FedNAS): derived nets of random genotypes at the methods' defaults
     # (space.width 0.5: C = 4, 4 cells; GroupNorm and GAP, as the space builds them; the
     # methods' final-lr 0.05), and at lr 0.025 (the GroupNorm rows of norm-lr train better)
@@ -202,6 +219,21 @@ SPACE_GROUPS = {
         norm="gn",
         grad_clip=5.0,
         alphas=(0.1, 1.0, 0.0),
+    ),
+    # the clipped flatten rows with 2 cells at width 0.75 (C = 6) instead of 4 at 0.5: at
+    # alpha 1.0 their median net was 2.5 pp below the ConvNet (goal: 2), and the shallower
+    # mbconv and cnn_l spaces trained better (2 cells' derived nets of 100 draws: median
+    # 0.42 MMACs, 22 within 10% of the target; 4 cells': 0.44, 18)
+    "darts-2-cells-flatten-clip": SpaceGroup(
+        "darts derived 2 cells flatten clip 5",
+        "flatten",
+        "darts_2_cells_flatten_clip",
+        2,
+        0.75,
+        net="darts",
+        norm="gn",
+        grad_clip=5.0,
+        alphas=(1.0,),
     ),
     "darts-lr": SpaceGroup(
         "darts derived lr 0.025", "gap", "darts_lr", width=0.5, net="darts", norm="gn", lr=0.025
@@ -243,6 +275,30 @@ SPACE_GROUPS = {
         width=0.25,
         net="decnas-mobilenet",
         grad_clip=5.0,
+    ),
+    # what the four variants above share is an underfit net (training loss 0.34-0.50 after
+    # 30 rounds at Dirichlet 0.1, the ConvNet's 0.06), which trains centrally: is it its 27
+    # BatchNorms under label skew (each client normalises by its own classes' statistics:
+    # Hsieh et al. 2020), or too small a step? The GAP nets with GroupNorm (2 groups, at
+    # the rate GroupNorm trained best at in ``norm-lr``), and with BatchNorm at twice the rate
+    "decnas-mobilenet-gn": SpaceGroup(
+        "decnas MobileNetV1 pruned GroupNorm lr 0.025",
+        "gap",
+        "decnas_mobilenet_gn",
+        width=0.25,
+        net="decnas-mobilenet",
+        norm="gn",
+        lr=0.025,
+        alphas=(0.1,),
+    ),
+    "decnas-mobilenet-lr": SpaceGroup(
+        "decnas MobileNetV1 pruned lr 0.1",
+        "gap",
+        "decnas_mobilenet_lr",
+        width=0.25,
+        net="decnas-mobilenet",
+        lr=0.1,
+        alphas=(0.1,),
     ),
 }
 
@@ -374,6 +430,29 @@ ROWS: dict[str, list[Row]] = {
     "decnas-mobilenet-central": _central_rows(
         SPACE_GROUPS["decnas-mobilenet"], SPACE_GROUPS["decnas-mobilenet-flatten"]
     ),
+    # DecNAS's MobileNetV1 nets train centrally but stay underfit under FedAvg with either
+    # head or norm, clipped or at twice the rate: is it their depth (27 convolutions and
+    # BatchNorms), or their pruning? MobileNetV1 whole at one narrow width, and 4 of its 13
+    # separable blocks at a wider one, both of the tier's MACs, unpruned (GAP, BatchNorm)
+    "decnas-mobilenet-depth": [
+        Row(f"MobileNetV1 {name}, {setting_name(alpha)}", net=net, head="gap", alpha=alpha)
+        for alpha in (0.1, 1.0)
+        for net, name in (
+            ("mobilenet-narrow", "13 blocks, narrow"),
+            ("mobilenet-shallow", "4 blocks"),
+        )
+    ],
+    # the 4 blocks with a classifier on their last map: what is left of the gap once the
+    # depth is gone, is it the GAP head (the ConvNet lost 14.5 pp at alpha 0.1 with one)?
+    "decnas-mobilenet-depth-flatten": [
+        Row(
+            f"MobileNetV1 4 blocks, flatten, {setting_name(alpha)}",
+            net="mobilenet-shallow",
+            head="flatten",
+            alpha=alpha,
+        )
+        for alpha in (0.1, 1.0)
+    ],
     "lr": [
         Row("cnn_s flatten, lr 0.01, alpha 0.1", lr=0.01),
         Row("cnn_s GAP, lr 0.1, alpha 0.1", head="gap", lr=0.1),
@@ -455,10 +534,11 @@ def _near_target(candidates: list[Any], macs: Callable[[Any], float], k: int) ->
     return others[k - 1]
 
 
-def darts_spec(image: dict[str, int], width: float) -> dict[str, Any]:
+def darts_spec(image: dict[str, int], width: float, cells: int = 4) -> dict[str, Any]:
     """The ``darts`` space's spec as DP-FNAS and FedNAS build it from the run config at
-    ``space.width = width``, the default depth and DARTS's GAP head (``space.head =
-    "gap"``, ``config.space_kwargs``): the rows' genotypes are drawn and matched to
+    ``space.width = width``, ``space.layers-per-block = cells`` (4: the default depth) and
+    DARTS's GAP head (``space.head = "gap"``, ``config.space_kwargs``): the rows' genotypes
+    are drawn and matched to
     TARGET_MACS on it, and the flatten rows swap its classifier (``_flatten_darts``), as
     recorded before the space took the flatten head by default."""
     from fedorasflwr.config import SpaceSettings, space_kwargs
@@ -467,22 +547,22 @@ def darts_spec(image: dict[str, int], width: float) -> dict[str, Any]:
 
     shape = (image["in_channels"], image["input_height"], image["input_width"])
     info = DatasetInfo("image", "image", image["num_classes"], shape)
-    settings = SpaceSettings(name="darts", width=width, head="gap")
+    settings = SpaceSettings(name="darts", width=width, head="gap", layers_per_block=cells)
     return dict(build_space(**space_kwargs(settings, info)).spec)
 
 
-def darts_genotype(image: dict[str, int], width: float, k: int = 0) -> str:
+def darts_genotype(image: dict[str, int], width: float, k: int = 0, cells: int = 4) -> str:
     """A derived net of the ``darts`` space (``darts_spec``): the genotype (as text) of 100
     seeded random alphas, ``k = 0`` the one whose net's MACs are nearest TARGET_MACS,
     ``k >= 1`` the k-th of the others within 10% of it (what a search that has not moved
     its alphas yet would derive; DP-FNAS and FedNAS derive theirs from the searched ones)."""
-    texts, macs = _darts_draws(tuple(sorted(image.items())), width)
+    texts, macs = _darts_draws(tuple(sorted(image.items())), width, cells)
     return _near_target(list(texts), dict(macs).__getitem__, k)
 
 
 @functools.cache
 def _darts_draws(
-    image: tuple[tuple[str, int], ...], width: float
+    image: tuple[tuple[str, int], ...], width: float, cells: int = 4
 ) -> tuple[tuple[str, ...], tuple[tuple[str, float], ...]]:
     """``darts_genotype``'s 100 drawn genotypes (texts, in draw order) and their nets' MACs."""
     import torch
@@ -490,7 +570,7 @@ def _darts_draws(
     from fedorasflwr.search_spaces.base import _count_flops
     from fedorasflwr.search_spaces.darts import EDGES, PRIMITIVES, DartsSpace, derive_genotype
 
-    spec = darts_spec(dict(image), width)
+    spec = darts_spec(dict(image), width, cells)
     x = torch.zeros(1, spec["in_channels"], spec["input_height"], spec["input_width"])
     generator = torch.Generator().manual_seed(0)
     shape = (EDGES, len(PRIMITIVES))
@@ -609,11 +689,12 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         if row.head == "flatten-scaled":
             _scale_flatten(net.net)
         return net, _count_flops(net, x) // 2
-    if row.net == "cnn_l":  # the space's default depth and BatchNorm, a head
+    if row.net == "cnn_l":  # BatchNorm, a head, a depth (layers a block: the default's 4)
         if row.norm != "bn" or row.reduction != PAPER_REDUCTION or row.head not in HEADS:
             raise ValueError(f"cnn_l rows: norm 'bn', no reduction, head of {HEADS}; got {row}")
-        paths = build_space("cnn_l", **image, width=row.width, head="gap")  # the paper's costs
-        net = build_space("cnn_l", **image, width=row.width, head=row.head).subnet(
+        kwargs = {"width": row.width, "layers_per_block": row.layers_per_stage}
+        paths = build_space("cnn_l", **image, **kwargs, head="gap")  # the paper's costs
+        net = build_space("cnn_l", **image, **kwargs, head=row.head).subnet(
             space_path(paths, row.path)
         )
         return net, _count_flops(net, x) // 2
@@ -622,8 +703,9 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
             raise ValueError(f"darts rows: norm 'gn', head of {HEADS}, no reduction; got {row}")
         from fedorasflwr.search_spaces.darts import DartsSpace
 
-        genotype = darts_genotype(image, row.width, row.path)
-        net = DartsSpace.derived_network(genotype, **darts_spec(image, row.width))
+        cells = row.layers_per_stage  # the default's 4 cells unless a group says
+        genotype = darts_genotype(image, row.width, row.path, cells)
+        net = DartsSpace.derived_network(genotype, **darts_spec(image, row.width, cells))
         if row.head == "flatten":
             net = _flatten_darts(net, x)
         return net, _count_flops(net, x) // 2
@@ -632,19 +714,30 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
 
         model = row.net.removeprefix("decnas-")
         heads = {"convnet": ("flatten",), "mobilenet": ("gap", "flatten")}
-        if model not in heads or row.head not in heads[model] or row.norm != "bn":
+        norms = {"convnet": ("bn",), "mobilenet": ("bn", "gn")}
+        if model not in heads or row.head not in heads[model] or row.norm not in norms[model]:
             raise ValueError(
-                f"decnas rows: convnet (flatten) or mobilenet (gap or flatten), BN; got {row}"
+                "decnas rows: convnet (flatten, BN) or mobilenet (gap or flatten, BN or GN); "
+                f"got {row}"
             )
         widths = decnas_widths(model, tuple(sorted(image.items())), row.width, row.path)
         net = build_prunable(model, **image, width=row.width, widths=widths)
         if model == "mobilenet" and row.head == "flatten":
             net = _flatten_mobilenet(net.model, x)
+        if row.norm != "bn":  # the pruned net's widths, then its norms swapped
+            _swap_norm(net, row.norm)
+        return net, _count_flops(net, x) // 2
+    if row.net in MOBILENET_DEPTHS:  # MobileNetV1's blocks at one width, unpruned
+        if row.head not in HEADS or row.norm != "bn" or row.reduction != PAPER_REDUCTION:
+            raise ValueError(f"{row.net} rows: head of {HEADS}, norm 'bn', no reduction; got {row}")
+        net = _mobilenet_of_target_macs(MOBILENET_DEPTHS[row.net], image, x)
+        if row.head == "flatten":  # the GAP net's width, its classifier on the last map
+            net = _flatten_mobilenet(net, x)
         return net, _count_flops(net, x) // 2
     if row.net != "convnet":
         raise ValueError(
             f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv, darts, decnas-convnet, "
-            "decnas-mobilenet or convnet"
+            f"decnas-mobilenet, {', '.join(MOBILENET_DEPTHS)} or convnet"
         )
     if row.head not in ("flatten", "gap"):
         raise ValueError(f"ConvNet rows: head 'flatten' or 'gap'; got {row}")
@@ -738,6 +831,53 @@ def _flatten_mobilenet(net: Any, x: Any) -> Any:
     classifier (``x``: an input of the task's shape). Benchmark only."""
     parts = {"stem": net.stem, "blocks": net.blocks}
     return _flattened(parts, _mobilenet_body, net.classifier.out_features, x)
+
+
+def _shallow_mobilenet() -> type:
+    """MobileNetV1 with 4 of its 13 depthwise-separable blocks: the stem, then blocks of
+    2x, 4x, 8x, 8x its filters at strides 2, 2, 2, 1 (28 px: 14, 7, 4, 4), GAP, one FC
+    layer: 9 convolutions and BatchNorms where MobileNetV1 has 27 (benchmark only)."""
+    from fedorasflwr.search_spaces.prunable_nets import MobileNetV1
+
+    class ShallowMobileNet(MobileNetV1):
+        base_widths = (32, 64, 128, 256, 256)
+        strides = (2, 2, 2, 1)
+
+    return ShallowMobileNet
+
+
+def _mobilenet_v1() -> type:
+    from fedorasflwr.search_spaces.prunable_nets import MobileNetV1
+
+    return MobileNetV1
+
+
+#: ``Row.net`` of the depth rows: MobileNetV1 whole, or 4 of its blocks, each at the one
+#: width multiplier whose MACs are nearest TARGET_MACS (no pruning)
+MOBILENET_DEPTHS = {"mobilenet-narrow": _mobilenet_v1, "mobilenet-shallow": _shallow_mobilenet}
+
+
+def _mobilenet_of_target_macs(net_class: Callable[[], type], image: dict[str, int], x: Any) -> Any:
+    """``net_class()`` at the width (0.01 steps) whose MACs are nearest TARGET_MACS; the
+    search draws on a forked RNG, so the caller's seed initialises the net."""
+    import torch
+
+    from fedorasflwr.search_spaces.base import _count_flops
+
+    cls = net_class()
+
+    def macs(hundredths: int) -> int:
+        return _count_flops(cls(**image, width=hundredths / 100), x) // 2
+
+    with torch.random.fork_rng():
+        # the fewest hundredths reaching the target (MACs grow with the width), or its
+        # neighbour below, whichever is nearer
+        cut = _most_filters(lambda w: macs(100 - w) >= TARGET_MACS, 0, 99)
+        if cut is None:
+            raise ValueError(f"{cls.__name__} at width 1.0 is below {TARGET_MACS:g} MACs")
+        above = 100 - cut
+        width = min((above - 1, above), key=lambda w: abs(macs(max(w, 1)) - TARGET_MACS))
+    return cls(**image, width=max(width, 1) / 100)
 
 
 def _gap_convnet(convnet: Any, num_classes: int) -> Any:

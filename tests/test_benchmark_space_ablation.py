@@ -89,7 +89,8 @@ def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth()
 
 
 @pytest.mark.parametrize(
-    ("group", "layers"), [("mbconv-6-layers", 6), ("mbconv-3-layers", 3), ("cnn_l", 12)]
+    ("group", "layers"),
+    [("mbconv-6-layers", 6), ("mbconv-3-layers", 3), ("cnn_l", 12), ("cnn_l-2-layers", 6)],
 )
 def test_space_groups_rows_are_five_flatten_nets_of_the_tiers_macs(group, layers):
     from torch import nn
@@ -176,8 +177,20 @@ def test_decnas_rows_are_five_pruned_nets_of_the_tiers_macs_with_their_models_he
         clipped = ablation.ROWS[group][0]
         assert clipped.grad_clip == 5.0
         assert replace(clipped, label=plain.label, grad_clip=0.0) == plain
+    # GroupNorm at a lower rate, BatchNorm at a higher one: the same pruned GAP nets at 0.1
+    gn, fast = ablation.ROWS["decnas-mobilenet-gn"][0], ablation.ROWS["decnas-mobilenet-lr"][0]
+    assert replace(gn, label=mobile.label, norm="bn", lr=0.05) == mobile
+    assert replace(fast, label=mobile.label, lr=0.05) == mobile
+    assert {r.alpha for r in ablation.ROWS["decnas-mobilenet-gn"]} == {0.1}
+    gn_net, gn_macs = ablation.build_net(gn, MNIST)
+    norms = [type(m) for m in gn_net.modules() if isinstance(m, (nn.BatchNorm2d, nn.GroupNorm))]
+    assert norms and set(norms) == {nn.GroupNorm}
+    assert gn_net.widths == net.widths and gn_macs == macs  # the same net, its norms swapped
+    assert gn_net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(ValueError, match="decnas rows: convnet"):
         ablation.build_net(replace(rows[0], head="gap"), MNIST)
+    with pytest.raises(ValueError, match="decnas rows: convnet"):
+        ablation.build_net(replace(rows[0], norm="gn"), MNIST)  # the ConvNet: BatchNorm only
 
 
 @pytest.mark.parametrize("depth", [6, 3])
@@ -202,6 +215,42 @@ def test_mbconv_central_rows_train_the_flatten_and_gap_rows_paths_on_pooled_data
         central = [ablation.build_net(r, MNIST)[0].arch for r in rows if r.head == head]
         federated = [r for r in ablation.ROWS[group] if r.alpha == 0.1]
         assert central == [ablation.build_net(r, MNIST)[0].arch for r in federated]
+
+
+def test_decnas_mobilenet_depth_rows_are_mobilenets_of_the_tiers_macs_at_two_depths():
+    from torch import nn
+
+    ablation = load_benchmark("space_ablation")
+    rows = ablation.ROWS["decnas-mobilenet-depth"]
+    assert {(r.net, r.alpha) for r in rows} == {
+        (net, alpha) for net in ablation.MOBILENET_DEPTHS for alpha in (0.1, 1.0)
+    }
+    convolutions = {}
+    for row in rows[:2]:
+        torch.manual_seed(0)
+        net, macs = ablation.build_net(row, MNIST)
+        torch.manual_seed(0)
+        again, _ = ablation.build_net(row, MNIST)
+        for a, b in zip(net.state_dict().values(), again.state_dict().values(), strict=True):
+            assert torch.equal(a, b)  # the seed initialises the net, not the width search
+        assert abs(macs - ablation.TARGET_MACS) < 0.05 * ablation.TARGET_MACS
+        convs = [m for m in net.modules() if isinstance(m, nn.Conv2d)]
+        norms = [m for m in net.modules() if isinstance(m, nn.BatchNorm2d)]
+        assert len(norms) == len(convs)
+        assert net.classifier.in_features == convs[-1].out_channels  # GAP
+        convolutions[row.net] = len(convs)
+        assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert convolutions == {"mobilenet-narrow": 27, "mobilenet-shallow": 9}
+    # the flatten group: the 4 blocks' GAP net, its classifier on the last 4 x 4 map
+    flat = ablation.ROWS["decnas-mobilenet-depth-flatten"]
+    assert [replace(r, label=rows[1].label, head="gap") for r in flat[:1]] == [rows[1]]
+    torch.manual_seed(0)
+    gap_net, _ = ablation.build_net(rows[1], MNIST)
+    flat_net, flat_macs = ablation.build_net(flat[0], MNIST)
+    assert flat_net.classifier.in_features == gap_net.classifier.in_features * 4 * 4
+    assert abs(flat_macs - ablation.TARGET_MACS) < 0.05 * ablation.TARGET_MACS
+    with pytest.raises(ValueError, match="mobilenet-shallow rows"):
+        ablation.build_net(replace(rows[1], head="flatten-scaled"), MNIST)
 
 
 def test_decnas_mobilenet_central_rows_train_the_federated_rows_nets_on_pooled_data():
@@ -289,6 +338,22 @@ def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_the
     iid = [r.label for r in clip_rows if r.alpha == 0.0]
     assert iid == [f"darts derived flatten clip 5 path {k}, IID" for k in range(5)]
     assert ablation.GAPS["iid"][0].endswith(", IID")
+    # 2 cells at width 0.75: the run config's darts space with space.layers-per-block = 2
+    shallow = ablation.ROWS["darts-2-cells-flatten-clip"]
+    assert {(r.head, r.grad_clip, r.lr, r.width, r.alpha) for r in shallow} == {
+        ("flatten", 5.0, 0.05, 0.75, 1.0)
+    }
+    two = parse_run_config(
+        {**pyproject_run_config(), "method": "dpfnas", "space.layers-per-block": 2}
+    )
+    shallow_space = replace(two.space, name="darts", head="gap", width=0.75)
+    kwargs = space_kwargs(shallow_space, dataset_info(two.data))
+    assert ablation.darts_spec(MNIST, 0.75, cells=2) == dict(build_space(**kwargs).spec)
+    shallow_nets = [ablation.build_net(row, MNIST) for row in shallow]
+    assert len({repr(net.cells) for net, _ in shallow_nets}) == 5  # 5 genotypes' cells
+    for net, macs in shallow_nets:
+        assert len(net.cells) == 2 and net.classifier.in_features > 100  # flattened
+        assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.12)
 
 
 def test_a_rows_grad_clip_reaches_every_local_step(monkeypatch):

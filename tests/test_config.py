@@ -21,7 +21,7 @@ def test_pyproject_defaults_parse():
 
 @pytest.mark.parametrize(
     ("name", "kwarg", "depth"),
-    [("cnn_l", "layers_per_block", 4), ("mbconv", "layers_per_stage", 2), ("darts", "cells", 4)],
+    [("cnn_l", "layers_per_block", 2), ("mbconv", "layers_per_stage", 2), ("darts", "cells", 4)],
 )
 def test_layers_per_block_auto_gives_each_space_its_own_depth(name, kwarg, depth):
     from dataclasses import replace
@@ -36,8 +36,8 @@ def test_layers_per_block_auto_gives_each_space_its_own_depth(name, kwarg, depth
     assert space_kwargs(replace(default.space, name=name), info)[kwarg] == depth
     chosen = parse_run_config({**pyproject_run_config(), "space.layers-per-block": 3})
     assert space_kwargs(replace(chosen.space, name=name), info)[kwarg] == 3
-    # a checkpoint binds "auto" as 4, the default before it (cnn_l / darts checkpoints resume;
-    # an mbconv one of 4 layers a stage is told apart by its space spec)
+    # a checkpoint binds "auto" as 4, the default before it (darts checkpoints resume; an
+    # mbconv or cnn_l one of 4 layers is told apart by its space spec)
     assert bound_settings("fdnas", default.values)["space.layers-per-block"] == 4
     for bad, fragment in ((0, "allowed: auto or 1..8"), ("deep", "expected a int (auto or 1..8")):
         message = re.escape(f"'space.layers-per-block' = {bad!r}: {fragment}")
