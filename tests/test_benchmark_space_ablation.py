@@ -356,23 +356,28 @@ def test_darts_rows_are_five_derived_nets_of_the_tiers_macs_as_dpfnas_builds_the
         assert macs == pytest.approx(ablation.TARGET_MACS, rel=0.12)
 
 
-def test_a_rows_grad_clip_reaches_every_local_step(monkeypatch):
-    """A row's ``grad_clip`` is the ``grad-clip`` of each client's local SGD (the package's
-    clipping, tested on a hand-computed step in tests/test_grad_clip.py)."""
+def test_a_rows_grad_clip_and_weight_decay_reach_every_local_step(monkeypatch):
+    """A row's ``grad_clip`` and ``weight_decay`` are the ``grad-clip`` and ``weight-decay``
+    of each client's local SGD (the package's clipping, tested on a hand-computed step in
+    tests/test_grad_clip.py; the decay is torch's SGD's)."""
     from fedorasflwr import training
 
     ablation = load_benchmark("space_ablation")
     real, seen = training.local_sgd, []
 
     def spy(net, dataset, config, words):
-        seen.append(config["grad-clip"])
+        seen.append((config["grad-clip"], config["weight-decay"]))
         return real(net, dataset, config, words)
 
     monkeypatch.setattr(training, "local_sgd", spy)
-    row = ablation.ROWS["darts-flatten-clip"][0]
+    row = ablation.ROWS["darts-flatten-clip-wd"][0]
+    # the decay group: the clip group's alpha 1.0 rows with DARTS's weight decay
+    plain = [r for r in ablation.ROWS["darts-flatten-clip"] if r.alpha == 1.0][0]
+    assert replace(row, label=plain.label, weight_decay=0.0) == plain
     short = replace(row, rounds=1, clients_per_round=2, local_epochs=1)
     run = ablation.train_row(short, 0)
-    assert seen == [5.0, 5.0] and run["settings"]["grad_clip"] == 5.0
+    assert seen == [(5.0, 3e-4)] * 2 and run["settings"]["grad_clip"] == 5.0
+    assert run["settings"]["weight_decay"] == 3e-4
     assert run["finite"]
 
 
