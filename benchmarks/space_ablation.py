@@ -82,6 +82,7 @@ from common import ROOT, report, warm_data_cache
 sys.path.insert(0, str(ROOT))
 
 from fedorasflwr.search_spaces.cnn import HEADS, PAPER_REDUCTION, REDUCTIONS  # noqa: E402
+from fedorasflwr.search_spaces.prunable_nets import MobileNetV1  # noqa: E402
 
 NUM_CLIENTS = 20
 TARGET_MACS = 0.56e6  # the issue's T1 net
@@ -101,7 +102,8 @@ class Row:
     reduction: str = PAPER_REDUCTION  # cnn_s: what every row before the choice ran
     norm: str = "bn"  # bn | gn | none (cnn_s only)
     width: float = 0.5  # the space's width (cnn_s, mbconv, cnn_l)
-    layers_per_stage: int = MBCONV_LAYERS_PER_STAGE  # mbconv: 3 x this searchable layers
+    # mbconv: 3 x this searchable layers; cnn_l: layers a block; darts: cells (4: as before)
+    layers_per_stage: int = MBCONV_LAYERS_PER_STAGE
     path: int = 0  # a space's: 0 = the path nearest TARGET_MACS, k = the k-th next within 10%
     alpha: float = 0.1  # Dirichlet concentration; 0: IID
     lr: float = 0.05
@@ -852,51 +854,38 @@ def _flatten_mobilenet(net: Any, x: Any) -> Any:
     return _flattened(parts, _mobilenet_body, net.classifier.out_features, x)
 
 
-def _shallow_mobilenet() -> type:
+class ShallowMobileNet(MobileNetV1):
     """MobileNetV1 with 4 of its 13 depthwise-separable blocks: the stem, then blocks of
     2x, 4x, 8x, 8x its filters at strides 2, 2, 2, 1 (28 px: 14, 7, 4, 4), GAP, one FC
     layer: 9 convolutions and BatchNorms where MobileNetV1 has 27 (benchmark only)."""
-    from fedorasflwr.search_spaces.prunable_nets import MobileNetV1
 
-    class ShallowMobileNet(MobileNetV1):
-        base_widths = (32, 64, 128, 256, 256)
-        strides = (2, 2, 2, 1)
-
-    return ShallowMobileNet
-
-
-def _mobilenet_v1() -> type:
-    from fedorasflwr.search_spaces.prunable_nets import MobileNetV1
-
-    return MobileNetV1
+    base_widths = (32, 64, 128, 256, 256)
+    strides = (2, 2, 2, 1)
 
 
 #: ``Row.net`` of the depth rows: MobileNetV1 whole, or 4 of its blocks, each at the one
 #: width multiplier whose MACs are nearest TARGET_MACS (no pruning)
-MOBILENET_DEPTHS = {"mobilenet-narrow": _mobilenet_v1, "mobilenet-shallow": _shallow_mobilenet}
+MOBILENET_DEPTHS = {"mobilenet-narrow": MobileNetV1, "mobilenet-shallow": ShallowMobileNet}
 
 
-def _mobilenet_of_target_macs(net_class: Callable[[], type], image: dict[str, int], x: Any) -> Any:
-    """``net_class()`` at the width (0.01 steps) whose MACs are nearest TARGET_MACS; the
-    search draws on a forked RNG, so the caller's seed initialises the net."""
+def _mobilenet_of_target_macs(cls: type, image: dict[str, int], x: Any) -> Any:
+    """``cls`` at the width (0.01 steps) whose MACs are nearest TARGET_MACS; the search
+    draws on a forked RNG, so the caller's seed initialises the net."""
     import torch
 
     from fedorasflwr.search_spaces.base import _count_flops
-
-    cls = net_class()
 
     def macs(hundredths: int) -> int:
         return _count_flops(cls(**image, width=hundredths / 100), x) // 2
 
     with torch.random.fork_rng():
-        # the fewest hundredths reaching the target (MACs grow with the width), or its
-        # neighbour below, whichever is nearer
-        cut = _most_filters(lambda w: macs(100 - w) >= TARGET_MACS, 0, 99)
-        if cut is None:
-            raise ValueError(f"{cls.__name__} at width 1.0 is below {TARGET_MACS:g} MACs")
-        above = 100 - cut
-        width = min((above - 1, above), key=lambda w: abs(macs(max(w, 1)) - TARGET_MACS))
-    return cls(**image, width=max(width, 1) / 100)
+        # the most hundredths within the target (MACs grow with the width), or one more,
+        # whichever is nearer
+        within = _most_filters(lambda w: macs(w) <= TARGET_MACS, 1, 100)
+        if within is None:
+            raise ValueError(f"{cls.__name__} at width 0.01 is above {TARGET_MACS:g} MACs")
+        width = min((within, min(within + 1, 100)), key=lambda w: abs(macs(w) - TARGET_MACS))
+    return cls(**image, width=width / 100)
 
 
 def _gap_convnet(convnet: Any, num_classes: int) -> Any:
