@@ -24,8 +24,12 @@ largest learning rate of the grid that does not collapse.
         --lrs 0.05 0.0125 0.003125 --epochs 10   # the nets' reach on shapes, given steps
 
 ``convnet-tier``: the ConvNet at the ``cnn_s`` path's MACs (the hand-made net of the same
-cost). A run other than the default grid writes
-``lr_stability.epochs-<e>.<nets>[.shapes].json``.
+cost); ``convnet-scaled`` / ``convnet-tier-scaled``: those with the classifier's input
+divided by sqrt(H x W) of the map it reads (``space_ablation.scale_flatten``). ``--grad-clip``
+clips each step's gradient, ``--warmup`` raises the rate linearly over the first steps, and
+``--seeds`` draws the init and batch order (the data stay seed 0's). A run other than the
+default grid writes ``lr_stability.epochs-<e>.<nets>[.shapes][.clip-<c>][.warmup-<w>]
+[.seeds-<s>].json``.
 
 Writes ``benchmarks/results/lr_stability.json`` (``.quick.json``).
 """
@@ -78,7 +82,7 @@ def _data(dataset: str) -> tuple[Any, Any, Any, dict[str, int]]:
     return pooled, load_server_data(spec), load_global_test(spec), image_spec(settings)
 
 
-NETS = ("convnet", "cnn_s", "convnet-tier")
+NETS = ("convnet", "cnn_s", "convnet-tier", "convnet-scaled", "convnet-tier-scaled")
 
 
 def build(net: str, image: dict[str, int]) -> Any:
@@ -91,6 +95,12 @@ def build(net: str, image: dict[str, int]) -> Any:
     from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION
     from fedorasflwr.search_spaces.widths import width_costs, width_net
 
+    if net.endswith("-scaled"):  # the classifier's input / sqrt(H x W) (space_ablation.py)
+        from space_ablation import scale_flatten
+
+        scaled = build(net.removesuffix("-scaled"), image)
+        scale_flatten(scaled, scaled.blocks[-1].conv.out_channels)
+        return scaled
     if net == "convnet":
         return width_net(image, 1.0)
     # the paper's reduction: the net recorded before the reduction was a choice
@@ -103,19 +113,43 @@ def build(net: str, image: dict[str, int]) -> Any:
     return width_net(image, max(fits) / 64)
 
 
-def train(dataset: str, net_name: str, lr: float, epochs: int) -> dict[str, Any]:
-    """Central SGD of one net at ``lr`` from its seeded init; the losses and accuracy."""
+def warmed_lr(lr: float, step: int, warmup: int) -> float:
+    """The rate of (0-based) ``step``: ``lr * (step + 1) / warmup`` over the first ``warmup``
+    steps, then ``lr`` (``warmup`` 0: ``lr`` throughout)."""
+    return lr * min(1.0, (step + 1) / warmup) if warmup > 0 else lr
+
+
+def train(
+    dataset: str,
+    net_name: str,
+    lr: float,
+    epochs: int,
+    grad_clip: float = 0.0,
+    warmup: int = 0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Central SGD of one net at ``lr`` from its seeded init; the losses and accuracy.
+    ``seed`` draws the init and the batch order (the data and its split stay seed 0's).
+    ``grad_clip``: each step's gradient scaled to this L2 norm at most (0: off);
+    ``warmup``: the rate rises linearly over the first this many steps to ``lr`` (step k
+    of them at ``lr * (k + 1) / warmup``; 0: off)."""
     import numpy as np
     import torch
 
     from fedorasflwr.compare.leaderboard import CHANCE_FACTOR
     from fedorasflwr.seeding import seed_torch, stream_words
-    from fedorasflwr.training import evaluate, ordered_loader, refresh_batchnorm, seeded_loader
+    from fedorasflwr.training import (
+        clip_gradients,
+        evaluate,
+        ordered_loader,
+        refresh_batchnorm,
+        seeded_loader,
+    )
 
     torch.set_num_threads(1)
     started = time.monotonic()
     pooled, server, test, image = _data(dataset)
-    seed_torch(0, "lr-stability-init")
+    seed_torch(seed, "lr-stability-init")
     net = build(net_name, image)
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
@@ -124,10 +158,13 @@ def train(dataset: str, net_name: str, lr: float, epochs: int) -> dict[str, Any]
     for epoch in range(epochs):
         net.train()
         seen = []
-        for inputs, targets in seeded_loader(pooled, 32, stream_words(0, "lr-stability", epoch)):
+        for inputs, targets in seeded_loader(pooled, 32, stream_words(seed, "lr-stability", epoch)):
             optimizer.zero_grad(set_to_none=True)
             loss = criterion(net(inputs), targets)
             loss.backward()
+            clip_gradients(net.parameters(), grad_clip)
+            for group in optimizer.param_groups:
+                group["lr"] = warmed_lr(lr, len(losses) + len(seen), warmup)
             optimizer.step()
             seen.append(loss.item())
         losses.extend(seen)
@@ -143,6 +180,9 @@ def train(dataset: str, net_name: str, lr: float, epochs: int) -> dict[str, Any]
         "net": net_name,
         "lr": lr,
         "epochs": epochs,
+        "grad_clip": grad_clip,
+        "warmup": warmup,
+        "seed": seed,
         "untrained_loss": math.log(image["num_classes"]),
         "first3": float(np.mean(losses[:3])),
         "max48": float(np.max(losses[:48])),
@@ -156,22 +196,22 @@ def train(dataset: str, net_name: str, lr: float, epochs: int) -> dict[str, Any]
     }
 
 
-def _job(args: tuple[str, str, float, int]) -> dict[str, Any]:
+def _job(args: tuple[str, str, float, int, float, int, int]) -> dict[str, Any]:
     return train(*args)
 
 
 def largest_stable(runs: list[dict[str, Any]]) -> dict[str, float | None]:
-    """``<dataset>_<net>_largest_stable_lr``: the largest lr whose run did not collapse
-    (None where every one did)."""
-    out: dict[str, float | None] = {}
+    """``<dataset>_<net>_largest_stable_lr``: the largest lr at which no run (no seed)
+    collapsed (None where every lr had a collapsed run)."""
+    collapsed: dict[str, dict[float, bool]] = {}
     for run in runs:
         key = f"{run['dataset']}_{run['net']}_largest_stable_lr"
-        best = out.get(key)
-        if not run["collapsed"] and (best is None or run["lr"] > best):
-            out[key] = run["lr"]
-        else:
-            out.setdefault(key, None)
-    return out
+        by_lr = collapsed.setdefault(key, {})
+        by_lr[run["lr"]] = by_lr.get(run["lr"], False) or bool(run["collapsed"])
+    return {
+        key: max((lr for lr, fell in by_lr.items() if not fell), default=None)
+        for key, by_lr in collapsed.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,30 +222,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes-only", action="store_true", help="the shapes folder only")
     parser.add_argument("--nets", nargs="+", choices=NETS, default=["convnet", "cnn_s"])
     parser.add_argument("--lrs", nargs="+", type=float, default=list(GRID))
+    parser.add_argument(
+        "--grad-clip", type=float, default=0.0, help="max gradient norm of each step (0: off)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="steps over which the rate rises to lr (0: off)"
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="init and batch order")
     args = parser.parse_args(argv)
     datasets = [shapes_folder(150 if args.quick else SHAPES_PER_CLASS)]
     nets, grid = args.nets, tuple(args.lrs)
     if args.quick:
-        nets, grid, args.epochs = ["convnet"], (0.05, 0.003125), 3
+        nets, grid, args.epochs, args.seeds = ["convnet"], (0.05, 0.003125), 3, [0]
     elif not args.shapes_only:
         datasets.insert(0, "mnist5k")
     for dataset in datasets:  # fill the data cache once, before the workers race for it
         _data(dataset)
-    jobs = [(d, n, lr, args.epochs) for d in datasets for n in nets for lr in grid]
+    jobs = [
+        (d, n, lr, args.epochs, args.grad_clip, args.warmup, seed)
+        for d in datasets
+        for n in nets
+        for lr in grid
+        for seed in args.seeds
+    ]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         runs = list(pool.map(_job, jobs))
-    print(f"{'dataset':<22} {'net':<8} {'lr':>8} {'first3':>7} {'max48':>7} {'loss':>6} acc")
+    print(f"{'dataset':<22} {'net':<8} {'lr':>8} seed {'first3':>7} {'max48':>7} {'loss':>6} acc")
     for run in runs:
         print(
-            f"{run['dataset']:<22} {run['net']:<8} {run['lr']:>8.5f} {run['first3']:>7.2f} "
+            f"{run['dataset']:<22} {run['net']:<8} {run['lr']:>8.5f} {run['seed']:>4} "
+            f"{run['first3']:>7.2f} "
             f"{run['max48']:>7.2f} {run['train_loss']:>6.3f} {run['accuracy']:.3f}"
             + ("  collapsed" if run["collapsed"] else "")
         )
     summary = {"runs": len(runs), "epochs": args.epochs, **largest_stable(runs)}
-    default = (nets, grid, args.epochs, args.shapes_only) == (["convnet", "cnn_s"], GRID, 3, False)
+    options = (nets, grid, args.epochs, args.shapes_only, args.grad_clip, args.warmup, args.seeds)
+    default = options == (["convnet", "cnn_s"], GRID, 3, False, 0.0, 0, [0])
     name = "lr_stability" if args.quick or default else f"lr_stability.epochs-{args.epochs}"
     if not default and not args.quick:
         name += "." + "-".join(nets) + (".shapes" if args.shapes_only else "")
+        name += f".clip-{args.grad_clip:g}" if args.grad_clip else ""
+        name += f".warmup-{args.warmup}" if args.warmup else ""
+        name += ".seeds-" + "-".join(map(str, args.seeds)) if args.seeds != [0] else ""
     report(name, args.quick, summary, {"runs": runs})
     return 0
 

@@ -44,7 +44,9 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   one narrow width, whole and with 4 of its 13 blocks (``decnas-mobilenet-depth``), and the
   4 blocks with a flatten classifier (``decnas-mobilenet-depth-flatten``);
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
-  MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head;
+  MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head, or with the
+  flatten head's input divided by sqrt(H x W) (``scaled-head``: on the shapes folder at the
+  presets' lr 0.05 and at 0.0125, and on MNIST-5k);
 - ``central``: the same nets trained on all clients' training data pooled (the control that
   says whether a net is bad, or only slow under FedAvg);
 - ``reduction`` / ``reduction-federated``: the ``cnn_s`` reduction (``space.reduction``), the
@@ -98,7 +100,7 @@ class Row:
     label: str
     net: str = "cnn_s"  # cnn_s | mbconv (FDNAS's space) | cnn_l (FedorAS's CIFAR one) | convnet
     #   | decnas-convnet / decnas-mobilenet (DecNAS's pruned nets of its two built-in models)
-    head: str = "flatten"  # flatten | gap | flatten-scaled (mbconv: flatten / sqrt(H x W))
+    head: str = "flatten"  # flatten | gap | flatten-scaled (mbconv, convnet: / sqrt(H x W))
     reduction: str = PAPER_REDUCTION  # cnn_s: what every row before the choice ran
     norm: str = "bn"  # bn | gn | none (cnn_s only)
     width: float = 0.5  # the space's width (cnn_s, mbconv, cnn_l)
@@ -413,6 +415,26 @@ ROWS: dict[str, list[Row]] = {
         Row("cnn_s maxpool-conv1x1, alpha 0.1", reduction="maxpool-conv1x1"),
         Row("cnn_s maxpool-conv1x1, alpha 1.0", reduction="maxpool-conv1x1", alpha=1.0),
     ],
+    # the classifier's step (issue 40 item 4): the ConvNet's flatten head at the presets'
+    # lr 0.05 collapses on shapes centrally, and its input divided by sqrt(H x W) trains
+    # (lr_stability.py); the same by FedAvg, on shapes and on MNIST-5k
+    "scaled-head": [
+        *(
+            Row(
+                f"ConvNet {head}, shapes, alpha 1.0, lr {lr}",
+                net="convnet",
+                head=head,
+                dataset="shapes",
+                alpha=1.0,
+                lr=lr,
+            )
+            for head in ("flatten", "flatten-scaled")
+            for lr in (0.05, _SHAPES_LR)
+            if (head, lr) != ("flatten", _SHAPES_LR)  # recorded: "ConvNet flatten, shapes, ..."
+        ),
+        Row("ConvNet flatten-scaled, alpha 0.1", net="convnet", head="flatten-scaled"),
+        Row("ConvNet flatten-scaled, alpha 1.0", net="convnet", head="flatten-scaled", alpha=1.0),
+    ],
     # the width baselines' budget (issue 40: FedorAS's fine-tuning plateaus within its 30
     # rounds, while baselines.py gives FjORD 122 rounds at alpha 0.1 and 151 at 1.0): does
     # the cnn_s net keep up with the ConvNet when both get 120 rounds?
@@ -708,7 +730,7 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
             space_path(paths, row.path)
         )
         if row.head == "flatten-scaled":
-            _scale_flatten(net.net)
+            scale_flatten(net.net, net.net.head[0].out_channels)
         return net, _count_flops(net, x) // 2
     if row.net == "cnn_l":  # BatchNorm, a head, a depth (layers a block: the default's 4)
         if row.norm != "bn" or row.reduction != PAPER_REDUCTION or row.head not in HEADS:
@@ -760,8 +782,8 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
             f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv, darts, decnas-convnet, "
             f"decnas-mobilenet, {', '.join(MOBILENET_DEPTHS)} or convnet"
         )
-    if row.head not in ("flatten", "gap"):
-        raise ValueError(f"ConvNet rows: head 'flatten' or 'gap'; got {row}")
+    if row.head not in ("flatten", "gap", "flatten-scaled"):
+        raise ValueError(f"ConvNet rows: head 'flatten', 'gap' or 'flatten-scaled'; got {row}")
     # the ConvNet width whose MACs are nearest the cnn_s path's (default width)
     paper = build_space("cnn_s", **image, width=0.5, reduction=PAPER_REDUCTION)
     reference = paper.subnet(cnn_s_path(image, 0.5))
@@ -771,19 +793,23 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
     net = width_net(image, width)
     if row.head == "gap":
         net = _gap_convnet(net, image["num_classes"])
+    if row.head == "flatten-scaled":
+        scale_flatten(net, net.blocks[-1].conv.out_channels)
     return net, _count_flops(net, x) // 2
 
 
-def _scale_flatten(net: Any) -> None:
-    """Divide the input of ``net``'s flatten classifier by sqrt(H x W) of the map it reads
-    (an ``MBConvSupernet`` built with ``head="flatten"``): its squared norm is then about the
-    positions' mean, as GAP's input's, so an SGD step moves the logits about as far."""
+def scale_flatten(net: Any, channels: int) -> None:
+    """Divide the input of ``net``'s flatten classifier (``net.classifier``, reading a map of
+    ``channels`` channels) by sqrt(H x W) of that map: its squared norm is then about the
+    positions' mean, as GAP's input's, so an SGD step moves the logits about as far. (An
+    ``MBConvSupernet`` built with ``head="flatten"``, the width baselines' ConvNet;
+    ``lr_stability.py`` uses it too.)"""
     import math
 
     from torch import nn
 
     linear = net.classifier
-    positions = linear.in_features // net.head[0].out_channels
+    positions = linear.in_features // channels
 
     class Scaled(nn.Module):
         def __init__(self) -> None:

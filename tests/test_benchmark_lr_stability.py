@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from tests.test_benchmarks import load_benchmark, run_quick
 
@@ -40,3 +41,35 @@ def test_largest_stable_lr_per_dataset_and_net():
         "d_n_largest_stable_lr": 0.05,
         "d_m_largest_stable_lr": None,
     }
+
+
+def test_the_warmup_rises_linearly_to_the_rate_and_a_collapsed_seed_marks_its_rate():
+    stability = load_benchmark("lr_stability")
+    assert [stability.warmed_lr(0.05, k, 4) for k in range(6)] == pytest.approx(
+        [0.0125, 0.025, 0.0375, 0.05, 0.05, 0.05]
+    )
+    assert stability.warmed_lr(0.05, 0, 0) == 0.05
+    runs = [
+        {"dataset": "d", "net": "n", "lr": 0.1, "seed": 0, "collapsed": False},
+        {"dataset": "d", "net": "n", "lr": 0.1, "seed": 1, "collapsed": True},
+        {"dataset": "d", "net": "n", "lr": 0.05, "seed": 0, "collapsed": False},
+        {"dataset": "d", "net": "n", "lr": 0.05, "seed": 1, "collapsed": False},
+    ]
+    assert stability.largest_stable(runs) == {"d_n_largest_stable_lr": 0.05}
+
+
+def test_a_scaled_net_reads_its_map_divided_by_the_root_of_its_positions():
+    stability = load_benchmark("lr_stability")
+    image = {"num_classes": 6, "in_channels": 3, "input_height": 32, "input_width": 32}
+    torch.manual_seed(0)
+    plain = stability.build("convnet", image)
+    torch.manual_seed(0)
+    scaled = stability.build("convnet-scaled", image)
+    x = torch.randn(2, 3, 32, 32)
+    plain.eval(), scaled.eval()
+    last_map = x
+    for block in plain.blocks:
+        last_map = block(last_map)
+    assert last_map.shape[1:] == (128, 4, 4)
+    # sqrt(4 x 4) = 4
+    torch.testing.assert_close(scaled(x), plain.classifier(torch.flatten(last_map, 1) / 4))

@@ -79,8 +79,8 @@ def test_mbconv_rows_are_five_distinct_nets_of_the_tiers_macs_with_fdnas_depth()
     flat.net.classifier.register_forward_pre_hook(lambda m, i: features.append(i[0]))
     flat.eval()(x)
     torch.testing.assert_close(scaled.eval()(x), flat.net.classifier(features[0] / 4))
-    with pytest.raises(ValueError, match="ConvNet rows: head"):
-        ablation.build_net(ablation.Row("x", net="convnet", head="flatten-scaled"), MNIST)
+    with pytest.raises(ValueError, match="ConvNet rows: head"):  # scaled: allowed (below)
+        ablation.build_net(ablation.Row("x", net="convnet", head="attention"), MNIST)
     # the space's BatchNorm: a row asking for another norm is refused, not ignored
     with pytest.raises(ValueError, match="mbconv rows: norm 'bn'"):
         ablation.build_net(ablation.Row("x", net="mbconv", width=0.25, norm="gn"), MNIST)
@@ -403,6 +403,31 @@ def test_a_rows_reduction_builds_the_same_path_with_its_reduction():
     assert paper_macs - pooled_macs == 28 * 28 * 8 * 12 + 14 * 14 * 12 * 18 + 7 * 7 * 18 * 28 - (
         14 * 14 * 8 * 12 + 7 * 7 * 12 * 18 + 4 * 4 * 18 * 28
     )
+
+
+def test_the_scaled_convnet_divides_its_classifiers_input_by_the_maps_positions():
+    """The ``scaled-head`` group's ConvNet: the flatten row's net (same width, MACs and
+    weights from the same seed), its classifier reading the map / sqrt(H x W)."""
+    ablation = load_benchmark("space_ablation")
+    rows = {row.label: row for row in ablation.ROWS["scaled-head"]}
+    assert {(r.head, r.dataset, r.lr) for r in rows.values() if r.dataset == "shapes"} == {
+        ("flatten", "shapes", 0.05),
+        ("flatten-scaled", "shapes", 0.05),
+        ("flatten-scaled", "shapes", ablation._SHAPES_LR),
+    }
+    torch.manual_seed(0)
+    plain, plain_macs = ablation.build_net(ablation.Row("x", net="convnet"), MNIST)
+    torch.manual_seed(0)
+    scaled, scaled_macs = ablation.build_net(
+        ablation.Row("y", net="convnet", head="flatten-scaled"), MNIST
+    )
+    assert scaled_macs == plain_macs
+    linear = scaled.classifier.linear
+    assert torch.equal(linear.weight, plain.classifier.weight)
+    positions = linear.in_features // scaled.blocks[-1].conv.out_channels
+    assert positions == 3 * 3  # MNIST's 28 x 28 after three 2x2 max pools
+    x = torch.randn(2, linear.in_features)
+    torch.testing.assert_close(scaled.classifier(x), plain.classifier(x / 3))
 
 
 def test_a_rerun_replaces_only_its_own_rows_and_seeds():
