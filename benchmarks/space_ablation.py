@@ -32,8 +32,9 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
   the same nets with a classifier on the last cell's flattened map instead of GAP (built
   here, not by the space: ``darts-flatten`` at 0.05, ``darts-flatten-lr`` at 0.025,
   ``darts-flatten-clip`` at 0.05 with DARTS's gradient clipping, max norm 5), those with 2
-  cells at width 0.75 (``darts-2-cells-flatten-clip``) and with DARTS's weight decay 3e-4
-  (``darts-flatten-clip-wd``);
+  cells at width 0.75 (``darts-2-cells-flatten-clip``), with DARTS's weight decay 3e-4
+  (``darts-flatten-clip-wd``), and with the flatten head's input divided by sqrt(H x W),
+  unclipped and clipped (``darts-flatten-scaled``, ``darts-flatten-scaled-clip``);
 - ``decnas-convnet`` / ``decnas-mobilenet``: DecNAS's two built-in models at width 0.25
   pruned to the same MACs along 5 seeded random NetAdapt trajectories (``decnas_widths``),
   each with its model's head (the ConvNet's flatten classifier, MobileNetV1's GAP), and the
@@ -46,7 +47,8 @@ its BatchNorm statistics on the server slice (what every run reports). The netwo
 - ``convnet``: the width baselines' hand-made ConvNet (HeteroFL / FjORD) at the width whose
   MACs are nearest the ``cnn_s`` path's, with its flatten head or a GAP head, or with the
   flatten head's input divided by sqrt(H x W) (``scaled-head``: on the shapes folder at the
-  presets' lr 0.05 and at 0.0125, and on MNIST-5k);
+  presets' lr 0.05 and at 0.0125, and on MNIST-5k; ``scaled-head-full``: ``convnet-full``,
+  the baselines' full model at width 1, with either head on shapes at 0.05);
 - ``central``: the same nets trained on all clients' training data pooled (the control that
   says whether a net is bad, or only slow under FedAvg);
 - ``reduction`` / ``reduction-federated``: the ``cnn_s`` reduction (``space.reduction``), the
@@ -99,6 +101,7 @@ class Row:
 
     label: str
     net: str = "cnn_s"  # cnn_s | mbconv (FDNAS's space) | cnn_l (FedorAS's CIFAR one) | convnet
+    #   | convnet-full (the width baselines' full model, width 1)
     #   | decnas-convnet / decnas-mobilenet (DecNAS's pruned nets of its two built-in models)
     head: str = "flatten"  # flatten | gap | flatten-scaled (mbconv, convnet: / sqrt(H x W))
     reduction: str = PAPER_REDUCTION  # cnn_s: what every row before the choice ran
@@ -259,6 +262,29 @@ SPACE_GROUPS = {
     ),
     "darts-lr": SpaceGroup(
         "darts derived lr 0.025", "gap", "darts_lr", width=0.5, net="darts", norm="gn", lr=0.025
+    ),
+    # the flatten rows' classifier reads the last cell's 4 x 4 map: its input divided by 4
+    # (``scale_flatten``: an SGD step then moves the logits as a GAP head's would, the
+    # ConvNet's finding in ``scaled-head``), without the clip and with it, at alpha 1.0
+    # (where the clipped rows' median stays 2.5 pp below the ConvNet)
+    "darts-flatten-scaled": SpaceGroup(
+        "darts derived flatten-scaled",
+        "flatten-scaled",
+        "darts_flatten_scaled",
+        width=0.5,
+        net="darts",
+        norm="gn",
+        alphas=(1.0,),
+    ),
+    "darts-flatten-scaled-clip": SpaceGroup(
+        "darts derived flatten-scaled clip 5",
+        "flatten-scaled",
+        "darts_flatten_scaled_clip",
+        width=0.5,
+        net="darts",
+        norm="gn",
+        grad_clip=5.0,
+        alphas=(1.0,),
     ),
     # DecNAS's nets: its built-in models (decnas.model) at space.width 0.25, pruned layer by
     # layer to the tier's MACs along seeded random NetAdapt trajectories (decnas_widths),
@@ -434,6 +460,18 @@ ROWS: dict[str, list[Row]] = {
         ),
         Row("ConvNet flatten-scaled, alpha 0.1", net="convnet", head="flatten-scaled"),
         Row("ConvNet flatten-scaled, alpha 1.0", net="convnet", head="flatten-scaled", alpha=1.0),
+    ],
+    # the width baselines' full model (width 1), which collapsed centrally on shapes at 0.05
+    "scaled-head-full": [
+        Row(
+            f"ConvNet width 1 {head}, shapes, alpha 1.0, lr 0.05",
+            net="convnet-full",
+            head=head,
+            dataset="shapes",
+            alpha=1.0,
+            lr=0.05,
+        )
+        for head in ("flatten", "flatten-scaled")
     ],
     # the width baselines' budget (issue 40: FedorAS's fine-tuning plateaus within its 30
     # rounds, while baselines.py gives FjORD 122 rounds at alpha 0.1 and 151 at 1.0): does
@@ -742,15 +780,21 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         )
         return net, _count_flops(net, x) // 2
     if row.net == "darts":  # a derived net (GroupNorm, as the space builds it), GAP or flatten
-        if row.norm != "gn" or row.head not in HEADS or row.reduction != PAPER_REDUCTION:
-            raise ValueError(f"darts rows: norm 'gn', head of {HEADS}, no reduction; got {row}")
+        heads = (*HEADS, "flatten-scaled")
+        if row.norm != "gn" or row.head not in heads or row.reduction != PAPER_REDUCTION:
+            raise ValueError(f"darts rows: norm 'gn', head of {heads}, no reduction; got {row}")
         from fedorasflwr.search_spaces.darts import DartsSpace
 
         cells = row.layers_per_stage  # the default's 4 cells unless a group says
         genotype = darts_genotype(image, row.width, row.path, cells)
         net = DartsSpace.derived_network(genotype, **darts_spec(image, row.width, cells))
-        if row.head == "flatten":
+        if row.head in ("flatten", "flatten-scaled"):
             net = _flatten_darts(net, x)
+        if row.head == "flatten-scaled":
+            import torch
+
+            with torch.no_grad():
+                scale_flatten(net, _darts_body(net, x).shape[1])
         return net, _count_flops(net, x) // 2
     if row.net.startswith("decnas-"):  # a pruned net of DecNAS's model, its own head
         from fedorasflwr.search_spaces.prunable import build_prunable
@@ -777,19 +821,20 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         if row.head == "flatten":  # the GAP net's width, its classifier on the last map
             net = _flatten_mobilenet(net, x)
         return net, _count_flops(net, x) // 2
-    if row.net != "convnet":
+    if row.net not in ("convnet", "convnet-full"):
         raise ValueError(
             f"Row.net {row.net!r}: cnn_s, cnn_l, mbconv, darts, decnas-convnet, "
-            f"decnas-mobilenet, {', '.join(MOBILENET_DEPTHS)} or convnet"
+            f"decnas-mobilenet, {', '.join(MOBILENET_DEPTHS)}, convnet or convnet-full"
         )
     if row.head not in ("flatten", "gap", "flatten-scaled"):
         raise ValueError(f"ConvNet rows: head 'flatten', 'gap' or 'flatten-scaled'; got {row}")
-    # the ConvNet width whose MACs are nearest the cnn_s path's (default width)
-    paper = build_space("cnn_s", **image, width=0.5, reduction=PAPER_REDUCTION)
-    reference = paper.subnet(cnn_s_path(image, 0.5))
-    target = _count_flops(reference, x) // 2
-    widths = [w / 100 for w in range(5, 101)]
-    width = min(widths, key=lambda w: abs(_count_flops(width_net(image, w), x) // 2 - target))
+    if row.net == "convnet-full":  # the width baselines' full model (width 1)
+        width = 1.0
+    else:  # the ConvNet width whose MACs are nearest the cnn_s path's (default width)
+        paper = build_space("cnn_s", **image, width=0.5, reduction=PAPER_REDUCTION)
+        target = _count_flops(paper.subnet(cnn_s_path(image, 0.5)), x) // 2
+        widths = [w / 100 for w in range(5, 101)]
+        width = min(widths, key=lambda w: abs(_count_flops(width_net(image, w), x) // 2 - target))
     net = width_net(image, width)
     if row.head == "gap":
         net = _gap_convnet(net, image["num_classes"])

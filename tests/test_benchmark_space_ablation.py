@@ -422,12 +422,46 @@ def test_the_scaled_convnet_divides_its_classifiers_input_by_the_maps_positions(
         ablation.Row("y", net="convnet", head="flatten-scaled"), MNIST
     )
     assert scaled_macs == plain_macs
+    full = list(ablation.ROWS["scaled-head-full"])
+    assert [(r.net, r.head, r.dataset, r.lr) for r in full] == [
+        ("convnet-full", head, "shapes", 0.05) for head in ("flatten", "flatten-scaled")
+    ]
+    wide, _ = ablation.build_net(full[1], MNIST)  # width 1: 128 x 3 x 3 inputs, / 3
+    assert wide.classifier.linear.in_features == 128 * 9 and wide.classifier.scale == 1 / 3
     linear = scaled.classifier.linear
     assert torch.equal(linear.weight, plain.classifier.weight)
     positions = linear.in_features // scaled.blocks[-1].conv.out_channels
     assert positions == 3 * 3  # MNIST's 28 x 28 after three 2x2 max pools
     x = torch.randn(2, linear.in_features)
     torch.testing.assert_close(scaled.classifier(x), plain.classifier(x / 3))
+
+
+def test_the_scaled_darts_rows_are_the_clipped_flatten_rows_nets_reading_a_quarter():
+    """``darts-flatten-scaled`` (and its clipped twin) train the clipped flatten rows' path 0
+    net (same genotype, MACs and weights from the same seed) with the classifier's input
+    divided by sqrt(4 x 4), the last cell's map on MNIST."""
+    ablation = load_benchmark("space_ablation")
+    (flat_row,) = [r for r in ablation.ROWS["darts-flatten-clip"] if (r.path, r.alpha) == (0, 1.0)]
+    scaled_row, clipped_row = (
+        ablation.ROWS[g][0] for g in ("darts-flatten-scaled", "darts-flatten-scaled-clip")
+    )
+    assert (scaled_row.grad_clip, clipped_row.grad_clip) == (0.0, 5.0)
+    assert replace(clipped_row, label="", head="flatten") == replace(flat_row, label="")
+    ablation.build_net(flat_row, MNIST)  # the 100 genotype draws, cached (they build nets)
+    torch.manual_seed(0)
+    flat, flat_macs = ablation.build_net(flat_row, MNIST)
+    torch.manual_seed(0)
+    scaled, scaled_macs = ablation.build_net(scaled_row, MNIST)
+    assert scaled_macs == flat_macs
+    renamed = {
+        k.replace("classifier.linear.", "classifier."): v for k, v in scaled.state_dict().items()
+    }
+    assert renamed.keys() == flat.state_dict().keys()
+    assert all(torch.equal(v, flat.state_dict()[k]) for k, v in renamed.items())
+    x = torch.randn(2, 1, 28, 28)
+    features = flat.features(x)
+    assert features.shape[1] == 64 * 4 * 4
+    torch.testing.assert_close(scaled(x), flat.classifier(features / 4))
 
 
 def test_a_rerun_replaces_only_its_own_rows_and_seeds():
