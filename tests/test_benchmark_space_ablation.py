@@ -423,8 +423,10 @@ def test_the_scaled_convnet_divides_its_classifiers_input_by_the_maps_positions(
     )
     assert scaled_macs == plain_macs
     full = list(ablation.ROWS["scaled-head-full"])
-    assert [(r.net, r.head, r.dataset, r.lr) for r in full] == [
-        ("convnet-full", head, "shapes", 0.05) for head in ("flatten", "flatten-scaled")
+    assert [(r.net, r.head, r.dataset, r.alpha, r.lr) for r in full] == [
+        ("convnet-full", head, data, alpha, 0.05)
+        for data, alpha in (("shapes", 1.0), ("mnist5k", 0.1))
+        for head in ("flatten", "flatten-scaled")
     ]
     wide, _ = ablation.build_net(full[1], MNIST)  # width 1: 128 x 3 x 3 inputs, / 3
     assert wide.classifier.linear.in_features == 128 * 9 and wide.classifier.scale == 1 / 3
@@ -443,7 +445,8 @@ def test_the_scaled_darts_rows_are_the_clipped_flatten_rows_nets_reading_a_quart
     ablation = load_benchmark("space_ablation")
     (flat_row,) = [r for r in ablation.ROWS["darts-flatten-clip"] if (r.path, r.alpha) == (0, 1.0)]
     scaled_row, clipped_row = (
-        ablation.ROWS[g][0] for g in ("darts-flatten-scaled", "darts-flatten-scaled-clip")
+        next(r for r in ablation.ROWS[g] if (r.path, r.alpha) == (0, 1.0))
+        for g in ("darts-flatten-scaled", "darts-flatten-scaled-clip")
     )
     assert (scaled_row.grad_clip, clipped_row.grad_clip) == (0.0, 5.0)
     assert replace(clipped_row, label="", head="flatten") == replace(flat_row, label="")
