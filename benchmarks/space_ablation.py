@@ -265,8 +265,8 @@ SPACE_GROUPS = {
     ),
     # the flatten rows' classifier reads the last cell's 4 x 4 map: its input divided by 4
     # (``scale_flatten``: an SGD step then moves the logits as a GAP head's would, the
-    # ConvNet's finding in ``scaled-head``), without the clip and with it, at alpha 1.0
-    # (where the clipped rows' median stays 2.5 pp below the ConvNet)
+    # ConvNet's finding in ``scaled-head``), without the clip at alpha 1.0 (where the clipped
+    # rows' median stayed 2.5 pp below the ConvNet), and with it at every setting
     "darts-flatten-scaled": SpaceGroup(
         "darts derived flatten-scaled",
         "flatten-scaled",
@@ -284,7 +284,7 @@ SPACE_GROUPS = {
         net="darts",
         norm="gn",
         grad_clip=5.0,
-        alphas=(0.1, 1.0, 0.0),  # at 1.0 within 2 pp at the median (-1.7): every setting
+        alphas=(0.1, 1.0, 0.0),
     ),
     # DecNAS's nets: its built-in models (decnas.model) at space.width 0.25, pruned layer by
     # layer to the tier's MACs along seeded random NetAdapt trajectories (decnas_widths),
@@ -854,8 +854,8 @@ def scale_flatten(net: Any, channels: int) -> None:
     """Divide the input of ``net``'s flatten classifier (``net.classifier``, reading a map of
     ``channels`` channels) by sqrt(H x W) of that map: its squared norm is then about the
     positions' mean, as GAP's input's, so an SGD step moves the logits about as far. (An
-    ``MBConvSupernet`` built with ``head="flatten"``, the width baselines' ConvNet;
-    ``lr_stability.py`` uses it too.)"""
+    ``MBConvSupernet`` built with ``head="flatten"``, the width baselines' ConvNet, a darts
+    net of ``_flatten_darts``; ``lr_stability.py`` uses it too.)"""
     import math
 
     from torch import nn
