@@ -66,7 +66,8 @@ def test_a_scaled_net_reads_its_map_divided_by_the_root_of_its_positions():
     torch.manual_seed(0)
     scaled = stability.build("convnet-scaled", image)
     x = torch.randn(2, 3, 32, 32)
-    plain.eval(), scaled.eval()
+    plain.eval()
+    scaled.eval()
     last_map = x
     for block in plain.blocks:
         last_map = block(last_map)
