@@ -29,6 +29,8 @@ each; every finished case is saved at once to ``baselines.partial.json``
                                     # 10 local epochs and 30 rounds (same local steps)
     python benchmarks/baselines.py --baseline-rounds 30   # the paper's rule: the baselines
                                     # get FedorAS's Stage-1 rounds, FedorAS from baselines.json
+    python benchmarks/baselines.py --baseline-head flatten-scaled   # the baselines with the
+                                    # ConvNet's scaled head, FedorAS from baselines.json
     python benchmarks/baselines.py --seeds 0 --stage1-epochs 10 --finetune-rounds 120 \
         --cases-from benchmarks/results/baselines.flatten-seed-0.json   # FedorAS alone, its
                                     # Stage 3 at 120 rounds; the baselines copied
@@ -43,7 +45,9 @@ compute stays put, written to ``baselines.stage1-epochs-<E>.json`` (10: the pape
 of Stage-1 to fine-tuning work, this benchmark's default before 2026-12-05);
 ``--baseline-rounds N`` reruns only the baselines, at N rounds each, on the cases (tiers,
 clients, FedorAS's models) of ``--cases-from`` (default ``results/baselines.json``), written
-to ``baselines.rounds-<N>.json``. ``--finetune-rounds N`` is its mirror: FedorAS alone,
+to ``baselines.rounds-<N>.json``; ``--baseline-head flatten-scaled`` reruns them at the
+cases' own rounds with the ConvNet's scaled head (``<method>.head``, issue 40), written to
+``baselines.head-flatten-scaled.json``. ``--finetune-rounds N`` is its mirror: FedorAS alone,
 with N fine-tuning rounds per tier (Stage 1 and the search as in the cases, so the same seed
 finds the same models), the baselines copied from ``--cases-from``; written to
 ``baselines.finetune-rounds-<N>.json``. FedorAS then spends more client compute than the
@@ -125,8 +129,10 @@ def settings(quick: bool, stage1_epochs: int | None = None) -> dict[str, Any]:
     }
     for method in BASELINES:
         shared.update({f"{method}.{key}": value for key, value in recipe.items()})
-        # the recipe's lr as given, as FedorAS's fine-tuning gets it (no lr probe)
+        # the recipe's lr as given, as FedorAS's fine-tuning gets it (no lr probe), and the
+        # paper's flatten head (--baseline-head: the scaled one)
         shared[f"{method}.lr-probe"] = False
+        shared[f"{method}.head"] = "flatten"
     return shared
 
 
@@ -203,8 +209,8 @@ def run_width_baselines(
     rounds: int | None = None,
 ) -> dict[str, Any]:
     """HeteroFL and FjORD on ``case``'s widths and tier-of-partition, each for ``rounds``
-    rounds or, given ``budget`` (client FLOPs), as many as a ``PROBE_ROUNDS`` probe says
-    spend it."""
+    rounds (0: as many as it ran in ``case``) or, given ``budget`` (client FLOPs), as many
+    as a ``PROBE_ROUNDS`` probe says spend it."""
     from fedorasflwr.client_app import app
     from fedorasflwr.config import parse_run_config
     from fedorasflwr.inprocess import InProcessGrid
@@ -232,7 +238,7 @@ def run_width_baselines(
             assert budget is not None  # checked above; for the type checker
             method_rounds = max(1, round(budget / per_round)) if per_round > 0 else PROBE_ROUNDS
         else:
-            method_rounds = rounds
+            method_rounds = rounds or int(case[method]["rounds"])
         full = {**config, **own, f"{method}.rounds": method_rounds}
         (out / method).mkdir(parents=True, exist_ok=True)
         document = runners[method](
@@ -251,8 +257,9 @@ def run_width_baselines(
 def run_baselines_only(
     config: dict[str, Any], clients: int, out_dir: str, case: dict[str, Any], rounds: int
 ) -> dict[str, Any]:
-    """``--baseline-rounds``: the baselines alone at ``rounds`` rounds on an earlier case's
-    tiers and clients; FedorAS's models are copied from that case (same seed, same split)."""
+    """``--baseline-rounds`` (``--baseline-head``: ``rounds`` 0, each baseline's rounds in
+    ``case``): the baselines alone at ``rounds`` rounds on an earlier case's tiers and
+    clients; FedorAS's models are copied from that case (same seed, same split)."""
     import torch
 
     torch.set_num_threads(1)
@@ -445,6 +452,7 @@ def merged(paths: list[Path], measured: dict[str, Any], clients: int) -> dict[tu
         saved = {
             **fedoras_file_defaults(),
             **{f"{method}.lr-probe": False for method in BASELINES},
+            **{f"{method}.head": "flatten" for method in BASELINES},
             **document.get("settings", {}),
         }
         if saved != measured or document.get("clients") != clients:
@@ -467,6 +475,8 @@ def saver(path: Path, measured: dict[str, Any], clients: int) -> Callable[[dict]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fedorasflwr.search_spaces.prunable_nets import CONVNET_HEADS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI smoke run")
     parser.add_argument("--clients", type=int, default=None, help="default: 40 (quick: 8)")
@@ -488,6 +498,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="the baselines alone at N rounds on the cases of --cases-from (FedorAS copied)",
+    )
+    parser.add_argument(
+        "--baseline-head",
+        choices=CONVNET_HEADS[1:],
+        default=None,
+        help="the baselines alone with this ConvNet head (<method>.head) on the cases of "
+        "--cases-from, each at that case's rounds (FedorAS copied)",
     )
     parser.add_argument(
         "--finetune-rounds",
@@ -529,6 +546,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--stage1-rounds {args.stage1_rounds}: must be at least 1")
     if args.baseline_rounds is not None and args.finetune_rounds is not None:
         raise SystemExit("--baseline-rounds and --finetune-rounds: give one of them")
+    if args.baseline_head is not None:
+        if args.baseline_rounds is not None or args.finetune_rounds is not None:
+            raise SystemExit("--baseline-head: not with --baseline-rounds or --finetune-rounds")
+        earlier = merged([args.cases_from], measured, clients)
+        name += f".head-{args.baseline_head}"
+        measured = {**measured, **{f"{m}.head": args.baseline_head for m in BASELINES}}
+        identity = dict(measured)
     if args.baseline_rounds is not None:
         if args.baseline_rounds < 1:
             raise SystemExit(f"--baseline-rounds {args.baseline_rounds}: must be at least 1")
@@ -560,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         # each case's rounds are its FjORD's (set below): the file's identity says so
         identity = {**measured, "fedoras.rand-init-rounds": "fjord"}
-    copying = args.rand_init or args.baseline_rounds is not None or args.finetune_rounds is not None
+    baselines_only = args.baseline_rounds is not None or args.baseline_head is not None
+    copying = args.rand_init or baselines_only or args.finetune_rounds is not None
     started = time.perf_counter()
     done = merged(args.merge, identity, clients)
     wanted = [(seed, alpha) for seed in seeds for alpha in alphas]
@@ -583,14 +608,14 @@ def main(argv: list[str] | None = None) -> int:
             futures = {}
             for key in todo:
                 where = str(Path(tmp) / f"{key[0]}-{key[1]}")
-                if args.baseline_rounds is not None:
+                if baselines_only:
                     future = pool.submit(
                         run_baselines_only,
                         configs[key],
                         clients,
                         where,
                         earlier[key],
-                        args.baseline_rounds,
+                        args.baseline_rounds or 0,
                     )
                 elif args.finetune_rounds is not None or args.rand_init:
                     future = pool.submit(

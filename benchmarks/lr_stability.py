@@ -25,7 +25,8 @@ largest learning rate of the grid that does not collapse.
 
 ``convnet-tier``: the ConvNet at the ``cnn_s`` path's MACs (the hand-made net of the same
 cost); ``convnet-scaled`` / ``convnet-tier-scaled``: those with the classifier's input
-divided by sqrt(H x W) of the map it reads (``space_ablation.scale_flatten``). ``--grad-clip``
+divided by sqrt(H x W) of the map it reads (the package's ``head="flatten-scaled"``,
+``prunable_nets.ConvNet``). ``--grad-clip``
 clips each step's gradient, ``--warmup`` raises the rate linearly over the first steps, and
 ``--seeds`` draws the init and batch order (the data stay seed 0's). A run other than the
 default grid writes ``lr_stability.epochs-<e>.<nets>[.shapes][.clip-<c>][.warmup-<w>]
@@ -95,14 +96,11 @@ def build(net: str, image: dict[str, int]) -> Any:
     from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION
     from fedorasflwr.search_spaces.widths import width_costs, width_net
 
-    if net.endswith("-scaled"):  # the classifier's input / sqrt(H x W) (space_ablation.py)
-        from space_ablation import scale_flatten
-
-        scaled = build(net.removesuffix("-scaled"), image)
-        scale_flatten(scaled, scaled.blocks[-1].conv.out_channels)
-        return scaled
+    head = "flatten"
+    if net.endswith("-scaled"):  # the ConvNet's scaled head (prunable_nets.ConvNet)
+        net, head = net.removesuffix("-scaled"), "flatten-scaled"
     if net == "convnet":
-        return width_net(image, 1.0)
+        return width_net(image, 1.0, head)
     # the paper's reduction: the net recorded before the reduction was a choice
     space = build_space("cnn_s", **image, width=0.5, reduction=PAPER_REDUCTION)
     path = cnn_s_path(image, 0.5)
@@ -110,7 +108,7 @@ def build(net: str, image: dict[str, int]) -> Any:
         return space.subnet(path)
     macs = space.cost(path).flops / 2
     fits = [k for k in range(1, 65) if width_costs(image, k / 64)["macs"] <= macs]
-    return width_net(image, max(fits) / 64)
+    return width_net(image, max(fits) / 64, head)
 
 
 def warmed_lr(lr: float, step: int, warmup: int) -> float:

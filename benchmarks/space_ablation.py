@@ -842,11 +842,10 @@ def build_net(row: Row, image: dict[str, int]) -> tuple[Any, int]:
         target = _count_flops(paper.subnet(cnn_s_path(image, 0.5)), x) // 2
         widths = [w / 100 for w in range(5, 101)]
         width = min(widths, key=lambda w: abs(_count_flops(width_net(image, w), x) // 2 - target))
-    net = width_net(image, width)
+    # "flatten-scaled": the package's ConvNet head (prunable_nets.ConvNet, issue 40)
+    net = width_net(image, width, "flatten-scaled" if row.head == "flatten-scaled" else "flatten")
     if row.head == "gap":
         net = _gap_convnet(net, image["num_classes"])
-    if row.head == "flatten-scaled":
-        scale_flatten(net, net.blocks[-1].conv.out_channels)
     return net, _count_flops(net, x) // 2
 
 

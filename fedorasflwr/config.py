@@ -655,6 +655,8 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
         safe = safe | {"data.partition-size"}
     if values.get(f"{own}lr-probe") is False:  # likewise: lr as given, as before the probe
         safe = safe | {f"{own}lr-probe"}
+    if values.get(f"{own}head") == "flatten":  # likewise: the ConvNet's head before the key
+        safe = safe | {f"{own}head"}
     if values.get("space.reduction") == PAPER_REDUCTION:  # likewise: cnn_s as before the key
         safe = safe | {"space.reduction"}
     bound = {

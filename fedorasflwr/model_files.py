@@ -20,9 +20,9 @@ the entry existed is read by the same rules from what it holds):
                                                                                ``gm-<t>*.pt``,
                                                                                HeteroFL/FjORD
                                                                                ``tier-<t>.pt``
-``width``      ``width_net(space, space.get("width", 1.0))``: the width         HeteroFL/FjORD
-               baselines' fixed ConvNet (``space["name"]`` =                   ``checkpoint.pt``
-               ``"widths-convnet"``)
+``width``      ``width_net(space, space.get("width", 1.0), space.get("head",   HeteroFL/FjORD
+               "flatten"))``: the width baselines' fixed ConvNet               ``checkpoint.pt``
+               (``space["name"]`` = ``"widths-convnet"``)
 =============  ==============================================================  ===============
 
 Before any tensor is materialised, the file is read as it declares itself
@@ -308,8 +308,8 @@ def _build(builder: str, spec: dict[str, Any], content: Mapping[str, Any]) -> nn
     if builder == DERIVED:
         return build_derived_network(as_written(spec), str(content["genotype"]))
     if builder == WIDTH:
-        image = {k: v for k, v in spec.items() if k not in ("name", "width")}
-        return width_net(image, spec.get("width", 1.0))
+        image = {k: v for k, v in spec.items() if k not in ("name", "width", "head")}
+        return width_net(image, spec.get("width", 1.0), spec.get("head", "flatten"))
     space = build_space(**as_written(spec))
     if builder == SUBNET:
         return space.subnet([int(v) for v in content["arch"]])

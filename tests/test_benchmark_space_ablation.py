@@ -429,13 +429,14 @@ def test_the_scaled_convnet_divides_its_classifiers_input_by_the_maps_positions(
         for head in ("flatten", "flatten-scaled")
     ]
     wide, _ = ablation.build_net(full[1], MNIST)  # width 1: 128 x 3 x 3 inputs, / 3
-    assert wide.classifier.linear.in_features == 128 * 9 and wide.classifier.scale == 1 / 3
-    linear = scaled.classifier.linear
-    assert torch.equal(linear.weight, plain.classifier.weight)
-    positions = linear.in_features // scaled.blocks[-1].conv.out_channels
-    assert positions == 3 * 3  # MNIST's 28 x 28 after three 2x2 max pools
-    x = torch.randn(2, linear.in_features)
-    torch.testing.assert_close(scaled.classifier(x), plain.classifier(x / 3))
+    # the package's ConvNet head (prunable_nets.ConvNet): MNIST's 28 x 28 ends at 3 x 3
+    assert wide.classifier.in_features == 128 * 9 and wide.head_scale == pytest.approx(1 / 3)
+    assert scaled.head == "flatten-scaled" and plain.head == "flatten"
+    assert torch.equal(scaled.classifier.weight, plain.classifier.weight)
+    x = torch.randn(2, 1, 28, 28)
+    scaled.eval(), plain.eval()
+    bias = plain.classifier.bias
+    torch.testing.assert_close((scaled(x) - bias) * 3, plain(x) - bias)
 
 
 def test_the_scaled_darts_rows_are_the_clipped_flatten_rows_nets_reading_a_quarter():

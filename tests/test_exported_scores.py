@@ -43,7 +43,6 @@ from fedorasflwr.progress import summary_lines
 from fedorasflwr.results import snake_keys
 from fedorasflwr.runs import RunFiles
 from fedorasflwr.search_spaces import SearchSpace, build_prunable
-from fedorasflwr.search_spaces.widths import width_net
 from fedorasflwr.server_app import main
 from fedorasflwr.training import evaluate, ordered_loader, refresh_batchnorm, torch_device
 from tests.runconfig import ROOT, tiny_decnas, tiny_fdnas, tiny_fednas, tiny_fedoras
@@ -350,9 +349,10 @@ def test_every_model_file_a_run_writes_loads_with_the_runs_outputs(runs, method)
             original = _loaded(run.strategy.space if module is None else module, entry["arrays"])
         elif method == "decnas":  # checkpoint.pt: GM_T as searched, with its spec
             original = _loaded(build_prunable(**content["space"]), run.result.untuned_arrays)
-        elif method in WIDTHS:  # checkpoint.pt: the full-width ConvNet as trained
-            image = {k: v for k, v in content["space"].items() if k != "name"}
-            original = _loaded(width_net(image, 1.0), run.result.arrays)
+        elif method in WIDTHS:  # checkpoint.pt: the full-width ConvNet as trained (its head
+            # the default, scaled: the file names it, a file without it reads as flatten)
+            assert content["space"]["head"] == run.strategy.net.head == "flatten-scaled"
+            original = _loaded(run.strategy.net, run.result.arrays)
         else:  # checkpoint.pt and FedorAS's supernet.pt: the searched supernet
             supernet = run.result.supernet if method == "cfdnas" else run.result.arrays
             original = _loaded(run.strategy.space, supernet)

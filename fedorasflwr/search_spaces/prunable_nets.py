@@ -5,7 +5,11 @@
 - ``mobilenet`` (:class:`MobileNetV1`): MobileNet v1, a standard 3x3 CONV then 13
   depthwise-separable blocks, global average pooling and one FC classifier.
 
-``width`` scales the default filter counts (a width multiplier, each at least 1).  They
+``width`` scales the default filter counts (a width multiplier, each at least 1).
+``ConvNet``'s ``head`` (:data:`CONVNET_HEADS`) is how its classifier reads the last
+feature map: ``"flatten"`` (the paper's) or ``"flatten-scaled"``, the flattened map
+divided by the square root of its positions, so the classifier's SGD step does not
+grow with the image (issue 40; same weights and MACs).  They
 hold no pruning rules: :func:`~.prunable.build_prunable` finds their prunable layers
 with torch-pruning as it does for any user model (convnet: all six CONV layers;
 mobilenet: the first CONV and the 13 pointwise CONVs, K = 14 as in the paper).
@@ -13,6 +17,7 @@ mobilenet: the first CONV and the 13 pointwise CONVs, K = 14 as in the paper).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -20,7 +25,10 @@ from torch import Tensor, nn
 
 from .base import image_spec, positive_float
 
-__all__ = ["PRUNABLE_NETS", "ConvNet", "MobileNetV1"]
+__all__ = ["CONVNET_HEADS", "PRUNABLE_NETS", "ConvNet", "MobileNetV1"]
+
+#: how :class:`ConvNet`'s classifier reads its last feature map (the first: the default)
+CONVNET_HEADS = ("flatten", "flatten-scaled")
 
 
 def _scaled(widths: Sequence[int], width: float) -> list[int]:
@@ -62,9 +70,29 @@ class _ImageNet(nn.Module):
 
 class ConvNet(_ImageNet):
     """Simplified AlexNet ("ConvNet", DecNAS Table 2): 6 CONV layers, a max-pool after
-    every second one (while the feature map is at least 2 px), then one FC layer."""
+    every second one (while the feature map is at least 2 px), then one FC layer.
+
+    ``head="flatten-scaled"`` multiplies the flattened last map by ``1 / sqrt(H * W)``
+    (its positions): the FC layer's input norm, and with it the size of its SGD step,
+    then no longer grows with the image, the cause of the ConvNet's collapse at lr 0.05
+    on 32x32 images (``benchmarks/lr_stability.py``, issue 40).  Same weights and MACs
+    as ``"flatten"``."""
 
     base_widths = (32, 32, 64, 64, 128, 128)
+
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        input_height: int,
+        input_width: int,
+        width: float = 1.0,
+        head: str = CONVNET_HEADS[0],
+    ) -> None:
+        if head not in CONVNET_HEADS:
+            raise ValueError(f"ConvNet head {head!r}: allowed: {', '.join(CONVNET_HEADS)}")
+        self.head = head
+        super().__init__(num_classes, in_channels, input_height, input_width, width)
 
     def _build(self, image: dict[str, int], widths: list[int]) -> None:
         height, width_px = image["input_height"], image["input_width"]
@@ -77,11 +105,14 @@ class ConvNet(_ImageNet):
             c_in = c_out
         self.blocks = nn.ModuleList(units)
         self.classifier = nn.Linear(c_in * height * width_px, image["num_classes"])
+        scaled = self.head == "flatten-scaled"
+        self.head_scale = 1.0 / math.sqrt(height * width_px) if scaled else 1.0
 
     def forward(self, x: Tensor) -> Tensor:
         for block in self.blocks:
             x = block(x)
-        return self.classifier(torch.flatten(x, 1))
+        x = torch.flatten(x, 1)
+        return self.classifier(x if self.head_scale == 1.0 else x * self.head_scale)
 
 
 class _Separable(nn.Module):

@@ -59,10 +59,11 @@ ModelFn = Callable[[float], nn.Module]
 WidthUpdate = tuple[Mapping[str, np.ndarray], float, int]
 
 
-def width_net(image: Mapping[str, int], width: float = 1.0) -> nn.Module:
+def width_net(image: Mapping[str, int], width: float = 1.0, head: str = "flatten") -> nn.Module:
     """The fixed architecture at ``width`` (0 < width <= 1) for ``image`` (``num_classes``,
     ``in_channels``, ``input_height``, ``input_width``): its hidden layers keep their
-    leading ``round(width * channels)`` channels, at least 1."""
+    leading ``round(width * channels)`` channels, at least 1.  ``head``: how the
+    classifier reads the last map (``prunable_nets.CONVNET_HEADS``)."""
     if not 0 < positive_float("width", width) <= 1:
         raise ValueError(f"width must be in (0, 1], got {width!r}")
     return ConvNet(
@@ -71,6 +72,7 @@ def width_net(image: Mapping[str, int], width: float = 1.0) -> nn.Module:
         input_height=image["input_height"],
         input_width=image["input_width"],
         width=width,
+        head=head,
     )
 
 

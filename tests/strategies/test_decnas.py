@@ -4,6 +4,7 @@ uploads only from survivors' groups, fusion by training count, faults, determini
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
@@ -135,3 +136,24 @@ def test_uploads_of_weights_larger_than_the_reply_margin_are_accepted(data_cache
     assert max(asked) > REPLY_MARGIN
     upload = result.ledger["upload"]["totals"]
     assert upload["rejected"] == 0 and upload["replies"] == len(uploads)
+
+
+def test_the_convnets_scaled_head_is_a_run_config_choice_its_pruned_nets_keep(data_cache) -> None:
+    """``decnas.head`` (issue 40): GM_0's spec names it, a net pruned from GM_0 keeps it
+    (MNIST's 28 px map ends at 3 x 3: the classifier reads it divided by 3), the default
+    spec names none (as before the key), and the MobileNet refuses it."""
+    from fedorasflwr.search_spaces.prunable import prune_layer
+
+    default = build_decnas_net(parse_run_config(tiny_decnas(data_cache)))
+    assert "head" not in default.spec and default.model.head_scale == 1.0
+    config = tiny_decnas(data_cache, **{"decnas.head": "flatten-scaled"})
+    net = build_decnas_net(parse_run_config(config))
+    assert net.spec["head"] == "flatten-scaled" and net.model.head_scale == pytest.approx(1 / 3)
+    last = len(net.widths) - 1  # NetAdapt's step: the classifier's input loses filters
+    pruned = prune_layer(net, last, net.widths[last] // 2)
+    assert pruned.widths[last] < net.widths[last] and pruned.spec["head"] == "flatten-scaled"
+    assert pruned.model.head_scale == net.model.head_scale
+    with pytest.raises(ValueError, match="'decnas.head' = 'flatten-scaled'.*'mobilenet'"):
+        parse_run_config({**config, "decnas.model": "mobilenet"})
+    with pytest.raises(ValueError, match="'decnas.head' = 'gap'"):
+        parse_run_config({**config, "decnas.head": "gap"})

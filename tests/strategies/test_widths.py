@@ -11,7 +11,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedorasflwr.client_app import app as client_app
-from fedorasflwr.config import parse_run_config
+from fedorasflwr.config import bound_settings, parse_run_config
 from fedorasflwr.federation.aggregation import Aggregation
 from fedorasflwr.federation.base import NodeProfile
 from fedorasflwr.inprocess import InProcessGrid
@@ -222,7 +222,8 @@ def test_a_tiny_run_serves_every_tier(method, data_cache) -> None:
         np.testing.assert_array_equal(small[name], value)
 
 
-def test_a_tier_model_file_loads_back_as_the_same_net(tmp_path) -> None:
+@pytest.mark.parametrize("head", ["flatten", "flatten-scaled"])
+def test_a_tier_model_file_loads_back_as_the_same_net(tmp_path, head) -> None:
     from fedorasflwr.data import load_server_data
     from fedorasflwr.methods.widths.runner import save_tier
     from fedorasflwr.model_files import load_model
@@ -234,12 +235,12 @@ def test_a_tier_model_file_loads_back_as_the_same_net(tmp_path) -> None:
     torch.manual_seed(0)
     full = to_numpy(ArrayRecord(width_net(MNIST, 1.0).state_dict()))
     arrays = to_record(sub_arrays(full, width_shapes(MNIST, 0.5)))
-    run = RunFiles(tmp_path, settings, {"name": "widths-convnet", **MNIST}, None)
-    save_tier(run, MNIST, 1, 0.5, arrays)
+    run = RunFiles(tmp_path, settings, {"name": "widths-convnet", **MNIST, "head": head}, None)
+    save_tier(run, MNIST, 1, 0.5, arrays, head)
     assert run.document()["files"] == ["tier-1.pt"]
     loaded = load_model(tmp_path / "tier-1.pt").eval()
     # the tier's slice, its BatchNorm statistics re-estimated on the server's slice (issue 41)
-    net = width_net(MNIST, 0.5)
+    net = width_net(MNIST, 0.5, head)
     net.load_state_dict(arrays.to_torch_state_dict())
     refresh_batchnorm(net, load_server_data(settings.data))
     x = torch.randn(3, 1, 28, 28)
@@ -348,3 +349,69 @@ def test_fjord_distill_is_a_run_config_flag_sent_to_the_clients() -> None:
     assert parse_run_config(cfg).method_settings.distill is True
     with pytest.raises(ValueError, match="fjord.distill"):
         parse_run_config(pyproject_run_config() | {"method": "fjord", "fjord.distill": "yes"})
+
+
+def test_the_scaled_head_divides_the_classifier_input_by_the_root_of_its_positions() -> None:
+    """``head="flatten-scaled"``: same weights as ``"flatten"``; MNIST's 28 px map ends at
+    3x3 after three pools (28, 14, 7, 3), so each logit minus its bias is a third of the
+    plain head's."""
+    torch.manual_seed(0)
+    plain = width_net(MNIST, 0.5).eval()
+    scaled = width_net(MNIST, 0.5, "flatten-scaled").eval()
+    assert width_shapes(MNIST, 0.5) == {k: tuple(v.shape) for k, v in scaled.state_dict().items()}
+    scaled.load_state_dict(plain.state_dict())
+    x = torch.randn(4, 1, 28, 28)
+    bias = plain.classifier.bias
+    torch.testing.assert_close((scaled(x) - bias) * 3, plain(x) - bias)
+    with pytest.raises(ValueError, match="'gap'.*allowed: flatten, flatten-scaled"):
+        width_net(MNIST, 0.5, "gap")
+
+
+@pytest.mark.parametrize("method", ["heterofl", "fjord"])
+def test_the_head_is_a_run_config_choice_sent_to_the_clients(method) -> None:
+    """``<method>.head`` reaches the strategy's model and every message, and a client
+    builds the net the message names (no ``head``: the paper's flatten head)."""
+    from fedorasflwr.methods.widths.client import model_of
+
+    settings = parse_run_config(pyproject_run_config() | {"method": method})
+    assert settings.method_settings.head == "flatten-scaled"  # the default since 2026-12-07
+    flatten = pyproject_run_config() | {"method": method, f"{method}.head": "flatten"}
+    assert parse_run_config(flatten).method_settings.head == "flatten"
+    # a checkpoint written before the key (the flatten head) binds none, so it resumes into a
+    # flatten run; the scaled head is bound (bound_settings)
+    assert f"{method}.head" not in bound_settings(method, parse_run_config(flatten).values)
+    assert bound_settings(method, settings.values)[f"{method}.head"] == "flatten-scaled"
+    from fedorasflwr.checkpoints import check_bound_settings
+
+    before = bound_settings(method, parse_run_config(flatten).values)
+    check_bound_settings("checkpoint.pt", before, before, method)  # resumes as flatten
+    refused = rf"'{method}.head' = '\(absent\)' there, 'flatten-scaled' here"
+    with pytest.raises(ValueError, match=refused):  # not into the new default
+        check_bound_settings(
+            "checkpoint.pt", before, bound_settings(method, settings.values), method
+        )
+    config = pyproject_run_config() | {"method": method, f"{method}.head": "flatten-scaled"}
+    method_settings = parse_run_config(config).method_settings
+    strategy_class = HeteroFL if method == "heterofl" else FjORD
+    strategy = strategy_class(settings=method_settings, seed=0, image=MNIST)
+    assert strategy.net.head_scale == pytest.approx(1 / 3)
+    message_config = strategy.message_config(1, 0.5)
+    assert message_config["head"] == "flatten-scaled"
+    assert model_of(message_config)(0.5).head_scale == pytest.approx(1 / 3)
+    assert model_of({k: v for k, v in message_config.items() if k != "head"})(1.0).head_scale == 1
+    bad = pyproject_run_config() | {"method": method, f"{method}.head": "gap"}
+    with pytest.raises(ValueError, match=f"'{method}.head' = 'gap'.*flatten-scaled"):
+        parse_run_config(bad)
+
+
+def test_the_console_points_at_the_scaled_head_when_the_probe_lowers_the_rate() -> None:
+    from fedorasflwr.methods.widths.runner import head_hint
+    from fedorasflwr.training import LrProbe
+
+    lowered = LrProbe(0.0125, 0.05, 3.58, 48, ((0.05, 7.7), (0.025, 3.9), (0.0125, 2.7)))
+    kept = LrProbe(0.05, 0.05, 3.58, 48, ((0.05, 2.9),))
+    hint = head_hint("fjord", "flatten", lowered)
+    assert hint is not None and 'fjord.head = "flatten-scaled"' in hint and "0.05" in hint
+    assert head_hint("fjord", "flatten-scaled", lowered) is None  # already scaled
+    assert head_hint("heterofl", "flatten", kept) is None  # the rate held
+    assert head_hint("heterofl", "flatten", None) is None  # no probe ran

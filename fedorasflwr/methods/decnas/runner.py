@@ -26,19 +26,24 @@ __all__ = ["build_decnas_net", "decnas_plan", "model_file", "run_decnas"]
 
 
 def build_decnas_net(settings: RunSettings) -> PrunableNet:
-    """DecNAS's starting net (``decnas.model`` at ``space.width``), initialised from the seed."""
+    """DecNAS's starting net (``decnas.model`` at ``space.width``, the ConvNet with
+    ``decnas.head``), initialised from the seed."""
     info = dataset_info(settings.data)
     if info.kind != "image":
         raise ValueError(f"DecNAS prunes image nets; 'data.dataset' = {info.name!r} is {info.kind}")
     seed_torch(settings.seed, "init")
     channels, height, width = info.input_shape
+    own = settings.method_settings
+    # a scaled head travels in the net's spec (the default flatten one: no key, as before)
+    head = {} if own.head == "flatten" else {"head": own.head}
     return build_prunable(
-        settings.method_settings.model,
+        own.model,
         num_classes=info.num_classes,
         in_channels=channels,
         input_height=height,
         input_width=width,
         width=settings.space.width,
+        **head,
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...config import MethodSettings, Table, TrainingRecipe, unit_interval
+from ...search_spaces.prunable_nets import CONVNET_HEADS
 from .netadapt import rounds_for
 
 __all__ = ["DecNASSettings"]
@@ -38,6 +39,7 @@ class DecNASSettings(MethodSettings):
     TABLE: ClassVar[str] = "decnas."
 
     model: str = "convnet"
+    head: str = CONVNET_HEADS[0]
     variant: str = "decnas"
     resource: str = "macs"
     target: float = 0.5
@@ -63,6 +65,19 @@ class DecNASSettings(MethodSettings):
     # node) and the grid points per layer of their layer-wise tables (decnas/latency.py).
     latency_devices: str = ""
     latency_grid: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.head not in CONVNET_HEADS:
+            raise ValueError(
+                f"DecNASSettings.head = {self.head!r}: allowed: {', '.join(CONVNET_HEADS)}"
+            )
+        if self.head != CONVNET_HEADS[0] and self.model != "convnet":
+            raise ValueError(
+                f"run config 'decnas.head' = {self.head!r}: allowed only with 'decnas.model' "
+                f"= 'convnet' (the MobileNet reads its map by global average pooling), got "
+                f"{self.model!r}"
+            )
 
     @property
     def grouping(self) -> bool:
@@ -111,6 +126,7 @@ class DecNASSettings(MethodSettings):
         )
         return cls(
             model=t.one_of("model", cls.model, ("convnet", "mobilenet")),
+            head=t.one_of("head", cls.head, CONVNET_HEADS),
             variant=t.one_of("variant", cls.variant, VARIANTS),
             resource=t.one_of("resource", cls.resource, ("macs", "params", "latency")),
             target=number("target", cls.target, lambda v: 0 < v < 1, "fraction of GM_0, 0 < t < 1"),

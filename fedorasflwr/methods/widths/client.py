@@ -65,7 +65,7 @@ def image_of(config: Mapping[str, Any]) -> dict[str, int]:
 def model_of(config: Mapping[str, Any], model_fn: ModelFn | None = None) -> ModelFn:
     """The factory of the model a message's ``config`` is about: ``model_fn`` when given,
     else the one its ``model-fn`` names (``import_factory``), else the built-in ConvNet
-    for its image keys (``width_net``)."""
+    for its image keys and ``head`` (``width_net``; no ``head``: ``"flatten"``)."""
     if model_fn is not None:
         return model_fn
     if MODEL_FN in config:
@@ -75,7 +75,7 @@ def model_of(config: Mapping[str, Any], model_fn: ModelFn | None = None) -> Mode
             f"the message names no model: no {MODEL_FN!r} and not the image keys "
             f"{', '.join(IMAGE_KEYS)}; pass the strategy's model_fn to this handler"
         )
-    return partial(width_net, image_of(config))
+    return partial(width_net, image_of(config), head=str(config.get("head", "flatten")))
 
 
 def _load(content: RecordDict, build: ModelFn) -> tuple[ConfigRecord, nn.Module]:

@@ -4,11 +4,13 @@ tier's model scored on the global test set -> the result document."""
 from __future__ import annotations
 
 from dataclasses import replace
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
@@ -26,10 +28,11 @@ from ...runs import (
 from ...search_spaces.prunable import build_prunable, load_prunable
 from ...search_spaces.widths import width_net
 from ...seeding import seed_torch
+from ...training import LrProbe
 from .plots import plot_tiers
 from .strategy import STAGE, FjORD, HeteroFL, WidthStrategy
 
-__all__ = ["run_fjord", "run_heterofl", "run_widths"]
+__all__ = ["head_hint", "run_fjord", "run_heterofl", "run_widths"]
 
 
 def image_spec(settings: RunSettings) -> dict[str, int]:
@@ -61,22 +64,26 @@ def run_widths(
     rounds = settings.method_settings.train.rounds
     resume = resume_checkpoint(settings, None, {STAGE: rounds})
     seed_torch(settings.seed, "init")
-    net = width_net(image, 1.0)
+    head = settings.method_settings.head
+    net = width_net(image, 1.0, head)
     probe = None
     if settings.method_settings.lr_probe:
         train, probe = probed_recipe(settings, settings.method_settings.train, net, STAGE)
+        if (hint := head_hint(settings.method, head, probe)) is not None:
+            log(INFO, "[%s] %s", STAGE, hint)
         method_settings = replace(settings.method_settings, train=train)
         settings = replace(settings, method_settings=method_settings)
     strategy = strategy_class(
         image=image, settings=settings.method_settings, **strategy_options(settings, resume)
     )
-    spec = {"name": WIDTHS_NET, **image}
+    spec = {"name": WIDTHS_NET, **image, "head": head}
     run = RunFiles(out_dir, settings, spec, progress)
     initial = ArrayRecord(net.state_dict())
     result = start(strategy, grid, settings, run, initial, rounds)
     held = run.global_test
     for tier in result.tiers:  # scored on the server as written (RunFiles.save_final)
-        final = save_tier(run, image, tier.tier + 1, tier.width, strategy.tier_arrays(tier.tier))
+        arrays = strategy.tier_arrays(tier.tier)
+        final = save_tier(run, image, tier.tier + 1, tier.width, arrays, head)
         if final.score is not None:
             tier.global_test_accuracy = final.score.accuracy
     summary = {"mode": strategy.mode, **result.summary()}
@@ -90,15 +97,32 @@ def run_widths(
     }
 
 
+def head_hint(method: str, head: str, probe: LrProbe | None) -> str | None:
+    """What the console says when the lr probe had to lower the rate for the ConvNet's
+    flatten head: the scaled head (``<method>.head``) keeps the configured rate (issue 40);
+    ``None`` otherwise."""
+    if probe is None or probe.lr >= probe.configured or head != "flatten":
+        return None
+    return (
+        f"the ConvNet's flatten head blows up at lr {probe.configured:g} on these images; "
+        f'{method}.head = "flatten-scaled" keeps its first steps bounded there (docs/baselines.md)'
+    )
+
+
 def save_tier(
-    run: RunFiles, image: dict[str, int], tier: int, width: float, arrays: ArrayRecord
+    run: RunFiles,
+    image: dict[str, int],
+    tier: int,
+    width: float,
+    arrays: ArrayRecord,
+    head: str,
 ) -> FinalModel:
     """``tier-<t>.pt`` (and ``.onnx``; ``tier`` 1-based, named as FedorAS's tier models;
     ``tier<t>.pt`` before issue 41): the tier's model as a DecNAS
     prunable ConvNet at its width (``model_files.load_model`` rebuilds it; its keys gain the
     ``model.`` prefix), scored as written (``runs.RunFiles.save_final``)."""
     keys = {f"model.{k}": v for k, v in arrays.to_torch_state_dict().items()}
-    spec = build_prunable("convnet", width=width, **image).spec
+    spec = build_prunable("convnet", width=width, head=head, **image).spec
     net = load_prunable(spec, keys)
     return run.save_final(
         f"tier-{tier}",

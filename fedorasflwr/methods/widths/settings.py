@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...config import MethodSettings, Table, TrainingRecipe
+from ...search_spaces.prunable_nets import CONVNET_HEADS
 from ...search_spaces.widths import parse_widths
 
 __all__ = ["FjORDSettings", "HeteroFLSettings", "WidthSettings"]
@@ -49,7 +50,13 @@ class WidthSettings(MethodSettings):
     ``lr_probe`` (run config ``<method>.lr-probe``, default true): before round 1 the
     server halves ``lr`` until the full-width model's first SGD steps on its slice stay
     bounded (``runs.probed_recipe``): the rate the presets chose on MNIST leaves the
-    ConvNet at chance on harder data (issue 40)."""
+    ConvNet at chance on harder data (issue 40).
+
+    ``head`` (run config ``<method>.head``): how the built-in ConvNet's classifier reads
+    its last map, ``"flatten-scaled"`` (the default since 2026-12-07: divided by the
+    square root of its positions, ``prunable_nets.ConvNet``) or ``"flatten"`` (DecNAS's
+    ConvNet as the paper has it, the default before); ignored with a ``model_fn`` of the
+    user's own."""
 
     train: TrainingRecipe = TrainingRecipe(
         rounds=10, clients_per_round=0, local_epochs=1, batch_size=32, lr=0.05
@@ -58,10 +65,13 @@ class WidthSettings(MethodSettings):
     min_replies: int = 1
     distill: bool = False  # FjORD's self-distillation (HeteroFL: never)
     lr_probe: bool = True
+    head: str = "flatten-scaled"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
+        if self.head not in CONVNET_HEADS:
+            raise ValueError(f"{name}.head = {self.head!r}: allowed: {', '.join(CONVNET_HEADS)}")
         _check_widths(f"{name}.tier_widths", self.tier_widths)
         if self.ladder != self.tier_widths:  # FjORD: its ladder, holding every p_max
             _check_widths(f"{name}.widths", self.ladder)
@@ -86,6 +96,7 @@ class WidthSettings(MethodSettings):
             "train": train,
             "min_replies": t.min_replies(cls.min_replies, train),
             "lr_probe": t.flag("lr-probe", cls.lr_probe),
+            "head": t.one_of("head", cls.head, CONVNET_HEADS),
             **shared,
         }
 

@@ -127,7 +127,8 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         widths.
     image : mapping, optional
         The built-in ConvNet (``search_spaces.widths.width_net``) for images of this spec:
-        ``num_classes``, ``in_channels``, ``input_height``, ``input_width``.  Give
+        ``num_classes``, ``in_channels``, ``input_height``, ``input_width``; its head is
+        ``settings.head``.  Give
         exactly one of ``image`` and ``model_fn``.
     model_fn : callable, optional
         A width-scalable model of your own: ``model_fn(width) -> nn.Module`` for
@@ -202,7 +203,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             if input_shape is not None:
                 self.input = (tuple(int(d) for d in input_shape), input_dtype)
         else:
-            self.model_fn = partial(width_net, self.image)
+            self.model_fn = partial(width_net, self.image, head=settings.head)
             keys = ("in_channels", "input_height", "input_width")
             self.input = (tuple(int(self.image[k]) for k in keys), torch.float32)
         with torch.random.fork_rng(devices=[]):  # the caller's RNG stays as it was
@@ -284,6 +285,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
             "in-channels": self.image["in_channels"],
             "input-height": self.image["input_height"],
             "input-width": self.image["input_width"],
+            "head": self.settings.head,
         }
 
     def _messages(
