@@ -853,8 +853,8 @@ def scale_flatten(net: Any, channels: int) -> None:
     """Divide the input of ``net``'s flatten classifier (``net.classifier``, reading a map of
     ``channels`` channels) by sqrt(H x W) of that map: its squared norm is then about the
     positions' mean, as GAP's input's, so an SGD step moves the logits about as far. (An
-    ``MBConvSupernet`` built with ``head="flatten"``, the width baselines' ConvNet, a darts
-    net of ``_flatten_darts``; ``lr_stability.py`` uses it too.)"""
+    ``MBConvSupernet`` built with ``head="flatten"``, a darts net of ``_flatten_darts``; the
+    ConvNet has it built in since 2026-12-07: ``head="flatten-scaled"``, the same ops.)"""
     import math
 
     from torch import nn

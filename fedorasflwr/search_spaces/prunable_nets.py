@@ -91,8 +91,11 @@ class ConvNet(_ImageNet):
     ) -> None:
         if head not in CONVNET_HEADS:
             raise ValueError(f"ConvNet head {head!r}: allowed: {', '.join(CONVNET_HEADS)}")
-        self.head = head
         super().__init__(num_classes, in_channels, input_height, input_width, width)
+        self.head = head
+        positions = self.classifier.in_features // self.blocks[-1].conv.out_channels
+        #: what the flattened map is multiplied by (1: the plain flatten head)
+        self.head_scale = 1.0 / math.sqrt(positions) if head == "flatten-scaled" else 1.0
 
     def _build(self, image: dict[str, int], widths: list[int]) -> None:
         height, width_px = image["input_height"], image["input_width"]
@@ -105,8 +108,6 @@ class ConvNet(_ImageNet):
             c_in = c_out
         self.blocks = nn.ModuleList(units)
         self.classifier = nn.Linear(c_in * height * width_px, image["num_classes"])
-        scaled = self.head == "flatten-scaled"
-        self.head_scale = 1.0 / math.sqrt(height * width_px) if scaled else 1.0
 
     def forward(self, x: Tensor) -> Tensor:
         for block in self.blocks:
