@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
+from .arrays import state_dict_of
 from .plots import plot_history, plot_points  # the plots live in plots.py; kept importable here
 from .search_spaces.cnn import as_written
 
@@ -84,7 +85,7 @@ def save_checkpoint(
     torch.save(
         {
             "space": dict(space_spec),
-            "state_dict": arrays.to_torch_state_dict(),
+            "state_dict": state_dict_of(arrays),
             "stage": stage,
             **plain(extra),
         },

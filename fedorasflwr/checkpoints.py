@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
+from .arrays import state_dict_of
 from .artifacts import load_checkpoint, plain, write_json
 from .config import RunSettings, bound_settings, resume_safe_keys
 from .ledger import Ledger, check_summary
@@ -265,7 +266,7 @@ class Checkpointer:
             "method": self.method,
             "seed": self.seed,
             "space": dict(snapshot.space if snapshot.space is not None else self.space),
-            "state_dict": snapshot.arrays.to_torch_state_dict(),
+            "state_dict": state_dict_of(snapshot.arrays),
             "stage": snapshot.stage,
             "step": snapshot.step,
             "stage-done": snapshot.stage_done,

@@ -29,6 +29,7 @@ import torch
 from flwr.app import ArrayRecord
 from torch import Tensor, nn
 
+from .arrays import state_dict_of
 from .data import DataSpec, dataset_info, load_server_data
 from .seeding import torch_stream
 
@@ -246,7 +247,7 @@ class OnnxExports:
         self, name: str, module: nn.Module, arrays: ArrayRecord | Mapping[str, Tensor]
     ) -> OnnxExport:
         """Load the final weights into ``module`` and export it as ``<name>.onnx``."""
-        state = arrays.to_torch_state_dict() if isinstance(arrays, ArrayRecord) else arrays
+        state = state_dict_of(arrays) if isinstance(arrays, ArrayRecord) else arrays
         try:
             module.load_state_dict(state)
         except RuntimeError as exc:  # a bug, but the run's other results are kept

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from .arrays import to_array, view_of
 from .decoding import ArraySpec, DecodeError, read_header
 from .protocol import ARRAYS, PACKING, PROFILE, QUERY_PROFILE
 
@@ -88,7 +89,7 @@ def _aligned(offset: int) -> int:
 def _plain(array: Array) -> np.ndarray:
     if array.stype != "numpy.ndarray":
         raise PackingError(f"an array of stype {array.stype!r} cannot be packed")
-    return array.numpy()
+    return view_of(array)
 
 
 def pack(record: ArrayRecord) -> tuple[ArrayRecord, ConfigRecord]:
@@ -165,7 +166,7 @@ def _unpack(
             value = np.zeros(shape, dtype)
         else:
             value = np.frombuffer(data, dtype, count, start + offset).reshape(shape)
-        out[key] = Array(value)  # np.save of a view of the buffer: the one copy
+        out[key] = to_array(value)  # the .npy bytes of a view of the buffer: the one copy
     return out
 
 

@@ -21,6 +21,7 @@ from flwr.supercore import log
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from .arrays import record_of, state_dict_of
 from .artifacts import save_checkpoint
 from .checkpoints import Checkpointer, Resume, read_resume
 from .config import RunSettings, TrainingRecipe, bound_settings, space_kwargs
@@ -98,11 +99,11 @@ def calibrated(
     weights on ``calibration`` (``training.refresh_batchnorm``; ``None`` or empty: the
     statistics ``arrays`` carry); ``net`` ends on the CPU in eval mode, and its state (every
     weight and buffer, in the module's dtypes) is returned: what a run scores and exports."""
-    net.load_state_dict(arrays.to_torch_state_dict())
+    net.load_state_dict(state_dict_of(arrays))
     if calibration is not None and len(calibration):
         refresh_batchnorm(net, calibration)
     net.cpu().eval()
-    return ArrayRecord(net.state_dict())
+    return record_of(net.state_dict())
 
 
 @dataclass(frozen=True)

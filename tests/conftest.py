@@ -110,6 +110,10 @@ BENCHMARK_SMOKE_TESTS = frozenset(
         "tests/test_benchmark_client_throughput.py::"
         "test_client_throughput_quick_reports_ours_over_plain",
         "tests/test_benchmarks.py::test_threads_quick_compares_the_wait_policies",
+        # a timing: the conversions' bytes and values against numpy's are tests/test_arrays.py's,
+        # and every bit-equality test of the suite runs through them
+        "tests/test_benchmark_array_codec.py::"
+        "test_array_codec_quick_compares_both_sides_with_the_same_results",
     }
 )
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import ArrayRecord
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
+from ..arrays import to_array, view_of
 from ..config import AGGREGATION_RULES, check_aggregation
 
 __all__ = ["AGGREGATIONS", "MEAN", "Aggregation", "opa", "weighted_mean"]
@@ -170,11 +171,11 @@ def opa(
         if len(contributors) < min_contributors:
             result[key] = array
             continue
-        base = array.numpy()
+        base = view_of(array)
         mean = aggregation.combine(
-            [update.numpy() for update, _ in contributors],
+            [view_of(update) for update, _ in contributors],
             [count for _, count in contributors],
             base.dtype,
         )
-        result[key] = Array(mean)
+        result[key] = to_array(mean)
     return result

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -45,6 +44,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.supercore import log
 
+from ..arrays import to_array, view_of
 from ..costs import array_record_bytes
 from ..ledger import Ledger, failure_kind
 from ..nonce import stamp
@@ -360,11 +360,11 @@ class SeededFedAvg(FedAvg):
         floats; give every array back the dtype it was sent with (integers rounded)."""
         restored = ArrayRecord()
         for key, array in arrays.items():
-            values = array.numpy()
+            values = view_of(array)
             dtype = np.dtype(self._sent_specs[key].dtype)
             if values.dtype != dtype:
                 values = np.rint(values) if np.issubdtype(dtype, np.integer) else values
-                array = Array(np.asarray(values, dtype=dtype))
+                array = to_array(np.asarray(values, dtype=dtype))
             restored[key] = array
         return restored
 

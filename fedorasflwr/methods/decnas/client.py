@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
+from ...arrays import record_of, state_dict_of
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
 from ...search_spaces.prunable import PrunableNet, load_prunable
@@ -50,7 +51,7 @@ def state_key(config: Mapping[str, Any]) -> str:
 
 def _load(content: RecordDict) -> tuple[ConfigRecord, PrunableNet]:
     config: ConfigRecord = content.config_records[CONFIG]
-    state = content.array_records[ARRAYS].to_torch_state_dict()
+    state = state_dict_of(content.array_records[ARRAYS])
     return config, load_prunable(space_from_config(config), state)
 
 
@@ -86,7 +87,7 @@ def tune_candidate(
     )
     metrics = _train(net, config, data, words)
     result = evaluate(net, ordered_loader(data.val), torch_device())
-    state[key] = ArrayRecord(reply_state(net, content.array_records[ARRAYS]))
+    state[key] = record_of(reply_state(net, content.array_records[ARRAYS]))
     return RecordDict(
         {
             METRICS: MetricRecord(
@@ -125,7 +126,7 @@ def train_model(content: RecordDict, data: ClientData, partition_id: int) -> Rec
     metrics = _train(net, config, data, _words(config, "decnas-train", partition_id))
     return RecordDict(
         {
-            ARRAYS: ArrayRecord(reply_state(net, content.array_records[ARRAYS])),
+            ARRAYS: record_of(reply_state(net, content.array_records[ARRAYS])),
             METRICS: MetricRecord({"num-examples": len(data.train), **metrics}),
         }
     )

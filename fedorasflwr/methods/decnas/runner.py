@@ -6,10 +6,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from ... import runs
+from ...arrays import record_of
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
@@ -65,7 +65,7 @@ def run_decnas(
         **runs.strategy_options(settings, resume),
     )
     run = runs.RunFiles(out_dir, settings, net.spec, progress)
-    initial = ArrayRecord(net.state_dict())
+    initial = record_of(net.state_dict())
     plan = decnas_plan(settings.method_settings, settings.min_nodes, len(net.spec["widths"]))
     with plan.active():
         result = runs.start(

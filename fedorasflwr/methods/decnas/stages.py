@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from ...arrays import record_of, state_dict_of
 from ...artifacts import check_weights
 from ...checkpoints import Resume
 from ...costs import COST_CONVENTION, macs_to_flops
@@ -79,7 +80,7 @@ class GlobalModel:
         arrays = self.tuned_arrays if tuned else self.arrays
         if arrays is None:
             raise ValueError(f"GM_{self.iteration} was not tuned: it has no tuned_arrays")
-        return load_prunable(self.spec, arrays.to_torch_state_dict())
+        return load_prunable(self.spec, state_dict_of(arrays))
 
     @property
     def flops(self) -> int:
@@ -212,7 +213,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
 
     def load_net(self, spec: dict[str, Any], arrays: ArrayRecord) -> PrunableNet:
         """The structure ``spec`` holding ``arrays`` (``load_prunable``)."""
-        return load_prunable(spec, arrays.to_torch_state_dict())
+        return load_prunable(spec, state_dict_of(arrays))
 
     def global_model(
         self, net: PrunableNet, iteration: int, accuracy: float, **extra: Any
@@ -223,7 +224,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
         return GlobalModel(
             iteration=iteration,
             spec=net.spec,
-            arrays=ArrayRecord(net.state_dict()),
+            arrays=record_of(net.state_dict()),
             macs=cost.flops // 2,
             params=cost.params,
             val_accuracy=accuracy,
@@ -246,7 +247,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
             {
                 "iteration": m.iteration,
                 "spec": m.spec,
-                "state_dict": m.arrays.to_torch_state_dict(),
+                "state_dict": state_dict_of(m.arrays),
                 "val-accuracy": m.val_accuracy,
                 "pruned-layer": m.pruned_layer,
                 "budget": m.budget,
@@ -442,7 +443,7 @@ class PrunedModelStages(FederatedNASStrategy[DecNASResult]):
             )
             rounds = self.settings.train.rounds + self.settings.final_rounds
             stage = f"width-{model.iteration}"
-            arrays = self.fedavg(grid, net.spec, ArrayRecord(net.state_dict()), rounds, stage)
+            arrays = self.fedavg(grid, net.spec, record_of(net.state_dict()), rounds, stage)
             scaled = self.global_model(self.load_net(net.spec, arrays), model.iteration, math.nan)
             rows.append(
                 {

@@ -59,6 +59,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ...arrays import record_of
 from ...checkpoints import Resume
 from ...federation.aggregation import opa
 from ...federation.base import NodeProfile, StageFailedError, describe_table
@@ -425,7 +426,7 @@ class DecNAS(PrunedModelStages):
         if not nets:
             log(WARNING, "Iteration %d: no layer can be pruned to %.6g", t, target)
             return None, [], group_summary
-        pool: Pool = {c: (n.spec, ArrayRecord(n.state_dict())) for c, n in nets.items()}
+        pool: Pool = {c: (n.spec, record_of(n.state_dict())) for c, n in nets.items()}
         costs = {c: self.cost_of(n) for c, n in nets.items()}
         rounds = rounds_for(t, s.rounds, s.rounds_every) if s.dynamic_rounds else max(s.rounds)
         alpha = s.drop_ratio if s.dropping else 0.0
@@ -515,7 +516,7 @@ class DecNAS(PrunedModelStages):
         else:
             self.reached(GM0, 0)
             if not len(initial_arrays):
-                initial_arrays = ArrayRecord(self.net.state_dict())
+                initial_arrays = record_of(self.net.state_dict())
             arrays = self.fedavg(grid, self.net.spec, initial_arrays, s.train.rounds, GM0)
             gm0 = self.global_model(self.load_net(self.net.spec, arrays), 0, math.nan)
             gm0.val_accuracy = self.evaluate(grid, gm0, "val", "evaluate")

@@ -37,11 +37,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils.data import Dataset
 
+from ...arrays import record_of, state_dict_of
 from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
@@ -163,7 +164,7 @@ def _load(content: RecordDict) -> tuple[SearchSpace, ConfigRecord]:
     config: ConfigRecord = content.config_records[CONFIG]
     space = build_space(**space_from_config(config))
     require_darts_style(space)
-    state = content.array_records[ARRAYS].to_torch_state_dict()
+    state = state_dict_of(content.array_records[ARRAYS])
     space.load_state_dict({k: v for k, v in state.items() if not k.startswith(PREVIOUS_PREFIX)})
     return space.to(torch_device()), config
 
@@ -220,7 +221,7 @@ def _reply(
         expected_batch=expected_batch,
         generator=noise,
     )
-    arrays = ArrayRecord({k: v.detach().cpu().contiguous() for k, v in gradient.items()})
+    arrays = record_of({k: v.detach().cpu().contiguous() for k, v in gradient.items()})
     metrics = MetricRecord({"expected-batch": expected_batch, "train-flops": train_flops})
     if multiplier == 0:  # the clipped fraction depends on the data: never sent from a private party
         metrics["clipped-fraction"] = clipped
@@ -282,7 +283,7 @@ def _second_order(
     The training batch enters H_k here; the paper's accounting (and this
     project's) charges H_k to the validation split only.  Also returns the size of the
     training batch (``train-flops``: each validation sample differentiates it twice)."""
-    state = content.array_records[ARRAYS].to_torch_state_dict()
+    state = state_dict_of(content.array_records[ARRAYS])
     weights = weight_keys(space)
     device = torch_device()
     previous = {k: state[PREVIOUS_PREFIX + k].to(device) for k in weights}
@@ -321,7 +322,7 @@ def _second_order(
 
 def _derived(content: RecordDict) -> tuple[nn.Module, ConfigRecord]:
     config: ConfigRecord = content.config_records[CONFIG]
-    return derived_network_of(config, content.array_records[ARRAYS].to_torch_state_dict()), config
+    return derived_network_of(config, state_dict_of(content.array_records[ARRAYS])), config
 
 
 def train_final(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
@@ -345,7 +346,7 @@ def train_final(content: RecordDict, data: ClientData, partition_id: int) -> Rec
             "train-flops": done.flops(int(config["net-flops"])),
         }
     )
-    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+    return RecordDict({ARRAYS: record_of(state), METRICS: metrics})
 
 
 def _train_final_private(
@@ -383,7 +384,7 @@ def _train_final_private(
     # num-examples is the public N (FedAvg weights); no data-dependent loss is sent
     flops = _passes_flops(int(config["net-flops"]), steps * rate * n)
     metrics = MetricRecord({"num-examples": n, "train-loss": 0.0, "train-flops": flops})
-    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+    return RecordDict({ARRAYS: record_of(state), METRICS: metrics})
 
 
 def evaluate_final(content: RecordDict, data: ClientData) -> RecordDict:

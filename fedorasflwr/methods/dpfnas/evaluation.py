@@ -7,6 +7,7 @@ import copy
 from flwr.app import ArrayRecord, MetricRecord
 from torch.utils.data import TensorDataset
 
+from ...arrays import state_dict_of
 from ...search_spaces import SearchSpace
 from ...training import evaluate, ordered_loader, torch_device
 
@@ -26,7 +27,7 @@ class MixedSupernetEvaluator:
 
     def __call__(self, iteration: int, arrays: ArrayRecord) -> MetricRecord:
         device = torch_device()
-        self.space.load_state_dict(arrays.to_torch_state_dict())
+        self.space.load_state_dict(state_dict_of(arrays))
         self.space.to(device).eval()
         result = evaluate(self.space, self.loader, device)
         return MetricRecord({"val-accuracy": result.accuracy, "val-loss": result.loss})

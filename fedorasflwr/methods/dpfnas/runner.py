@@ -7,10 +7,10 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ...arrays import record_of
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...costs import flops_to_macs
@@ -75,7 +75,7 @@ def run_dpfnas(
         ),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
-    initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.iterations
+    initial, rounds = record_of(space.state_dict()), settings.method_settings.iterations
     with dpfnas_plan(settings.method_settings, settings.min_nodes).active():
         result = start(strategy, grid, settings, run, initial, rounds)
     genotype = result.genotype.to_text()

@@ -68,6 +68,7 @@ from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 from torch.utils.data import TensorDataset
 
+from ...arrays import record_of, state_dict_of
 from ...checkpoints import Resume
 from ...costs import training_flops
 from ...federation.aggregation import Aggregation
@@ -529,7 +530,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             }
         elif self.settings.aggregation == "mean":
             total = {k: v / len(accepted) for k, v in total.items()}
-        gradient = ArrayRecord({k: Array(v.astype(np.float32)) for k, v in total.items()})
+        gradient = record_of({k: v.astype(np.float32) for k, v in total.items()})
         record = MetricRecord({"parties": len(accepted)})
         if clipped:
             record["clipped-fraction"] = sum(clipped) / len(clipped)
@@ -598,7 +599,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
             self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
-        arrays = initial_arrays if len(initial_arrays) else ArrayRecord(self.space.state_dict())
+        arrays = initial_arrays if len(initial_arrays) else record_of(self.space.state_dict())
         history: list[dict[str, Any]] = []
         stopped = "completed"
         done = 0
@@ -658,7 +659,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         self.reached(
             SEARCH, done, arrays, history=history, stage_done=True, **self.progress(stopped, done)
         )
-        self.space.load_state_dict(arrays.to_torch_state_dict())
+        self.space.load_state_dict(state_dict_of(arrays))
         genotype = self.derive()
         log(INFO, "DP-FNAS genotype: %s", genotype.to_text())
         result = DPFNASResult(
@@ -701,7 +702,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
                 for pid, account in self.accounts.items()
             },
             "momentum": {k: torch.from_numpy(np.array(v)) for k, v in self._momentum.items()},
-            "previous": None if self._previous is None else self._previous.to_torch_state_dict(),
+            "previous": None if self._previous is None else state_dict_of(self._previous),
         }
 
     def restore_progress(self, resume: Resume) -> int:
@@ -827,7 +828,7 @@ class DPFNAS(FederatedNASStrategy[DPFNASResult]):
         with self.ledger.timed(FINAL):
             outcome = fedavg.start(
                 grid,
-                ArrayRecord(net.state_dict()),
+                record_of(net.state_dict()),
                 num_rounds=s.final.rounds,
                 timeout=self.reply_timeout,
                 train_config=self.with_user_config(DPFNAS_TRAIN, config),

@@ -26,6 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ...arrays import record_of, state_dict_of
 from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
@@ -110,7 +111,7 @@ def rescale_sampled(
 def _load_space(config: Mapping[str, Any], arrays: ArrayRecord) -> SearchSpace:
     space = build_space(**space_from_config(config))
     require_differentiable(space, "FDNAS")
-    space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    space.load_state_dict(state_dict_of(arrays), strict=True)
     return space
 
 
@@ -257,12 +258,12 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
     )
     if expected is not None:
         metrics["expected-ms"] = float(expected().detach())
-    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+    return RecordDict({ARRAYS: record_of(state), METRICS: metrics})
 
 
 def _load_net(config: Mapping[str, Any], arrays: ArrayRecord) -> Subnet:
     net = build_subnet(space_from_config(config), [int(v) for v in config["arch"]])
-    net.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    net.load_state_dict(state_dict_of(arrays), strict=True)
     return net
 
 
@@ -282,7 +283,7 @@ def train_net(content: RecordDict, data: ClientData, partition_id: int) -> Recor
             "local-accuracy": local.accuracy,
         }
     )
-    return RecordDict({ARRAYS: ArrayRecord(reply_state(net, received)), METRICS: metrics})
+    return RecordDict({ARRAYS: record_of(reply_state(net, received)), METRICS: metrics})
 
 
 def evaluate_net(content: RecordDict, data: ClientData) -> RecordDict:

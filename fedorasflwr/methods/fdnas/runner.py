@@ -8,11 +8,11 @@ from logging import WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from ... import runs
+from ...arrays import record_of
 from ...checkpoints import Checkpointer
 from ...config import RunSettings, space_kwargs
 from ...costs import COST_CONVENTION
@@ -109,7 +109,7 @@ def _run_fdnas(
         ),
     )
     run = runs.RunFiles(out_dir, settings, space.spec, progress)
-    initial = ArrayRecord(space.state_dict())
+    initial = record_of(space.state_dict())
     clusters = planned_clusters(settings) if strategy_class is CFDNAS else 0
     with fdnas_plan(settings.method_settings, settings.min_nodes, clusters).active():
         result = runs.start(

@@ -55,6 +55,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ...arrays import record_of, state_dict_of
 from ...checkpoints import Resume
 from ...costs import describe_flops, flops_to_macs
 from ...federation.aggregation import Aggregation, opa
@@ -577,7 +578,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
         (``derivation.derive_toward``); without one, argmax alpha per layer, or the most
         probable path within ``max-flops`` when the argmax exceeds it; with a latency
         ``table``, the most probable path within ``target`` ms on it."""
-        self.space.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        self.space.load_state_dict(state_dict_of(arrays), strict=True)
         if table is not None:
             if target is None:
                 raise ValueError("a derivation on a latency table needs its target in ms")
@@ -613,7 +614,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
     def fresh_supernet(self, *keys: int | str) -> ArrayRecord:
         """A newly initialised supernet (naive-CFDNAS), seeded from the run seed and ``keys``."""
         seed_torch(self.seed, "fresh", *keys)
-        return ArrayRecord(self.space.fresh().state_dict())
+        return record_of(self.space.fresh().state_dict())
 
     def train_net(
         self,
@@ -649,7 +650,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
                 **s.final.client_config(),
             }
         )
-        arrays = ArrayRecord(subnet.state_dict())
+        arrays = record_of(subnet.state_dict())
         history: list[dict[str, Any]] = []
         if s.final.rounds:
             with self.ledger.timed(stage):
@@ -694,7 +695,7 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
 
     def _subnet(self, arch: tuple[int, ...], supernet: ArrayRecord) -> torch.nn.Module:
         if self.settings.final_init == "supernet":
-            self.space.load_state_dict(supernet.to_torch_state_dict(), strict=True)
+            self.space.load_state_dict(state_dict_of(supernet), strict=True)
             return self.space.subnet(arch)
         seed_torch(self.seed, "scratch", *arch)
         return self.space.fresh().subnet(arch)
@@ -812,4 +813,4 @@ class FDNAS(FederatedNASStrategy[FDNASResult]):
             self.ledger.restore(self.resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
-        return initial_arrays if len(initial_arrays) else ArrayRecord(self.space.state_dict())
+        return initial_arrays if len(initial_arrays) else record_of(self.space.state_dict())

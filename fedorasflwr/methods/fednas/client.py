@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ...arrays import record_of, state_dict_of
 from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS, space_from_config
@@ -46,7 +47,7 @@ def _load_space(content: RecordDict) -> tuple[SearchSpace, ConfigRecord]:
     config: ConfigRecord = content.config_records[CONFIG]
     space = build_space(**space_from_config(config))
     require_darts_style(space, "FedNAS")
-    space.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict(), strict=True)
+    space.load_state_dict(state_dict_of(content.array_records[ARRAYS]), strict=True)
     return space, config
 
 
@@ -109,12 +110,12 @@ def search_supernet(content: RecordDict, data: ClientData, partition_id: int) ->
             "train-flops": training_flops(int(config["mixed-flops"]), seen + val_seen),
         }
     )
-    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+    return RecordDict({ARRAYS: record_of(state), METRICS: metrics})
 
 
 def _derived(content: RecordDict) -> tuple[nn.Module, ConfigRecord]:
     config: ConfigRecord = content.config_records[CONFIG]
-    return derived_network_of(config, content.array_records[ARRAYS].to_torch_state_dict()), config
+    return derived_network_of(config, state_dict_of(content.array_records[ARRAYS])), config
 
 
 def train_final(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
@@ -130,7 +131,7 @@ def train_final(content: RecordDict, data: ClientData, partition_id: int) -> Rec
             "train-flops": done.flops(int(config["net-flops"])),
         }
     )
-    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+    return RecordDict({ARRAYS: record_of(state), METRICS: metrics})
 
 
 def evaluate_final(content: RecordDict, data: ClientData) -> RecordDict:

@@ -7,10 +7,10 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ...arrays import record_of
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...model_files import DERIVED, SPACE
@@ -62,7 +62,7 @@ def run_fednas(
         ),
     )
     run = RunFiles(out_dir, settings, space.spec, progress)
-    initial = ArrayRecord(space.state_dict())
+    initial = record_of(space.state_dict())
     with fednas_plan(method, settings.min_nodes).active():
         result = start(strategy, grid, settings, run, initial, method.search.rounds)
     genotype = result.genotype.to_text()

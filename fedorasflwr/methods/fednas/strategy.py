@@ -47,6 +47,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
+from ...arrays import record_of, state_dict_of
 from ...checkpoints import Resume
 from ...costs import flops_to_macs, training_flops
 from ...federation.aggregation import Aggregation, opa
@@ -311,7 +312,7 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
             self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
-        arrays = initial_arrays if len(initial_arrays) else ArrayRecord(self.space.state_dict())
+        arrays = initial_arrays if len(initial_arrays) else record_of(self.space.state_dict())
         rounds = self.settings.search.rounds
         history: list[dict[str, Any]] = []
         done = 0
@@ -329,7 +330,7 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
             arrays = new_arrays if new_arrays is not None else arrays
             if metrics is not None:
                 self.train_metrics[server_round] = metrics
-            self.space.load_state_dict(arrays.to_torch_state_dict())
+            self.space.load_state_dict(state_dict_of(arrays))
             entry = {
                 "sent": len(messages),
                 **dict(metrics or {}),
@@ -349,7 +350,7 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
             self.reached(
                 SEARCH, server_round, arrays, history=history, stage_done=server_round == rounds
             )
-        self.space.load_state_dict(arrays.to_torch_state_dict())
+        self.space.load_state_dict(state_dict_of(arrays))
         genotype = self.space.genotype()
         log(INFO, "FedNAS genotype: %s", genotype.to_text())
         flops = genotype_cost(self.space, genotype)
@@ -413,7 +414,7 @@ class FedNAS(FederatedNASStrategy[FedNASResult]):
         with self.ledger.timed(FINAL):
             outcome = fedavg.start(
                 grid,
-                ArrayRecord(net.state_dict()),
+                record_of(net.state_dict()),
                 num_rounds=s.final.rounds,
                 timeout=self.reply_timeout,
                 train_config=self.with_user_config(FEDNAS_TRAIN, config),

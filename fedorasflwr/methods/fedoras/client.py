@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...arrays import record_of, state_dict_of
 from ...costs import training_flops
 from ...data import ClientData
 from ...latency import LatencyTable
@@ -60,7 +61,7 @@ __all__ = [
 def load_supernet(config: Mapping[str, Any], arrays: ArrayRecord) -> SearchSpace:
     """Build the supernet named in ``config`` and load the (partial) ``arrays`` into it."""
     space = build_space(**space_from_config(config))
-    state = arrays.to_torch_state_dict()
+    state = state_dict_of(arrays)
     unknown = set(state) - set(space.state_dict())
     if unknown:
         raise ValueError(
@@ -179,7 +180,7 @@ def train_supernet(content: RecordDict, data: ClientData, partition_id: int) -> 
             "option-counts": work.counts.tolist(),
         }
     )
-    return RecordDict({ARRAYS: ArrayRecord(state), METRICS: metrics})
+    return RecordDict({ARRAYS: record_of(state), METRICS: metrics})
 
 
 def score_paths_locally(content: RecordDict, data: ClientData, partition_id: int) -> RecordDict:
@@ -218,7 +219,7 @@ def score_paths_locally(content: RecordDict, data: ClientData, partition_id: int
 
 def _load_subnet(config: Mapping[str, Any], arrays: ArrayRecord) -> nn.Module:
     net = build_subnet(space_from_config(config), [int(v) for v in config["arch"]])
-    net.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    net.load_state_dict(state_dict_of(arrays), strict=True)
     return net
 
 
@@ -236,7 +237,7 @@ def train_subnet(content: RecordDict, data: ClientData, partition_id: int) -> Re
             "train-flops": done.flops(int(config["net-flops"])),
         }
     )
-    return RecordDict({ARRAYS: ArrayRecord(reply_state(net, received)), METRICS: metrics})
+    return RecordDict({ARRAYS: record_of(reply_state(net, received)), METRICS: metrics})
 
 
 def evaluate_subnet(content: RecordDict, data: ClientData) -> RecordDict:

@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, MetricRecord
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
+from ...arrays import state_dict_of
 from ...search_spaces import SearchSpace
 from ...seeding import numpy_stream
 from ...training import (
@@ -89,7 +90,7 @@ class ServerPathScorer:
         return torch_device()
 
     def load(self, arrays: ArrayRecord) -> None:
-        self.space.load_state_dict(arrays.to_torch_state_dict())
+        self.space.load_state_dict(state_dict_of(arrays))
 
     def __call__(self, paths: Sequence[Sequence[int]]) -> list[EvalResult]:
         return score_paths(self.space, paths, self.loader, self.calibration, self.device)

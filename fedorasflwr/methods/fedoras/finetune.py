@@ -38,6 +38,7 @@ from flwr.supercore import log
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from ...arrays import record_of, state_dict_of
 from ...costs import describe_flops, flops_to_macs, training_flops
 from ...federation.base import NodeProfile
 from ...federation.fedavg import SeededFedAvg, cosine_lr, step_lr
@@ -173,7 +174,7 @@ def initial_subnet(
         return ArrayRecord({k: state[k] for k in keys})
     seed_torch(context.federation.seed, "rand-init", tier, candidate)
     fresh = context.space.fresh().subnet(arch)
-    return ArrayRecord(fresh.state_dict())
+    return record_of(fresh.state_dict())
 
 
 def _server_curve(
@@ -194,7 +195,7 @@ def _server_curve(
     loader = DataLoader(data, batch_size=256)
 
     def curve(_round: int, arrays: ArrayRecord) -> MetricRecord:
-        net.load_state_dict(arrays.to_torch_state_dict())
+        net.load_state_dict(state_dict_of(arrays))
         net.to(device)
         if calibration is not None:
             recalibrate_batchnorm(net, net, calibration, device)

@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from torch.utils.data import TensorDataset
 
+from ...arrays import record_of
 from ...artifacts import check_state, load_checkpoint
 from ...checkpoints import Checkpointer, Resume
 from ...config import RunSettings
@@ -69,7 +70,7 @@ def run_fedoras(
     trained = resume is not None and not resume.within("supernet")
     strategy = build_fedoras(settings, space=space, server_data=server_data, resume=resume)
     run = RunFiles(out_dir, settings, space.spec, progress)
-    initial, rounds = ArrayRecord(space.state_dict()), settings.method_settings.train.rounds
+    initial, rounds = record_of(space.state_dict()), settings.method_settings.train.rounds
     with fedoras_plan(settings.method_settings, settings.min_nodes).active():
         result = start(strategy, grid, settings, run, initial, rounds, supernet="supernet.pt")
     if not trained:

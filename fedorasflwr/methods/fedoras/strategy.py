@@ -54,6 +54,7 @@ from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 from torch.utils.data import TensorDataset
 
+from ...arrays import record_of
 from ...artifacts import plain
 from ...checkpoints import Resume
 from ...costs import describe_flops, flops_to_macs
@@ -662,7 +663,7 @@ class FedorAS(FederatedNASStrategy[FedorASResult]):
             self.ledger.restore(resume.ledger)
         with self.ledger.timed("setup"):
             self.setup(grid)
-        arrays = initial_arrays if len(initial_arrays) else ArrayRecord(self.space.state_dict())
+        arrays = initial_arrays if len(initial_arrays) else record_of(self.space.state_dict())
         if resume is not None:
             self._check_resumed_tiers(resume)
             arrays, supernet_trained = resume.arrays, not resume.within(STAGE_SUPERNET)

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...arrays import record_of, state_dict_of
 from ...costs import training_flops
 from ...data import ClientData
 from ...protocol import ARRAYS, CONFIG, METRICS
@@ -81,7 +82,7 @@ def model_of(config: Mapping[str, Any], model_fn: ModelFn | None = None) -> Mode
 def _load(content: RecordDict, build: ModelFn) -> tuple[ConfigRecord, nn.Module]:
     config: ConfigRecord = content.config_records[CONFIG]
     net = build(float(config["width"]))
-    net.load_state_dict(content.array_records[ARRAYS].to_torch_state_dict())
+    net.load_state_dict(state_dict_of(content.array_records[ARRAYS]))
     return config, net
 
 
@@ -190,7 +191,7 @@ def train_width(
             loss, flops = done.loss, done.flops(2 * _ladder(config)[-1][1])
     return RecordDict(
         {
-            ARRAYS: ArrayRecord(reply_state(net, content.array_records[ARRAYS])),
+            ARRAYS: record_of(reply_state(net, content.array_records[ARRAYS])),
             METRICS: MetricRecord(
                 {"num-examples": len(data.train), "train-loss": loss, "train-flops": flops}
             ),

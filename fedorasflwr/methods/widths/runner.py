@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from ...arrays import record_of, state_dict_of
 from ...checkpoints import Checkpointer
 from ...config import RunSettings
 from ...data import dataset_info
@@ -78,7 +79,7 @@ def run_widths(
     )
     spec = {"name": WIDTHS_NET, **image, "head": head}
     run = RunFiles(out_dir, settings, spec, progress)
-    initial = ArrayRecord(net.state_dict())
+    initial = record_of(net.state_dict())
     result = start(strategy, grid, settings, run, initial, rounds)
     held = run.global_test
     for tier in result.tiers:  # scored on the server as written (RunFiles.save_final)
@@ -121,13 +122,13 @@ def save_tier(
     ``tier<t>.pt`` before issue 41): the tier's model as a DecNAS
     prunable ConvNet at its width (``model_files.load_model`` rebuilds it; its keys gain the
     ``model.`` prefix), scored as written (``runs.RunFiles.save_final``)."""
-    keys = {f"model.{k}": v for k, v in arrays.to_torch_state_dict().items()}
+    keys = {f"model.{k}": v for k, v in state_dict_of(arrays).items()}
     spec = build_prunable("convnet", width=width, head=head, **image).spec
     net = load_prunable(spec, keys)
     return run.save_final(
         f"tier-{tier}",
         net,
-        ArrayRecord(net.state_dict()),
+        record_of(net.state_dict()),
         stage="final",
         builder=PRUNABLE,
         space_spec=spec,

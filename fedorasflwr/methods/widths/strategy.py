@@ -26,11 +26,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
+from ...arrays import record_of
 from ...checkpoints import Resume
 from ...costs import COST_CONVENTION
 from ...federation.aggregation import Aggregation
@@ -111,7 +112,7 @@ def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({key: Array(np.array(v, order="C")) for key, v in arrays.items()})
+    return record_of({key: np.array(v, order="C") for key, v in arrays.items()})
 
 
 class WidthStrategy(FederatedNASStrategy[WidthResult]):
@@ -431,7 +432,7 @@ class WidthStrategy(FederatedNASStrategy[WidthResult]):
         """Make ``arrays`` the full-width global model (empty: the net's initial weights,
         drawn from the seed), and its slices' specs what every reply is checked against."""
         if not len(arrays):
-            arrays = ArrayRecord(self.net.state_dict())
+            arrays = record_of(self.net.state_dict())
         full = to_numpy(arrays)
         for name, shape in self.shapes[1.0].items():
             if name not in full or tuple(full[name].shape) != shape:
