@@ -114,6 +114,9 @@ BENCHMARK_SMOKE_TESTS = frozenset(
         # and every bit-equality test of the suite runs through them
         "tests/test_benchmark_array_codec.py::"
         "test_array_codec_quick_compares_both_sides_with_the_same_results",
+        # a measurement of a pytest run (what kind_of names is tests/test_benchmarks.py's)
+        "tests/test_benchmark_suite_processes.py::"
+        "test_suite_processes_quick_reads_the_run_by_kind_of_process",
     }
 )
 

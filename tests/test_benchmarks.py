@@ -124,3 +124,32 @@ def test_fedoras_text_gain_is_rand_init_perplexity_minus_fedoras_per_tier():
         assert recipe["space.name"] == "rnn" and recipe["fedoras.grad-clip"] == "auto"
         assert recipe["fedoras.finetune-lr-schedule"] == "step"
         assert recipe["fedoras.rand-init-rounds"] == recipe["fedoras.rounds"]
+
+
+def test_suite_processes_names_each_kind_of_process_by_its_command_line():
+    processes = load_benchmark("suite_processes")
+    kinds = {
+        "/v/bin/python -m pytest -p no:cacheprovider": "pytest (workers: in-process tests)",
+        "python -u -c import sys;exec(eval(sys.stdin.readline()))": (
+            "pytest (workers: in-process tests)"
+        ),
+        "ray::ClientAppActor": "Ray ClientApp actors",
+        "ray::IDLE": "Ray runtime",
+        "/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --x": "Ray runtime",
+        "/v/bin/python3 /v/bin/flwr-simulation --runtime-api-address 127.0.0.1:1": (
+            "flwr-simulation"
+        ),
+        "/v/bin/python3 /v/bin/flwr-serverapp --token t": "flwr-serverapp",
+        "/v/bin/python3 /v/bin/flower-superlink --insecure": "SuperLink",
+        "python -m fedorasflwr.launch.supernode --superlink 127.0.0.1:1": "SuperNode",
+        "python -m fedorasflwr.launch.warm --insecure": "ClientApp executors",
+        "/v/bin/python3 /v/bin/flower-superexec --insecure": "SuperExec",
+        "/v/bin/python3 /v/bin/flwr ls local --run-id 3 --format json": "flwr command line",
+        "python /r/benchmarks/scale.py --quick": "benchmarks' quick runs",
+        "python -m fedorasflwr.launch --app-dir /r": "launcher and compare",
+        "python -c import json, sys": "other Python processes",
+        "/process_api --firecracker-init": "rest of the machine",
+        "": "rest of the machine",
+    }
+    for command, kind in kinds.items():
+        assert processes.kind_of(command) == kind, command
