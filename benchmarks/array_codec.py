@@ -65,8 +65,9 @@ def _round_trips(arrays: Any, state: dict[str, Any], trips: int) -> None:
         arrays.state_dict_of(arrays.record_of(state))
 
 
-#: result keys that hold wall-clock figures or a run's own paths: not compared
-_CLOCK_WORDS = ("time", "seconds", "elapsed", "eta", "wall", "dir", "path", "started", "finished")
+#: result keys that hold wall-clock figures or a run's own directory: not compared (every
+#: other key is, by its exact name: a word inside a name, e.g. "path", skips nothing)
+_CLOCK_KEYS = frozenset({"seconds", "elapsed", "started", "finished", "output_dir", "run_dir"})
 
 
 def _difference(a: Any, b: Any, where: str = "") -> str | None:
@@ -74,7 +75,7 @@ def _difference(a: Any, b: Any, where: str = "") -> str | None:
     own paths aside), or ``None``."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(a.keys() | b.keys()):
-            if any(word in key for word in _CLOCK_WORDS) or key.endswith("_s"):
+            if key in _CLOCK_KEYS or key.endswith(("_s", "_seconds")):
                 continue
             found = _difference(a.get(key), b.get(key), f"{where}.{key}")
             if found:
