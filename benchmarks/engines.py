@@ -99,7 +99,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, report, run_config, warm_data_cache
+from common import ROOT, machine_busy_jiffies, report, run_config, warm_data_cache
 
 NUM_CLIENTS = 3
 QUICK_CLIENTS = 2  # the smoke run: 2 nodes, 6 deployment messages instead of 9
@@ -167,22 +167,6 @@ def task_log_of(timing_log: Path) -> Path:
 
 #: seconds between two load samples
 LOAD_PERIOD = 0.5
-#: ``/proc/stat``'s ``cpu`` line: user nice system idle iowait irq softirq steal (guest and
-#: guest_nice are already in user and nice)
-_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
-
-
-def cpu_times() -> tuple[float, float] | None:
-    """(busy, total) jiffies of all cores since boot from ``/proc/stat``; ``None`` where
-    it is missing."""
-    try:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [float(v) for v in stat.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    if len(fields) < 8:
-        return None
-    return sum(fields[i] for i in _BUSY_FIELDS), sum(fields)
 
 
 class LoadSampler:
@@ -202,7 +186,7 @@ class LoadSampler:
 
     def __enter__(self) -> LoadSampler:
         self.started = time.time()
-        self._last = cpu_times()
+        self._last = machine_busy_jiffies()
         self._thread.start()
         return self
 
@@ -218,7 +202,7 @@ class LoadSampler:
             deadline += self.period
 
     def _sample(self) -> None:
-        now = cpu_times()
+        now = machine_busy_jiffies()
         busy = None
         if now is not None and self._last is not None and now[1] > self._last[1]:
             busy = (now[0] - self._last[0]) / (now[1] - self._last[1])

@@ -17,16 +17,14 @@ the deployment runs at most ``cpu_count // threads`` ClientApps at once (``Deplo
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common import report, run_config, warm_data_cache
+from common import ProcessSampler, report, run_config, warm_data_cache
 from engines import (
     nodes_of,
     read_timings,
@@ -35,18 +33,6 @@ from engines import (
     settings,
     warm_cost_cache,
 )
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_and_cmdline(pid: str) -> tuple[float, str] | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS, cmdline  # utime + stime
 
 
 def role_of(cmdline: str, pid: int, trainers: set[int]) -> str:
@@ -73,65 +59,27 @@ def role_of(cmdline: str, pid: int, trainers: set[int]) -> str:
     return "other"
 
 
-class CpuSampler:
-    """CPU seconds of every process on the machine, last value seen per pid (a process's
-    total is read up to its last sample before it exits: < 1 s of it can be missed)."""
-
-    def __init__(self, period: float = 0.25) -> None:
-        self.period = period
-        self.start: dict[int, float] = {}
-        self.last: dict[int, tuple[float, str]] = {}
-        self._stop = threading.Event()
-
-    def _snapshot(self) -> dict[int, tuple[float, str]]:
-        seen = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                got = _cpu_and_cmdline(entry)
-                if got is not None:
-                    seen[int(entry)] = got
-        return seen
-
-    def __enter__(self) -> CpuSampler:
-        self.start = {pid: cpu for pid, (cpu, _) in self._snapshot().items()}
-        self.me = os.getpid()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _merge(self, seen: dict[int, tuple[float, str]]) -> None:
-        """Latest CPU seconds; the command line first seen (an exited process, a zombie,
-        reads as empty)."""
-        for pid, (cpu, cmdline) in seen.items():
-            known = self.last.get(pid, (0.0, ""))[1]
-            self.last[pid] = (cpu, known or cmdline)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            self._merge(self._snapshot())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._merge(self._snapshot())
+class CpuSampler(ProcessSampler):
+    """`common.ProcessSampler` (every process on the machine, read every ``interval``
+    seconds) with its CPU seconds summed by `role_of`."""
 
     def by_role(self, trainers: set[int]) -> dict[str, float]:
         totals: dict[str, float] = defaultdict(float)
-        for pid, (cpu, cmdline) in self.last.items():
-            used = cpu - self.start.get(pid, 0.0)
-            if used <= 0:
-                continue
-            role = "benchmark process" if pid == self.me else role_of(cmdline, pid, trainers)
+        for reading, used in self.spent():
+            if reading.pid == self.me:
+                role = "benchmark process"
+            else:
+                role = role_of(reading.command, reading.pid, trainers)
             totals[role] += used
         return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
     def others(self, trainers: set[int], top: int = 8) -> list[tuple[float, str]]:
         """The ``top`` processes of role "other" by CPU seconds, with their command lines."""
-        rows = []
-        for pid, (cpu, cmdline) in self.last.items():
-            used = cpu - self.start.get(pid, 0.0)
-            if used > 0 and pid != self.me and role_of(cmdline, pid, trainers) == "other":
-                rows.append((round(used, 2), cmdline[:160]))
+        rows = [
+            (round(used, 2), reading.command[:160])
+            for reading, used in self.spent()
+            if reading.pid != self.me and role_of(reading.command, reading.pid, trainers) == "other"
+        ]
         return sorted(rows, reverse=True)[:top]
 
 

@@ -17,13 +17,12 @@ with ``fedorasflwr/launch/warm.py`` of commit ``ae8c85e``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, report
+from common import ROOT, read_process, report
 
 if str(ROOT) not in sys.path:  # this checkout's package, not another installed one
     sys.path.insert(0, str(ROOT))
@@ -39,8 +38,10 @@ ROLES = (
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    reading = read_process(pid)
+    if reading is None:
+        raise RuntimeError(f"process {pid} of the idle deployment ended during the window")
+    return reading.cpu_s
 
 
 def _processes(home: Path) -> dict[int, str]:

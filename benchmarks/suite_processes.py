@@ -8,8 +8,9 @@ Ray's ClientApp actors, the simulation and ServerApp processes, SuperLinks, Supe
 warm ClientApp executors, Flower's command line, the benchmarks' quick runs, and the rest of
 the machine. Every process's user + system CPU seconds are read every ``--interval`` seconds
 (``/proc/<pid>/stat``; a process's CPU before the sampler first saw it is not counted, and a
-process that ends loses at most its last interval); ``covered`` compares their sum with the
-machine's own total over the run (``/proc/stat``). Run it with nothing else on the machine:
+process that ends loses at most its last interval; the reader's own process is a row of its
+own); ``covered`` compares their sum with the machine's own total over the run
+(``/proc/stat``). Run it with nothing else on the machine:
 everything on it counts.
 
     python benchmarks/suite_processes.py                 # the whole suite, as CI runs it
@@ -26,11 +27,10 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 
-from common import ROOT, report
+from common import ROOT, ProcessSampler, machine_cpu_seconds, report
 
 QUICK_ARGS = ("-n", "0", "tests/test_config.py", "tests/test_layout.py")
 
@@ -67,59 +67,20 @@ def kind_of(command: str) -> str:
     return OTHER
 
 
-def _machine_cpu() -> float:
-    with open("/proc/stat") as stat:
-        user, nice, system = (int(v) for v in stat.readline().split()[1:4])
-    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+#: the benchmark's own process: its reading thread (the rest of it waits on pytest), so the
+#: reader's own cost is a row of the table
+SAMPLER = "this benchmark (its /proc reader)"
 
 
-class Sampler(threading.Thread):
-    """Reads every process's CPU seconds every ``interval`` seconds until stopped: the CPU
-    each spent since it was first seen, by (pid, start time), with its command line."""
-
-    def __init__(self, interval: float) -> None:
-        super().__init__(daemon=True)
-        self.interval = interval
-        self.stopped = threading.Event()
-        self.first: dict[tuple[str, str], float] = {}
-        self.last: dict[tuple[str, str], tuple[str, float]] = {}
-        self.samples = 0
-        self._tick = os.sysconf("SC_CLK_TCK")
-        self._me = str(os.getpid())
-
-    def sample(self) -> None:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or pid == self._me:
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{pid}/cmdline") as cmdline:
-                    command = cmdline.read().replace("\0", " ").strip()
-            except OSError:  # it ended between the listing and the read
-                continue
-            key = (pid, fields[19])  # the pid and its start time: a reused pid is another
-            cpu = (int(fields[11]) + int(fields[12])) / self._tick
-            self.first.setdefault(key, cpu if self.samples == 0 else 0.0)
-            seen = self.last.get(key)
-            self.last[key] = (command or (seen[0] if seen else ""), cpu)
-        self.samples += 1
-
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            self.sample()
-            self.stopped.wait(self.interval)
-        self.sample()
-
-    def by_kind(self) -> tuple[Counter[str], Counter[str]]:
-        """CPU seconds and processes per kind."""
-        cpu: Counter[str] = Counter()
-        count: Counter[str] = Counter()
-        for key, (command, seconds) in self.last.items():
-            kind = kind_of(command)
-            cpu[kind] += seconds - self.first[key]
-            count[kind] += 1
-        return cpu, count
+def by_kind(sampler: ProcessSampler) -> tuple[Counter[str], Counter[str]]:
+    """CPU seconds and processes per kind (`kind_of`; the sampler's own process apart)."""
+    cpu: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for reading, seconds in sampler.spent():
+        kind = SAMPLER if reading.pid == sampler.me else kind_of(reading.command)
+        cpu[kind] += seconds
+        count[kind] += 1
+    return cpu, count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,17 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pytest_args = list(QUICK_ARGS) if args.quick else args.pytest_args
     load = os.getloadavg()
-    sampler = Sampler(args.interval)
-    machine_before, started = _machine_cpu(), time.monotonic()
-    sampler.start()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args], cwd=ROOT
-    )
+    machine_before, started = machine_cpu_seconds(), time.monotonic()
+    with ProcessSampler(args.interval) as sampler:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args], cwd=ROOT
+        )
     wall = time.monotonic() - started
-    sampler.stopped.set()
-    sampler.join()
-    machine = _machine_cpu() - machine_before
-    cpu, count = sampler.by_kind()
+    machine = machine_cpu_seconds() - machine_before
+    cpu, count = by_kind(sampler)
     total = sum(cpu.values())
     rows = [
         {

@@ -270,12 +270,12 @@ def test_engines_cpu_books_a_busy_child_and_names_the_roles():
 
     cpu = load_benchmark("engines_cpu")
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
-    with cpu.CpuSampler(period=0.05) as sampler:
+    with cpu.CpuSampler(interval=0.05) as sampler:
         child = subprocess.Popen([sys.executable, "-c", burn])
         child.wait(timeout=60)
-    used, cmdline = sampler.last[child.pid]
-    assert used - sampler.start.get(child.pid, 0.0) >= 0.4
-    assert "process_time" in cmdline  # the command line seen alive, not the zombie's ""
+    ((reading, used),) = [(r, u) for r, u in sampler.spent() if r.pid == child.pid]
+    assert used >= 0.4
+    assert "process_time" in reading.command  # the command line seen alive, not the zombie's ""
     assert sampler.by_role(set())["other"] >= 0.4
     assert sampler.by_role({child.pid})["clientapp (training message)"] >= 0.4
     assert cpu.role_of("/v/bin/python /v/bin/flower-supernode --insecure", 1, set()) == "supernode"

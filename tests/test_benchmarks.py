@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -153,3 +154,38 @@ def test_suite_processes_names_each_kind_of_process_by_its_command_line():
     }
     for command, kind in kinds.items():
         assert processes.kind_of(command) == kind, command
+
+
+def test_the_proc_readers_book_a_busy_child_and_the_sampler_itself():
+    """``common``'s /proc readers, which every CPU benchmark uses: a child that burns CPU
+    is booked under its command line with about what its own clock says it used, the
+    machine's CPU grows by at least as much, a reused pid is another process, and
+    ``suite_processes`` books the sampler's own process as a row of its own."""
+    common = load_benchmark("common")
+    processes = load_benchmark("suite_processes")
+    me = common.read_process(os.getpid())
+    assert me is not None and me.pid == os.getpid() and me.cpu_s > 0
+    assert sys.executable.split("/")[-1] in me.command
+    assert common.read_process(2**22 + 1) is None  # above Linux's pid_max: no such process
+    burn = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+        "print(time.process_time())"
+    )
+    machine_before = common.machine_cpu_seconds()
+    with common.ProcessSampler(interval=0.05) as sampler:
+        child = subprocess.run(
+            [sys.executable, "-c", burn], capture_output=True, text=True, timeout=60
+        )
+    own_clock = float(child.stdout)
+    assert common.machine_cpu_seconds() - machine_before >= 0.6
+    (booked,) = [
+        (reading, used) for reading, used in sampler.spent() if "process_time" in reading.command
+    ]
+    # its last reading is at most one interval before it exited (plus interpreter start-up)
+    assert own_clock - 0.2 <= booked[1] <= own_clock + 1.0, (booked, own_clock)
+    assert sampler.samples >= 3
+    cpu, count = processes.by_kind(sampler)
+    assert count[processes.SAMPLER] == 1 and cpu[processes.SAMPLER] > 0  # its reading thread
+    assert cpu["other Python processes"] >= own_clock - 0.2
+    busy, total = common.machine_busy_jiffies()
+    assert 0 < busy <= total
