@@ -13,9 +13,17 @@ class), once with ``<method>.lr-probe = false`` (lr 0.05 as given) and once with
     python benchmarks/lr_probe.py --quick        # smoke: MNIST-5k, HeteroFL, 1 round
     python benchmarks/lr_probe.py --methods fedoras --reduction maxpool-conv1x1
                                                  # FedorAS (fedoras.lr-probe) with max pooling
+    python benchmarks/lr_probe.py --methods fedoras --reduction maxpool-conv1x1 \
+        --datasets shapes --seeds 0 1 2 --probe on --rounds-scale auto
+                                                 # ... with the rounds rule, the probe on only
 
 ``--methods fedoras`` runs FedorAS at compare-quick's keys (Stage 1 configured at lr 0.1), its
 ``fedoras.lr-probe`` off and on; ``--reduction`` sets its ``space.reduction``.
+
+``--rounds-scale`` is the run config's ``rounds-scale`` (``fedorasflwr.rounds``): default 1,
+the rounds as compare-quick sets them, as every figure recorded before the rounds rule (2026-12-07)
+was taken; ``auto`` is the rule (on shapes x2.78; on MNIST-5k 1). ``--probe on`` / ``off``
+runs one side only (default: both).
 
 The headline: per dataset and method, the mean global-test accuracy over the tiers with and
 without the probe (``<dataset>_<method>_probe_on`` / ``_off``), the rate the probe kept, and
@@ -53,9 +61,11 @@ def run_case(
     rounds: int,
     reduction: str = "",
     seed: int = 0,
+    rounds_scale: float | str = 1.0,
 ) -> dict[str, Any]:
     """One dataset, the probe on or off: every method's tiers on the global test set.
-    ``reduction``: FedorAS's ``space.reduction`` ("": the file's); ``seed``: the run's."""
+    ``reduction``: FedorAS's ``space.reduction`` ("": the file's); ``seed``: the run's;
+    ``rounds_scale``: the run config's ``rounds-scale``."""
     import torch
 
     from fedorasflwr.compare.cli import compare
@@ -68,7 +78,7 @@ def run_case(
     base = read_spec(ROOT / "configs/compare-quick.toml", flags)
     spec = replace(
         base,
-        shared={**base.shared, "data.dataset": dataset, "seed": seed},
+        shared={**base.shared, "data.dataset": dataset, "seed": seed, "rounds-scale": rounds_scale},
         overrides={
             m: {
                 **base.overrides.get(m, {}),
@@ -112,7 +122,7 @@ def run_case(
     return {"rows": out_rows}
 
 
-def _job(args: tuple[str, bool, tuple[str, ...], int, str, int]) -> dict[str, Any]:
+def _job(args: tuple[str, bool, tuple[str, ...], int, str, int, float | str]) -> dict[str, Any]:
     return run_case(*args)
 
 
@@ -143,8 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--datasets", nargs="+", choices=("mnist5k", "shapes"), default=["mnist5k", "shapes"]
     )
+    parser.add_argument(
+        "--rounds-scale", default="1", help='the run config\'s rounds-scale: "auto" or a number'
+    )
+    parser.add_argument("--probe", choices=("both", "on", "off"), default="both")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
+    rounds_scale: float | str = "auto" if args.rounds_scale == "auto" else float(args.rounds_scale)
+    sides = {"both": (False, True), "on": (True,), "off": (False,)}[args.probe]
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     unknown = sorted(set(methods) - {*METHODS, "fedoras"})
     if unknown or not methods:
@@ -160,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     for dataset in datasets:  # fill the data cache once, before the workers race for it
         _data(dataset)
     jobs = [
-        (d, probe, methods, args.rounds, args.reduction, seed)
+        (d, probe, methods, args.rounds, args.reduction, seed, rounds_scale)
         for seed in args.seeds
         for d in datasets
-        for probe in (False, True)
+        for probe in sides
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         rows = [row for case in pool.map(_job, jobs) for row in case["rows"]]
@@ -181,8 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         name += "." + "-".join(args.datasets)
     if args.seeds != [0]:
         name += ".seeds-" + "-".join(str(seed) for seed in args.seeds)
+    if rounds_scale != 1.0:
+        name += f".rounds-scale-{args.rounds_scale}"
+    if args.probe != "both":
+        name += f".probe-{args.probe}"
     summary = {
         "rounds": args.rounds or "presets'",
+        "rounds_scale": rounds_scale,
         "seeds": " ".join(str(seed) for seed in args.seeds),
         **({"reduction": args.reduction} if args.reduction else {}),
         **headline(rows),

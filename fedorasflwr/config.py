@@ -557,6 +557,12 @@ class RunSettings:
     device: str = "auto"
     # On CUDA: deterministic kernels, TF32 off (training.py ``apply_determinism``).
     deterministic: bool = True
+    # ``rounds-scale``: "auto" (the rounds rule, ``fedorasflwr.rounds``) or a number > 0 that
+    # multiplies every round key of the method; applied by ``rounds.parse_with_rounds_rule``.
+    rounds_scale: float | str = "auto"
+    # What the rounds rule did (``rounds.RoundsRule.summary``): None where it was not applied
+    # (a bare ``parse_run_config``).
+    rounds_rule: Mapping[str, Any] | None = None
     # Every key the parser read and the value it took (given or default): what binds a
     # checkpoint to its run's settings (checkpoints.py, ``bound_settings``).
     # Not in result.json (``artifacts.plain``): the checkpoint keeps the bound part.
@@ -631,6 +637,8 @@ RESUME_SAFE_KEYS = frozenset(
         "deterministic",
         "reply-timeout",
         "min-nodes",
+        # its effect is in the round keys, which bind (``rounds.parse_with_rounds_rule``)
+        "rounds-scale",
     }
 )
 
@@ -776,7 +784,20 @@ def _parse(cfg: Mapping[str, Any]) -> RunSettings:
         # Device of every loop (auto = CUDA when present); a node config 'device' wins there.
         device=check_device_setting(read_key(cfg, "device", "auto", str)),
         deterministic=read_key(cfg, "deterministic", True, bool),
+        rounds_scale=_rounds_scale(cfg),
     )
+
+
+#: ``rounds-scale``'s values: the rule (docs/running.md, "The rounds rule") or a factor
+ROUNDS_SCALE_ALLOWED = '"auto" (the rounds rule) or a number > 0 (every round key times it)'
+
+
+def _rounds_scale(cfg: Mapping[str, Any]) -> float | str:
+    if isinstance(cfg.get("rounds-scale", "auto"), str):
+        return read_key(
+            cfg, "rounds-scale", "auto", str, lambda v: v == "auto", ROUNDS_SCALE_ALLOWED
+        )
+    return read_key(cfg, "rounds-scale", 1.0, float, positive, ROUNDS_SCALE_ALLOWED)
 
 
 def _resume_from(cfg: Mapping[str, Any], own: MethodSettings) -> str:

@@ -21,9 +21,10 @@ from flwr.supercore import log
 
 from .artifacts import run_directory
 from .checkpoints import Checkpointer
-from .config import RunSettings, parse_run_config
+from .config import RunSettings
 from .federation.polling import prompt
 from .progress import RESULTS_MESSAGE, format_seconds, setup_logging, summary_lines
+from .rounds import RoundsRule, parse_with_rounds_rule
 from .runs import Runner
 from .training import apply_determinism, resolve_device, using_device
 
@@ -118,10 +119,13 @@ def main(grid: Grid, context: Context) -> None:
     started = time.time()
     setup_logging()
     grid = prompt(grid)  # replies collected as they arrive, not on Flower's 3-s beat
-    settings = parse_run_config(context.run_config)
+    settings = parse_with_rounds_rule(context.run_config)  # the rounds rule (rounds.py)
     run_method = runner(settings.method)
     out_dir = run_directory(settings.output_path, settings.method, context.run_id)
     log(INFO, RESULTS_MESSAGE, settings.method, out_dir)  # the launcher reads it
+    rule = settings.rounds_rule or {}
+    if rule.get("scale", 1.0) != 1.0:
+        log(INFO, "fedorasflwr: %s", RoundsRule(**rule).line())
     progress = Checkpointer.for_run(out_dir, settings, header=run_header(settings, context.run_id))
     caught: list[str] = []
     try:

@@ -248,6 +248,12 @@ def _entry(
     document = done.document or {}
     totals = ledger_totals(document) if done.ok else {}
     flops = totals.get("train_flops") or None  # 0: the method books none in its ledger
+    rule = (document.get("settings") or {}).get("rounds_rule") or {}
+    if rule.get("scale", 1.0) != 1.0:  # the rounds the run ran (fedorasflwr.rounds)
+        ran = {key: pair[1] for key, pair in rule["rounds"].items() if key in entry["rounds"]}
+        entry = {**entry, "rounds": {**entry["rounds"], **ran}}
+        by_rule = f"rounds x{rule['scale']:.3g} by the rounds rule ({rule['why']})"
+        note = f"{note}; {by_rule}" if note else by_rule
     return {
         **entry,
         "status": done.status,

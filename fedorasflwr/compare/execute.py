@@ -25,9 +25,9 @@ import tomli_w
 
 from ..artifacts import plain, write_json
 from ..checkpoints import finite
-from ..config import parse_run_config
 from ..data.folder import absolute_folder
 from ..results import result_json
+from ..rounds import parse_with_rounds_rule
 
 __all__ = [
     "MethodRun",
@@ -69,7 +69,7 @@ def expected_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``settings`` entry a run of the full run config ``config`` writes in its
     result.json (``RunSettings.document()`` as ``results.result_json`` writes it), less
     where files go (``comparable``)."""
-    settings = parse_run_config(config).document()
+    settings = parse_with_rounds_rule(config).document()  # as the ServerApp parses it
     content = finite(result_json(plain({"settings": settings})))
     return comparable(json.loads(json.dumps(content["settings"])))
 

@@ -106,7 +106,8 @@ def flag_near_chance(
             log(
                 WARNING,
                 "leaderboard: %s's model %s is near chance (%s %.3f <= %.1f x chance %.3f): "
-                "it learnt next to nothing at these settings; more rounds or a lower lr",
+                "it learnt next to nothing at these settings; more rounds (rounds-scale, a "
+                "number > 1: docs/running.md) or a lower lr",
                 row["method"],
                 row.get("model"),
                 key,

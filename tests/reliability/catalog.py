@@ -457,6 +457,8 @@ FREE_TEXT = frozenset({"output-dir", "data.cache-dir", "resume-from", "fedoras.r
 #: keys whose default, "auto", stands for an int: a number is one of their values, so they
 #: get an int key's mutations besides the unknown word
 AUTO_OR_INT = frozenset({"space.layers-per-block"})
+#: likewise for a number > 0 (``rounds-scale``: "auto", the rounds rule, or a factor)
+AUTO_OR_POSITIVE = frozenset({"rounds-scale"})
 
 
 def _mutations(default: Any) -> Iterator[tuple[str, Any]]:
@@ -521,6 +523,10 @@ def bad_configs(defaults: Mapping[str, Any]) -> list[BadConfig]:
         if key in AUTO_OR_INT:
             mutations = [m for m in mutations if m[0] != "int-for-text"]
             mutations += [m for m in _mutations(1) if m[0] != "text-for-int"]
+        if key in AUTO_OR_POSITIVE:
+            mutations = [m for m in mutations if m[0] != "int-for-text"]
+            mutations += [m for m in _mutations(1.0) if m[0] != "text-for-float"]
+            mutations += [("zero", 0.0), ("bool", True)]
         for label, value in mutations:
             if key in FREE_TEXT and isinstance(value, str):
                 continue
