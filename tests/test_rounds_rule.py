@@ -126,3 +126,21 @@ def test_the_leaderboard_lists_the_rounds_the_rule_ran(tmp_path):
     done = MethodRun("fjord", "run", "finished", unscaled, tmp_path / "r.json")
     entry = _entry({"method": "fjord", "rounds": {"fjord.rounds": 12}}, done, tmp_path, "x", None)
     assert entry["rounds"] == {"fjord.rounds": 12} and entry["note"] == "x"
+
+
+def test_compare_rounds_n_runs_exactly_n_on_any_data(folder):
+    """``[compare] rounds = N`` (``--rounds N``) is every round key at N, exactly: the
+    rounds rule does not multiply it again on a small folder."""
+    from fedorasflwr.compare.spec import app_run_config, read_spec, with_rounds
+    from tests.runconfig import ROOT
+
+    flags = {"methods": "fjord", "reference": "fjord", "rounds": 7, "dataset": folder}
+    spec = read_spec(None, flags, ROOT)
+    config = {**app_run_config(ROOT), **with_rounds(spec, "fjord", spec.run_config("fjord"))}
+    settings = parse_with_rounds_rule(config)
+    assert settings.rounds_rule["rounds"] == {"fjord.rounds": [7, 7]}
+    assert settings.rounds_rule["why"] == "rounds-scale as set"
+    # without [compare] rounds: each method's own rounds, with the rule
+    spec = read_spec(None, {**flags, "rounds": None}, ROOT)
+    config = {**app_run_config(ROOT), **with_rounds(spec, "fjord", spec.run_config("fjord"))}
+    assert parse_with_rounds_rule(config).rounds_rule["scale"] > 1

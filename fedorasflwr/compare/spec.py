@@ -372,7 +372,8 @@ def with_rounds(
     spec: CompareSpec, method: str, config: Mapping[str, ConfigValue]
 ) -> dict[str, ConfigValue]:
     """``config`` with budget ``rounds``' ``[compare] rounds`` applied to each of
-    ``method``'s round keys (``methods.ROUND_KEYS``); as it is otherwise."""
+    ``method``'s round keys (``methods.ROUND_KEYS``), exactly: the rounds rule off
+    (``rounds-scale`` 1, ``fedorasflwr.rounds``); as it is otherwise."""
     if spec.budget != "rounds" or not spec.rounds:
         return dict(config)
-    return {**config, **{key: spec.rounds for key in ROUND_KEYS[method]}}
+    return {**config, **{key: spec.rounds for key in ROUND_KEYS[method]}, "rounds-scale": 1.0}
