@@ -10,7 +10,7 @@ class), once with ``<method>.lr-probe = false`` (lr 0.05 as given) and once with
 
     python benchmarks/lr_probe.py                # 2 datasets x 2 methods x probe off / on
     python benchmarks/lr_probe.py --rounds 16    # every round key at 16
-    python benchmarks/lr_probe.py --quick        # smoke: MNIST-5k, HeteroFL, 1 round
+    python benchmarks/lr_probe.py --quick        # smoke: MNIST-5k, HeteroFL (flatten head), 1 round
     python benchmarks/lr_probe.py --methods fedoras --reduction maxpool-conv1x1
                                                  # FedorAS (fedoras.lr-probe) with max pooling
     python benchmarks/lr_probe.py --methods fedoras --reduction maxpool-conv1x1 \
@@ -18,7 +18,8 @@ class), once with ``<method>.lr-probe = false`` (lr 0.05 as given) and once with
                                                  # ... with the rounds rule, the probe on only
 
 ``--methods fedoras`` runs FedorAS at compare-quick's keys (Stage 1 configured at lr 0.1), its
-``fedoras.lr-probe`` off and on; ``--reduction`` sets its ``space.reduction``.
+``fedoras.lr-probe`` off and on; ``--reduction`` sets its ``space.reduction``,
+``--fedoras-lr`` its Stage-1 ``fedoras.lr`` (the probe starts from it).
 
 ``--rounds-scale`` is the run config's ``rounds-scale`` (``fedorasflwr.rounds``): default 1,
 the rounds as compare-quick sets them, as every figure recorded before the rounds rule (2026-12-07)
@@ -62,10 +63,13 @@ def run_case(
     reduction: str = "",
     seed: int = 0,
     rounds_scale: float | str = 1.0,
+    fedoras_lr: float = 0.0,
+    extra: tuple[tuple[str, Any], ...] = (),
 ) -> dict[str, Any]:
     """One dataset, the probe on or off: every method's tiers on the global test set.
     ``reduction``: FedorAS's ``space.reduction`` ("": the file's); ``seed``: the run's;
-    ``rounds_scale``: the run config's ``rounds-scale``."""
+    ``rounds_scale``: the run config's ``rounds-scale``; ``fedoras_lr``: FedorAS's Stage-1
+    ``fedoras.lr`` (0: the file's); ``extra``: run-config keys every method gets."""
     import torch
 
     from fedorasflwr.compare.cli import compare
@@ -84,6 +88,8 @@ def run_case(
                 **base.overrides.get(m, {}),
                 f"{m}.lr-probe": probe,
                 **({"space.reduction": reduction} if reduction and m == "fedoras" else {}),
+                **({"fedoras.lr": fedoras_lr} if fedoras_lr and m == "fedoras" else {}),
+                **dict(extra),
             }
             for m in methods
         },
@@ -122,7 +128,9 @@ def run_case(
     return {"rows": out_rows}
 
 
-def _job(args: tuple[str, bool, tuple[str, ...], int, str, int, float | str]) -> dict[str, Any]:
+def _job(
+    args: tuple[str, bool, tuple[str, ...], int, str, int, float | str, float, tuple],
+) -> dict[str, Any]:
     return run_case(*args)
 
 
@@ -149,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--methods", default=",".join(METHODS), help="heterofl, fjord, fedoras")
     parser.add_argument("--reduction", default="", help="FedorAS's space.reduction")
+    parser.add_argument("--fedoras-lr", type=float, default=0.0, help="FedorAS's fedoras.lr")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument(
         "--datasets", nargs="+", choices=("mnist5k", "shapes"), default=["mnist5k", "shapes"]
@@ -165,10 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(methods) - {*METHODS, "fedoras"})
     if unknown or not methods:
         raise SystemExit(f"--methods {args.methods!r}: allowed: heterofl, fjord, fedoras")
-    if args.reduction and "fedoras" not in methods:
-        raise SystemExit("--reduction sets FedorAS's space: add fedoras to --methods")
+    if (args.reduction or args.fedoras_lr) and "fedoras" not in methods:
+        raise SystemExit("--reduction / --fedoras-lr set FedorAS's: add fedoras to --methods")
+    extra: tuple[tuple[str, Any], ...] = ()
     if args.quick:
         datasets, methods, args.rounds, args.seeds = ["mnist5k"], ("heterofl",), 1, [0]
+        # the ConvNet's plain flatten head, whose first steps blow up at 0.05 on MNIST-5k (the
+        # scaled head, the default since 2026-12-07, keeps them bounded: nothing to lower)
+        extra = (("heterofl.head", "flatten"),)
     else:
         datasets = [shapes_folder(300) if d == "shapes" else d for d in args.datasets]
     from lr_stability import _data
@@ -176,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     for dataset in datasets:  # fill the data cache once, before the workers race for it
         _data(dataset)
     jobs = [
-        (d, probe, methods, args.rounds, args.reduction, seed, rounds_scale)
+        (d, probe, methods, args.rounds, args.reduction, seed, rounds_scale, args.fedoras_lr, extra)
         for seed in args.seeds
         for d in datasets
         for probe in sides
@@ -193,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "lr_probe" + (f".rounds-{args.rounds}" if args.rounds and not args.quick else "")
     if methods != METHODS and not args.quick:
         name += "." + "-".join(methods) + (f".{args.reduction}" if args.reduction else "")
+        name += f".lr-{args.fedoras_lr:g}" if args.fedoras_lr else ""
     if not args.quick and args.datasets != ["mnist5k", "shapes"]:
         name += "." + "-".join(args.datasets)
     if args.seeds != [0]:
@@ -206,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds_scale": rounds_scale,
         "seeds": " ".join(str(seed) for seed in args.seeds),
         **({"reduction": args.reduction} if args.reduction else {}),
+        **({"fedoras_lr": args.fedoras_lr} if args.fedoras_lr else {}),
         **headline(rows),
     }
     report(name, args.quick, summary, {"rows": rows})

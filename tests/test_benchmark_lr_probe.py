@@ -1,5 +1,6 @@
 """``benchmarks/lr_probe.py --quick`` (issue 40 item 4): one HeteroFL round on MNIST-5k at
-the presets' lr 0.05, with the server's lr probe off and on. The probe starts from the
+the presets' lr 0.05, with the server's lr probe off and on, on the ConvNet's plain flatten
+head (the scaled head, HeteroFL's default, keeps 0.05: nothing to lower). The probe starts from the
 configured rate, keeps a smaller one for the ConvNet, and the run with it ends above the one
 without it; the headline's keys, by hand."""
 
