@@ -35,7 +35,7 @@ from typing import Any
 
 from .config import RunSettings, parse_run_config
 from .data import DataSpec
-from .data.catalog import dataset_entry, num_client_samples
+from .data.catalog import carved_global_fraction, dataset_entry, num_client_samples
 from .data.folder import FOLDER_PREFIX, inspect_folder
 from .methods import ROUND_KEYS
 
@@ -101,9 +101,8 @@ def client_rows(spec: DataSpec) -> int | None:
         return known
     total = inspect_folder(spec.dataset).num_images
     rest = total - math.floor(spec.server_fraction * total + 1e-9)
-    if spec.global_test:  # a folder has no test split: the global test set is carved
-        rest -= math.floor(spec.global_test_fraction * rest + 1e-9)
-    return rest
+    # a folder has no test split: a global test set is carved from the rest, as the catalog's
+    return rest - math.floor(carved_global_fraction(spec) * rest + 1e-9)
 
 
 def rounds_rule(settings: RunSettings) -> RoundsRule:
