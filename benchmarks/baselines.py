@@ -542,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     name = "baselines" + stage1_suffix(args.quick, args.stage1_epochs)
     identity = dict(measured)  # what a saved file was measured with (checked by --merge)
     earlier: dict[tuple, dict] = {}
+    if args.rand_init and (args.baseline_rounds is not None or args.finetune_rounds is not None):
+        raise SystemExit("--rand-init: not with --baseline-rounds or --finetune-rounds")
     if args.stage1_rounds is not None and args.stage1_rounds < 1:
         raise SystemExit(f"--stage1-rounds {args.stage1_rounds}: must be at least 1")
     if args.baseline_rounds is not None and args.finetune_rounds is not None:
@@ -572,8 +574,6 @@ def main(argv: list[str] | None = None) -> int:
     elif args.stage1_rounds is not None:
         raise SystemExit("--stage1-rounds: only with --finetune-rounds")
     if args.rand_init:
-        if args.baseline_rounds is not None or args.finetune_rounds is not None:
-            raise SystemExit("--rand-init: not with --baseline-rounds or --finetune-rounds")
         earlier = merged([args.cases_from], measured, clients)
         name += ".rand-init"
         per_round = measured["fjord.clients-per-round"]  # the rounds are FjORD's too

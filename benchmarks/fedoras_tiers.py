@@ -70,21 +70,30 @@ SKEWED, MILD = 0.1, 1.0
 
 def file_defaults() -> dict[str, Any]:
     """What a result file written before these keys were recorded was measured with: the
-    paper's GAP head and reduction, Stage 1 at its lr as given (the probe came later).
-    ``merged_cases`` (and ``baselines.py``'s merge) read a file's settings on top of these."""
+    paper's GAP head and reduction, Stage 1 at its lr as given (the probe came later) and at
+    the paper's lr 0.1 (the default until 2026-12-07). ``merged_cases`` (and
+    ``baselines.py``'s merge) read a file's settings on top of these."""
     from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION
 
-    return {"space.head": "gap", "space.reduction": PAPER_REDUCTION, "fedoras.lr-probe": False}
+    return {
+        "space.head": "gap",
+        "space.reduction": PAPER_REDUCTION,
+        "fedoras.lr-probe": False,
+        "fedoras.lr": 0.1,
+    }
 
 
 def identity() -> dict[str, Any]:
     """The keys that decide FedorAS's figures and that ``pyproject.toml``'s defaults may
-    change (issue 40): every file names them, resolved (``auto`` as the head it builds)."""
+    change (issue 40): every file names them, resolved (``auto`` as the head and reduction
+    it builds)."""
     from fedorasflwr.config import SpaceSettings
+    from fedorasflwr.methods.fedoras.settings import FedorASSettings
 
     return {
         "space.head": SpaceSettings(name="cnn_s").resolved_head(),
-        "space.reduction": SpaceSettings().reduction,
+        "space.reduction": SpaceSettings(name="cnn_s").resolved_reduction(),
+        "fedoras.lr": FedorASSettings().train.lr,
         # Stage 1 at lr as given, as every recorded case was (fedoras.lr-probe came later)
         "fedoras.lr-probe": False,
     }

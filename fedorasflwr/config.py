@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from .data import DatasetInfo, DataSpec
 from .latency import DEFAULT_REPEATS, DEFAULT_STATISTIC, DEFAULT_WARMUP, STATISTICS, LatencyRequest
 from .methods import METHODS, settings_class
-from .search_spaces.cnn import HEADS, PAPER_REDUCTION, REDUCTIONS
+from .search_spaces.cnn import DEFAULT_REDUCTION, HEADS, PAPER_REDUCTION, REDUCTIONS
 from .training import check_device_setting
 
 __all__ = [
@@ -235,7 +235,9 @@ class SpaceSettings:
     layers_per_block: int | str = "auto"  # auto: DEFAULT_LAYERS_PER_BLOCK
     blocks: int = 3  # cnn_l only
     head: str = "auto"  # cnn_s / cnn_l / mbconv / darts: auto (DEFAULT_HEADS) | flatten | gap
-    reduction: str = PAPER_REDUCTION  # cnn_s: conv1x1-avgpool (the paper's) | maxpool-conv1x1
+    # cnn_s: auto (DEFAULT_REDUCTION: maxpool-conv1x1) | conv1x1-avgpool (the paper's) |
+    # maxpool-conv1x1; other spaces: auto only
+    reduction: str = "auto"
 
     def resolved_head(self) -> str:
         """The head this space is built with: ``head``, or for ``"auto"`` the space's
@@ -243,6 +245,11 @@ class SpaceSettings:
         if self.head != "auto":
             return self.head
         return DEFAULT_HEADS.get(self.name, "flatten")
+
+    def resolved_reduction(self) -> str:
+        """The ``cnn_s`` reduction this space is built with: ``reduction``, or for ``"auto"``
+        :data:`~fedorasflwr.search_spaces.cnn.DEFAULT_REDUCTION` (max pooling first)."""
+        return DEFAULT_REDUCTION if self.reduction == "auto" else self.reduction
 
     def resolved_layers_per_block(self) -> int:
         """The depth this space is built with: ``layers_per_block``, or for ``"auto"`` the
@@ -288,8 +295,8 @@ class SpaceSettings:
             "space.reduction",
             cls.reduction,
             str,
-            lambda v: v in REDUCTIONS,
-            "one of " + ", ".join(REDUCTIONS),
+            lambda v: v in ("auto", *REDUCTIONS),
+            "one of auto, " + ", ".join(REDUCTIONS),
         )
         if reduction != cls.reduction and name != "cnn_s":
             raise ValueError(
@@ -350,7 +357,7 @@ def space_kwargs(space: SpaceSettings, info: DatasetInfo) -> dict[str, Any]:
     if space.name in HEAD_SPACES:
         kwargs["head"] = space.resolved_head()
     if space.name == "cnn_s":
-        kwargs["reduction"] = space.reduction
+        kwargs["reduction"] = space.resolved_reduction()
     if space.name == "mbconv":
         kwargs["layers_per_stage"] = space.resolved_layers_per_block()
     if space.name == "darts":
@@ -665,7 +672,10 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
         safe = safe | {f"{own}lr-probe"}
     if values.get(f"{own}head") == "flatten":  # likewise: the ConvNet's head before the key
         safe = safe | {f"{own}head"}
-    if values.get("space.reduction") == PAPER_REDUCTION:  # likewise: cnn_s as before the key
+    # likewise cnn_s with the paper's reduction, as before the key, and every other space
+    # (no reduction to choose); "auto" on cnn_s is bound as the reduction it builds
+    reduction = values.get("space.reduction", "auto")
+    if values.get("space.name", "cnn_s") != "cnn_s" or reduction == PAPER_REDUCTION:
         safe = safe | {"space.reduction"}
     bound = {
         str(k): v
@@ -681,6 +691,8 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
     # the space spec tells an mbconv or cnn_l of 2 layers from one of 4
     if bound.get("space.layers-per-block") == "auto":
         bound["space.layers-per-block"] = 4
+    if bound.get("space.reduction") == "auto":  # as a checkpoint that set it names it
+        bound["space.reduction"] = DEFAULT_REDUCTION
     return bound
 
 

@@ -145,20 +145,24 @@ def test_merge_refuses_a_file_of_the_other_head(tmp_path):
 
 
 def test_merge_reads_a_file_without_the_reduction_or_stage1_probe_as_before_them(tmp_path):
-    """A file from before ``space.reduction`` and ``fedoras.lr-probe`` was measured with the
-    paper's reduction and Stage 1 at lr as given: it merges into such a run, not another."""
+    """A file from before ``space.reduction``, ``fedoras.lr-probe`` and Stage 1's lr 0.05 was
+    measured with the paper's reduction and Stage 1 at lr 0.1 as given: it merges into such
+    a run, not into one at today's defaults (max pooling first, lr 0.05) or another."""
     baselines = load_benchmark("baselines")
-    measured = baselines.settings(quick=True)
-    assert measured["space.reduction"] == "conv1x1-avgpool"
-    assert measured["fedoras.lr-probe"] is False
+    today = baselines.settings(quick=True)
+    assert today["space.reduction"] == "maxpool-conv1x1"
+    assert today["fedoras.lr"] == 0.05
+    assert today["fedoras.lr-probe"] is False
+    measured = {**today, "space.reduction": "conv1x1-avgpool", "fedoras.lr": 0.1}
     case = {"seed": 1, "alpha": 1.0}
-    old = {k: v for k, v in measured.items() if k not in ("space.reduction", "fedoras.lr-probe")}
+    keys = ("space.reduction", "fedoras.lr-probe", "fedoras.lr")
+    old = {k: v for k, v in measured.items() if k not in keys}
     before = tmp_path / "before.json"
     before.write_text(json.dumps({"clients": 8, "settings": old, "cases": [case]}))
     assert baselines.merged([before], measured, 8) == {(1, 1.0): case}
-    for other in ({"space.reduction": "maxpool-conv1x1"}, {"fedoras.lr-probe": True}):
+    for other in (today, {**measured, "fedoras.lr-probe": True}):
         with pytest.raises(SystemExit, match="other settings"):
-            baselines.merged([before], {**measured, **other}, 8)
+            baselines.merged([before], other, 8)
 
 
 def test_stage1_rounds_only_with_finetune_rounds():

@@ -1,5 +1,6 @@
-"""The ``cnn_s`` reduction (issue 40): the paper's conv1x1 then average pooling (default), or
-max pooling then the conv1x1; by hand, in the run config, and in files of earlier versions."""
+"""The ``cnn_s`` reduction (issue 40): max pooling then the conv1x1 (the default since 0.5.0),
+or the paper's conv1x1 then average pooling; by hand, in the run config, and in files of
+earlier versions (all the paper's)."""
 
 import math
 
@@ -15,7 +16,12 @@ from fedorasflwr.config import bound_settings, parse_run_config, space_kwargs
 from fedorasflwr.data.catalog import dataset_info
 from fedorasflwr.methods.fedoras.runner import resume_supernet
 from fedorasflwr.search_spaces import build_space
-from fedorasflwr.search_spaces.cnn import PAPER_REDUCTION, PoolReduction, as_written
+from fedorasflwr.search_spaces.cnn import (
+    DEFAULT_REDUCTION,
+    PAPER_REDUCTION,
+    PoolReduction,
+    as_written,
+)
 from tests.runconfig import pyproject_run_config
 
 MAXPOOL = "maxpool-conv1x1"
@@ -54,9 +60,10 @@ def test_the_papers_order_averages_after_the_conv():
 
 
 def test_both_orders_hold_the_same_weights_and_pooling_first_costs_a_quarter():
-    maxpool = build_space("cnn_s", **MNIST, width=0.5, reduction=MAXPOOL)
-    paper = build_space("cnn_s", **MNIST, width=0.5)
+    maxpool = build_space("cnn_s", **MNIST, width=0.5)
+    paper = build_space("cnn_s", **MNIST, width=0.5, reduction=PAPER_REDUCTION)
     assert paper.spec["reduction"] == PAPER_REDUCTION == "conv1x1-avgpool"
+    assert maxpool.spec["reduction"] == DEFAULT_REDUCTION == MAXPOOL
     assert {k: v.shape for k, v in maxpool.state_dict().items()} == {
         k: v.shape for k, v in paper.state_dict().items()
     }
@@ -77,21 +84,25 @@ def test_a_bad_reduction_is_refused_naming_the_choices():
 
 
 def test_the_run_config_key_reaches_the_space_and_is_checked():
-    settings = parse_run_config({**pyproject_run_config(), "space.reduction": MAXPOOL})
+    settings = parse_run_config({**pyproject_run_config(), "space.reduction": PAPER_REDUCTION})
     info = dataset_info(settings.data)
-    assert space_kwargs(settings.space, info)["reduction"] == MAXPOOL
+    assert space_kwargs(settings.space, info)["reduction"] == PAPER_REDUCTION
     default = parse_run_config(pyproject_run_config())
-    assert space_kwargs(default.space, info)["reduction"] == PAPER_REDUCTION
-    with pytest.raises(ValueError, match=r"'space.reduction' = 'max'.*one of conv1x1-avgpool"):
+    assert default.space.reduction == "auto"
+    assert space_kwargs(default.space, info)["reduction"] == MAXPOOL
+    with pytest.raises(ValueError, match=r"'space.reduction' = 'max'.*one of auto, conv1x1-"):
         parse_run_config({**pyproject_run_config(), "space.reduction": "max"})
-    with pytest.raises(ValueError, match=r"'space.reduction' = .*only the cnn_s space"):
-        parse_run_config(
-            {**pyproject_run_config(), "space.name": "cnn_l", "space.reduction": MAXPOOL}
-        )
+    for other in (MAXPOOL, PAPER_REDUCTION):
+        with pytest.raises(ValueError, match=r"'space.reduction' = .*only the cnn_s space"):
+            parse_run_config(
+                {**pyproject_run_config(), "space.name": "cnn_l", "space.reduction": other}
+            )
+    cnn_l = parse_run_config({**pyproject_run_config(), "space.name": "cnn_l"})
+    assert "reduction" not in space_kwargs(cnn_l.space, info)
 
 
 def test_a_file_written_before_the_choice_holds_the_papers_reduction(tmp_path):
-    space = build_space("cnn_s", **MNIST, width=0.25)
+    space = build_space("cnn_s", **MNIST, width=0.25, reduction=PAPER_REDUCTION)
     arch = tuple(n - 2 for n in space.num_options())
     subnet = space.subnet(arch).eval()
     old_spec = {k: v for k, v in space.spec.items() if k != "reduction"}  # fedorasflwr 0.4.0
@@ -105,7 +116,7 @@ def test_a_file_written_before_the_choice_holds_the_papers_reduction(tmp_path):
     )
     x = torch.randn(2, 1, 28, 28)
     loaded = load_model(path)
-    # read as the paper's by as_written (above), not by the default alone: its reductions
+    # read as the paper's by as_written (above), not as the default: its reductions
     assert [m.pool_first for m in loaded.modules() if isinstance(m, PoolReduction)] == [False] * 3
     torch.testing.assert_close(loaded(x), subnet(x))
     # the same weights under the other reduction compute something else
@@ -121,12 +132,14 @@ def _bound(**overrides) -> tuple[dict, object]:
 
 def test_a_checkpoint_of_an_earlier_version_resumes_with_the_papers_reduction(tmp_path):
     """A FedorAS checkpoint written before ``space.reduction`` (its space spec and settings
-    name no reduction) resumes under the default, the paper's reduction it was trained
-    with, and is refused, naming the space, with ``space.reduction = "maxpool-conv1x1"``."""
-    paper_settings, settings = _bound()
+    name no reduction) resumes under ``space.reduction = "conv1x1-avgpool"``, the paper's
+    reduction it was trained with, and is refused, naming the space, under the default
+    (max pooling first since 0.5.0; bound as a checkpoint that set it names it)."""
+    paper_settings, settings = _bound(**{"space.reduction": PAPER_REDUCTION})
     assert "space.reduction" not in paper_settings  # bound as before the key existed
-    maxpool_settings, _ = _bound(**{"space.reduction": MAXPOOL})
+    maxpool_settings, _ = _bound()
     assert maxpool_settings["space.reduction"] == MAXPOOL
+    assert _bound(**{"space.reduction": MAXPOOL})[0] == maxpool_settings
     space = build_space(**space_kwargs(settings.space, dataset_info(settings.data)))
     old_spec = {k: v for k, v in space.spec.items() if k != "reduction"}
     path = tmp_path / "checkpoint.pt"
@@ -163,8 +176,8 @@ def test_a_checkpoint_of_an_earlier_version_resumes_with_the_papers_reduction(tm
 
 def test_a_stage_1_supernet_of_an_earlier_version_is_resumed_as_the_papers(tmp_path):
     """``fedoras.resume-from`` (``resume_supernet``): a 0.4 ``supernet.pt`` names no
-    reduction; it resumes into the default space and is refused by a max-pooling one."""
-    space = build_space("cnn_s", **MNIST, width=0.25)
+    reduction; it resumes into the paper's space and is refused by the default, max pooling."""
+    space = build_space("cnn_s", **MNIST, width=0.25, reduction=PAPER_REDUCTION)
     old_spec = {k: v for k, v in space.spec.items() if k != "reduction"}
     path = save_checkpoint(
         tmp_path / "supernet.pt",
@@ -174,6 +187,6 @@ def test_a_stage_1_supernet_of_an_earlier_version_is_resumed_as_the_papers(tmp_p
     )
     arrays = resume_supernet(str(path), space).to_torch_state_dict()
     assert all(torch.equal(arrays[k], v) for k, v in space.state_dict().items())
-    maxpool = build_space("cnn_s", **MNIST, width=0.25, reduction=MAXPOOL)
+    maxpool = build_space("cnn_s", **MNIST, width=0.25)
     with pytest.raises(ValueError, match="not a Stage-1 checkpoint of this run's space"):
         resume_supernet(str(path), maxpool)

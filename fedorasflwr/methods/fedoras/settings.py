@@ -160,7 +160,7 @@ class FedorASSettings(MethodSettings):
     # measured on the node as run config ``latency.*`` asks; docs/fedoras.md).
     resource: str = "flops"
     train: TrainingRecipe = TrainingRecipe(
-        rounds=8, clients_per_round=10, local_epochs=2, batch_size=32, lr=0.1
+        rounds=8, clients_per_round=10, local_epochs=2, batch_size=32, lr=0.05
     )
     lr_probe: bool = True
     comm_budget: float = 0.5
