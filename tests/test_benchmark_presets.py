@@ -15,7 +15,6 @@ from tests.test_benchmarks import ROOT
 #: the reruns written before result files recorded when they finished (``machine``'s
 #: ``finished``, since 2026-12-07), oldest first: the dates of the commits that added them
 UNDATED_RERUNS = (
-    "presets.fedoras.json",  # 2026-12-02 05:21
     "presets.heterofl-fjord.json",  # 2026-12-02 08:53
     "presets.fednas-dpfnas.json",  # 2026-12-06 15:14
     "presets.fdnas-cfdnas.json",  # 2026-12-06 19:14

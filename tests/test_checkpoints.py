@@ -150,9 +150,9 @@ def test_a_resumed_stage1_equals_the_uninterrupted_one(fedoras_runs):
     # configured rate down; the resumed run probed the same initial supernet and kept the same
     probe = first["lr_probe"]
     assert second["lr_probe"] == probe
-    assert probe["configured"] == probe["tried"][0]["lr"] == 0.1 and probe["steps"] == 48
+    assert probe["configured"] == probe["tried"][0]["lr"] == 0.05 and probe["steps"] == 48
     assert probe["lr"] == probe["tried"][-1]["lr"]
-    assert probe["tried"][-1]["max_loss"] <= probe["bound"] or probe["lr"] == 0.1 / 32
+    assert probe["tried"][-1]["max_loss"] <= probe["bound"] or probe["lr"] == 0.05 / 32
 
 
 def test_a_resumed_stage1_sends_only_the_rounds_left(data_cache, fedoras_runs, tmp_path):
@@ -365,7 +365,7 @@ def test_a_resume_with_other_tiers_is_refused_before_training(data_cache, fedora
         **FEW_ROWS,
     )
     grid = InProcessGrid(client_app, config, NUM_NODES)
-    fragment = "resume-from.*other settings.*'fedoras.lr' = 0.1 there, 0.5 here"
+    fragment = "resume-from.*other settings.*'fedoras.lr' = 0.05 there, 0.5 here"
     with pytest.raises(ValueError, match=fragment + "; 'fedoras.num-tiers' = 4 there, 3 here$"):
         run_main(grid, config)
     assert not [m for m in grid.sent if m.metadata.message_type == FEDORAS_SUPERNET]
