@@ -673,9 +673,11 @@ def bound_settings(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
     if values.get(f"{own}head") == "flatten":  # likewise: the ConvNet's head before the key
         safe = safe | {f"{own}head"}
     # likewise cnn_s with the paper's reduction, as before the key, and every other space
-    # (no reduction to choose); "auto" on cnn_s is bound as the reduction it builds
+    # (no reduction to choose: FedorAS alone builds space.name, the other methods their own
+    # space); "auto" on cnn_s is bound as the reduction it builds
     reduction = values.get("space.reduction", "auto")
-    if values.get("space.name", "cnn_s") != "cnn_s" or reduction == PAPER_REDUCTION:
+    builds_cnn_s = method == "fedoras" and values.get("space.name", "cnn_s") == "cnn_s"
+    if not builds_cnn_s or reduction == PAPER_REDUCTION:
         safe = safe | {"space.reduction"}
     bound = {
         str(k): v

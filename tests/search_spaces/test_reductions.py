@@ -174,6 +174,16 @@ def test_a_checkpoint_of_an_earlier_version_resumes_with_the_papers_reduction(tm
         resume(maxpool_space.spec, maxpool_settings)
 
 
+def test_only_fedoras_on_cnn_s_binds_the_reduction():
+    """The other methods build their own spaces (FDNAS mbconv, DP-FNAS / FedNAS darts,
+    DecNAS and the width baselines their nets), and FedorAS on cnn_l or rnn has no reduction:
+    their checkpoints bind none, as before the key, so those of earlier versions resume."""
+    for method in ("fdnas", "cfdnas", "dpfnas", "fednas", "decnas", "heterofl", "fjord"):
+        assert "space.reduction" not in _bound(method=method)[0], method
+    assert "space.reduction" not in _bound(**{"space.name": "cnn_l"})[0]
+    assert _bound()[0]["space.reduction"] == MAXPOOL
+
+
 def test_a_stage_1_supernet_of_an_earlier_version_is_resumed_as_the_papers(tmp_path):
     """``fedoras.resume-from`` (``resume_supernet``): a 0.4 ``supernet.pt`` names no
     reduction; it resumes into the paper's space and is refused by the default, max pooling."""
